@@ -1,0 +1,1 @@
+"""Plans and runners that reproduce the curriculum's studies."""

@@ -1,0 +1,1 @@
+"""Weight conversion between torchref and jaxlm, and numerical parity checks."""
