@@ -1,0 +1,391 @@
+"""Experiment plans: a TOML file that lists runs, expanded into concrete `RunSpec`s.
+
+A plan file has four kinds of tables (see docs/experiments.md for the full format):
+
+```toml
+[plan]                         # description, shown in the report
+description = "learning-rate sweep"
+
+[defaults]                     # fields every run starts from
+kind = "train"
+config = "experiments/configs/shakespeare_char.toml"
+set = { "train.eval_every" = 100 }
+
+[sizes.cpu]                    # merged over [defaults] for `--size cpu`
+set = { "model.d_model" = 64, "train.steps" = 200 }
+[sizes.gpu]
+config = "experiments/configs/tinystories_17m.toml"
+
+[[runs]]                       # one run, or a sweep when it has a grid
+name = "lr{optim.lr}"          # {axis} is replaced by the axis value or label
+grid = { "optim.lr" = [1e-3, 3e-3, 1.0] }
+
+[report]                       # how experiments.report presents the plan
+x = "optim.lr"
+```
+
+Precedence, lowest first: `[defaults]`, `[sizes.SIZE]`, the run entry, the
+entry's own `sizes.SIZE` table, then the grid point. Tables merge key by key
+(`set` and `args` included); lists and scalars replace.
+
+Grid axes: a dotted key (`optim.lr`) is a `--set` override; a plain key
+(`batch`) is a bench/command argument; an axis whose values are tables
+(`{ label = "bf16", set = {...} }`) applies a bundle of fields per point.
+
+Errors raise `PlanError` naming the plan file and the offending key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+
+class PlanError(ValueError):
+    """A plan file is malformed; the message names the file and the key."""
+
+
+KINDS = ("train", "bench", "command")
+# What each kind needs, and which requirement names the runner knows (see run.REQUIREMENTS).
+REQUIREMENT_NAMES = ("gpu",)
+
+TOP_KEYS = {"plan", "defaults", "sizes", "runs", "report"}
+PLAN_KEYS = {"name", "description", "default_size"}
+# Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
+SPEC_KEYS = {
+    "kind",  # train | bench | command
+    "config",  # train: base config TOML
+    "set",  # train / bench: dotted config overrides (`--set section.key=value`)
+    "args",  # bench / command: CLI arguments {flag: value}
+    "argv",  # command: the program and its arguments; {run_dir} and {python} are substituted
+    "requires",  # "gpu": skipped (with the reason recorded) where no GPU is present
+    "reason",  # why the requirement exists, shown when skipped
+    "tokens",  # train: token budget; sets train.steps = round(tokens / (batch_size * context_length))
+    "timeout",  # seconds before the run is stopped and recorded as failed
+    "env",  # extra environment variables
+    "axes",  # explicit {axis: value} labels for the report (grid runs get them automatically)
+    "note",  # free text carried into result.json
+}
+ENTRY_KEYS = SPEC_KEYS | {"name", "grid", "sizes", "only_sizes"}
+AXIS_TABLE_KEYS = (SPEC_KEYS - {"axes"}) | {"label"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One concrete run: what to execute and how the report should label it."""
+
+    name: str
+    kind: str
+    config: str | None = None
+    set: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    requires: str | None = None
+    reason: str | None = None
+    tokens: int | None = None
+    timeout: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    axes: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @property
+    def hash(self) -> str:
+        """Identifies what the run computes: a changed spec means old results are stale."""
+        keep = {k: v for k, v in self.to_dict().items() if k not in ("note", "timeout", "reason")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    path: Path
+    size: str
+    sizes: tuple[str, ...]
+    description: str
+    runs: tuple[RunSpec, ...]
+    report: dict[str, Any]
+
+    def select(self, patterns: list[str] | None) -> list[RunSpec]:
+        """Runs whose name equals or glob-matches one of `patterns` (all runs when none are given)."""
+        if not patterns:
+            return list(self.runs)
+        import fnmatch
+
+        chosen = [r for r in self.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+        if not chosen:
+            raise PlanError(f"{self.path}: --only {' '.join(patterns)} matches no run; runs: {', '.join(r.name for r in self.runs)}")
+        return chosen
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 1}} and {"optim.lr": 1} both become {"optim.lr": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Deep merge: tables merge key by key, everything else in `over` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def format_value(v: Any) -> str:
+    """How an axis value appears in a run name: 0.001 -> '0.001', 1e-05 -> '1e-05', True -> 'true'."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def find_shared_data() -> Path | None:
+    """`$JAXLM_SHARED_DATA`, else the first `shared/data` beside the working directory or one of its parents."""
+    env = os.environ.get("JAXLM_SHARED_DATA")
+    if env:
+        return Path(env)
+    for parent in [Path.cwd(), *Path.cwd().resolve().parents]:
+        if (parent / "shared" / "data").is_dir():
+            return parent / "shared" / "data"
+    return None
+
+
+def _substitute_shared(value: Any, where: str) -> Any:
+    """Replace `{shared_data}` in strings (plans stay valid in any checkout beside shared/)."""
+    if isinstance(value, str) and "{shared_data}" in value:
+        root = find_shared_data()
+        if root is None:
+            raise PlanError(f"{where}: uses {{shared_data}} but no shared/data directory was found (set JAXLM_SHARED_DATA)")
+        return value.replace("{shared_data}", str(root))
+    if isinstance(value, list):
+        return [_substitute_shared(v, where) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute_shared(v, where) for k, v in value.items()}
+    return value
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _check_keys(table: Any, allowed: set[str], where: str) -> dict:
+    if not isinstance(table, dict):
+        raise PlanError(f"{where}: expected a table, got {table!r}")
+    for k in table:
+        if k not in allowed:
+            raise PlanError(f"{where}: unknown key '{k}'; valid keys: {', '.join(sorted(allowed))}")
+    return table
+
+
+def _normalise(entry: dict, where: str) -> dict:
+    """Flatten `set` and check the types of the fields that have one."""
+    out = dict(entry)
+    if "set" in out:
+        if not isinstance(out["set"], dict):
+            raise PlanError(f"{where}.set: expected a table of overrides, got {out['set']!r}")
+        out["set"] = flatten(out["set"])
+    for key in ("args", "env", "axes"):
+        if key in out and not isinstance(out[key], dict):
+            raise PlanError(f"{where}.{key}: expected a table, got {out[key]!r}")
+    if "kind" in out and out["kind"] not in KINDS:
+        raise PlanError(f"{where}.kind: {out['kind']!r} is not one of {', '.join(KINDS)}")
+    if "requires" in out and out["requires"] not in REQUIREMENT_NAMES:
+        raise PlanError(f"{where}.requires: {out['requires']!r} is not one of {', '.join(REQUIREMENT_NAMES)}")
+    if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
+        raise PlanError(f"{where}.argv: expected a list of strings")
+    for key in ("tokens", "timeout"):
+        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or out[key] <= 0):
+            raise PlanError(f"{where}.{key}: expected a positive number, got {out[key]!r}")
+    return out
+
+
+def _grid_points(grid: Any, where: str) -> list[list[tuple[str, Any, dict]]]:
+    """The product of the grid's axes: each point is [(axis, label, fields to merge), ...]."""
+    if not isinstance(grid, dict) or not grid:
+        raise PlanError(f"{where}.grid: expected a non-empty table of axis = [values]")
+    axes = []
+    for axis, values in grid.items():
+        w = f"{where}.grid.{axis}"
+        if not isinstance(values, list) or not values:
+            raise PlanError(f"{w}: expected a non-empty list of values")
+        options = []
+        for i, v in enumerate(values):
+            if isinstance(v, dict):
+                _check_keys(v, AXIS_TABLE_KEYS, f"{w}[{i}]")
+                if "label" not in v:
+                    raise PlanError(f"{w}[{i}]: a table value needs a 'label'")
+                fields = _normalise({k: x for k, x in v.items() if k != "label"}, f"{w}[{i}]")
+                options.append((axis, v["label"], fields))
+            elif "." in axis:
+                options.append((axis, v, {"set": {axis: v}}))
+            else:
+                options.append((axis, v, {"args": {axis: v}}))
+        axes.append(options)
+    return [list(point) for point in itertools.product(*axes)]
+
+
+def _expand_name(template: str, labels: dict[str, Any], where: str) -> str:
+    def sub(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in labels:
+            raise PlanError(f"{where}.name: '{{{key}}}' is not a grid axis; axes: {', '.join(labels) or 'none'}")
+        return format_value(labels[key])
+
+    name = re.sub(r"\{([^{}]+)\}", sub, template)
+    if not NAME_RE.match(name):
+        raise PlanError(f"{where}.name: {name!r} is not a usable directory name (letters, digits, . _ = + -)")
+    return name
+
+
+def _to_spec(name: str, fields: dict, where: str) -> RunSpec:
+    fields = _substitute_shared(fields, where)
+    kind = fields.get("kind")
+    if kind is None:
+        raise PlanError(f"{where}: no 'kind' (set it in [defaults] or the run)")
+    if kind == "train" and not fields.get("config"):
+        raise PlanError(f"{where}: a train run needs 'config' (a base config TOML)")
+    if kind == "train" and fields.get("args"):
+        raise PlanError(f"{where}.args: a train run takes dotted 'set' overrides, not args {sorted(fields['args'])}")
+    if kind == "command" and not fields.get("argv"):
+        raise PlanError(f"{where}: a command run needs 'argv'")
+    if fields.get("tokens") and kind != "train":
+        raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
+    return RunSpec(
+        name=name,
+        kind=kind,
+        config=fields.get("config"),
+        set=dict(fields.get("set", {})),
+        args=dict(fields.get("args", {})),
+        argv=list(fields.get("argv", [])),
+        requires=fields.get("requires"),
+        reason=fields.get("reason"),
+        tokens=int(fields["tokens"]) if fields.get("tokens") else None,
+        timeout=fields.get("timeout"),
+        env={k: str(v) for k, v in fields.get("env", {}).items()},
+        axes=dict(fields.get("axes", {})),
+        note=fields.get("note"),
+    )
+
+
+def resolve_plan_path(plan: str | Path) -> Path:
+    """A path to a TOML file, or a plan name looked up in experiments/plans/."""
+    p = Path(plan)
+    if p.is_file():
+        return p
+    named = Path(__file__).parent / "plans" / f"{plan}.toml"
+    if named.is_file():
+        return named
+    known = sorted(q.stem for q in (Path(__file__).parent / "plans").glob("*.toml"))
+    raise PlanError(f"plan not found: {plan} (not a file; known plans: {', '.join(known)})")
+
+
+def load_plan(plan: str | Path, size: str | None = None) -> Plan:
+    """Parse a plan file and expand it for one size (default: the plan's `default_size`, else the first size)."""
+    path = resolve_plan_path(plan)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise PlanError(f"{path}: not valid TOML: {e}") from None
+    _check_keys(data, TOP_KEYS, str(path))
+    meta = _check_keys(data.get("plan", {}), PLAN_KEYS, f"{path}: [plan]")
+    defaults = _normalise(_check_keys(data.get("defaults", {}), SPEC_KEYS, f"{path}: [defaults]"), f"{path}: [defaults]")
+
+    sizes_table = data.get("sizes", {})
+    if not isinstance(sizes_table, dict):
+        raise PlanError(f"{path}: [sizes]: expected tables such as [sizes.cpu]")
+    sizes = tuple(sizes_table) or ("default",)
+    size = size or meta.get("default_size") or sizes[0]
+    if size not in sizes:
+        raise PlanError(f"{path}: size '{size}' is not defined; sizes: {', '.join(sizes)}")
+    size_fields = {}
+    if size in sizes_table:
+        w = f"{path}: [sizes.{size}]"
+        size_fields = _normalise(_check_keys(sizes_table[size], SPEC_KEYS, w), w)
+
+    entries = data.get("runs")
+    if not isinstance(entries, list) or not entries:
+        raise PlanError(f"{path}: no [[runs]] entries")
+    report = data.get("report", {})
+    if not isinstance(report, dict):
+        raise PlanError(f"{path}: [report]: expected a table")
+
+    base = merge(defaults, size_fields)
+    runs: list[RunSpec] = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: runs[{i}]" + (f" ({entry['name']})" if isinstance(entry, dict) and "name" in entry else "")
+        _check_keys(entry, ENTRY_KEYS, where)
+        if "name" not in entry or not isinstance(entry["name"], str):
+            raise PlanError(f"{where}: every run needs a 'name' (a template like 'lr{{optim.lr}}' for a grid)")
+        only = entry.get("only_sizes")
+        if only is not None:
+            if not isinstance(only, list) or any(s not in sizes for s in only):
+                raise PlanError(f"{where}.only_sizes: expected a list drawn from {', '.join(sizes)}, got {only!r}")
+            if size not in only:
+                continue
+        own_sizes = entry.get("sizes", {})
+        _check_keys(own_sizes, set(sizes), f"{where}.sizes")
+        fields = _normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
+        grid = entry.get("grid")
+        if size in own_sizes:
+            own = _check_keys(own_sizes[size], SPEC_KEYS | {"grid"}, f"{where}.sizes.{size}")
+            if "grid" in own:
+                grid = merge(grid or {}, own["grid"])
+            fields = merge(fields, _normalise({k: v for k, v in own.items() if k != "grid"}, f"{where}.sizes.{size}"))
+        fields = merge(base, fields)
+        if grid is None:
+            runs.append(_to_spec(_expand_name(entry["name"], {}, where), fields, where))
+            continue
+        for point in _grid_points(grid, where):
+            labels = {axis: label for axis, label, _ in point}
+            point_fields = fields
+            for _, _, f in point:
+                point_fields = merge(point_fields, f)
+            point_fields = merge(point_fields, {"axes": labels})
+            name = _expand_name(entry["name"], labels, where)
+            runs.append(_to_spec(name, point_fields, f"{where} -> {name}"))
+
+    seen: dict[str, int] = {}
+    for r in runs:
+        seen[r.name] = seen.get(r.name, 0) + 1
+    dups = [n for n, c in seen.items() if c > 1]
+    if dups:
+        raise PlanError(f"{path}: run names are not unique: {', '.join(dups)} (put every grid axis in the name template)")
+    return Plan(
+        name=meta.get("name", path.stem),
+        path=path,
+        size=size,
+        sizes=sizes,
+        description=meta.get("description", ""),
+        runs=tuple(runs),
+        report=report,
+    )
+
+
+def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:
+    """Optimizer steps that consume (about) `tokens` tokens at this batch shape."""
+    return max(1, math.ceil(tokens / (batch_size * context_length)))

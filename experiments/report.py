@@ -1,0 +1,461 @@
+"""Write a plan's Markdown report: `python -m experiments.report runs/PLAN [--out DIR]`.
+
+Everything in the report is computed from the runs' result.json, metrics.jsonl and
+bench JSON: tables of final metrics with percentage changes against the plan's
+baseline, sentences generated from those numbers, learning curves by step and by
+wall time, metric-versus-axis plots, and the bench package's plots for bench runs.
+How a plan is presented comes from its `[report]` table (saved in runs/PLAN/plan.json):
+
+- `baseline = { axis = "label" }`: compare every run with the run that has this
+  label on `axis` and the same value on every other axis;
+- `x = "axis"` (with `logx`): plot `y` (default eval_loss, eval_acc) against that axis;
+- `bench_baseline = { field = value }`: the same comparison between bench rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from experiments.plan import format_value
+from experiments.results import load_results, read_json, read_metrics, series
+
+# Quantity -> (column title, formatter, lower is better?)
+QUANTITIES: dict[str, tuple[str, str, bool]] = {
+    "params": ("params", "count", True),
+    "steps": ("steps", "int", True),
+    "tokens": ("tokens", "count", True),
+    "train_loss": ("train loss", "f3", True),
+    "eval_loss": ("val loss", "f3", True),
+    "eval_ppl": ("val ppl", "f2", True),
+    "eval_acc": ("val acc", "pct", False),
+    "tokens_per_s": ("tokens/s", "count", False),
+    "step_time": ("step time", "sec", True),
+    "wall_time_s": ("total time", "sec", True),
+    "peak_memory": ("peak memory", "bytes", True),
+}
+# The metrics compared against the baseline, in the order sentences are written.
+COMPARED = ("peak_memory", "step_time", "tokens_per_s", "wall_time_s", "eval_ppl")
+NAMES = {
+    "peak_memory": "peak memory",
+    "step_time": "step time",
+    "tokens_per_s": "throughput",
+    "wall_time_s": "total time",
+    "eval_ppl": "validation perplexity",
+    "eval_loss": "validation loss",
+    "eval_acc": "validation accuracy",
+}
+
+
+def fmt(v: Any, how: str = "g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if how == "count":
+        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g}{unit}"
+        return f"{v:.3g}"
+    if how == "bytes":
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g} {unit}"
+        return f"{v:.0f} B"
+    if how == "sec":
+        return f"{v * 1000:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
+    if how == "pct":
+        return f"{100 * v:.1f}%"
+    if how == "int":
+        return str(int(v))
+    if how == "f2":
+        return f"{v:.2f}"
+    if how == "f3":
+        return f"{v:.3f}"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def pct_change(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or not (math.isfinite(new) and math.isfinite(old)) or old == 0:
+        return None
+    return 100.0 * (new - old) / old
+
+
+def fmt_pct(p: float | None) -> str:
+    return "–" if p is None else f"{p:+.0f}%"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def value(run: dict, q: str) -> float | None:
+    v = run.get(q) if q == "wall_time_s" else run.get("metrics", {}).get(q)
+    if run.get("status") == "skipped":
+        return None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
+    """label on `axis` -> [(run, its baseline run)], matching on every other axis."""
+    def rest(r):
+        return tuple(sorted((k, format_value(v)) for k, v in r.get("axes", {}).items() if k != axis))
+
+    bases = {rest(r): r for r in runs if axis in r.get("axes", {}) and format_value(r["axes"][axis]) == format_value(base_label)}
+    pairs: dict[Any, list] = {}
+    for r in runs:
+        label = r.get("axes", {}).get(axis)
+        if label is None or format_value(label) == format_value(base_label) or rest(r) not in bases:
+            continue
+        pairs.setdefault(label, []).append((r, bases[rest(r)]))
+    return pairs
+
+
+def describe_change(subject: str, quantity: str, changes: list[tuple[float, str]], against: str) -> str | None:
+    """'bfloat16 cut peak memory by 43% against float32 (median of 3: 40% to 45%)'."""
+    if not changes:
+        return None
+    ps = [p for p, _ in changes]
+    med = statistics.median(ps)
+    higher_better = not QUANTITIES.get(quantity, ("", "", True))[2]
+    verb = "raised" if med > 0 else "cut"
+    if abs(med) < 0.5:
+        return f"{subject} left {NAMES.get(quantity, quantity)} unchanged against {against} (within ±0.5%, {len(ps)} comparison{'s' * (len(ps) > 1)})."
+    good = (med > 0) == higher_better
+    where = changes[0][1] if len(ps) == 1 else f"median of {len(ps)}, from {min(ps):+.0f}% to {max(ps):+.0f}%"
+    return f"{subject} {verb} {NAMES.get(quantity, quantity)} by {abs(med):.0f}% against {against} ({where}; {'better' if good else 'worse'})."
+
+
+def axis_label(axis: str, label: Any) -> str:
+    """A bundle label reads on its own ('bfloat16'); a bare number needs its axis ('optim.lr=0.01')."""
+    return format_value(label) if isinstance(label, str) else f"{axis}={format_value(label)}"
+
+
+def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
+    """Sentences comparing each variant with the baseline; only completed (ok) runs take part."""
+    runs = [r for r in runs if r.get("status") == "ok"]
+    out = []
+    for axis, base_label in baseline.items():
+        for label, pairs in baseline_pairs(runs, axis, base_label).items():
+            for q in COMPARED:
+                changes = []
+                for r, b in pairs:
+                    p = pct_change(value(r, q), value(b, q))
+                    if p is not None:
+                        others = ", ".join(f"{k}={format_value(v)}" for k, v in r["axes"].items() if k != axis)
+                        changes.append((p, f"at {others}" if others else "one comparison"))
+                s = describe_change(axis_label(axis, label), q, changes, axis_label(axis, base_label))
+                if s:
+                    out.append(s)
+    return out
+
+
+def status_sentences(runs: list[dict]) -> list[str]:
+    counts: dict[str, list[str]] = {}
+    for r in runs:
+        counts.setdefault(r.get("status", "?"), []).append(r["name"])
+    out = [f"{len(runs)} runs: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
+    for r in runs:
+        if r.get("status") in ("diverged", "failed", "skipped"):
+            out.append(f"`{r['name']}` {r['status']}: {r.get('reason') or 'no reason recorded'}.")
+    return out
+
+
+def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
+    """Best run by validation loss, and how the final validation loss moves along the x axis."""
+    ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None and math.isfinite(value(r, "eval_loss"))]
+    if not ok:
+        return []
+    best = min(ok, key=lambda r: value(r, "eval_loss"))
+    out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) from `{best['name']}`."]
+    if x:
+        pts = sorted(((r["axes"][x], r) for r in ok if isinstance(r.get("axes", {}).get(x), (int, float))), key=lambda t: t[0])
+        if len(pts) >= 2:
+            (x0, r0), (x1, r1) = pts[0], pts[-1]
+            l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
+            direction = "fell" if l1 < l0 else "rose"
+            out.append(f"From {x}={format_value(x0)} to {x}={format_value(x1)} the validation loss {direction} from {l0:.3f} to {l1:.3f} ({fmt_pct(pct_change(l1, l0))}).")
+            a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
+            if a0 is not None and a1 is not None:
+                out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
+    return out
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def train_table(runs: list[dict], baseline: dict) -> str:
+    axes = list(dict.fromkeys(k for r in runs for k in r.get("axes", {})))
+    cols = [q for q in QUANTITIES if any(value(r, q) is not None for r in runs)]
+    base_of: dict[str, dict] = {}
+    for axis, label in baseline.items():
+        for _, pairs in baseline_pairs([r for r in runs if r.get("status") == "ok"], axis, label).items():
+            for r, b in pairs:
+                base_of[r["name"]] = b
+    deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory") if q in cols] if base_of else []
+    headers = ["run", *axes, "status", *(QUANTITIES[q][0] for q in cols), *(f"Δ {QUANTITIES[q][0]}" for q in deltas)]
+    rows = []
+    for r in runs:
+        row = [f"`{r['name']}`", *(format_value(r.get("axes", {}).get(a, "")) for a in axes), r.get("status", "?")]
+        row += [fmt(value(r, q), QUANTITIES[q][1]) for q in cols]
+        b = base_of.get(r["name"])
+        row += [fmt_pct(pct_change(value(r, q), value(b, q))) if b else "base" if r["name"] in {x["name"] for x in base_of.values()} else "" for q in deltas]
+        rows.append(row)
+    return table(headers, rows)
+
+
+# Bench row fields shown in the table, first match per column (names of jaxlm.bench).
+BENCH_COLUMNS: list[tuple[str, tuple[str, ...], str]] = [
+    ("framework", ("framework",), "g"),
+    ("model", ("model",), "g"),
+    ("mode", ("mode",), "g"),
+    ("dtype", ("dtype",), "g"),
+    ("attention", ("attention",), "g"),
+    ("remat", ("remat",), "g"),
+    ("context", ("context", "context_length"), "int"),
+    ("batch", ("batch", "batch_size"), "int"),
+    ("step time", ("step_time_mean", "step_time_s", "time_mean"), "sec"),
+    ("± std", ("step_time_std", "time_std"), "sec"),
+    ("tokens/s", ("tokens_per_s", "tokens_per_sec"), "count"),
+    ("TFLOP/s", ("tflops", "tflop_per_s", "tflops_per_s"), "g"),
+    ("MFU", ("mfu",), "pct"),
+    ("peak memory", ("peak_memory_bytes", "peak_bytes", "peak_memory"), "bytes"),
+    ("params", ("params", "num_params"), "count"),
+    ("OOM", ("oom",), "g"),
+    ("max batch", ("max_batch",), "int"),
+]
+
+
+def bench_field(row: dict, names: tuple[str, ...]):
+    for n in names:
+        if n in row:
+            return row[n]
+    return None
+
+
+def bench_rows(runs: list[dict]) -> list[dict]:
+    rows = []
+    for r in runs:
+        for row in r.get("bench_rows") or []:
+            rows.append({"run": r["name"], **row})
+    return rows
+
+
+def bench_table(rows: list[dict]) -> str:
+    cols = [(t, names, how) for t, names, how in BENCH_COLUMNS if any(bench_field(r, names) is not None for r in rows)]
+    body = []
+    for r in rows:
+        cells = [f"`{r['run']}`"]
+        for _, names, how in cols:
+            v = bench_field(r, names)
+            cells.append(("yes" if v else "") if isinstance(v, bool) else fmt(v, how) if isinstance(v, (int, float)) else fmt(v))
+        body.append(cells)
+    return table(["run", *(t for t, _, _ in cols)], body)
+
+
+def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
+    """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric."""
+    metrics = {"peak_memory": ("peak_memory_bytes", "peak_bytes", "peak_memory"), "step_time": ("step_time_mean", "step_time_s", "time_mean"), "tokens_per_s": ("tokens_per_s", "tokens_per_sec")}
+    measured = {n for names in metrics.values() for n in names} | {"step_time_std", "time_std", "tflops", "tflop_per_s", "tflops_per_s", "mfu", "oom", "run", "max_batch"}
+    out = []
+    for field, base in baseline.items():
+        def key(r):
+            return tuple(sorted((k, str(v)) for k, v in r.items() if k not in measured and k != field and not isinstance(v, (list, dict))))
+
+        bases = {key(r): r for r in rows if str(r.get(field)) == str(base) and not r.get("oom")}
+        by_label: dict[str, list] = {}
+        for r in rows:
+            if field in r and str(r[field]) != str(base) and not r.get("oom") and key(r) in bases:
+                by_label.setdefault(str(r[field]), []).append((r, bases[key(r)]))
+        for label, pairs in by_label.items():
+            for q, names in metrics.items():
+                changes = []
+                for r, b in pairs:
+                    v, w = bench_field(r, names), bench_field(b, names)
+                    if isinstance(v, (int, float)) and isinstance(w, (int, float)):
+                        p = pct_change(float(v), float(w))
+                        if p is not None:
+                            changes.append((p, f"context {bench_field(r, ('context', 'context_length'))}, batch {bench_field(r, ('batch', 'batch_size'))}"))
+                s = describe_change(f"{field}={label}", q, changes, f"{field}={base}")
+                if s:
+                    out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(runs: list[dict], out: Path) -> list[str]:
+    """Learning curves (train and validation loss) by step and by wall time; returns the PNG names."""
+    curves = []
+    for r in runs:
+        recs = read_metrics(Path(r["_dir"]) / "metrics.jsonl")
+        if recs:
+            curves.append((r["name"], recs))
+    if not curves:
+        return []
+    plt = _plt()
+    written = []
+    for by, name in (("step", "curves_by_step.png"), ("time", "curves_by_time.png")):
+        fig, axs = plt.subplots(1, 2, figsize=(11, 4))
+        for label, recs in curves:
+            for ax, q in zip(axs, ("train_loss", "eval_loss")):
+                steps, vals, times = series(recs, q)
+                xs = steps if by == "step" else times
+                pts = [(a, b) for a, b in zip(xs, vals) if math.isfinite(b) and math.isfinite(a)]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o" if q == "eval_loss" else None, ms=3, lw=1.2, label=label)
+        for ax, title in zip(axs, ("training loss", "validation loss")):
+            ax.set_xlabel("step" if by == "step" else "wall time since first log (s)")
+            ax.set_ylabel("loss")
+            ax.set_title(f"{title} by {'step' if by == 'step' else 'wall time'}")
+            ax.grid(alpha=0.3)
+        handles, labels = axs[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=80, bbox_inches="tight")
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path) -> str | None:
+    """Final metrics against one axis, a line per combination of the other axes."""
+    groups: dict[str, list[tuple[float, dict]]] = {}
+    for r in runs:
+        xv = r.get("axes", {}).get(x)
+        if xv is None and x in r.get("metrics", {}):
+            xv = r["metrics"][x]
+        if not isinstance(xv, (int, float)) or r.get("status") not in ("ok", "diverged"):
+            continue
+        rest = ", ".join(f"{k}={format_value(v)}" for k, v in r.get("axes", {}).items() if k != x) or "runs"
+        groups.setdefault(rest, []).append((float(xv), r))
+    if not groups:
+        return None
+    plt = _plt()
+    fig, axs = plt.subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
+    for ax, q in zip(axs[0], ys):
+        for label, pts in groups.items():
+            pts = sorted((a, value(r, q)) for a, r in pts if value(r, q) is not None and math.isfinite(value(r, q)))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(QUANTITIES.get(q, (q,))[0])
+        ax.grid(alpha=0.3)
+    if len(groups) > 1:
+        axs[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    name = f"{x.replace('.', '_')}_vs_metrics.png"
+    fig.savefig(out / name, dpi=80)
+    plt.close(fig)
+    return name
+
+
+def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
+    """The bench package's own plots; returns (new PNG names, a note if it could not run)."""
+    try:
+        from jaxlm.bench import plot_results
+    except ImportError as e:
+        return [], f"bench plots unavailable ({e})"
+    before = {p.name for p in out.glob("*.png")}
+    try:
+        plot_results([{k: v for k, v in r.items() if k != "run"} for r in rows], out)
+    except Exception as e:  # a plotting failure must not lose the tables
+        return [], f"bench plots failed: {type(e).__name__}: {e}"
+    return sorted(p.name for p in out.glob("*.png") if p.name not in before), None
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def write_report(plan_dir: Path, out: Path | None = None) -> Path:
+    plan_dir = Path(plan_dir)
+    out = Path(out) if out else plan_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    meta = read_json(plan_dir / "plan.json") or {}
+    cfg = meta.get("report", {})
+    runs = load_results(plan_dir)
+    if not runs:
+        raise SystemExit(f"no result.json under {plan_dir}: run the plan first (python -m experiments.run PLAN)")
+    name = meta.get("name", plan_dir.name)
+    baseline = cfg.get("baseline", {})
+    train_runs = [r for r in runs if r.get("kind") != "bench"]
+    brows = bench_rows(runs)
+
+    devices = sorted({r.get("device", "?") for r in runs if r.get("status") != "skipped"} or {"?"})
+    commits = sorted({(r.get("git") or {}).get("commit") or "?" for r in runs})
+    lines = [f"# {cfg.get('title', name)}", ""]
+    if meta.get("description"):
+        lines += [meta["description"], ""]
+    lines += [
+        f"Plan `{meta.get('file', name)}`, size `{meta.get('size', '?')}`, device {', '.join(devices)}, "
+        f"commit {', '.join(c[:10] for c in commits)}. Generated by `python -m experiments.report {plan_dir}` "
+        "from the runs' result.json / metrics.jsonl; every number and sentence below is computed from them.",
+        "",
+        "## Findings",
+        "",
+    ]
+    sentences = status_sentences(runs) + comparison_sentences(train_runs, baseline) + sweep_sentences(train_runs, cfg.get("x"))
+    sentences += bench_sentences(brows, cfg.get("bench_baseline", {}))
+    lines += [f"- {s}" for s in sentences] + [""]
+
+    if train_runs:
+        lines += ["## Runs", "", train_table(train_runs, baseline), ""]
+        if baseline:
+            lines += [f"Δ columns: change against the baseline ({', '.join(f'{k} = {format_value(v)}' for k, v in baseline.items())}) with the same other settings. "
+                      "Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are medians of the logged steps after the first.", ""]
+        pngs = plot_curves(train_runs, out)
+        for p in pngs:
+            lines += [f"![{p}]({p})", ""]
+        if cfg.get("x"):
+            p = plot_vs_axis(train_runs, cfg["x"], cfg.get("y", ["eval_loss", "eval_acc"]), bool(cfg.get("logx")), out)
+            if p:
+                lines += [f"![{p}]({p})", ""]
+    if brows:
+        lines += ["## Benchmarks", "", bench_table(brows), ""]
+        pngs, note = plot_bench(brows, out)
+        if note:
+            lines += [f"({note})", ""]
+        for p in pngs:
+            lines += [f"![{p}]({p})", ""]
+    lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}", f"python -m experiments.report {plan_dir} --out DIR", "```", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.report", description="Markdown report (tables, findings, plots) for a plan's runs")
+    p.add_argument("plan_dir", help="runs/PLAN")
+    p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
+    args = p.parse_args(argv)
+    path = write_report(Path(args.plan_dir), Path(args.out) if args.out else None)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Reading what runs leave behind: metrics.jsonl, bench JSON, result.json.
+
+Shared by the runner (which condenses a finished run into result.json) and the
+report (which reads result.json and the learning curves). Metric names follow
+`jaxlm.tracking` (``train/loss``, ``eval/perplexity`` ...); the few quantities
+the report needs are looked up through `ALIASES`, so a renamed metric is a
+one-line change here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+RESULT = "result.json"
+DONE_STATUSES = ("ok", "diverged", "skipped")  # a run with one of these is complete; "failed" is retried
+
+# Quantity -> metric names to try, first match wins.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "train_loss": ("train/loss",),
+    "eval_loss": ("eval/loss", "val/loss"),
+    "eval_ppl": ("eval/perplexity", "val/perplexity"),
+    "eval_acc": ("eval/accuracy", "val/accuracy"),
+    "tokens_per_s": ("perf/tokens_per_s", "train/tokens_per_sec", "perf/tokens_per_sec", "train/tokens_per_s"),
+    "step_time": ("perf/step_time", "train/step_time", "perf/step_time_s"),
+    "peak_memory": ("memory/peak_bytes", "perf/peak_bytes", "memory/peak_bytes_in_use"),
+    "lr": ("train/lr", "learning/lr"),
+}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=str, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl; a torn last line (interrupted writer) is dropped."""
+    records = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def lookup(record: dict, quantity: str) -> float | None:
+    for name in ALIASES.get(quantity, (quantity,)):
+        v = record.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def series(records: list[dict], quantity: str) -> tuple[list[float], list[float], list[float]]:
+    """(steps, values, seconds since the first record) of every record carrying `quantity`."""
+    t0 = next((r["time"] for r in records if isinstance(r.get("time"), (int, float))), None)
+    steps, values, times = [], [], []
+    for r in records:
+        v = lookup(r, quantity)
+        if v is None or not isinstance(r.get("step"), (int, float)):
+            continue
+        steps.append(float(r["step"]))
+        values.append(v)
+        t = r.get("time")
+        times.append(float(t) - t0 if isinstance(t, (int, float)) and t0 is not None else float("nan"))
+    return steps, values, times
+
+
+def has_nonfinite_loss(records: list[dict]) -> bool:
+    for r in records:
+        for q in ("train_loss", "eval_loss"):
+            v = lookup(r, q)
+            if v is not None and not math.isfinite(v):
+                return True
+    return False
+
+
+def summarise_train(records: list[dict]) -> dict[str, Any]:
+    """Final numbers of a training run: last losses, last evaluation, median throughput, max memory."""
+    out: dict[str, Any] = {}
+    steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
+    if steps:
+        out["steps"] = int(max(steps))
+    for q in ("train_loss", "eval_loss", "eval_ppl", "eval_acc"):
+        _, values, _ = series(records, q)
+        if values:
+            out[q] = values[-1]
+    _, eval_losses, _ = series(records, "eval_loss")
+    finite = [v for v in eval_losses if math.isfinite(v)]
+    if finite:
+        out["best_eval_loss"] = min(finite)
+    for q in ("tokens_per_s", "step_time"):
+        _, values, _ = series(records, q)
+        # The first logged window includes compilation: leave it out when there is more than one.
+        values = [v for v in (values[1:] if len(values) > 1 else values) if math.isfinite(v)]
+        if values:
+            out[q] = statistics.median(values)
+    _, mem, _ = series(records, "peak_memory")
+    if mem:
+        out["peak_memory"] = max(mem)
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+    if len(times) > 1:
+        out["logged_time_s"] = max(times) - min(times)
+    return out
+
+
+def load_bench_rows(path: Path) -> list[dict]:
+    """Rows of a bench JSON file: a list of rows, or an object holding one under 'rows' / 'results'."""
+    data = read_json(path)
+    if isinstance(data, dict):
+        data = data.get("rows", data.get("results"))
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def load_results(plan_dir: Path) -> list[dict]:
+    """Every run's result.json under a plan directory, in the plan's order when plan.json lists it."""
+    plan_dir = Path(plan_dir)
+    found = {}
+    for p in sorted(plan_dir.glob(f"*/{RESULT}")):
+        r = read_json(p)
+        if isinstance(r, dict):
+            r["_dir"] = str(p.parent)
+            found[r.get("name", p.parent.name)] = r
+    meta = read_json(plan_dir / "plan.json") or {}
+    order = [r["name"] for r in meta.get("runs", [])]
+    ordered = [found.pop(n) for n in order if n in found]
+    return ordered + [found[n] for n in sorted(found)]

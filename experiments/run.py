@@ -1,0 +1,437 @@
+"""Run an experiment plan: `python -m experiments.run PLAN [--only NAME ...] [--dry-run] [--size cpu|gpu]`.
+
+Runs execute one after another, each in `runs/PLAN/NAME/` (its config, logs,
+checkpoints, metrics and the child's output.log). A run is complete when its
+`result.json` exists (written atomically, last) with status ok, diverged or
+skipped and the same spec hash; complete runs are skipped, so an interrupted
+plan resumes where it stopped (and an interrupted training run resumes from its
+own checkpoint). A failed run is recorded with the tail of its output and the
+plan goes on; it is retried the next time the plan runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from experiments.plan import Plan, PlanError, RunSpec, load_plan, steps_for_tokens
+from experiments.results import (
+    DONE_STATUSES,
+    RESULT,
+    has_nonfinite_loss,
+    load_bench_rows,
+    read_json,
+    read_metrics,
+    summarise_train,
+    write_json_atomic,
+)
+
+TRAIN_MODULE = "jaxlm.train"
+BENCH_MODULE = "jaxlm.bench"
+ERROR_TAIL_LINES = 40
+# Output of a training run that stopped on a non-finite loss (the train CLI's message).
+DIVERGED_RE = re.compile(r"diverg|non-finite loss|loss is (nan|inf)|\bnan loss", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+@dataclass(frozen=True)
+class Device:
+    platform: str  # cpu | gpu | tpu
+    kind: str  # jax.devices()[0].device_kind, "cpu" on CPUs
+    count: int
+
+
+def detect_device() -> Device:
+    """Ask JAX in a child process, so this process never initialises (or preallocates on) the accelerator."""
+    code = "import jax, json; d = jax.devices(); print(json.dumps([d[0].platform, d[0].device_kind, len(d)]))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+        platform, kind, count = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
+        print(f"warning: could not query JAX devices ({e}); assuming cpu", file=sys.stderr)
+        return Device("cpu", "cpu", 1)
+    return Device(platform, "cpu" if platform == "cpu" else kind, count)
+
+
+def git_info() -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+# Requirement name -> (is it met on this device?, default reason when not).
+REQUIREMENTS: dict[str, tuple[Callable[[Device], bool], str]] = {
+    "gpu": (lambda d: d.platform == "gpu", "needs an NVIDIA GPU"),
+}
+
+
+def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
+    """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu'."""
+    needs = spec.requires
+    reason = spec.reason
+    if needs is None and (spec.set.get("model.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"):
+        needs, reason = "gpu", reason or "cuDNN flash attention needs an NVIDIA GPU (cuDNN)"
+    if needs is None:
+        return None
+    met, default_reason = REQUIREMENTS[needs]
+    if met(device):
+        return None
+    return f"{reason or default_reason}; this device is {device.kind} ({device.platform})"
+
+
+# --------------------------------------------------------------------------- commands per kind
+
+
+def toml_value(v) -> str:
+    """A value as `--set key=VALUE` text that jaxlm.config reads back to the same value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise PlanError(f"cannot pass {v!r} as a --set value")
+
+
+def cli_args(args: dict) -> list[str]:
+    """{"batch": [4, 8], "find_max_batch": True, "json": "x"} -> --batch 4 8 --find-max-batch --json x."""
+    out: list[str] = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, list):
+            out += [flag, *map(str, v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The run's `--set` overrides, with the token budget turned into steps and out_dir pointed at the run."""
+    from jaxlm.config import load_config  # light: no JAX import
+
+    overrides = {**spec.set, "train.out_dir": str(run_dir)}
+    if spec.tokens:
+        cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
+        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
+    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
+
+
+def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
+    from jaxlm.config import load_config, to_dict
+
+    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
+
+
+def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
+    for o in train_overrides(spec, run_dir):
+        argv += ["--set", o]
+    return argv
+
+
+def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", BENCH_MODULE, *cli_args(spec.args)]
+    for k, v in spec.set.items():
+        argv += ["--set", f"{k}={toml_value(v)}"]
+    return argv + ["--json", str(run_dir / "bench.json")]
+
+
+def build_command(spec: RunSpec, run_dir: Path) -> list[str]:
+    subs = {"{run_dir}": str(run_dir), "{python}": sys.executable}
+    argv = []
+    for a in spec.argv:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        argv.append(a)
+    return argv + cli_args(spec.args)
+
+
+BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
+    "train": build_train,
+    "bench": build_bench,
+    "command": build_command,
+}
+
+
+def validate(plan: Plan, plan_dir: Path) -> None:
+    """Resolve every train run's config now, so a bad override fails before hours of runs, naming the run."""
+    from jaxlm.config import ConfigError
+
+    for spec in plan.runs:
+        if spec.kind != "train":
+            continue
+        try:
+            resolved_train_config(spec, plan_dir / spec.name)
+        except ConfigError as e:
+            raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _tail(path: Path, start: int = 0, n: int = ERROR_TAIL_LINES) -> str:
+    """The last `n` lines written to `path` after byte offset `start` (this attempt's output)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
+    r = read_json(run_dir / RESULT)
+    if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash:
+        return r
+    return None
+
+
+def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
+    """Make the run directory; True when resuming an interrupted run of the same spec.
+
+    A directory holding another spec, or a failed attempt, is wiped: the rerun starts clean.
+    An interrupted attempt (no result.json) is kept, so a training run resumes from its checkpoint.
+    """
+    old = read_json(run_dir / "spec.json")
+    stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
+    if run_dir.exists() and (stale or (run_dir / RESULT).exists()):
+        shutil.rmtree(run_dir)
+    resuming = run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "spec.json", {"spec_hash": spec.hash, "spec": spec.to_dict()})
+    return resuming
+
+
+def collect(spec: RunSpec, run_dir: Path) -> dict:
+    """Final metrics of a finished run, by kind."""
+    out: dict = {}
+    records = read_metrics(run_dir / "metrics.jsonl")
+    if records:
+        out["metrics"] = summarise_train(records)
+    if spec.kind == "bench":
+        out["bench_rows"] = load_bench_rows(run_dir / "bench.json")
+    if spec.kind == "train":
+        cfg_path = run_dir / "config.toml"
+        if cfg_path.is_file():  # the config the trainer actually resolved and saved
+            import tomllib
+
+            try:
+                out["config"] = tomllib.loads(cfg_path.read_text())
+            except tomllib.TOMLDecodeError:
+                pass
+        cfg = out.get("config")
+        if cfg and "metrics" in out:
+            m = out["metrics"]
+            try:
+                from jaxlm.config import ModelConfig, from_dict
+                from jaxlm.flops import param_counts
+
+                counts = param_counts(from_dict(ModelConfig, cfg["model"]))
+                m["params"] = counts["total"]
+                m["params_non_embedding"] = counts["non_embedding"]
+            except Exception:  # a config this version cannot read: no parameter count, nothing else lost
+                pass
+            if "steps" in m:
+                m["tokens"] = m["steps"] * cfg["data"]["batch_size"] * cfg["model"]["context_length"]
+    return out
+
+
+def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan) -> dict:
+    """Run one spec to completion and return its result record (not yet written)."""
+    result = {
+        "name": spec.name,
+        "plan": plan.name,
+        "size": plan.size,
+        "kind": spec.kind,
+        "axes": spec.axes,
+        "spec": spec.to_dict(),
+        "spec_hash": spec.hash,
+        "git": git,
+        "device": device.kind,
+        "platform": device.platform,
+        "device_count": device.count,
+        "started_at": _now(),
+    }
+    if spec.kind == "train":
+        result["config"] = resolved_train_config(spec, run_dir)
+    reason = unmet_requirement(spec, device)
+    if reason:
+        return {**result, "status": "skipped", "reason": reason, "finished_at": _now(), "wall_time_s": 0.0}
+
+    result["resumed"] = prepare_dir(run_dir, spec)
+    argv = BUILDERS[spec.kind](spec, run_dir)
+    result["argv"] = argv
+    log_path = run_dir / "output.log"
+    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        log.write(f"\n$ {shlex.join(argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=spec.timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            rc, timed_out = proc.returncode, True
+        except BaseException:  # Ctrl-C or the runner being killed: take the child down with us
+            _kill(proc)
+            raise
+    wall = time.perf_counter() - t0
+
+    result.update(collect(spec, run_dir))
+    result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall})
+    tail = _tail(log_path, start)
+    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
+    if timed_out:
+        result.update(status="failed", reason=f"timed out after {spec.timeout:g} s", error_tail=tail)
+    elif spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
+        result.update(status="diverged", reason="loss became NaN/inf", error_tail=tail if rc else None)
+    elif rc != 0:
+        result.update(status="failed", reason=f"exit code {rc}", error_tail=tail)
+    else:
+        result["status"] = "ok"
+    return result
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop the child's whole process group (it was started in its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def headline(result: dict) -> str:
+    """One line about a finished run for the progress log."""
+    m = result.get("metrics", {})
+    parts = [result["status"] if result["status"] == "skipped" else f"{result['status']} in {result.get('wall_time_s', 0):.1f} s"]
+    for key, label, fmt in (("eval_loss", "val loss", ".3f"), ("eval_ppl", "val ppl", ".2f"), ("tokens_per_s", "tok/s", ".0f")):
+        if isinstance(m.get(key), (int, float)):
+            parts.append(f"{label} {m[key]:{fmt}}")
+    if result.get("bench_rows"):
+        parts.append(f"{len(result['bench_rows'])} bench rows")
+    if result.get("reason") and result["status"] != "ok":
+        parts.append(f"({result['reason']})")
+    return ", ".join(parts)
+
+
+def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(
+        plan_dir / "plan.json",
+        {
+            "name": plan.name,
+            "file": str(plan.path),
+            "size": plan.size,
+            "description": plan.description,
+            "report": plan.report,
+            "device": device.kind,
+            "runs": [{"name": r.name, "kind": r.kind, "axes": r.axes} for r in plan.runs],
+        },
+    )
+
+
+def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None) -> dict[str, int]:
+    """Execute (or with dry_run, list) the selected runs; returns a count per status."""
+    runs = plan.select(only)
+    validate(plan, plan_dir)
+    device = device or detect_device()
+    counts: dict[str, int] = {}
+    print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
+    if not dry_run:
+        write_plan_meta(plan, plan_dir, device)
+    git = git_info()
+    for i, spec in enumerate(runs, 1):
+        run_dir = plan_dir / spec.name
+        prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"
+        done = is_complete(run_dir, spec)
+        if done:
+            counts["complete"] = counts.get("complete", 0) + 1
+            print(f"{prefix}: already {done['status']}, skipped", flush=True)
+            continue
+        if dry_run:
+            reason = unmet_requirement(spec, device)
+            what = f"would skip: {reason}" if reason else shlex.join(BUILDERS[spec.kind](spec, run_dir))
+            print(f"{prefix}: {what}", flush=True)
+            counts["pending"] = counts.get("pending", 0) + 1
+            continue
+        print(f"{prefix} ...", flush=True)
+        result = execute(spec, run_dir, device, git, plan)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / RESULT, result)  # last: its presence marks the run complete
+        counts[result["status"]] = counts.get(result["status"], 0) + 1
+        print(f"{prefix}: {headline(result)}", flush=True)
+        if result["status"] == "failed" and result.get("error_tail"):
+            print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
+    print("done: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", help="plan file, or a plan name in experiments/plans/")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
+    p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
+    p.add_argument("--runs-dir", default="runs", help="parent of the plan directory (default: runs)")
+    args = p.parse_args(argv)
+
+    try:
+        device = detect_device()
+        size = args.size
+        if size is None:
+            first = load_plan(args.plan)
+            size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
+        plan = load_plan(args.plan, size)
+        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
+        return 130
+    return 1 if counts.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
