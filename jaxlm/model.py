@@ -1,0 +1,318 @@
+"""The Transformer LM of SPEC section 1 in Flax NNX, written bottom-up.
+
+Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
+``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
+and there are no biases, so conversion (parity/convert.py) is a table of names.
+
+Precision policy (the one place it is decided: `Precision`, built once from
+``cfg.dtype`` in `TransformerLM.__init__` and handed to every layer):
+  * parameters are stored in float32;
+  * `Precision.cast` converts parameters and activations to the compute dtype
+    (``cfg.dtype``) at use, inside `Linear` and `Embedding`; the residual stream
+    runs in the compute dtype;
+  * RMSNorm, RoPE rotations, the attention softmax and the loss compute in
+    float32 and cast back.
+
+Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
+``cfg.remat`` names a `jax.checkpoint` policy that wraps every block.
+
+Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlm.attention import attention
+from jaxlm.config import ModelConfig
+
+# --------------------------------------------------------------------------- policies
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Parameters live in `param` dtype; `cast` moves them (and activations) to `compute` at use."""
+
+    compute: Any = jnp.float32
+    param: Any = jnp.float32
+
+    def cast(self, x: jax.Array) -> jax.Array:
+        return x.astype(self.compute)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "Precision":
+        return cls(compute=jnp.dtype(cfg.dtype))
+
+
+def _offload_policy():
+    # Save matmul outputs to pinned host memory instead of recomputing them.
+    # Works on GPU/TPU backends that expose a "pinned_host" memory kind; the CPU
+    # backend also exposes one (tested), so this runs everywhere JAX 0.10+ does.
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+# name -> jax.checkpoint policy factory (None: no remat at all). "full" saves
+# nothing and recomputes each block's forward in the backward pass.
+REMAT_POLICIES: dict[str, Callable[[], Any] | None] = {
+    "none": None,
+    "full": lambda: jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": lambda: jax.checkpoint_policies.dots_saveable,
+    "offload": _offload_policy,
+}
+
+
+def truncated_normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype=jnp.float32) -> jax.Array:
+    """Normal(0, std) cut at +-3 std (SPEC's init, torch's trunc_normal_(std, -3std, 3std))."""
+    return std * jax.random.truncated_normal(key, -3.0, 3.0, shape, dtype)
+
+
+class Buffer(nnx.Variable):
+    """A non-trainable constant (RoPE tables): in the model state, not in nnx.Param."""
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class Linear(nnx.Module):
+    """y = x @ W.T with W stored (d_out, d_in), no bias."""
+
+    def __init__(self, d_in: int, d_out: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        std = math.sqrt(2.0 / (d_in + d_out))
+        self.weight = nnx.Param(truncated_normal(rngs.params(), (d_out, d_in), std, precision.param))
+        self.precision = precision
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.precision.cast(self.weight[...])  # (out, in)
+        return jnp.einsum("...i,oi->...o", self.precision.cast(x), w)  # (..., out)
+
+
+class Embedding(nnx.Module):
+    """Token id -> row of `weight` (vocab, d_model)."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.weight = nnx.Param(truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param))
+        self.precision = precision
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return self.precision.cast(jnp.take(self.weight[...], ids, axis=0))  # (..., D)
+
+
+class RMSNorm(nnx.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, in float32, cast back to x's dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)  # (..., D)
+        rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)  # (..., 1)
+        return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class RotaryEmbedding(nnx.Module):
+    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0):
+        inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (H/2,)
+        angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # (max_len, H/2)
+        self.cos = Buffer(jnp.asarray(np.cos(angles), jnp.float32))  # (max_len, H/2)
+        self.sin = Buffer(jnp.asarray(np.sin(angles), jnp.float32))  # (max_len, H/2)
+
+    def __call__(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """positions (..., T) int -> (cos, sin), each (..., T, H/2) float32."""
+        return self.cos[...][positions], self.sin[...][positions]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate (x[2k], x[2k+1]) in place. x (B, T, N, H); cos, sin (B or 1, T, H/2) or (T, H/2)."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # (..., T, 1, H/2): broadcast over heads
+    x32 = x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # (B, T, N, H/2, 2)
+    x0, x1 = x32[..., 0], x32[..., 1]  # (B, T, N, H/2)
+    out = jnp.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), axis=-1)  # (B, T, N, H/2, 2)
+    return out.reshape(x.shape).astype(x.dtype)  # (B, T, N, H)
+
+
+def silu(x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(x)
+
+
+class SwiGLU(nnx.Module):
+    """w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.w1 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, precision=precision, rngs=rngs)
+        self.w3 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.w2(silu(self.w1(x)) * self.w3(x))  # (..., F) -> (..., D)
+
+
+class SiLUFFN(nnx.Module):
+    """The ablation's ungated feed-forward: w2(silu(w1 x)) (no w3)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.w1 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, precision=precision, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.w2(silu(self.w1(x)))  # (..., F) -> (..., D)
+
+
+FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN}
+
+
+def _dropout_stream(rate: float, rngs: nnx.Rngs):
+    """A private dropout RNG stream, or None when dropout is off (keeps the state free of RNG keys)."""
+    return rngs["dropout"].fork() if rate > 0.0 else None
+
+
+class CausalSelfAttention(nnx.Module):
+    """Multi-head causal self-attention; RoPE on q and k when the caller passes tables."""
+
+    def __init__(self, cfg: ModelConfig, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.q_proj = Linear(d, d, precision=precision, rngs=rngs)
+        self.k_proj = Linear(d, d, precision=precision, rngs=rngs)
+        self.v_proj = Linear(d, d, precision=precision, rngs=rngs)
+        self.output_proj = Linear(d, d, precision=precision, rngs=rngs)
+        self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, cfg.attention
+        self.dropout_rate = cfg.dropout
+        self.dropout_rngs = _dropout_stream(cfg.dropout, rngs)
+
+    def __call__(
+        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, *, deterministic: bool = True
+    ) -> jax.Array:
+        B, T, D = x.shape
+        N = self.num_heads
+        q = self.q_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
+        k = self.k_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
+        v = self.v_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        train = not deterministic and self.dropout_rate > 0.0
+        out = attention(
+            q,
+            k,
+            v,
+            implementation=self.implementation,
+            causal=True,
+            window=self.window,
+            dropout_rate=self.dropout_rate if train else 0.0,
+            dropout_rng=self.dropout_rngs() if train else None,
+        )  # (B, T, N, H)
+        return self.output_proj(out.reshape(B, T, D))  # (B, T, D)
+
+
+class TransformerBlock(nnx.Module):
+    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
+
+    def __init__(self, cfg: ModelConfig, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.norm = cfg.norm
+        if cfg.norm != "none":
+            self.ln1 = RMSNorm(cfg.d_model, cfg.eps)
+            self.ln2 = RMSNorm(cfg.d_model, cfg.eps)
+        self.attn = CausalSelfAttention(cfg, precision=precision, rngs=rngs)
+        self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=_dropout_stream(cfg.dropout, rngs))
+
+    def __call__(self, x: jax.Array, rope=None, *, deterministic: bool = True) -> jax.Array:
+        def attn(y):
+            return self.dropout(self.attn(y, rope, deterministic=deterministic), deterministic=deterministic)
+
+        def ffn(y):
+            return self.dropout(self.ffn(y), deterministic=deterministic)
+
+        if self.norm == "pre":
+            h = x + attn(self.ln1(x))  # (B, T, D)
+            return h + ffn(self.ln2(h))  # (B, T, D)
+        if self.norm == "post":
+            h = self.ln1(x + attn(x))  # (B, T, D)
+            return self.ln2(h + ffn(h))  # (B, T, D)
+        h = x + attn(x)
+        return h + ffn(h)
+
+
+def _block_forward(block: TransformerBlock, x, rope, deterministic):
+    return block(x, rope, deterministic=deterministic)
+
+
+class TransformerLM(nnx.Module):
+    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        precision = Precision.from_config(cfg)
+        self.precision = precision
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
+        self.layers = nnx.List([TransformerBlock(cfg, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.norm != "none":
+            self.ln_final = RMSNorm(cfg.d_model, cfg.eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, precision=precision, rngs=rngs)
+        if cfg.rope:
+            self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+        if cfg.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {cfg.remat!r}; known: {', '.join(REMAT_POLICIES)}")
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+        """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
+
+        positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
+        deterministic=False turns dropout on (training).
+        """
+        T = tokens.shape[-1]
+        if T > self.cfg.context_length:
+            raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
+        x = self.token_embeddings(tokens)  # (B, T, D)
+        rope = None
+        if self.cfg.rope:
+            rope = self.rope(jnp.arange(T) if positions is None else positions)  # 2 x (B or -, T, H/2)
+        policy = REMAT_POLICIES[self.cfg.remat]  # the one place remat is applied
+        block_fwd = _block_forward
+        if policy is not None:  # `deterministic` (arg 3) is a Python bool: static under remat
+            block_fwd = nnx.remat(_block_forward, policy=policy(), static_argnums=(3,))
+        for block in self.layers:
+            x = block_fwd(block, x, rope, deterministic)  # (B, T, D)
+        if self.cfg.norm != "none":
+            x = self.ln_final(x)
+        head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
+        return jnp.einsum("BTD,VD->BTV", x, self.precision.cast(head[...]))  # (B, T, V)
+
+
+# --------------------------------------------------------------------------- loss and metrics
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
+    logits = logits.astype(jnp.float32)  # (..., V)
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
+    lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[..., 0]  # (...,)
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # (...,)
+    return jnp.mean(lse - target_logit)
+
+
+def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean of argmax(logits) == target, float32."""
+    return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """Float32 mean cross-entropy of the model's next-token predictions."""
+    return cross_entropy(model(tokens, deterministic=deterministic), targets)
+
+
+def count_params(model: nnx.Module, *, non_embedding: bool = False) -> int:
+    """Number of trainable parameters (nnx.Param leaves); a tied head counts once."""
+    n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    if non_embedding and hasattr(model, "token_embeddings"):
+        n -= int(np.prod(model.token_embeddings.weight.shape))
+    return n
