@@ -36,12 +36,15 @@ QUANTITIES: dict[str, tuple[str, str, bool]] = {
     "tokens_per_s": ("tokens/s", "count", False),
     "step_time": ("step time", "sec", True),
     "wall_time_s": ("total time", "sec", True),
-    "peak_memory": ("peak memory", "bytes", True),
+    "peak_memory": ("peak device memory", "bytes", True),
+    "max_rss_bytes": ("peak host RSS", "bytes", True),
 }
+RUN_LEVEL = ("wall_time_s", "max_rss_bytes")  # measured by the runner, not read from metrics.jsonl
 # The metrics compared against the baseline, in the order sentences are written.
-COMPARED = ("peak_memory", "step_time", "tokens_per_s", "wall_time_s", "eval_ppl")
+COMPARED = ("peak_memory", "max_rss_bytes", "step_time", "tokens_per_s", "wall_time_s", "eval_ppl")
 NAMES = {
-    "peak_memory": "peak memory",
+    "peak_memory": "peak device memory",
+    "max_rss_bytes": "peak host memory (RSS)",
     "step_time": "step time",
     "tokens_per_s": "throughput",
     "wall_time_s": "total time",
@@ -98,7 +101,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def value(run: dict, q: str) -> float | None:
-    v = run.get(q) if q == "wall_time_s" else run.get("metrics", {}).get(q)
+    v = run.get(q) if q in RUN_LEVEL else run.get("metrics", {}).get(q)
     if run.get("status") == "skipped":
         return None
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -203,7 +206,7 @@ def train_table(runs: list[dict], baseline: dict) -> str:
         for _, pairs in baseline_pairs([r for r in runs if r.get("status") == "ok"], axis, label).items():
             for r, b in pairs:
                 base_of[r["name"]] = b
-    deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory") if q in cols] if base_of else []
+    deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory", "max_rss_bytes") if q in cols] if base_of else []
     headers = ["run", *axes, "status", *(QUANTITIES[q][0] for q in cols), *(f"Δ {QUANTITIES[q][0]}" for q in deltas)]
     rows = []
     for r in runs:
@@ -215,33 +218,29 @@ def train_table(runs: list[dict], baseline: dict) -> str:
     return table(headers, rows)
 
 
-# Bench row fields shown in the table, first match per column (names of jaxlm.bench).
-BENCH_COLUMNS: list[tuple[str, tuple[str, ...], str]] = [
-    ("framework", ("framework",), "g"),
-    ("model", ("model",), "g"),
-    ("mode", ("mode",), "g"),
-    ("dtype", ("dtype",), "g"),
-    ("attention", ("attention",), "g"),
-    ("remat", ("remat",), "g"),
-    ("context", ("context", "context_length"), "int"),
-    ("batch", ("batch", "batch_size"), "int"),
-    ("step time", ("step_time_mean", "step_time_s", "time_mean"), "sec"),
-    ("± std", ("step_time_std", "time_std"), "sec"),
-    ("tokens/s", ("tokens_per_s", "tokens_per_sec"), "count"),
-    ("TFLOP/s", ("tflops", "tflop_per_s", "tflops_per_s"), "g"),
-    ("MFU", ("mfu",), "pct"),
-    ("peak memory", ("peak_memory_bytes", "peak_bytes", "peak_memory"), "bytes"),
-    ("params", ("params", "num_params"), "count"),
-    ("OOM", ("oom",), "g"),
-    ("max batch", ("max_batch",), "int"),
+# Bench row fields shown in the table (jaxlm.bench.core.COLUMNS), with formats.
+BENCH_COLUMNS: list[tuple[str, str, str]] = [
+    ("framework", "framework", "g"),
+    ("mode", "mode", "g"),
+    ("dtype", "dtype", "g"),
+    ("attention", "attention", "g"),
+    ("remat", "remat", "g"),
+    ("context", "context", "int"),
+    ("batch", "batch", "int"),
+    ("status", "status", "g"),
+    ("step (ms)", "step_ms", "g"),
+    ("± std", "step_ms_std", "g"),
+    ("tokens/s", "tokens_per_s", "count"),
+    ("TFLOP/s", "tflops", "g"),
+    ("MFU", "mfu", "pct"),
+    ("memory (GB)", "memory_gb", "g"),
+    ("memory from", "memory_source", "g"),
+    ("params", "params", "count"),
 ]
-
-
-def bench_field(row: dict, names: tuple[str, ...]):
-    for n in names:
-        if n in row:
-            return row[n]
-    return None
+# Row fields that are measurements (everything else identifies the setting).
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+                  "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch"}
+BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
 
 
 def bench_rows(runs: list[dict]) -> list[dict]:
@@ -253,41 +252,52 @@ def bench_rows(runs: list[dict]) -> list[dict]:
 
 
 def bench_table(rows: list[dict]) -> str:
-    cols = [(t, names, how) for t, names, how in BENCH_COLUMNS if any(bench_field(r, names) is not None for r in rows)]
+    cols = [(t, k, how) for t, k, how in BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
+    # Columns with one value throughout say nothing per row: state them once above the table instead.
+    varying = [(t, k, how) for t, k, how in cols if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
     body = []
     for r in rows:
         cells = [f"`{r['run']}`"]
-        for _, names, how in cols:
-            v = bench_field(r, names)
-            cells.append(("yes" if v else "") if isinstance(v, bool) else fmt(v, how) if isinstance(v, (int, float)) else fmt(v))
+        for _, k, how in varying:
+            v = r.get(k)
+            cells.append(fmt(v, how) if isinstance(v, (int, float)) and not isinstance(v, bool) else fmt(v))
         body.append(cells)
-    return table(["run", *(t for t, _, _ in cols)], body)
+    fixed = [f"{t} {fmt(rows[0].get(k))}" for t, k, _ in cols if (t, k, _) not in varying]
+    head = f"All rows: {', '.join(fixed)}.\n\n" if fixed else ""
+    return head + table(["run", *(t for t, _, _ in varying)], body)
+
+
+def max_batch_table(runs: list[dict]) -> str | None:
+    found = [(r["name"], f) for r in runs for f in r.get("bench_max_batch") or []]
+    if not found:
+        return None
+    return table(["run", "setting", "context", "max batch"], [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
 
 
 def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
     """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric."""
-    metrics = {"peak_memory": ("peak_memory_bytes", "peak_bytes", "peak_memory"), "step_time": ("step_time_mean", "step_time_s", "time_mean"), "tokens_per_s": ("tokens_per_s", "tokens_per_sec")}
-    measured = {n for names in metrics.values() for n in names} | {"step_time_std", "time_std", "tflops", "tflop_per_s", "tflops_per_s", "mfu", "oom", "run", "max_batch"}
+    ok = [r for r in rows if r.get("status") == "ok"]
     out = []
     for field, base in baseline.items():
         def key(r):
-            return tuple(sorted((k, str(v)) for k, v in r.items() if k not in measured and k != field and not isinstance(v, (list, dict))))
+            return tuple(sorted((k, str(v)) for k, v in r.items() if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
 
-        bases = {key(r): r for r in rows if str(r.get(field)) == str(base) and not r.get("oom")}
+        bases = {key(r): r for r in ok if str(r.get(field)) == str(base)}
         by_label: dict[str, list] = {}
-        for r in rows:
-            if field in r and str(r[field]) != str(base) and not r.get("oom") and key(r) in bases:
+        for r in ok:
+            if field in r and str(r[field]) != str(base) and key(r) in bases:
                 by_label.setdefault(str(r[field]), []).append((r, bases[key(r)]))
         for label, pairs in by_label.items():
-            for q, names in metrics.items():
+            for q, title in BENCH_COMPARED.items():
                 changes = []
                 for r, b in pairs:
-                    v, w = bench_field(r, names), bench_field(b, names)
+                    v, w = r.get(q), b.get(q)
                     if isinstance(v, (int, float)) and isinstance(w, (int, float)):
                         p = pct_change(float(v), float(w))
                         if p is not None:
-                            changes.append((p, f"context {bench_field(r, ('context', 'context_length'))}, batch {bench_field(r, ('batch', 'batch_size'))}"))
-                s = describe_change(f"{field}={label}", q, changes, f"{field}={base}")
+                            changes.append((p, f"{r.get('mode')}, context {r.get('context')}, batch {r.get('batch')}"))
+                NAMES.setdefault(q, title)
+                s = describe_change(f"{field}={label}", {"step_ms": "step_time", "memory_gb": "peak_memory"}.get(q, q), changes, f"{field}={base}")
                 if s:
                     out.append(s)
     return out
@@ -436,6 +446,9 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
                 lines += [f"![{p}]({p})", ""]
     if brows:
         lines += ["## Benchmarks", "", bench_table(brows), ""]
+        mb = max_batch_table(runs)
+        if mb:
+            lines += ["Largest batch that fits (jaxlm.bench --find-max-batch):", "", mb, ""]
         pngs, note = plot_bench(brows, out)
         if note:
             lines += [f"({note})", ""]

@@ -26,8 +26,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "eval_ppl": ("eval/perplexity", "val/perplexity"),
     "eval_acc": ("eval/accuracy", "val/accuracy"),
     "tokens_per_s": ("perf/tokens_per_s", "train/tokens_per_sec", "perf/tokens_per_sec", "train/tokens_per_s"),
-    "step_time": ("perf/step_time", "train/step_time", "perf/step_time_s"),
-    "peak_memory": ("memory/peak_bytes", "perf/peak_bytes", "memory/peak_bytes_in_use"),
+    "step_time": ("perf/step_time_s", "perf/step_time", "train/step_time"),
+    "peak_memory": ("perf/peak_memory_bytes", "memory/peak_bytes", "perf/peak_bytes"),
     "lr": ("train/lr", "learning/lr"),
 }
 
@@ -127,12 +127,15 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
     return out
 
 
-def load_bench_rows(path: Path) -> list[dict]:
-    """Rows of a bench JSON file: a list of rows, or an object holding one under 'rows' / 'results'."""
+def load_bench(path: Path) -> tuple[list[dict], dict]:
+    """(rows, meta) of a `jaxlm.bench --json` file: {"meta": {...}, "rows": [...]} or a bare list of rows."""
     data = read_json(path)
+    meta = {}
     if isinstance(data, dict):
-        data = data.get("rows", data.get("results"))
-    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+        meta = data.get("meta") or {}
+        data = data.get("rows")
+    rows = [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+    return rows, meta
 
 
 def load_results(plan_dir: Path) -> list[dict]:

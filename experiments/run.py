@@ -31,7 +31,7 @@ from experiments.results import (
     DONE_STATUSES,
     RESULT,
     has_nonfinite_loss,
-    load_bench_rows,
+    load_bench,
     read_json,
     read_metrics,
     summarise_train,
@@ -42,7 +42,7 @@ TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
-DIVERGED_RE = re.compile(r"diverg|non-finite loss|loss is (nan|inf)|\bnan loss", re.IGNORECASE)
+DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b", re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------- environment
@@ -237,7 +237,10 @@ def collect(spec: RunSpec, run_dir: Path) -> dict:
     if records:
         out["metrics"] = summarise_train(records)
     if spec.kind == "bench":
-        out["bench_rows"] = load_bench_rows(run_dir / "bench.json")
+        rows, meta = load_bench(run_dir / "bench.json")
+        out["bench_rows"] = rows
+        if meta.get("max_batch"):
+            out["bench_max_batch"] = meta["max_batch"]
     if spec.kind == "train":
         cfg_path = run_dir / "config.toml"
         if cfg_path.is_file():  # the config the trainer actually resolved and saved
@@ -293,12 +296,13 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     with open(log_path, "ab") as log:
-        start = log.tell()
         log.write(f"\n$ {shlex.join(argv)}\n".encode())
         log.flush()
+        start = log.tell()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        max_rss = None
         try:
-            rc = proc.wait(timeout=spec.timeout)
+            rc, max_rss = _wait(proc, spec.timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             _kill(proc)
@@ -309,7 +313,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     wall = time.perf_counter() - t0
 
     result.update(collect(spec, run_dir))
-    result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall})
+    result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall, "max_rss_bytes": max_rss})
     tail = _tail(log_path, start)
     records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
     if timed_out:
@@ -321,6 +325,21 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     else:
         result["status"] = "ok"
     return result
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
+    """Wait for the child like Popen.wait, also returning its peak resident memory (bytes, from wait4)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 def _kill(proc: subprocess.Popen) -> None:

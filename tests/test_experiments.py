@@ -1,0 +1,290 @@
+"""The experiment runner and report: plan parsing, a real two-run training plan end to end,
+resuming after an interruption, failure / divergence labels, and report numbers against the JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.plan import PlanError, load_plan
+from experiments.report import write_report
+from experiments.run import Device, run_plan, toml_value
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = Device("cpu", "cpu", 1)
+
+# A stand-in program for `command` runs: counts its invocations, logs a loss curve, and
+# fails / diverges / blocks on request.
+FAKE = textwrap.dedent(
+    """
+    import json, math, os, sys, time
+    run_dir, mode = sys.argv[1], sys.argv[2]
+    os.makedirs(run_dir, exist_ok=True)
+    counter = os.path.join(run_dir, "..", "calls-" + os.path.basename(run_dir))
+    n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+    open(counter, "w").write(str(n))
+    print("started", flush=True)
+    if mode == "block" and os.path.exists(os.path.join(run_dir, "..", "BLOCK")):
+        time.sleep(120)
+    loss = 4.0
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        for step in range(1, 4):
+            loss = float("nan") if mode == "nan" and step == 3 else loss * 0.8
+            f.write(json.dumps({"step": step, "kind": "train", "time": time.time(), "train/loss": loss}) + "\\n")
+        f.write(json.dumps({"step": 3, "kind": "eval", "time": time.time(), "eval/loss": loss, "eval/perplexity": math.exp(loss)}) + "\\n")
+    if mode == "fail":
+        print("something broke: a detail worth keeping", file=sys.stderr)
+        sys.exit(3)
+    if mode == "nan":
+        print("training diverged: loss is nan at step 3", file=sys.stderr)
+        sys.exit(1)
+    """
+)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def command_plan(tmp_path: Path, runs: str) -> Path:
+    """A plan of `command` runs; FAKE in `runs` stands for the fake program's path."""
+    fake = write(tmp_path / "fake.py", FAKE)
+    body = f"""
+        [defaults]
+        kind = "command"
+        argv = ["{{python}}", "{fake}", "{{run_dir}}", "ok"]
+        """
+    return write(tmp_path / "fakeplan.toml", textwrap.dedent(body) + textwrap.dedent(runs).replace("FAKE", str(fake)))
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_grid_sizes_and_precedence(tmp_path):
+    plan = write(
+        tmp_path / "p.toml",
+        """
+        [defaults]
+        kind = "train"
+        config = "experiments/configs/quickstart.toml"
+        set = { "train.steps" = 10, "model.d_model" = 64 }
+        [sizes.cpu]
+        set = { train = { steps = 20 } }
+        [sizes.gpu]
+        set = { "train.steps" = 5000 }
+        [[runs]]
+        name = "{technique}_b{data.batch_size}"
+        grid = { technique = [{ label = "fp32" }, { label = "bf16", set = { "model.dtype" = "bfloat16" } }], "data.batch_size" = [8, 16] }
+        sizes.gpu.grid = { "data.batch_size" = [64] }
+        [[runs]]
+        name = "gpu_only"
+        only_sizes = ["gpu"]
+        """,
+    )
+    cpu = load_plan(plan, "cpu")
+    assert [r.name for r in cpu.runs] == ["fp32_b8", "fp32_b16", "bf16_b8", "bf16_b16"]
+    r = cpu.runs[3]
+    assert r.set == {"train.steps": 20, "model.d_model": 64, "model.dtype": "bfloat16", "data.batch_size": 16}
+    assert r.axes == {"technique": "bf16", "data.batch_size": 16}
+    gpu = load_plan(plan, "gpu")
+    assert [r.name for r in gpu.runs] == ["fp32_b64", "bf16_b64", "gpu_only"]
+    assert gpu.runs[0].set["train.steps"] == 5000
+    assert cpu.runs[0].hash != gpu.runs[0].hash
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("[defaults]\nkind = 'train'\nbogus = 1\n[[runs]]\nname = 'a'", "[defaults]: unknown key 'bogus'"),
+        ("[[runs]]\nname = 'a'\nkind = 'train'\nconfig = 'x.toml'\nsett = {}", "runs[0] (a): unknown key 'sett'"),
+        ("[[runs]]\nname = 'a'\nkind = 'trian'", "runs[0] (a).kind: 'trian' is not one of"),
+        ("[[runs]]\nname = 'a{optim.lr}'\nkind = 'train'\nconfig = 'c'\ngrid = { 'optim.lr' = 3 }", "grid.optim.lr: expected a non-empty list"),
+        ("[[runs]]\nname = 'a{x}'\nkind = 'bench'\ngrid = { batch = [1] }", "'{x}' is not a grid axis"),
+        ("[[runs]]\nname = 'a'\nkind = 'bench'\ngrid = { batch = [1, 2] }", "run names are not unique: a"),
+        ("[[runs]]\nname = 'a'\nkind = 'train'", "a train run needs 'config'"),
+        ("[[runs]]\nname = 'a'\nkind = 'bench'\nrequires = 'tpu'", "requires: 'tpu' is not one of"),
+        ("[runz]\n", "unknown key 'runz'"),
+        ("[[runs]]\nname = 'a'\nkind = 'bench'\n[sizes.cpu]\nset = 3", "[sizes.cpu].set: expected a table"),
+        ("[[runs]\nname = 'a'", "not valid TOML"),
+    ],
+)
+def test_plan_errors_name_file_and_key(tmp_path, body, needle):
+    path = write(tmp_path / "broken.toml", body)
+    with pytest.raises(PlanError) as e:
+        load_plan(path)
+    assert str(path) in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_bad_config_override_fails_before_running(tmp_path):
+    path = write(
+        tmp_path / "p.toml",
+        """
+        [[runs]]
+        name = "typo"
+        kind = "train"
+        config = "experiments/configs/quickstart.toml"
+        set = { "optim.lrr" = 1e-3 }
+        """,
+    )
+    with pytest.raises(PlanError, match=r"p\.toml: run 'typo': .*unknown key 'optim\.lrr'"):
+        run_plan(load_plan(path), tmp_path / "runs", device=CPU)
+    assert not (tmp_path / "runs" / "typo").exists()
+
+
+def test_toml_values_round_trip():
+    from jaxlm.config import parse_override
+
+    for v in (3, 1e-3, True, "bfloat16", "a \"quoted\" path", [1, 2], ["x.txt"]):
+        assert parse_override(f"a.b={toml_value(v)}")[1] == v
+
+
+def test_shipped_plans_parse_for_every_size():
+    plans = sorted((REPO / "experiments" / "plans").glob("*.toml"))
+    assert plans, "no plans shipped"
+    for path in plans:
+        first = load_plan(path)
+        for size in first.sizes:
+            plan = load_plan(path, size)
+            assert plan.runs, f"{path.name} [{size}] has no runs"
+
+
+# --------------------------------------------------------------------------- runner (command kind)
+
+
+def test_failed_diverged_skipped_are_labelled_and_the_plan_continues(tmp_path, monkeypatch):
+    plan = command_plan(
+        tmp_path,
+        """
+        [[runs]]
+        name = "broken"
+        argv = ["{python}", "FAKE", "{run_dir}", "fail"]
+        [[runs]]
+        name = "nan"
+        argv = ["{python}", "FAKE", "{run_dir}", "nan"]
+        [[runs]]
+        name = "needs_gpu"
+        requires = "gpu"
+        [[runs]]
+        name = "flash"
+        set = { "model.attention" = "cudnn" }
+        [[runs]]
+        name = "fine"
+        """,
+    )
+    monkeypatch.chdir(tmp_path)
+    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    assert counts == {"failed": 1, "diverged": 1, "skipped": 2, "ok": 1}
+    res = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
+    assert "a detail worth keeping" in res["broken"]["error_tail"] and res["broken"]["returncode"] == 3
+    assert res["nan"]["status"] == "diverged"
+    assert "cuDNN" in res["flash"]["reason"] and "cpu" in res["flash"]["reason"]
+    assert res["fine"]["metrics"]["eval_loss"] == pytest.approx(4.0 * 0.8**3)
+    assert res["fine"]["max_rss_bytes"] > 1e6
+    # Failed runs are retried next time; the rest are complete.
+    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    assert counts == {"complete": 4, "failed": 1}
+
+
+def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
+    plan = command_plan(
+        tmp_path,
+        """
+        [[runs]]
+        name = "first"
+        [[runs]]
+        name = "second"
+        argv = ["{python}", "FAKE", "{run_dir}", "block"]
+        """,
+    )
+    runs = tmp_path / "runs" / "fakeplan"
+    runs.mkdir(parents=True)
+    (runs / "BLOCK").touch()
+    cmd = [sys.executable, "-m", "experiments.run", str(plan), "--runs-dir", str(tmp_path / "runs")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 45
+    while not (runs / "calls-second").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert (runs / "first" / "result.json").exists()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert not (runs / "second" / "result.json").exists()
+    first_mtime = (runs / "first" / "result.json").stat().st_mtime_ns
+
+    (runs / "BLOCK").unlink()
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[1/2] first (command): already ok, skipped" in done.stdout
+    assert (runs / "first" / "result.json").stat().st_mtime_ns == first_mtime
+    assert (runs / "calls-first").read_text() == "1" and (runs / "calls-second").read_text() == "2"
+    assert json.loads((runs / "second" / "result.json").read_text())["resumed"] is True
+
+
+# --------------------------------------------------------------------------- real training, end to end
+
+
+@pytest.mark.slow
+def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan_path = write(
+        tmp_path / "smoke.toml",
+        f"""
+        [plan]
+        description = "two tiny training runs"
+        [defaults]
+        kind = "train"
+        config = "experiments/configs/quickstart.toml"
+        [defaults.set]
+        "data.dir" = "{tmp_path / 'data'}"
+        model = {{ d_model = 32, num_layers = 1, num_heads = 2, d_ff = 64, context_length = 32 }}
+        data.batch_size = 4
+        train = {{ steps = 12, eval_every = 6, eval_batches = 2 }}
+        log = {{ every = 3, progress = false, tensorboard = false, sample_tokens = 8 }}
+        optim.warmup_steps = 2
+        checkpoint.every = 100
+        [[runs]]
+        name = "w{{model.d_model}}"
+        grid = {{ "model.d_model" = [32, 48] }}
+        [report]
+        baseline = {{ "model.d_model" = 32 }}
+        x = "model.d_model"
+        """,
+    )
+    plan = load_plan(plan_path)
+    plan_dir = tmp_path / "runs" / "smoke"
+    assert run_plan(plan, plan_dir, device=CPU) == {"ok": 2}
+
+    results = {n: json.loads((plan_dir / n / "result.json").read_text()) for n in ("w32", "w48")}
+    for name, r in results.items():
+        assert r["status"] == "ok" and r["device"] == "cpu" and r["config"]["train"]["out_dir"] == str(plan_dir / name)
+        assert r["metrics"]["steps"] == 12 and math.isfinite(r["metrics"]["eval_loss"])
+        assert r["metrics"]["tokens"] == 12 * 4 * 32
+        assert r["wall_time_s"] > 0 and "commit" in r["git"]
+    assert results["w48"]["metrics"]["params"] > results["w32"]["metrics"]["params"]
+
+    mtimes = {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results}
+    assert run_plan(plan, plan_dir, device=CPU) == {"complete": 2}
+    assert {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results} == mtimes
+
+    report = write_report(plan_dir, tmp_path / "report")
+    text = report.read_text()
+    for name, r in results.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}`"))
+        assert f"{r['metrics']['eval_loss']:.3f}" in row and f"{r['metrics']['eval_ppl']:.2f}" in row
+    base, other = results["w32"]["metrics"]["eval_ppl"], results["w48"]["metrics"]["eval_ppl"]
+    change = 100 * (other - base) / base
+    assert re.search(rf"validation perplexity by {abs(change):.0f}% against model\.d_model=32", text), text
+    assert (tmp_path / "report" / "curves_by_step.png").stat().st_size > 1000
+    assert (tmp_path / "report" / "model_d_model_vs_metrics.png").exists()
