@@ -16,8 +16,6 @@ global batch and `global_batch` stitches the slices together.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -29,14 +27,12 @@ DATA = "data"
 
 def maybe_initialize_distributed(cfg: ParallelConfig) -> None:
     """Start jax.distributed when asked to (config) or when the environment says so."""
-    env_says = any(k in os.environ for k in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID")) and cfg.distributed
-    if not (cfg.distributed or env_says):
+    if not cfg.distributed:
         return
-    if jax.distributed.is_initialized() if hasattr(jax.distributed, "is_initialized") else False:
+    if getattr(jax.distributed, "is_initialized", lambda: False)():
         return
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        # CPU collectives across processes need gloo (the default has none).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU collectives across processes need gloo (the default CPU client has none); GPUs ignore this.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs = {}
     if cfg.coordinator:
         kwargs["coordinator_address"] = cfg.coordinator
@@ -47,9 +43,9 @@ def maybe_initialize_distributed(cfg: ParallelConfig) -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def make_mesh() -> Mesh:
-    """A 1-D ``data`` mesh over all devices, ordered by process so each host owns a contiguous block."""
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+def make_mesh(devices=None) -> Mesh:
+    """A 1-D ``data`` mesh over `devices` (default: all), ordered by process so each host owns a contiguous block."""
+    devices = sorted(devices or jax.devices(), key=lambda d: (d.process_index, d.id))
     return Mesh(np.array(devices), (DATA,))
 
 

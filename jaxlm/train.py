@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -77,6 +78,36 @@ def evaluate(eval_fn, state, data_dir, cfg: Config, mesh) -> dict[str, float]:
     return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["accuracy"] / n}
 
 
+class Built(NamedTuple):
+    graphdef: Any
+    make_state: Callable  # () -> fresh train state (call under jit with out_shardings)
+    shardings: Any  # NamedSharding per state leaf
+    abstract: Any  # ShapeDtypeStructs (with shardings) of the state: the restore target
+    step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
+    eval_fn: Callable  # jitted (params, rest, x, y) -> {"loss", "accuracy"}
+
+
+def build(cfg: Config, mesh) -> Built:
+    """Everything compiled for a run on `mesh`: init, shardings, train and eval steps."""
+    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
+    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+    graphdef, make_state = init_state(cfg.model, tx, cfg.train.seed)
+    abstract = jax.eval_shape(make_state)
+    shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    bsh, rep = parallel.batch_sharding(mesh), parallel.replicated(mesh)
+    step_fn = jax.jit(
+        make_train_step(graphdef, tx, schedule, cfg.train.grad_accum),
+        in_shardings=(shardings, bsh, bsh),
+        out_shardings=(shardings, rep),
+        donate_argnums=0,
+    )
+    eval_fn = jax.jit(
+        make_eval_step(graphdef), in_shardings=(shardings["params"], shardings["rest"], bsh, bsh), out_shardings=rep
+    )
+    return Built(graphdef, make_state, shardings, abstract, step_fn, eval_fn)
+
+
 def train(cfg: Config) -> dict:
     """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
     t_start = time.time()
@@ -97,13 +128,9 @@ def train(cfg: Config) -> dict:
     tokenizer = load_tokenizer_from_meta(data_dir)
 
     mesh = parallel.make_mesh()
-    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
-    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, tx, cfg.train.seed)
-    abstract = jax.eval_shape(make_state)
-    shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    bsh, rep = parallel.batch_sharding(mesh), parallel.replicated(mesh)
+    b = build(cfg, mesh)
+    graphdef, make_state, shardings, abstract = b.graphdef, b.make_state, b.shardings, b.abstract
+    step_fn, eval_fn = b.step_fn, b.eval_fn
 
     run_dir = Path(cfg.train.out_dir)
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
@@ -116,16 +143,6 @@ def train(cfg: Config) -> dict:
         state = jax.jit(make_state, out_shardings=shardings)()
     if lead:
         write_run_files(run_dir, cfg, data_dir)
-
-    step_fn = jax.jit(
-        make_train_step(graphdef, tx, schedule, cfg.train.grad_accum),
-        in_shardings=(shardings, bsh, bsh),
-        out_shardings=(shardings, rep),
-        donate_argnums=0,
-    )
-    eval_fn = jax.jit(
-        make_eval_step(graphdef), in_shardings=(shardings["params"], shardings["rest"], bsh, bsh), out_shardings=rep
-    )
 
     tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead)
     profiler = Profiler(cfg.log.profile_steps, tracker.tb_dir)
@@ -148,9 +165,9 @@ def train(cfg: Config) -> dict:
         while pending:
             done, metrics = pending.pop(0)
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            if not math.isfinite(m["loss"]):
+            if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
                 raise TrainingDiverged(
-                    f"loss is {m['loss']} at step {done} (grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopping "
+                    f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} (grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopping "
                     f"without saving: the last good checkpoint is in {ckpt.dir} (lower optim.lr or check the data)"
                 )
             window["losses"].append(m["loss"])
