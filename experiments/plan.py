@@ -59,7 +59,7 @@ KINDS = ("train", "bench", "command")
 REQUIREMENT_NAMES = ("gpu",)
 
 TOP_KEYS = {"plan", "defaults", "sizes", "runs", "report"}
-PLAN_KEYS = {"name", "description", "default_size"}
+PLAN_KEYS = {"name", "description", "default_size", "include"}
 # Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
 SPEC_KEYS = {
     "kind",  # train | bench | command
@@ -300,17 +300,54 @@ def resolve_plan_path(plan: str | Path) -> Path:
     named = Path(__file__).parent / "plans" / f"{plan}.toml"
     if named.is_file():
         return named
-    known = sorted(q.stem for q in (Path(__file__).parent / "plans").glob("*.toml"))
+    known = sorted(q.stem for q in (Path(__file__).parent / "plans").glob("*.toml") if not q.name.startswith("_"))
     raise PlanError(f"plan not found: {plan} (not a file; known plans: {', '.join(known)})")
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as e:
+        raise PlanError(f"{path}: cannot read: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PlanError(f"{path}: not valid TOML: {e}") from None
+
+
+def _read_with_includes(path: Path) -> dict:
+    """The plan's tables merged over those of the files in `[plan] include` (paths relative to the plan)."""
+    data = _read_toml(path)
+    includes = data.get("plan", {}).get("include", []) if isinstance(data.get("plan"), dict) else []
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise PlanError(f"{path}: [plan].include: expected a list of file names")
+    base: dict = {}
+    for name in includes:
+        inc = path.parent / name
+        if not inc.is_file():
+            raise PlanError(f"{path}: [plan].include: {inc} not found")
+        inc_data = _read_toml(inc)
+        if "runs" in inc_data or "plan" in inc_data:
+            raise PlanError(f"{inc} (included by {path}): an include holds [defaults], [sizes] or [report] only")
+        base = merge(base, _normalise_sets(inc_data))
+    return merge(base, _normalise_sets(data))
+
+
+def _normalise_sets(data: dict) -> dict:
+    """Flatten the `set` tables of [defaults] and [sizes.*] so that includes merge key by key."""
+    out = dict(data)
+    if isinstance(out.get("defaults"), dict) and isinstance(out["defaults"].get("set"), dict):
+        out["defaults"] = {**out["defaults"], "set": flatten(out["defaults"]["set"])}
+    if isinstance(out.get("sizes"), dict):
+        out["sizes"] = {
+            k: {**v, "set": flatten(v["set"])} if isinstance(v, dict) and isinstance(v.get("set"), dict) else v
+            for k, v in out["sizes"].items()
+        }
+    return out
 
 
 def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     """Parse a plan file and expand it for one size (default: the plan's `default_size`, else the first size)."""
     path = resolve_plan_path(plan)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise PlanError(f"{path}: not valid TOML: {e}") from None
+    data = _read_with_includes(path)
     _check_keys(data, TOP_KEYS, str(path))
     meta = _check_keys(data.get("plan", {}), PLAN_KEYS, f"{path}: [plan]")
     defaults = _normalise(_check_keys(data.get("defaults", {}), SPEC_KEYS, f"{path}: [defaults]"), f"{path}: [defaults]")

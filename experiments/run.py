@@ -154,9 +154,12 @@ def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The bench CLI takes model overrides only: a plan's data/optim/train settings are left out,
+    so a bench run in a training plan measures the same model the training runs use."""
     argv = [sys.executable, "-m", BENCH_MODULE, *cli_args(spec.args)]
     for k, v in spec.set.items():
-        argv += ["--set", f"{k}={toml_value(v)}"]
+        if k.startswith("model."):
+            argv += ["--set", f"{k}={toml_value(v)}"]
     return argv + ["--json", str(run_dir / "bench.json")]
 
 

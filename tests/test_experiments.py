@@ -150,7 +150,7 @@ def test_toml_values_round_trip():
 
 
 def test_shipped_plans_parse_for_every_size():
-    plans = sorted((REPO / "experiments" / "plans").glob("*.toml"))
+    plans = sorted(p for p in (REPO / "experiments" / "plans").glob("*.toml") if not p.name.startswith("_"))
     assert plans, "no plans shipped"
     for path in plans:
         first = load_plan(path)
