@@ -63,7 +63,11 @@ def model_config(name: str, overrides: list[str]) -> ModelConfig:
     else:
         base = ModelConfig.from_name(name, vocab_size=10000)
     fixed = [o if o.startswith("model.") else f"model.{o}" for o in overrides]
-    data = apply_overrides({"model": dataclasses.asdict(base)}, fixed)
+    start = dataclasses.asdict(base)
+    keys = {o.split("=", 1)[0].strip() for o in fixed}
+    if keys & {"model.d_model", "model.ffn"} and "model.d_ff" not in keys:
+        start["d_ff"] = None  # d_ff belongs to the width it came with: re-derive it unless given
+    data = apply_overrides({"model": start}, fixed)
     return from_dict(ModelConfig, data["model"], prefix="model.")
 
 
