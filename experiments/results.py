@@ -47,7 +47,11 @@ def read_json(path: Path) -> Any | None:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (interrupted writer) is dropped."""
+    """The records of a metrics.jsonl; a torn last line (interrupted writer) is dropped.
+
+    A run resumed from a checkpoint appends again from the checkpoint's step: a record
+    whose step does not advance replaces the earlier records of its kind from that step on.
+    """
     records = []
     try:
         lines = Path(path).read_text().splitlines()
@@ -61,8 +65,12 @@ def read_metrics(path: Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(rec, dict):
-            records.append(rec)
+        if not isinstance(rec, dict):
+            continue
+        step, kind = rec.get("step"), rec.get("kind")
+        if isinstance(step, (int, float)):
+            records = [r for r in records if not (r.get("kind") == kind and isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
+        records.append(rec)
     return records
 
 

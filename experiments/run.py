@@ -322,7 +322,9 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     if timed_out:
         result.update(status="failed", reason=f"timed out after {spec.timeout:g} s", error_tail=tail)
     elif spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
-        result.update(status="diverged", reason="loss became NaN/inf", error_tail=tail if rc else None)
+        said = DIVERGED_RE.search(tail)
+        line = tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said else "the loss became NaN/inf"
+        result.update(status="diverged", reason=line, error_tail=tail if rc else None)
     elif rc != 0:
         result.update(status="failed", reason=f"exit code {rc}", error_tail=tail)
     else:
