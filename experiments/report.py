@@ -439,6 +439,11 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
         "## Findings",
         "",
     ]
+    loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
+    if loads:
+        cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
+        lines.insert(-3, f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: "
+                     + ("other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle.") + "\n")
     sentences = status_sentences(runs) + comparison_sentences(train_runs, baseline) + sweep_sentences(train_runs, cfg.get("x"))
     sentences += bench_sentences(brows, cfg.get("bench_baseline", {}))
     lines += [f"- {s}" for s in sentences] + [""]

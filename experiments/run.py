@@ -285,6 +285,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
+        "host": {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0]},
     }
     if spec.kind == "train":
         result["config"] = resolved_train_config(spec, run_dir)
@@ -317,6 +318,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
 
     result.update(collect(spec, run_dir))
     result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall, "max_rss_bytes": max_rss})
+    result["host"]["load_avg_1m_end"] = os.getloadavg()[0]  # other work on the machine skews timings
     tail = _tail(log_path, start)
     records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
     if timed_out:
