@@ -175,6 +175,18 @@ def status_sentences(runs: list[dict]) -> list[str]:
     return out
 
 
+def xfmt(v: float) -> str:
+    return fmt(v, "count") if abs(v) >= 1e4 else format_value(int(v) if float(v).is_integer() else v)
+
+
+def x_value(run: dict, x: str) -> float | None:
+    """The run's value on the x axis: a numeric grid axis, else a final metric such as `params`."""
+    v = run.get("axes", {}).get(x)
+    if v is None:
+        v = run.get("metrics", {}).get(x)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
     """Best run by validation loss, and how the final validation loss moves along the x axis."""
     ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None and math.isfinite(value(r, "eval_loss"))]
@@ -183,12 +195,17 @@ def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
     best = min(ok, key=lambda r: value(r, "eval_loss"))
     out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) from `{best['name']}`."]
     if x:
-        pts = sorted(((r["axes"][x], r) for r in ok if isinstance(r.get("axes", {}).get(x), (int, float))), key=lambda t: t[0])
+        pts = sorted(((x_value(r, x), r) for r in ok if x_value(r, x) is not None), key=lambda t: t[0])
         if len(pts) >= 2:
             (x0, r0), (x1, r1) = pts[0], pts[-1]
             l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
             direction = "fell" if l1 < l0 else "rose"
-            out.append(f"From {x}={format_value(x0)} to {x}={format_value(x1)} the validation loss {direction} from {l0:.3f} to {l1:.3f} ({fmt_pct(pct_change(l1, l0))}).")
+            losses = [value(r, "eval_loss") for _, r in pts]
+            steps = [b - a for a, b in zip(losses, losses[1:])]
+            shape = ("at every step along the axis" if all((d < 0) == (l1 < l0) for d in steps)
+                     else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
+            out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to {l1:.3f} "
+                       f"({fmt_pct(pct_change(l1, l0))}), {shape}.")
             a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
             if a0 is not None and a1 is not None:
                 out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
@@ -361,10 +378,8 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
     """Final metrics against one axis, a line per combination of the other axes."""
     groups: dict[str, list[tuple[float, dict]]] = {}
     for r in runs:
-        xv = r.get("axes", {}).get(x)
-        if xv is None and x in r.get("metrics", {}):
-            xv = r["metrics"][x]
-        if not isinstance(xv, (int, float)) or r.get("status") not in ("ok", "diverged"):
+        xv = x_value(r, x)
+        if xv is None or r.get("status") not in ("ok", "diverged"):
             continue
         rest = ", ".join(f"{k}={format_value(v)}" for k, v in r.get("axes", {}).items() if k != x) or "runs"
         groups.setdefault(rest, []).append((float(xv), r))
