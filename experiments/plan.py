@@ -177,12 +177,13 @@ def find_shared_data() -> Path | None:
 
 
 def _substitute_shared(value: Any, where: str) -> Any:
-    """Replace `{shared_data}` in strings (plans stay valid in any checkout beside shared/)."""
+    """Replace `{shared_data}` in strings (plans stay valid in any checkout beside shared/).
+
+    Where no shared/data exists the placeholder stays, so the plan still parses; the runner
+    refuses to start such a run (`unresolved_placeholder`)."""
     if isinstance(value, str) and "{shared_data}" in value:
         root = find_shared_data()
-        if root is None:
-            raise PlanError(f"{where}: uses {{shared_data}} but no shared/data directory was found (set JAXLM_SHARED_DATA)")
-        return value.replace("{shared_data}", str(root))
+        return value if root is None else value.replace("{shared_data}", str(root))
     if isinstance(value, list):
         return [_substitute_shared(v, where) for v in value]
     if isinstance(value, dict):
@@ -421,6 +422,10 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
         runs=tuple(runs),
         report=report,
     )
+
+
+def unresolved_placeholder(spec: RunSpec) -> bool:
+    return "{shared_data}" in json.dumps(spec.to_dict())
 
 
 def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:

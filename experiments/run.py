@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.plan import Plan, PlanError, RunSpec, load_plan, steps_for_tokens
+from experiments.plan import Plan, PlanError, RunSpec, load_plan, steps_for_tokens, unresolved_placeholder
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -185,6 +185,9 @@ def validate(plan: Plan, plan_dir: Path) -> None:
     from jaxlm.config import ConfigError
 
     for spec in plan.runs:
+        if unresolved_placeholder(spec):
+            raise PlanError(f"{plan.path}: run '{spec.name}' uses {{shared_data}} but no shared/data directory was found "
+                            "beside the working directory or its parents; set JAXLM_SHARED_DATA=/path/to/shared/data")
         if spec.kind != "train":
             continue
         try:

@@ -288,3 +288,12 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
     assert re.search(rf"validation perplexity by {abs(change):.0f}% against model\.d_model=32", text), text
     assert (tmp_path / "report" / "curves_by_step.png").stat().st_size > 1000
     assert (tmp_path / "report" / "model_d_model_vs_metrics.png").exists()
+
+
+def test_missing_shared_data_parses_but_refuses_to_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAXLM_SHARED_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no shared/data beside it or above it
+    plan = load_plan(REPO / "experiments" / "plans" / "lr_sweep.toml", "cpu")
+    assert plan.runs[0].set["data.source"] == ["{shared_data}/tinyshakespeare/input.txt"]
+    with pytest.raises(PlanError, match="JAXLM_SHARED_DATA"):
+        run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
