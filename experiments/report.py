@@ -125,19 +125,23 @@ def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, li
     return pairs
 
 
-def describe_change(subject: str, quantity: str, changes: list[tuple[float, str]], against: str) -> str | None:
-    """'bfloat16 cut peak memory by 43% against float32 (median of 3: 40% to 45%)'."""
+def change_phrase(quantity: str, changes: list[tuple[float, str]]) -> str | None:
+    """'cut peak memory by 43% (median of 3, -45% to -40%)' from [(percent change, where), ...]."""
     if not changes:
         return None
     ps = [p for p, _ in changes]
     med = statistics.median(ps)
-    higher_better = not QUANTITIES.get(quantity, ("", "", True))[2]
-    verb = "raised" if med > 0 else "cut"
+    name = NAMES.get(quantity, quantity)
+    spread = "" if len(ps) == 1 else f" (median of {len(ps)}, {min(ps):+.0f}% to {max(ps):+.0f}%)"
     if abs(med) < 0.5:
-        return f"{subject} left {NAMES.get(quantity, quantity)} unchanged against {against} (within ±0.5%, {len(ps)} comparison{'s' * (len(ps) > 1)})."
-    good = (med > 0) == higher_better
-    where = changes[0][1] if len(ps) == 1 else f"median of {len(ps)}, from {min(ps):+.0f}% to {max(ps):+.0f}%"
-    return f"{subject} {verb} {NAMES.get(quantity, quantity)} by {abs(med):.0f}% against {against} ({where}; {'better' if good else 'worse'})."
+        return f"left {name} unchanged{spread}"
+    return f"{'raised' if med > 0 else 'cut'} {name} by {abs(med):.0f}%{spread}"
+
+
+def describe_changes(subject: str, against: str, phrases: list[str]) -> str | None:
+    """'bfloat16 against float32 at batch 32, 64, 128: cut peak memory by 43%, raised ...'."""
+    phrases = [p for p in phrases if p]
+    return f"{subject} against {against}: " + "; ".join(phrases) + "." if phrases else None
 
 
 def axis_label(axis: str, label: Any) -> str:
@@ -151,16 +155,15 @@ def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
     out = []
     for axis, base_label in baseline.items():
         for label, pairs in baseline_pairs(runs, axis, base_label).items():
+            phrases = []
             for q in COMPARED:
-                changes = []
-                for r, b in pairs:
-                    p = pct_change(value(r, q), value(b, q))
-                    if p is not None:
-                        others = ", ".join(f"{k}={format_value(v)}" for k, v in r["axes"].items() if k != axis)
-                        changes.append((p, f"at {others}" if others else "one comparison"))
-                s = describe_change(axis_label(axis, label), q, changes, axis_label(axis, base_label))
-                if s:
-                    out.append(s)
+                changes = [(p, "") for r, b in pairs if (p := pct_change(value(r, q), value(b, q))) is not None]
+                phrases.append(change_phrase(q, changes))
+            others = sorted({f"{k}={format_value(v)}" for r, _ in pairs for k, v in r["axes"].items() if k != axis})
+            where = f" ({', '.join(others)})" if others else ""
+            s = describe_changes(axis_label(axis, label), axis_label(axis, base_label) + where, phrases)
+            if s:
+                out.append(s)
     return out
 
 
@@ -305,18 +308,18 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
             if field in r and str(r[field]) != str(base) and key(r) in bases:
                 by_label.setdefault(str(r[field]), []).append((r, bases[key(r)]))
         for label, pairs in by_label.items():
+            phrases = []
             for q, title in BENCH_COMPARED.items():
-                changes = []
-                for r, b in pairs:
-                    v, w = r.get(q), b.get(q)
-                    if isinstance(v, (int, float)) and isinstance(w, (int, float)):
-                        p = pct_change(float(v), float(w))
-                        if p is not None:
-                            changes.append((p, f"{r.get('mode')}, context {r.get('context')}, batch {r.get('batch')}"))
                 NAMES.setdefault(q, title)
-                s = describe_change(f"{field}={label}", {"step_ms": "step_time", "memory_gb": "peak_memory"}.get(q, q), changes, f"{field}={base}")
-                if s:
-                    out.append(s)
+                changes = [(p, "") for r, b in pairs
+                           if isinstance(r.get(q), (int, float)) and isinstance(b.get(q), (int, float))
+                           and (p := pct_change(float(r[q]), float(b[q]))) is not None]
+                phrases.append(change_phrase(q, changes))
+            shapes = sorted({f"{r.get('mode')} T={r.get('context')} B={r.get('batch')}" for r, _ in pairs})
+            where = f" ({len(shapes)} matching rows: {', '.join(shapes[:6])}{', ...' if len(shapes) > 6 else ''})"
+            s = describe_changes(f"{field}={label}", f"{field}={base}{where}", phrases)
+            if s:
+                out.append(s)
     return out
 
 
