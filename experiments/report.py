@@ -171,7 +171,7 @@ def status_sentences(runs: list[dict]) -> list[str]:
     counts: dict[str, list[str]] = {}
     for r in runs:
         counts.setdefault(r.get("status", "?"), []).append(r["name"])
-    out = [f"{len(runs)} runs: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
+    out = [f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
     for r in runs:
         if r.get("status") in ("diverged", "failed", "skipped"):
             out.append(f"`{r['name']}` {r['status']}: {r.get('reason') or 'no reason recorded'}.")
@@ -323,6 +323,33 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
     return out
 
 
+def bench_scaling_sentences(rows: list[dict]) -> list[str]:
+    """How memory and throughput grow along context and batch, per setting (ok rows only)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    out = []
+    for axis, other in (("context", "batch"), ("batch", "context")):
+        groups: dict[tuple, dict] = {}
+        for r in ok:
+            key = tuple((k, str(v)) for k, v in sorted(r.items()) if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled") and not isinstance(v, (list, dict)))
+            groups.setdefault(key, {})[r[axis]] = r
+        for key, by_x in groups.items():
+            if len(by_x) < 3:
+                continue
+            xs = sorted(by_x)
+            a, b = by_x[xs[0]], by_x[xs[-1]]
+            k = dict(key)
+            parts = []
+            if a.get("memory_gb") and b.get("memory_gb"):
+                parts.append(f"memory grew {b['memory_gb'] / a['memory_gb']:.1f}x ({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
+            if a.get("tokens_per_s") and b.get("tokens_per_s"):
+                parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x ({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
+            if parts:
+                out.append(f"{k.get('mode')} {k.get('dtype')}{'' if k.get('attention') in (None, 'xla') else ' ' + k['attention']}"
+                           f"{'' if k.get('remat') in (None, 'none') else ' remat=' + k['remat']}, {other} {k.get(other)}: from {axis} {xs[0]} to {xs[-1]} "
+                           f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
+    return out
+
+
 # --------------------------------------------------------------------------- plots
 
 
@@ -463,7 +490,7 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
         lines.insert(-3, f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: "
                      + ("other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle.") + "\n")
     sentences = status_sentences(runs) + comparison_sentences(train_runs, baseline) + sweep_sentences(train_runs, cfg.get("x"))
-    sentences += bench_sentences(brows, cfg.get("bench_baseline", {}))
+    sentences += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
     lines += [f"- {s}" for s in sentences] + [""]
 
     if train_runs:
