@@ -306,8 +306,8 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
         by_label: dict[str, list] = {}
         for r in ok:
             if field in r and str(r[field]) != str(base) and key(r) in bases:
-                by_label.setdefault(str(r[field]), []).append((r, bases[key(r)]))
-        for label, pairs in by_label.items():
+                by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[key(r)]))
+        for (label, mode), pairs in by_label.items():
             phrases = []
             for q, title in BENCH_COMPARED.items():
                 NAMES.setdefault(q, title)
@@ -315,9 +315,10 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
                            if isinstance(r.get(q), (int, float)) and isinstance(b.get(q), (int, float))
                            and (p := pct_change(float(r[q]), float(b[q]))) is not None]
                 phrases.append(change_phrase(q, changes))
-            shapes = sorted({f"{r.get('mode')} T={r.get('context')} B={r.get('batch')}" for r, _ in pairs})
-            where = f" ({len(shapes)} matching rows: {', '.join(shapes[:6])}{', ...' if len(shapes) > 6 else ''})"
-            s = describe_changes(f"{field}={label}", f"{field}={base}{where}", phrases)
+            shapes = sorted({(r.get("context"), r.get("batch")) for r, _ in pairs})
+            listed = ", ".join(f"T={t} B={b}" for t, b in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+            where = f" ({len(pairs)} row pair{'s' * (len(pairs) > 1)} at {listed})"
+            s = describe_changes(f"{mode}: {field}={label}", f"{field}={base}{where}", phrases)
             if s:
                 out.append(s)
     return out
@@ -498,7 +499,7 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
     loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
     if loads:
         cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
-        lines.insert(-3, f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: "
+        lines.insert(-3, f"\nHost load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: "
                      + ("other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle.") + "\n")
     sentences = status_sentences(runs) + comparison_sentences(train_runs, baseline) + sweep_sentences(train_runs, cfg.get("x"))
     sentences += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
