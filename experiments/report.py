@@ -503,6 +503,9 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
                      + ("other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle.") + "\n")
     sentences = status_sentences(runs) + comparison_sentences(train_runs, baseline) + sweep_sentences(train_runs, cfg.get("x"))
     sentences += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
+    for r in runs:
+        for f in r.get("bench_max_batch") or []:
+            sentences.append(f"Largest batch that fits ({r['name']}, {f['setting']}, context {f['context']}): {f['max_batch']}.")
     lines += [f"- {s}" for s in sentences] + [""]
 
     if train_runs:
