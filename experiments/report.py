@@ -505,7 +505,9 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
     sentences += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
     for r in runs:
         for f in r.get("bench_max_batch") or []:
-            sentences.append(f"Largest batch that fits ({r['name']}, {f['setting']}, context {f['context']}): {f['max_batch']}.")
+            limit = ((r.get("spec") or {}).get("args") or {}).get("memory_limit_gb")
+            within = f"within an estimated {limit:g} GB" if limit else "before running out of device memory"
+            sentences.append(f"Largest batch {within} ({r['name']}, {f['setting']}, context {f['context']}): {f['max_batch']}.")
     lines += [f"- {s}" for s in sentences] + [""]
 
     if train_runs:
