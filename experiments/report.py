@@ -250,6 +250,7 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("status", "status", "g"),
     ("step (ms)", "step_ms", "g"),
     ("± std", "step_ms_std", "g"),
+    ("median (ms)", "step_ms_median", "g"),
     ("tokens/s", "tokens_per_s", "count"),
     ("TFLOP/s", "tflops", "g"),
     ("MFU", "mfu", "pct"),
@@ -258,7 +259,7 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("params", "params", "count"),
 ]
 # Row fields that are measurements (everything else identifies the setting).
-BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
                   "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
 
@@ -294,6 +295,13 @@ def max_batch_table(runs: list[dict]) -> str | None:
     return table(["run", "setting", "context", "max batch"], [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
 
 
+def bench_value(row: dict, q: str):
+    """A bench measurement; step time is the median where the row has one (robust to a busy machine)."""
+    if q == "step_ms" and isinstance(row.get("step_ms_median"), (int, float)):
+        return row["step_ms_median"]
+    return row.get(q)
+
+
 def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
     """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric."""
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -312,8 +320,8 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
             for q, title in BENCH_COMPARED.items():
                 NAMES.setdefault(q, title)
                 changes = [(p, "") for r, b in pairs
-                           if isinstance(r.get(q), (int, float)) and isinstance(b.get(q), (int, float))
-                           and (p := pct_change(float(r[q]), float(b[q]))) is not None]
+                           if isinstance(bench_value(r, q), (int, float)) and isinstance(bench_value(b, q), (int, float))
+                           and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
                 phrases.append(change_phrase(q, changes))
             shapes = sorted({(r.get("context"), r.get("batch")) for r, _ in pairs})
             listed = ", ".join(f"T={t} B={b}" for t, b in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
