@@ -159,8 +159,13 @@ def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
             for q in COMPARED:
                 changes = [(p, "") for r, b in pairs if (p := pct_change(value(r, q), value(b, q))) is not None]
                 phrases.append(change_phrase(q, changes))
-            others = sorted({f"{k}={format_value(v)}" for r, _ in pairs for k, v in r["axes"].items() if k != axis})
-            where = f" ({', '.join(others)})" if others else ""
+            others: dict[str, set] = {}
+            for r, _ in pairs:
+                for k, v in r["axes"].items():
+                    if k != axis:
+                        others.setdefault(k, set()).add(v)
+            where = "; ".join(f"{k}={', '.join(format_value(v) for v in sorted(vs, key=lambda v: (isinstance(v, str), v)))}" for k, vs in others.items())
+            where = f" at {where}" if where else ""
             s = describe_changes(axis_label(axis, label), axis_label(axis, base_label) + where, phrases)
             if s:
                 out.append(s)
