@@ -46,7 +46,10 @@ def main():
     ap.add_argument("--steps", type=int, default=200, help="timed steps (0: the full run with final val loss)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
     data_dir = ensure_prepared(cfg.data)
     meta = read_meta(data_dir)
