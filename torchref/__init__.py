@@ -1,0 +1,22 @@
+"""A compact PyTorch reference of the jaxlm model and training utilities, written from SPEC.md."""
+
+from torchref.checkpoint import load_checkpoint, save_checkpoint
+from torchref.data import get_batch
+from torchref.model import (
+    Embedding,
+    Linear,
+    MultiHeadSelfAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    SiLUFFN,
+    SwiGLU,
+    TransformerBlock,
+    TransformerLM,
+    causal_mask,
+    scaled_dot_product_attention,
+    silu,
+    softmax,
+)
+from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,230 @@
+"""The reference Transformer LM in PyTorch (SPEC section 1), written bottom-up.
+
+Parameter names are exactly SPEC's (`layers.0.attn.q_proj.weight`, ...), weights
+are stored (d_out, d_in), and there are no biases, so a jaxlm parameter tree maps
+onto `state_dict()` by name alone.  Everything here favours clarity over speed;
+the one fused path (`attention != "xla"`) uses `F.scaled_dot_product_attention`
+so benchmarks can compare against torch's best kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jaxlm.config import ModelConfig
+
+
+def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
+    return nn.init.trunc_normal_(t, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Numerically stable: subtract the max along `dim` before exponentiating."""
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def causal_mask(q_len: int, k_len: int, window: int | None = None, device=None) -> torch.Tensor:
+    """(q_len, k_len) bool, True = may attend. Queries are the last q_len positions.
+
+    Query i sees key j when j <= i and, with a window, i - j <= window (so at most
+    `window` previous keys plus itself).
+    """
+    i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask &= (i - j) <= window
+    return mask
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d_k) + mask) V over any leading axes; mask True = may attend."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., q, k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = softmax(scores.float(), dim=-1).to(v.dtype)
+    if dropout > 0 and training:
+        probs = F.dropout(probs, dropout, training=True)
+    return probs @ v  # (..., q, d_v)
+
+
+class Linear(nn.Module):
+    def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, device=device, dtype=dtype))
+        trunc_normal_(self.weight, math.sqrt(2.0 / (d_in + d_out)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, d_model: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, device=device, dtype=dtype))
+        trunc_normal_(self.weight, 1.0)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return y.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates pairs (x[2k], x[2k+1]) at position p by p * theta^(-2k/d_k); tables are not parameters."""
+
+    def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)  # (d_k/2,)
+        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq  # (S, d_k/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, token_positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., seq, d_k/2)
+        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., seq, d_k/2, 2)
+        return out.flatten(-2).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+        self.w3 = Linear(d_model, d_ff, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(silu(self.w1(x)) * self.w3(x))
+
+
+class SiLUFFN(nn.Module):
+    """The ablation's ungated feed-forward: w2(silu(w1 x))."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(silu(self.w1(x)))
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Causal self-attention; RoPE on queries and keys when `rope` is given."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        rope: RotaryEmbedding | None = None,
+        window: int | None = None,
+        dropout: float = 0.0,
+        fused: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.num_heads, self.window, self.dropout, self.fused = num_heads, window, dropout, fused
+        self.q_proj = Linear(d_model, d_model, device, dtype)
+        self.k_proj = Linear(d_model, d_model, device, dtype)
+        self.v_proj = Linear(d_model, d_model, device, dtype)
+        self.output_proj = Linear(d_model, d_model, device, dtype)
+        self.rope = rope
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (..., S, D) -> (..., H, S, D/H)
+        return x.unflatten(-1, (self.num_heads, -1)).transpose(-3, -2)
+
+    def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+        seq = x.shape[-2]
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        if self.rope is not None:
+            if token_positions is None:
+                token_positions = torch.arange(seq, device=x.device)
+            pos = token_positions.unsqueeze(-2)  # broadcast over the head axis
+            q, k = self.rope(q, pos), self.rope(k, pos)
+        if self.fused:
+            mask = None if self.window is None else causal_mask(seq, seq, self.window, x.device)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            mask = causal_mask(seq, seq, self.window, x.device)
+            out = scaled_dot_product_attention(q, k, v, mask, self.dropout, self.training)  # (..., H, S, D/H)
+        return self.output_proj(out.transpose(-3, -2).flatten(-2))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, device=None, dtype=None):
+        super().__init__()
+        self.norm = cfg.norm
+        has_norm = cfg.norm != "none"
+        self.ln1 = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if has_norm else nn.Identity()
+        self.ln2 = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if has_norm else nn.Identity()
+        self.attn = MultiHeadSelfAttention(
+            cfg.d_model, cfg.num_heads, rope, cfg.window, cfg.dropout, cfg.attention != "xla", device, dtype
+        )
+        ffn_cls = SwiGLU if cfg.ffn == "swiglu" else SiLUFFN
+        self.ffn = ffn_cls(cfg.d_model, cfg.d_ff, device, dtype)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+        if self.norm == "post":
+            h = self.ln1(x + self.drop(self.attn(x, token_positions)))
+            return self.ln2(h + self.drop(self.ffn(h)))
+        h = x + self.drop(self.attn(self.ln1(x), token_positions))
+        return h + self.drop(self.ffn(self.ln2(h)))
+
+
+class TransformerLM(nn.Module):
+    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head."""
+
+    def __init__(self, cfg: ModelConfig, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        rope = RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.context_length, device) if cfg.rope else None
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, device, dtype)
+        self.layers = nn.ModuleList(TransformerBlock(cfg, rope, device, dtype) for _ in range(cfg.num_layers))
+        self.ln_final = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if cfg.norm != "none" else nn.Identity()
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, device, dtype)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.token_embeddings.weight
+
+    def forward(self, in_indices: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq) token ids -> (batch, seq, vocab) unnormalised logits."""
+        if in_indices.shape[-1] > self.cfg.context_length:
+            raise ValueError(f"sequence length {in_indices.shape[-1]} exceeds context_length {self.cfg.context_length}")
+        x = self.token_embeddings(in_indices)  # (B, S, D)
+        for layer in self.layers:
+            x = layer(x, token_positions)
+        return self.lm_head(self.ln_final(x))  # (B, S, V)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.token_embeddings.weight.numel() if non_embedding else n
