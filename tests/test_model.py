@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlm.attention import attention, visibility_mask
+from jaxlm.attention import attention, cudnn_supported, visibility_mask
 from jaxlm.config import ModelConfig
 from jaxlm.model import (
     REMAT_POLICIES,
@@ -131,6 +131,23 @@ def test_cudnn_raises_clear_error_without_gpu():
         attention(q, k, v, implementation="cudnn")
     # auto falls back to the XLA reference here
     np.testing.assert_array_equal(attention(q, k, v, implementation="auto"), attention(q, k, v))
+
+
+@pytest.mark.skipif(
+    not cudnn_supported(jnp.zeros((1, 1, 1, 64), jnp.bfloat16)), reason="needs an NVIDIA GPU (SM80+) with cuDNN"
+)
+@pytest.mark.parametrize("window", [None, 0, 5, 100])
+def test_cudnn_matches_xla_on_gpu(window):
+    """Guards the local_window_size=(window, 0) mapping and the cuDNN window bug noted in PLATFORM.md."""
+    B, S, NH, HD = 2, 128, 4, 64
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk_, (B, S, NH, HD), jnp.bfloat16) for kk_ in (kq, kk, kv))
+    ref = attention(q, k, v, window=window).astype(jnp.float32)
+    out = attention(q, k, v, window=window, implementation="cudnn").astype(jnp.float32)
+    np.testing.assert_allclose(out, ref, atol=2e-2)  # bf16 inputs and outputs: ~2 bf16 ulps at |x| ~ 1
+    # a decode step (q_offset, keys longer than queries) goes through the explicit-mask path
+    step = attention(q[:, 40:41], k, v, window=window, q_offset=40, implementation="cudnn")
+    np.testing.assert_allclose(step.astype(jnp.float32), ref[:, 40:41], atol=2e-2)
 
 
 def test_attention_dropout():
