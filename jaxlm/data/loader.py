@@ -165,8 +165,17 @@ def train_batches(
     threads = max(1, prefetch)
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(1, prefetch)))
     if num_workers > 0:
+        _absl_flags_parsed()
         it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)))
     return Batches(iter(it_ds), start_step)
+
+
+def _absl_flags_parsed() -> None:
+    """grain's worker processes read absl flags; outside an absl app nobody parsed them."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
 
 def eval_batches(
