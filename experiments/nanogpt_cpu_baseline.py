@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from jaxlm.config import load_config
-from jaxlm.data_api import ensure_prepared, read_meta
+from jaxlm.data.prepare import ensure_prepared, read_meta
 from torchref.data import get_batch
 from torchref.model import TransformerLM
 from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule

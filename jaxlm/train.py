@@ -25,7 +25,8 @@ import numpy as np
 from jaxlm import flops, parallel
 from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config, ConfigError, load_config
-from jaxlm.data_api import ensure_prepared, eval_batches, load_tokenizer_from_meta, read_meta, train_batches
+from jaxlm.data.loader import eval_batches, train_batches
+from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
 from jaxlm.optim import make_optimizer
 from jaxlm.sample import sample_text
 from jaxlm.step import init_state, make_eval_step, make_train_step, merge_model
@@ -64,11 +65,11 @@ class _StopFlag:
 def evaluate(eval_fn, state, data_dir, cfg: Config, mesh) -> dict[str, float]:
     """Mean loss / accuracy over the first train.eval_batches windows of val.bin, and perplexity."""
     B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
-    P, p = jax.process_count(), jax.process_index()
     totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
-    for x, y in eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches):
-        rows = slice(p * B // P, (p + 1) * B // P)
-        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x[rows], mesh), parallel.global_batch(y[rows], mesh))
+    batches = eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches,
+                           process_index=jax.process_index(), process_count=jax.process_count(), drop_last=True)
+    for x, y in batches:
+        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x, mesh), parallel.global_batch(y, mesh))
         for k, v in jax.device_get(out).items():
             totals[k] += float(v)
         n += 1
@@ -236,6 +237,7 @@ def train(cfg: Config) -> dict:
                 sample = do_sample(done)
     finally:
         bar.close()
+        batches.close()
         profiler.close()
         ckpt.close()
         tracker.close()
