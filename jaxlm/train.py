@@ -184,7 +184,7 @@ def train(cfg: Config) -> dict:
                     "train/lr": m["lr"],
                     "perf/tokens_per_s": tok_s,
                     "perf/step_time_s": dt / window["steps"],
-                    "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev),
+                    "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev, cfg.log.peak_flops),
                     "perf/peak_memory_bytes": peak_memory_bytes(),
                 }
                 tracker.scalars(done, values, "train")
@@ -196,7 +196,8 @@ def train(cfg: Config) -> dict:
         ckpt.save(state, {"step": done, "data_step": done, "seed": cfg.train.seed}, val_loss=last["eval/loss"] if last.get("eval_step") == done else None)
 
     def do_sample(done: int) -> str:
-        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens, seed=cfg.train.seed)
+        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens,
+                           temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
         tracker.text(done, "samples/text", text)
         return text
 
