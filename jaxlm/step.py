@@ -99,6 +99,15 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
     return train_step
 
 
+def make_multi_step(train_step):
+    """(state, xs, ys) with a leading axis of n batches -> (state, metrics stacked over the n steps)."""
+
+    def multi_step(state: TrainState, xs: jax.Array, ys: jax.Array):
+        return jax.lax.scan(lambda s, xy: train_step(s, *xy), state, (xs, ys))
+
+    return multi_step
+
+
 def make_eval_step(graphdef):
     """(params, rest, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
 

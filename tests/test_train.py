@@ -212,3 +212,14 @@ def test_quickstart_cli_end_to_end(tmp_path):
     for tag in ("train/loss", "train/lr", "eval/loss", "eval/perplexity", "perf/tokens_per_s", "samples/text"):
         assert tag in tags, tags
     assert list((run / "tb").rglob("*.xplane.pb")), "no profiler trace for log.profile_steps"
+
+
+def test_steps_per_call_matches_one_step_per_call(corpus, tmp_path):
+    """Scanning several steps per jitted call (cut at eval/checkpoint steps) follows the same trajectory."""
+    from jaxlm.train import train
+
+    train(tiny(corpus, tmp_path / "one", **{"train.steps": 12, "train.eval_every": 6}))
+    train(tiny(corpus, tmp_path / "many", **{"train.steps": 12, "train.eval_every": 6, "train.steps_per_call": 4}))
+    one, many = losses(tmp_path / "one"), losses(tmp_path / "many")
+    assert sorted(many) == list(range(1, 13))
+    np.testing.assert_allclose([many[s] for s in range(1, 13)], [one[s] for s in range(1, 13)], atol=1e-5)
