@@ -150,10 +150,13 @@ class TrainConfig:
     out_dir: str = "runs/quickstart"
     eval_every: int = 200
     eval_batches: int = 20
+    # Optimizer steps per jitted call (a lax.scan over that many batches): fewer dispatches and
+    # host syncs, which dominate small models on CPU. Calls are cut at eval/checkpoint/sample steps.
+    steps_per_call: int = 1
 
     def __post_init__(self):
-        if self.steps < 1 or self.grad_accum < 1 or self.eval_every < 1 or self.eval_batches < 1:
-            raise ConfigError("steps, grad_accum, eval_every and eval_batches must be >= 1")
+        if min(self.steps, self.grad_accum, self.eval_every, self.eval_batches, self.steps_per_call) < 1:
+            raise ConfigError("steps, grad_accum, eval_every, eval_batches and steps_per_call must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -164,9 +167,13 @@ class LogConfig:
     sample_every: int = 0  # 0: only at the end
     sample_tokens: int = 200
     sample_prompt: str = "The "
+    sample_temperature: float = 0.8  # 0: greedy
     progress: bool = True
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU where jaxlm.flops has no entry
 
     def __post_init__(self):
+        if self.every < 1 or self.sample_every < 0 or self.sample_tokens < 0 or self.sample_temperature < 0:
+            raise ConfigError("every must be >= 1; sample_every, sample_tokens and sample_temperature >= 0")
         if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):
             raise ConfigError(f"profile_steps must be [first, last], got {self.profile_steps}")
 

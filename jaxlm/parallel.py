@@ -80,12 +80,19 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def global_batch(local: np.ndarray, mesh: Mesh) -> jax.Array:
-    """This process's rows (B / process_count, T) -> the global (B, T) array sharded over ``data``."""
-    sharding = batch_sharding(mesh)
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """(steps, batch, seq) stacks of batches split along the batch."""
+    return NamedSharding(mesh, P(None, DATA))
+
+
+def global_batch(local: np.ndarray, mesh: Mesh, stacked: bool = False) -> jax.Array:
+    """This process's rows (B / process_count, T) -> the global (B, T) array sharded over ``data``
+    (stacked: (n, B / process_count, T) -> (n, B, T))."""
+    sharding = stacked_batch_sharding(mesh) if stacked else batch_sharding(mesh)
     if jax.process_count() == 1:
         return jax.device_put(local, sharding)
-    global_shape = (local.shape[0] * jax.process_count(), *local.shape[1:])
+    axis = 1 if stacked else 0
+    global_shape = tuple(n * jax.process_count() if i == axis else n for i, n in enumerate(local.shape))
     return jax.make_array_from_process_local_data(sharding, local, global_shape)
 
 

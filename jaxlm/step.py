@@ -55,6 +55,9 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
     """The pure step function (not jitted: the caller jits it with shardings and donation)."""
 
     def loss_fn(params, rest, x, y):
+        # Fresh Variable objects at this trace level: the dropout RNG counter is mutated below,
+        # and nnx refuses to mutate Variables created outside the grad trace.
+        rest = jax.tree.map(lambda v: v, rest)
         model = nnx.merge(graphdef, params, rest)
         loss = cross_entropy(model(x, deterministic=False), y)
         _, _, rest = split_model(model)  # dropout RNG counters advance
@@ -94,6 +97,15 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         return new_state, metrics
 
     return train_step
+
+
+def make_multi_step(train_step):
+    """(state, xs, ys) with a leading axis of n batches -> (state, metrics stacked over the n steps)."""
+
+    def multi_step(state: TrainState, xs: jax.Array, ys: jax.Array):
+        return jax.lax.scan(lambda s, xy: train_step(s, *xy), state, (xs, ys))
+
+    return multi_step
 
 
 def make_eval_step(graphdef):

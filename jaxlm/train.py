@@ -25,10 +25,11 @@ import numpy as np
 from jaxlm import flops, parallel
 from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config, ConfigError, load_config
-from jaxlm.data_api import ensure_prepared, eval_batches, load_tokenizer_from_meta, read_meta, train_batches
+from jaxlm.data.loader import eval_batches, train_batches
+from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
 from jaxlm.optim import make_optimizer
 from jaxlm.sample import sample_text
-from jaxlm.step import init_state, make_eval_step, make_train_step, merge_model
+from jaxlm.step import init_state, make_eval_step, make_multi_step, make_train_step, merge_model
 from jaxlm.tracking import Profiler, Tracker, peak_memory_bytes
 
 
@@ -64,11 +65,11 @@ class _StopFlag:
 def evaluate(eval_fn, state, data_dir, cfg: Config, mesh) -> dict[str, float]:
     """Mean loss / accuracy over the first train.eval_batches windows of val.bin, and perplexity."""
     B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
-    P, p = jax.process_count(), jax.process_index()
     totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
-    for x, y in eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches):
-        rows = slice(p * B // P, (p + 1) * B // P)
-        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x[rows], mesh), parallel.global_batch(y[rows], mesh))
+    batches = eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches,
+                           process_index=jax.process_index(), process_count=jax.process_count(), drop_last=True)
+    for x, y in batches:
+        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x, mesh), parallel.global_batch(y, mesh))
         for k, v in jax.device_get(out).items():
             totals[k] += float(v)
         n += 1
@@ -84,6 +85,7 @@ class Built(NamedTuple):
     shardings: Any  # NamedSharding per state leaf
     abstract: Any  # ShapeDtypeStructs (with shardings) of the state: the restore target
     step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
+    multi_fn: Callable  # jitted, donated (state, xs, ys) -> (state, metrics stacked): n steps in one call
     eval_fn: Callable  # jitted (params, rest, x, y) -> {"loss", "accuracy"}
 
 
@@ -96,16 +98,14 @@ def build(cfg: Config, mesh) -> Built:
     shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     bsh, rep = parallel.batch_sharding(mesh), parallel.replicated(mesh)
-    step_fn = jax.jit(
-        make_train_step(graphdef, tx, schedule, cfg.train.grad_accum),
-        in_shardings=(shardings, bsh, bsh),
-        out_shardings=(shardings, rep),
-        donate_argnums=0,
-    )
+    train_step = make_train_step(graphdef, tx, schedule, cfg.train.grad_accum)
+    step_fn = jax.jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
+    ssh = parallel.stacked_batch_sharding(mesh)
+    multi_fn = jax.jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep), donate_argnums=0)
     eval_fn = jax.jit(
         make_eval_step(graphdef), in_shardings=(shardings["params"], shardings["rest"], bsh, bsh), out_shardings=rep
     )
-    return Built(graphdef, make_state, shardings, abstract, step_fn, eval_fn)
+    return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
 
 
 def train(cfg: Config) -> dict:
@@ -130,7 +130,7 @@ def train(cfg: Config) -> dict:
     mesh = parallel.make_mesh()
     b = build(cfg, mesh)
     graphdef, make_state, shardings, abstract = b.graphdef, b.make_state, b.shardings, b.abstract
-    step_fn, eval_fn = b.step_fn, b.eval_fn
+    step_fn, multi_fn, eval_fn = b.step_fn, b.multi_fn, b.eval_fn
 
     run_dir = Path(cfg.train.out_dir)
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
@@ -163,57 +163,80 @@ def train(cfg: Config) -> dict:
     def drain():
         """Fetch queued step metrics, stop on a non-finite loss, log at log steps."""
         while pending:
-            done, metrics = pending.pop(0)
-            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
-                raise TrainingDiverged(
-                    f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} (grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopping "
-                    f"without saving: the last good checkpoint is in {ckpt.dir} (lower optim.lr or check the data)"
-                )
-            window["losses"].append(m["loss"])
-            window["steps"] += 1
-            last["train/loss"] = m["loss"]
-            if done % cfg.log.every == 0 or done == cfg.train.steps:
-                dt = time.time() - window["t0"]
-                tok_s = window["steps"] * B * T / max(dt, 1e-9)
-                values = {
-                    "train/loss": float(np.mean(window["losses"])),
-                    "train/grad_norm": m["grad_norm"],
-                    "train/param_norm": m["param_norm"],
-                    "train/lr": m["lr"],
-                    "perf/tokens_per_s": tok_s,
-                    "perf/step_time_s": dt / window["steps"],
-                    "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev),
-                    "perf/peak_memory_bytes": peak_memory_bytes(),
-                }
-                tracker.scalars(done, values, "train")
-                bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}")
-                window.update(losses=[], t0=time.time(), steps=0)
+            first, n, metrics = pending.pop(0)
+            stacked = jax.device_get(metrics)
+            for i in range(n):
+                log_step(first + i + 1, {k: float(v[i] if n > 1 else v) for k, v in stacked.items()})
+
+    def log_step(done: int, m: dict):
+        """Check one step's metrics (stop on a non-finite loss) and log them at log steps."""
+        if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
+            raise TrainingDiverged(
+                f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} (grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopping "
+                f"without saving: the last good checkpoint is in {ckpt.dir} (lower optim.lr or check the data)"
+            )
+        window["losses"].append(m["loss"])
+        window["steps"] += 1
+        last["train/loss"] = m["loss"]
+        if done % cfg.log.every == 0 or done == cfg.train.steps:
+            dt = time.time() - window["t0"]
+            tok_s = window["steps"] * B * T / max(dt, 1e-9)
+            values = {
+                "train/loss": float(np.mean(window["losses"])),
+                "train/grad_norm": m["grad_norm"],
+                "train/param_norm": m["param_norm"],
+                "train/lr": m["lr"],
+                "perf/tokens_per_s": tok_s,
+                "perf/step_time_s": dt / window["steps"],
+                "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev, cfg.log.peak_flops),
+                "perf/peak_memory_bytes": peak_memory_bytes(),
+            }
+            tracker.scalars(done, values, "train")
+            bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}")
+            window.update(losses=[], t0=time.time(), steps=0)
 
     def save(done: int):
         drain()
         ckpt.save(state, {"step": done, "data_step": done, "seed": cfg.train.seed}, val_loss=last["eval/loss"] if last.get("eval_step") == done else None)
 
     def do_sample(done: int) -> str:
-        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens, seed=cfg.train.seed)
+        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens,
+                           temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
         tracker.text(done, "samples/text", text)
         return text
+
+    def call_length(s: int) -> int:
+        """Steps in the jitted call starting at global step s: up to train.steps_per_call, cut at
+        every eval / checkpoint / sample step, the end, and around the profiled window."""
+        n = min(cfg.train.steps_per_call - s % cfg.train.steps_per_call, cfg.train.steps - s)
+        for every in (cfg.train.eval_every, cfg.checkpoint.every, cfg.log.sample_every):
+            if every:
+                n = min(n, every - s % every)
+        if cfg.log.profile_steps:
+            a, b = cfg.log.profile_steps
+            n = min(n, a - s) if s < a else (1 if s <= b else n)
+        return n
 
     done = start
     sample = None
     try:
         with _StopFlag() as stop:
-            for step in range(start, cfg.train.steps):
-                x, y = next(batches)
-                xg, yg = parallel.global_batch(x, mesh), parallel.global_batch(y, mesh)
+            step = start
+            while step < cfg.train.steps:
+                n = call_length(step)
+                xs, ys = zip(*(next(batches) for _ in range(n)))
                 profiler.before_step(step)
                 with profiler.annotation(step):
-                    state, metrics = step_fn(state, xg, yg)
+                    if n == 1:
+                        state, metrics = step_fn(state, parallel.global_batch(xs[0], mesh), parallel.global_batch(ys[0], mesh))
+                    else:
+                        xg = parallel.global_batch(np.stack(xs), mesh, stacked=True)
+                        state, metrics = multi_fn(state, xg, parallel.global_batch(np.stack(ys), mesh, stacked=True))
                 profiler.after_step(step, state)
-                drain()  # the previous step's metrics: keeps one step in flight
-                done = step + 1
-                pending.append((done, metrics))
-                bar.update(1)
+                drain()  # the previous call's metrics: keeps one call in flight
+                pending.append((step, n, metrics))
+                step = done = step + n
+                bar.update(n)
                 final = done == cfg.train.steps
                 if done % cfg.train.eval_every == 0 or final:
                     drain()
@@ -236,6 +259,7 @@ def train(cfg: Config) -> dict:
                 sample = do_sample(done)
     finally:
         bar.close()
+        batches.close()
         profiler.close()
         ckpt.close()
         tracker.close()

@@ -1,7 +1,7 @@
 """The CS336 adapter interface (SPEC section 5): thin glue from the test suite to torchref.
 
 Each function builds the torchref piece, loads the given weights and calls it;
-no logic lives here.  The tokenizer entries call jaxlm's tokenizer, which is
+no logic lives here.  The tokenizer entries call jaxlm.data (framework-free),
 the project's one implementation of SPEC section 4.
 """
 
@@ -17,6 +17,8 @@ from torch import Tensor
 
 import torchref
 from jaxlm.config import ModelConfig
+from jaxlm.data.bpe import train_bpe
+from jaxlm.data.tokenizer import Tokenizer
 
 
 def run_linear(d_in: int, d_out: int, weights: Tensor, in_features: Tensor) -> Tensor:
@@ -149,10 +151,10 @@ def run_load_checkpoint(src: str | os.PathLike | BinaryIO | IO[bytes], model: to
 
 
 def get_tokenizer(vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]], special_tokens: list[str] | None = None) -> Any:
-    raise NotImplementedError("the tokenizer lands with the data-pipeline issue")
+    return Tokenizer(vocab, merges, special_tokens)
 
 
 def run_train_bpe(
     input_path: str | os.PathLike, vocab_size: int, special_tokens: list[str], **kwargs
 ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
-    raise NotImplementedError("BPE training lands with the data-pipeline issue")
+    return train_bpe(input_path, vocab_size, special_tokens, **kwargs)

@@ -1,0 +1,15 @@
+"""Tokenizer and data pipeline (SPEC sections 3 and 4).
+
+One module per concept; `bpe` and `tokenizer` import neither jax nor grain:
+
+- `jaxlm.data.bpe`: `train_bpe`, `save_vocab_merges`, `load_vocab_merges`
+- `jaxlm.data.tokenizer`: `Tokenizer`, `load_tokenizer("bytes" | "gpt2" | DIR)`
+- `jaxlm.data.prepare`: `prepare`, `ensure_prepared(DataConfig)`, `load_tokenizer_from_meta`, `read_meta`
+- `jaxlm.data.loader` (numpy + grain): `train_batches`, `eval_batches`, `get_batch`
+- `jaxlm.data.download`: `download("tinystories" | "wikitext103" | "openwebtext", out)`
+- `python -m jaxlm.data {prepare,train-bpe,download,bench}`; see docs/data.md
+"""
+
+from jaxlm.data.bpe import DataError
+
+__all__ = ["DataError"]

@@ -147,13 +147,16 @@ class Tokenizer:
         equal `encode("".join(iterable))`.
         """
         buf = ""
+        check_at = _STREAM_CHUNK_CHARS
         for piece in iterable:
             buf += piece
-            if len(buf) >= _STREAM_CHUNK_CHARS:
+            if len(buf) >= check_at:
                 cut = self._safe_cut(buf)
                 if cut > 0:
                     yield from self.encode(buf[:cut])
                     buf = buf[cut:]
+                # Text with no cut point (no spaces) waits until the buffer doubles: linear time.
+                check_at = max(_STREAM_CHUNK_CHARS, 2 * len(buf)) if cut == 0 else _STREAM_CHUNK_CHARS
         if buf:
             yield from self.encode(buf)
 

@@ -1,0 +1,76 @@
+"""Data-pipeline benchmarks: BPE training, GPT-2 encoding through `prepare`, loader batches/s.
+
+    python -m jaxlm.data bench [--shared-data DIR]
+
+Inputs are tinyshakespeare/input.txt + wikitext-2/valid.txt + test.txt (3.4 MB) from
+the shared data directory. Each figure is the best of `repeats` runs after one warm-up
+where that matters (loader).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from jaxlm.data.bpe import DataError, train_bpe
+from jaxlm.data.tokenizer import find_shared_data
+
+BENCH_FILES = ("tinyshakespeare/input.txt", "wikitext-2/valid.txt", "wikitext-2/test.txt")
+
+
+def bench(shared_data: str | os.PathLike | None = None, vocab_size: int = 10000, batch_size: int = 32, context_length: int = 256, repeats: int = 3, loader_batches: int = 3000) -> list[tuple[str, str, str]]:
+    root = Path(shared_data) if shared_data else find_shared_data() or find_shared_data(Path.cwd())
+    if root is None:
+        raise DataError("no shared data directory found; pass --shared-data DIR or set JAXLM_SHARED_DATA")
+    files = [root / f for f in BENCH_FILES]
+    for f in files:
+        if not f.is_file():
+            raise DataError(f"{f}: file not found (benchmark input)")
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    cores = os.cpu_count() or 1
+    rows = []
+
+    best = min(_timed(lambda: train_bpe(files, vocab_size, ["<|endoftext|>"])) for _ in range(repeats))
+    rows.append((f"BPE training, vocab {vocab_size}, {mb:.1f} MB, {cores} workers", f"{best:.2f} s", f"{mb / best:.2f} MB/s"))
+
+    from jaxlm.data.loader import train_batches
+    from jaxlm.data.prepare import prepare
+    from jaxlm.data.tokenizer import load_tokenizer
+
+    load_tokenizer("gpt2")  # build once; prepare's own load then hits the cache
+    with tempfile.TemporaryDirectory() as tmp:
+        best = min(_timed(lambda: prepare([str(f) for f in files], "gpt2", tmp, progress=False)) for _ in range(repeats))
+        rows.append((f"GPT-2 encoding via prepare, {mb:.1f} MB (one process below 16 MB)", f"{best:.2f} s", f"{mb / best:.2f} MB/s"))
+
+        big = Path(tmp) / "x8.txt"  # large enough for worker processes
+        with open(big, "wb") as f:
+            for _ in range(8):
+                for src in files:
+                    f.write(src.read_bytes())
+        big_mb = big.stat().st_size / 1e6
+        out8 = Path(tmp) / "x8"
+        best = min(_timed(lambda: prepare([str(big)], "gpt2", out8, progress=False)) for _ in range(repeats))
+        rows.append((f"GPT-2 encoding via prepare, same text x8 = {big_mb:.0f} MB, {cores} workers", f"{best:.2f} s", f"{big_mb / best:.2f} MB/s"))
+
+        it = train_batches(tmp, batch_size, context_length, seed=0)
+        for _ in range(100):
+            next(it)
+        t = _timed(lambda: [next(it) for _ in range(loader_batches)])
+        it.close()
+        rows.append((f"loader, batch {batch_size} x {context_length}, {loader_batches} batches", f"{t:.2f} s", f"{loader_batches / t:,.0f} batches/s"))
+    return rows
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def format_table(rows: list[tuple[str, str, str]]) -> str:
+    header = ("benchmark", "time", "throughput")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])

@@ -1,0 +1,304 @@
+"""Tokenise text files into a self-contained data directory (SPEC section 3).
+
+Layout of a prepared directory::
+
+    train.bin   flat token ids, raw uint16 (vocab_size <= 65536) or uint32, native little-endian
+    val.bin     same, the validation split
+    meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
+    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory
+
+Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
+are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
+not change the encoding and encoded in worker processes; chunks are written in order.
+Every file is written as `NAME.tmp` and renamed into place, meta.json last, so a
+directory with a meta.json is always complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from jaxlm.data.bpe import DataError, _bar, file_chunks, mp_context, read_chunk
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
+
+META = "meta.json"
+FORMAT = "jaxlm-tokens/1"
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json")
+PYDOC = "pydoc"  # a source name: Python's bundled documentation text (pydoc_data.topics)
+BUILTIN_TOKENIZERS = ("bytes", "gpt2")
+
+_CHUNK_BYTES = 1 << 20
+# Below this many input bytes one process encodes everything: starting workers costs more.
+_PARALLEL_MIN_BYTES = 16 << 20
+
+
+def token_dtype(vocab_size: int, requested: str | None = None, where: str = "tokenizer") -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65536), else uint32; a requested dtype is checked."""
+    auto = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    name = requested or auto
+    if name not in ("uint16", "uint32"):
+        raise DataError(f"dtype must be uint16 or uint32, got {name!r}")
+    if vocab_size > np.iinfo(name).max + 1:
+        raise DataError(f"{where}: vocab_size {vocab_size} does not fit in {name}; use uint32")
+    return np.dtype(name)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def pydoc_documents() -> list[str]:
+    """Python's bundled docs (`pydoc_data.topics.topics`) in sorted key order: ~1 MB, no network."""
+    from pydoc_data.topics import topics
+
+    return [topics[k] for k in sorted(topics)]
+
+
+def _check_sources(sources: Sequence[str], role: str) -> list[str]:
+    if not sources:
+        raise DataError(f"no {role} input files given")
+    out = []
+    for s in sources:
+        s = str(s)
+        if s == PYDOC:
+            out.append(s)
+            continue
+        p = Path(s)
+        if not p.is_file():
+            raise DataError(f"{p}: file not found")
+        out.append(str(p))
+    return out
+
+
+def _tasks(sources: Sequence[str], tokenizer: Tokenizer) -> list[tuple]:
+    """(kind, payload..., last_of_document) tasks in output order."""
+    specials = [s.encode() for s in tokenizer.special_tokens]
+    tasks: list[tuple] = []
+    for src in sources:
+        if src == PYDOC:
+            docs = pydoc_documents()
+            tasks += [("text", d, len(d.encode()), True) for d in docs]
+            continue
+        chunks = file_chunks([Path(src)], specials, _CHUNK_BYTES)
+        tasks += [("file", path, start, end, i == len(chunks) - 1) for i, (path, start, end) in enumerate(chunks)]
+    return tasks
+
+
+# --------------------------------------------------------------------------- workers
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer: Tokenizer, dtype: str) -> None:
+    _WORKER["tok"], _WORKER["dtype"] = tokenizer, dtype
+
+
+def _encode_task(task: tuple) -> np.ndarray:
+    tok, dtype = _WORKER["tok"], _WORKER["dtype"]
+    text = task[1] if task[0] == "text" else read_chunk(task[1], task[2], task[3])
+    ids = tok.encode(text)
+    if task[-1] and tok.eot_id is not None and not text.endswith("<|endoftext|>"):
+        ids.append(tok.eot_id)  # end of a document
+    return np.asarray(ids, dtype=dtype)
+
+
+def _task_bytes(task: tuple) -> int:
+    return task[2] if task[0] == "text" else task[3] - task[2]
+
+
+def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int, progress: bool, desc: str) -> int:
+    tasks = _tasks(sources, tokenizer)
+    total = sum(_task_bytes(t) for t in tasks)
+    bar = _bar(total, desc, progress, unit="B")
+    n = 0
+    with open(path, "wb") as f:
+        if workers <= 1 or len(tasks) <= 1 or total < _PARALLEL_MIN_BYTES:
+            _init_worker(tokenizer, dtype.name)
+            results = map(_encode_task, tasks)
+            pool = None
+        else:
+            pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
+            results = pool.imap(_encode_task, tasks)
+        try:
+            for task, ids in zip(tasks, results):
+                ids.tofile(f)
+                n += ids.size
+                bar.update(_task_bytes(task))
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+    bar.close()
+    return n
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def tokenizer_digest(tokenizer: Tokenizer) -> str:
+    """SHA-256 of the vocabulary, merges and special tokens: equal digests encode identically."""
+    h = hashlib.sha256()
+    for i, tok in sorted(tokenizer.vocab.items()):
+        h.update(i.to_bytes(4, "little") + len(tok).to_bytes(2, "little") + tok)
+    for a, b in tokenizer.merges:
+        h.update(len(a).to_bytes(2, "little") + a + len(b).to_bytes(2, "little") + b)
+    h.update(json.dumps(tokenizer.special_tokens).encode())
+    return h.hexdigest()
+
+
+def prepare(
+    inputs: Sequence[str],
+    tokenizer: str,
+    out: str | os.PathLike,
+    val_fraction: float | None = 0.1,
+    val_inputs: Sequence[str] | None = None,
+    workers: int | None = None,
+    dtype: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Tokenise `inputs` (paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
+
+    The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
+    """
+    t0 = time.perf_counter()
+    inputs = _check_sources(inputs, "training")
+    val_inputs = _check_sources(val_inputs, "validation") if val_inputs else None
+    if val_inputs is None and not (val_fraction is not None and 0.0 < val_fraction < 1.0):
+        raise DataError(f"val_fraction must be in (0, 1) when no validation files are given, got {val_fraction}")
+    tok = load_tokenizer(tokenizer)
+    np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+    workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / META).unlink(missing_ok=True)  # the directory is incomplete until meta.json is back
+    train_tmp, val_tmp = out / "train.bin.tmp", out / "val.bin.tmp"
+
+    n_all = _encode_to_file(inputs, tok, np_dtype, train_tmp, workers, progress, "tokenise")
+    if n_all == 0:
+        raise DataError(f"{', '.join(inputs)}: empty corpus (no text to tokenise)")
+    if val_inputs is not None:
+        n_val = _encode_to_file(val_inputs, tok, np_dtype, val_tmp, workers, progress, "tokenise val")
+        if n_val == 0:
+            raise DataError(f"{', '.join(val_inputs)}: empty validation corpus (no text to tokenise)")
+        n_train = n_all
+    else:
+        n_val = max(1, int(round(n_all * val_fraction)))
+        n_train = n_all - n_val
+        if n_train < 1:
+            raise DataError(f"{', '.join(inputs)}: only {n_all} tokens, too few to split into train and val")
+        _split_tail(train_tmp, val_tmp, n_train, np_dtype)
+
+    files: list[str] = []
+    if tokenizer not in BUILTIN_TOKENIZERS:  # copy the tokenizer so the directory is self-contained
+        src = Path(tokenizer)
+        for name in TOKENIZER_FILES[:2]:
+            shutil.copyfile(src / name, out / (name + ".tmp"))
+            os.replace(out / (name + ".tmp"), out / name)
+        _write_atomic(out / "special_tokens.json", json.dumps(tok.special_tokens) + "\n")
+        files = list(TOKENIZER_FILES)
+    os.replace(train_tmp, out / "train.bin")
+    os.replace(val_tmp, out / "val.bin")
+
+    def describe(srcs):
+        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC else Path(s).stat().st_size} for s in srcs]
+
+    meta = {
+        "format": FORMAT,
+        "dtype": np_dtype.name,
+        "vocab_size": tok.vocab_size,
+        "tokenizer": str(tokenizer),
+        "tokenizer_files": files,
+        "tokenizer_sha256": tokenizer_digest(tok),
+        "special_tokens": tok.special_tokens,
+        "eot_id": tok.eot_id,
+        "tokens": {"train": n_train, "val": n_val},
+        "val_fraction": None if val_inputs is not None else val_fraction,
+        "sources": {"train": describe(inputs), "val": describe(val_inputs) if val_inputs else "tail of train"},
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    _write_atomic(out / META, json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
+    """Move the tokens after `n_keep` from `src` to `dst` (copies only the tail)."""
+    offset = n_keep * dtype.itemsize
+    with open(src, "rb") as f, open(dst, "wb") as g:
+        f.seek(offset)
+        shutil.copyfileobj(f, g, 1 << 22)
+    os.truncate(src, offset)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- reading back
+
+
+def read_meta(data_dir: str | os.PathLike) -> dict:
+    path = Path(data_dir) / META
+    if not path.is_file():
+        raise DataError(f"{path}: not found; create it with `python -m jaxlm.data prepare --input ... --out {data_dir}`")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    for key in ("dtype", "vocab_size", "tokenizer", "tokens"):
+        if key not in meta:
+            raise DataError(f"{path}: missing key {key!r}")
+    return meta
+
+
+def load_tokenizer_from_meta(data_dir: str | os.PathLike) -> Tokenizer:
+    """The tokenizer a prepared directory was made with (its own copy when it has one)."""
+    meta = read_meta(data_dir)
+    tok = load_tokenizer(data_dir if meta.get("tokenizer_files") else meta["tokenizer"])
+    if tok.vocab_size != meta["vocab_size"]:
+        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer {meta['tokenizer']!r} has {tok.vocab_size}")
+    return tok
+
+
+def tokens(data_dir: str | os.PathLike, split: str = "train") -> np.memmap:
+    """The token ids of one split, memory-mapped read-only."""
+    meta = read_meta(data_dir)
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    return np.memmap(path, dtype=meta["dtype"], mode="r")
+
+
+def _same_tokenizer(meta: dict, spec: str) -> bool:
+    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS:
+        return spec == meta["tokenizer"]
+    if not Path(spec).is_dir():
+        return spec == meta["tokenizer"]
+    return tokenizer_digest(load_tokenizer(spec)) == meta.get("tokenizer_sha256")
+
+
+def ensure_prepared(data_cfg, progress: bool = True) -> Path:
+    """The prepared directory of a `jaxlm.config.DataConfig`, tokenising `source` first if needed."""
+    d = Path(data_cfg.dir)
+    if (d / META).is_file():
+        meta = read_meta(d)
+        if not _same_tokenizer(meta, data_cfg.tokenizer):
+            raise DataError(
+                f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is {data_cfg.tokenizer!r}; "
+                f"delete {d} or point data.dir elsewhere"
+            )
+        return d
+    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
+    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
+    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
+    return d

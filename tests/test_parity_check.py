@@ -1,0 +1,39 @@
+"""`python -m parity.check`: the figures, the JSON keys and the exit code."""
+
+import json
+
+import pytest
+
+from parity import check
+
+KEYS = ("logits_max_abs_err", "logits_max_rel_err", "loss_abs_err", "grad_max_rel_err", "train_loss_max_abs_diff")
+
+
+def test_default_config_passes_float32_thresholds(tmp_path, capsys):
+    out = tmp_path / "parity.json"
+    assert check.main(["--steps", "15", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert set(KEYS) <= set(figures) and figures["passed"] and figures["round_trip_exact"]
+    for key, limit in check.THRESHOLDS["float32"].items():
+        assert figures[key] <= limit, key
+    assert figures["train_loss_last_torch"] < figures["train_loss_first"]  # the runs really trained
+    assert "parity: PASS" in capsys.readouterr().out
+
+
+def test_exceeded_threshold_exits_nonzero(monkeypatch, capsys):
+    monkeypatch.setitem(check.THRESHOLDS, "float32", dict(check.THRESHOLDS["float32"], loss_abs_err=0.0, logits_max_rel_err=0.0))
+    assert check.main(["--set", "model.num_layers=1"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_bfloat16_is_reported_against_float32_reference(tmp_path):
+    out = tmp_path / "bf16.json"
+    assert check.main(["--dtype", "bfloat16", "--set", "model.num_layers=1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["model"]["dtype"] == "bfloat16"
+    assert figures["logits_max_rel_err"] > check.THRESHOLDS["float32"]["logits_max_rel_err"]  # bf16 is visibly coarser
+
+
+def test_bad_override_names_the_key(capsys):
+    assert check.main(["--set", "model.d_modle=3"]) == 2
+    assert "model.d_modle" in capsys.readouterr().err
