@@ -170,9 +170,12 @@ class SiLUFFN(nnx.Module):
 FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN}
 
 
-def _dropout_stream(rate: float, rngs: nnx.Rngs):
-    """A private dropout RNG stream, or None when dropout is off (keeps the state free of RNG keys)."""
-    return rngs["dropout"].fork() if rate > 0.0 else None
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; the identity when `key` is None (evaluation) or rate == 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -186,11 +189,11 @@ class CausalSelfAttention(nnx.Module):
         self.output_proj = Linear(d, d, precision=precision, rngs=rngs)
         self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, cfg.attention
         self.dropout_rate = cfg.dropout
-        self.dropout_rngs = _dropout_stream(cfg.dropout, rngs)
 
     def __call__(
-        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, *, deterministic: bool = True
+        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, dropout_key: jax.Array | None = None
     ) -> jax.Array:
+        """x (B, T, D) -> (B, T, D). rope: (cos, sin) for the T positions; dropout_key: training only."""
         B, T, D = x.shape
         N = self.num_heads
         q = self.q_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
@@ -198,7 +201,7 @@ class CausalSelfAttention(nnx.Module):
         v = self.v_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        train = not deterministic and self.dropout_rate > 0.0
+        train = dropout_key is not None and self.dropout_rate > 0.0
         out = attention(
             q,
             k,
@@ -207,7 +210,7 @@ class CausalSelfAttention(nnx.Module):
             causal=True,
             window=self.window,
             dropout_rate=self.dropout_rate if train else 0.0,
-            dropout_rng=self.dropout_rngs() if train else None,
+            dropout_rng=dropout_key if train else None,
         )  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, D))  # (B, T, D)
 
@@ -222,14 +225,19 @@ class TransformerBlock(nnx.Module):
             self.ln2 = RMSNorm(cfg.d_model, cfg.eps)
         self.attn = CausalSelfAttention(cfg, precision=precision, rngs=rngs)
         self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs)
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=_dropout_stream(cfg.dropout, rngs))
+        self.dropout_rate = cfg.dropout
 
-    def __call__(self, x: jax.Array, rope=None, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, x: jax.Array, rope=None, dropout_key: jax.Array | None = None) -> jax.Array:
+        """x (B, T, D) -> (B, T, D). dropout_key None: evaluation (no dropout anywhere)."""
+        k_probs = k_attn = k_ffn = None
+        if dropout_key is not None:
+            k_probs, k_attn, k_ffn = jax.random.split(dropout_key, 3)
+
         def attn(y):
-            return self.dropout(self.attn(y, rope, deterministic=deterministic), deterministic=deterministic)
+            return dropout(self.attn(y, rope, k_probs), self.dropout_rate, k_attn)
 
         def ffn(y):
-            return self.dropout(self.ffn(y), deterministic=deterministic)
+            return dropout(self.ffn(y), self.dropout_rate, k_ffn)
 
         if self.norm == "pre":
             h = x + attn(self.ln1(x))  # (B, T, D)
@@ -241,8 +249,8 @@ class TransformerBlock(nnx.Module):
         return h + ffn(h)
 
 
-def _block_forward(block: TransformerBlock, x, rope, deterministic):
-    return block(x, rope, deterministic=deterministic)
+def _block_forward(block: TransformerBlock, x, rope, dropout_key):
+    return block(x, rope, dropout_key)
 
 
 class TransformerLM(nnx.Module):
@@ -260,6 +268,9 @@ class TransformerLM(nnx.Module):
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, precision=precision, rngs=rngs)
         if cfg.rope:
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+        # One dropout stream, forked after every parameter is drawn, so the initial
+        # parameters do not depend on cfg.dropout. None when dropout is off.
+        self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
         if cfg.remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy {cfg.remat!r}; known: {', '.join(REMAT_POLICIES)}")
 
@@ -276,12 +287,13 @@ class TransformerLM(nnx.Module):
         rope = None
         if self.cfg.rope:
             rope = self.rope(jnp.arange(T) if positions is None else positions)  # 2 x (B or -, T, H/2)
+        keys = [None] * len(self.layers)
+        if not deterministic and self.dropout_rngs is not None:
+            keys = list(jax.random.split(self.dropout_rngs(), len(self.layers)))
         policy = REMAT_POLICIES[self.cfg.remat]  # the one place remat is applied
-        block_fwd = _block_forward
-        if policy is not None:  # `deterministic` (arg 3) is a Python bool: static under remat
-            block_fwd = nnx.remat(_block_forward, policy=policy(), static_argnums=(3,))
-        for block in self.layers:
-            x = block_fwd(block, x, rope, deterministic)  # (B, T, D)
+        block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
+        for block, key in zip(self.layers, keys):
+            x = block_fwd(block, x, rope, key)  # (B, T, D)
         if self.cfg.norm != "none":
             x = self.ln_final(x)
         head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight

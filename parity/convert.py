@@ -1,0 +1,74 @@
+"""Weights between torchref's `state_dict()` and a jaxlm `TransformerLM`: a table of names.
+
+Both sides use SPEC section 1's names and (d_out, d_in) weights, so the mapping
+is "." <-> "/" in the parameter path and nothing else: no transposes, no
+reshapes. A tied head (`cfg.tie_embeddings`) has no `lm_head` in JAX; torch's
+`state_dict()` lists `lm_head.weight` as the same tensor as
+`token_embeddings.weight`, so `jax_to_torch` emits both keys (one tensor) and
+`torch_to_jax` checks they agree.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+
+def torch_name(path: tuple) -> str:
+    """('layers', 0, 'attn', 'q_proj', 'weight') -> 'layers.0.attn.q_proj.weight'."""
+    return ".".join(str(p) for p in path)
+
+
+def _tied(model) -> bool:
+    return bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+        t = t.float()
+    return t.numpy()
+
+
+def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.Module:
+    """Load a torchref state dict into `model` in place (and return it).
+
+    Every nnx.Param must have a tensor of the same shape; unknown keys are an error.
+    Values are cast to each JAX parameter's dtype (float32).
+    """
+    flat = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    expected = {torch_name(path) for path, _ in flat}
+    extra = set(state_dict) - expected
+    if _tied(model) and "lm_head.weight" in extra:
+        extra.discard("lm_head.weight")
+        if "token_embeddings.weight" in state_dict and not torch.equal(
+            state_dict["lm_head.weight"], state_dict["token_embeddings.weight"]
+        ):
+            raise ValueError("tie_embeddings=True but lm_head.weight differs from token_embeddings.weight")
+    missing = expected - set(state_dict)
+    if missing or extra:
+        raise KeyError(f"state dict does not match the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    new = []
+    for path, var in flat:
+        name = torch_name(path)
+        value = _to_numpy(state_dict[name])
+        if value.shape != tuple(var.shape):
+            raise ValueError(f"{name}: torch shape {tuple(value.shape)} != jax shape {tuple(var.shape)}")
+        new.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))
+    nnx.update(model, nnx.from_flat_state(new))
+    return model
+
+
+def jax_to_torch(model: nnx.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters as a torchref `state_dict` (float32 CPU tensors, exact copies)."""
+    out: dict[str, torch.Tensor] = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = np.asarray(var[...])
+        if value.dtype != np.float32:
+            value = value.astype(np.float32)
+        out[torch_name(path)] = torch.from_numpy(np.array(value, copy=True))
+    if _tied(model):
+        out["lm_head.weight"] = out["token_embeddings.weight"]
+    return out
