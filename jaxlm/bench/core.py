@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import itertools
 import json
 import math
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +151,17 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
         if row["status"] == "error":
             row["traceback"] = traceback.format_exc(limit=6)
+        del e
+        _release_memory()
         return row
+
+
+def _release_memory() -> None:
+    """After an OOM: drop the failed step's buffers so the next row starts clean."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _side(framework: str):
