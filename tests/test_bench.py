@@ -93,7 +93,7 @@ def test_sweep_both_frameworks_writes_json_csv_and_plots(tmp_path, capsys):
     assert all(r["status"] == "ok" for r in rows), [r.get("error") for r in rows]
     for r in rows:
         assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["params"] == flops.param_counts(TINY_CFG)["total"]
-        assert r["flops_per_step"] == flops.step_flops(TINY_CFG, r["batch"], r["context"], "forward_backward")
+        assert r["flops_per_step"] == flops.step_flops(TINY_CFG, r["batch"], r["context"], "forward")
     jax_rows = [r for r in rows if r["framework"] == "jax"]
     assert all(r["memory_source"] == "memory_analysis" and r["memory_gb"] > 0 for r in jax_rows)
     assert all(r["jax_torch_speed"] > 0 for r in jax_rows)

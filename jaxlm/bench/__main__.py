@@ -53,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--csv", metavar="PATH")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures from this sweep's rows")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for both frameworks (torch.set_num_threads; XLA's intra-op pool), "
+                        "for fair CPU comparisons on a shared machine")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     return p.parse_args(argv)
 
@@ -85,6 +88,18 @@ def settings_from(args) -> list[core.Setting]:
     return out
 
 
+def set_cpu_threads(n: int) -> None:
+    """Both frameworks on n CPU threads. XLA reads its flags when JAX initialises its CPU backend,
+    so this must run before the first JAX computation (the CLI calls it first thing)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} " \
+                              f"intra_op_parallelism_threads={n}".strip()
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    import torch  # noqa: PLC0415 (torch does not initialise JAX)
+
+    torch.set_num_threads(n)
+
+
 def main_plot(argv) -> int:
     p = argparse.ArgumentParser(prog="python -m jaxlm.bench plot")
     p.add_argument("results", help="a --json file written by a sweep")
@@ -102,6 +117,8 @@ def main(argv=None) -> int:
     if argv and argv[0] == "plot":
         return main_plot(argv[1:])
     args = parse_args(argv)
+    if args.threads:
+        set_cpu_threads(args.threads)
     try:
         base = model_config(args.model, args.set)
     except ConfigError as e:
@@ -111,7 +128,7 @@ def main(argv=None) -> int:
                         peak_tflops=args.peak_tflops, model_name=args.model if not args.set else f"{args.model}*",
                         seed=args.seed, torch_optimizer=args.torch_optimizer)
     settings = settings_from(args)
-    meta = {"argv": argv, "model_config": dataclasses.asdict(base)}
+    meta = {"argv": argv, "model_config": dataclasses.asdict(base), "threads": args.threads}
     progress = None if args.quiet else (lambda r: print(
         f"[bench] {r['framework']} {r['mode']} {r['dtype']} {r['attention']} remat={r['remat']} "
         f"T={r['context']} B={r['batch']}: {r['status']} "

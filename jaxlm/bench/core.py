@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import itertools
 import json
 import math
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ FRAMEWORKS = ("jax", "torch")
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
     "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
 )
 
@@ -149,7 +151,17 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
         if row["status"] == "error":
             row["traceback"] = traceback.format_exc(limit=6)
+        del e
+        _release_memory()
         return row
+
+
+def _release_memory() -> None:
+    """After an OOM: drop the failed step's buffers so the next row starts clean."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _side(framework: str):

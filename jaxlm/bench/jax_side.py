@@ -151,6 +151,7 @@ def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict
     del out, args
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
+    row["step_ms_median"] = 1e3 * float(np.median(times))
     peak = runtime_peak_bytes()
     if peak is not None:
         row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"

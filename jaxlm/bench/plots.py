@@ -94,20 +94,26 @@ def _optimisation_figure(rows, name: str, path: Path):
         return None
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(pairs) + 4), 4.8))
     for ax, metric, ylabel in ((axes[0], "memory_gb", "peak memory (GB)"), (axes[1], "tokens_per_s", "throughput (tokens/s)")):
-        labels, b_vals, a_vals = [], [], []
-        for key, b, a in pairs:
+        shown = [(k, b, a) for k, b, a in pairs if b.get(metric) is not None and a.get(metric) is not None]
+        labels = []
+        for key, b, a in shown:
             k = dict(zip(rest, key))
-            labels.append(f"{k['framework']} {k['mode']}\nT={k['context']} B={k['batch']}\n{field}={a.get(field)}")
-            b_vals.append(b.get(metric) or 0.0)
-            a_vals.append(a.get(metric) or 0.0)
-        xs = range(len(labels))
-        ax.bar([x - 0.2 for x in xs], b_vals, width=0.4, label=f"before ({field}={pairs[0][1].get(field)})")
-        ax.bar([x + 0.2 for x in xs], a_vals, width=0.4, label=f"after ({name})")
+            extra = [f"{f}={k[f]}" for f, plain in (("dtype", "float32"), ("attention", "xla"), ("remat", "none"))
+                     if f in k and k[f] != plain]
+            labels.append("\n".join([f"{k['framework']} {k['mode']}", f"T={k['context']} B={k['batch']}",
+                                      f"{field}={a.get(field)}", *extra]))
+        xs = range(len(shown))
+        ax.bar([x - 0.2 for x in xs], [b[metric] for _, b, _ in shown], width=0.4,
+               label=f"before ({field}={pairs[0][1].get(field)})")
+        ax.bar([x + 0.2 for x in xs], [a[metric] for _, _, a in shown], width=0.4, label=f"after ({name})")
         ax.set_xticks(list(xs))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        if shown:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no measurements", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle(f"effect of {name} on memory and throughput")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

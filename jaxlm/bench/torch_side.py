@@ -148,6 +148,7 @@ def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict
     times = time_steps(step, opts.steps)
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
+    row["step_ms_median"] = 1e3 * float(np.median(times))
     if cuda:
         row["memory_gb"], row["memory_source"] = torch.cuda.max_memory_allocated() / 1e9, "torch.cuda.max_memory_allocated"
     else:
