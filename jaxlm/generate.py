@@ -140,7 +140,8 @@ class Generator:
     (batch, prompt bucket, cache length) compiles each once however many tokens follow.
     """
 
-    PREFILL_BUCKET = 16  # prompts are right-padded to a multiple of this, so few prefill shapes compile
+    PREFILL_BUCKET = 16  # prompts are right-padded to a multiple of this (or the cache length)
+    CACHE_BUCKET = 64  # cache / no-cache window length: a multiple of this, or the context length
 
     def __init__(self, model: TransformerLM):
         self.cfg = model.cfg
@@ -217,9 +218,10 @@ class Generator:
         prompts = self.fit_prompts(prompts)
         B, ctx = len(prompts), self.cfg.context_length
         lengths = np.array([len(p) for p in prompts], np.int32)  # (B,)
-        # The longest row needs its prompt plus max_new_tokens - 1 fed-back tokens in the cache.
-        S = int(min(ctx, lengths.max() + max_new_tokens))
-        P = int(min(S, -(-int(lengths.max()) // self.PREFILL_BUCKET) * self.PREFILL_BUCKET))
+        # The longest row needs its prompt plus max_new_tokens - 1 fed-back tokens in the cache;
+        # lengths are rounded up to buckets (capped at the context) so few shapes compile.
+        S = min(ctx, _round_up(int(lengths.max()) + max_new_tokens, self.CACHE_BUCKET))
+        P = min(S, _round_up(int(lengths.max()), self.PREFILL_BUCKET))
         ids = np.array(range(B) if sample_ids is None else sample_ids, np.int32)
         if ids.shape != (B,):
             raise ValueError(f"sample_ids must have one entry per prompt ({B}), got {len(ids)}")
@@ -264,6 +266,10 @@ class Generator:
                 window[np.arange(B), position] = tok
                 token = self._full(self.state, window, position + 1, step, seed_key, ids, knobs)
         return Generation(out, stop, [len(p) for p in prompts])
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def generate(
