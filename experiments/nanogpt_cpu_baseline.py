@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from jaxlm.config import load_config
-from jaxlm.data_api import ensure_prepared, read_meta
+from jaxlm.data.prepare import ensure_prepared, read_meta
 from torchref.data import get_batch
 from torchref.model import TransformerLM
 from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule
@@ -46,7 +46,10 @@ def main():
     ap.add_argument("--steps", type=int, default=200, help="timed steps (0: the full run with final val loss)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
     data_dir = ensure_prepared(cfg.data)
     meta = read_meta(data_dir)

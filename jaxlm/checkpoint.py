@@ -3,7 +3,7 @@
 Run directory layout (everything `jaxlm.generate` needs, no flags):
 
     RUN/config.toml              the resolved config (`load_config(RUN/config.toml)` rebuilds it)
-    RUN/tokenizer/meta.json      the token files' sidecar (names the tokenizer)
+    RUN/tokenizer/              the token files' meta.json (names the tokenizer) + its vocab/merges copy
     RUN/checkpoints/<step>/state the train state: step, params, optimizer state, model RNG
     RUN/checkpoints/<step>/meta  JSON: step, data position, seed, val loss if known
 
@@ -120,7 +120,8 @@ def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> N
     meta = Path(data_dir) / "meta.json"
     if meta.is_file():
         (run_dir / "tokenizer").mkdir(exist_ok=True)
-        shutil.copyfile(meta, run_dir / "tokenizer" / "meta.json")
+        for name in ["meta.json", *json.loads(meta.read_text()).get("tokenizer_files", [])]:
+            shutil.copyfile(Path(data_dir) / name, run_dir / "tokenizer" / name)
 
 
 def find_run_dir(path: str | Path) -> tuple[Path, int | None]:
@@ -168,7 +169,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     model = nnx.merge(graphdef, restored["params"], restored["rest"])
     tokenizer = None
     if (run_dir / "tokenizer" / "meta.json").is_file():
-        from jaxlm.data_api import load_tokenizer_from_meta
+        from jaxlm.data.prepare import load_tokenizer_from_meta
 
         tokenizer = load_tokenizer_from_meta(run_dir / "tokenizer")
     return model, cfg, tokenizer

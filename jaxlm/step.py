@@ -55,6 +55,9 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
     """The pure step function (not jitted: the caller jits it with shardings and donation)."""
 
     def loss_fn(params, rest, x, y):
+        # Fresh Variable objects at this trace level: the dropout RNG counter is mutated below,
+        # and nnx refuses to mutate Variables created outside the grad trace.
+        rest = jax.tree.map(lambda v: v, rest)
         model = nnx.merge(graphdef, params, rest)
         loss = cross_entropy(model(x, deterministic=False), y)
         _, _, rest = split_model(model)  # dropout RNG counters advance

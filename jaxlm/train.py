@@ -25,7 +25,8 @@ import numpy as np
 from jaxlm import flops, parallel
 from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config, ConfigError, load_config
-from jaxlm.data_api import ensure_prepared, eval_batches, load_tokenizer_from_meta, read_meta, train_batches
+from jaxlm.data.loader import eval_batches, train_batches
+from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
 from jaxlm.optim import make_optimizer
 from jaxlm.sample import sample_text
 from jaxlm.step import init_state, make_eval_step, make_train_step, merge_model
@@ -64,11 +65,11 @@ class _StopFlag:
 def evaluate(eval_fn, state, data_dir, cfg: Config, mesh) -> dict[str, float]:
     """Mean loss / accuracy over the first train.eval_batches windows of val.bin, and perplexity."""
     B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
-    P, p = jax.process_count(), jax.process_index()
     totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
-    for x, y in eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches):
-        rows = slice(p * B // P, (p + 1) * B // P)
-        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x[rows], mesh), parallel.global_batch(y[rows], mesh))
+    batches = eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches,
+                           process_index=jax.process_index(), process_count=jax.process_count(), drop_last=True)
+    for x, y in batches:
+        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x, mesh), parallel.global_batch(y, mesh))
         for k, v in jax.device_get(out).items():
             totals[k] += float(v)
         n += 1
@@ -183,7 +184,7 @@ def train(cfg: Config) -> dict:
                     "train/lr": m["lr"],
                     "perf/tokens_per_s": tok_s,
                     "perf/step_time_s": dt / window["steps"],
-                    "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev),
+                    "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev, cfg.log.peak_flops),
                     "perf/peak_memory_bytes": peak_memory_bytes(),
                 }
                 tracker.scalars(done, values, "train")
@@ -195,7 +196,8 @@ def train(cfg: Config) -> dict:
         ckpt.save(state, {"step": done, "data_step": done, "seed": cfg.train.seed}, val_loss=last["eval/loss"] if last.get("eval_step") == done else None)
 
     def do_sample(done: int) -> str:
-        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens, seed=cfg.train.seed)
+        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens,
+                           temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
         tracker.text(done, "samples/text", text)
         return text
 
@@ -236,6 +238,7 @@ def train(cfg: Config) -> dict:
                 sample = do_sample(done)
     finally:
         bar.close()
+        batches.close()
         profiler.close()
         ckpt.close()
         tracker.close()

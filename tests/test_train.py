@@ -59,9 +59,10 @@ def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
 def test_resume_continues_exactly(corpus, tmp_path):
     from jaxlm.train import train
 
-    train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}))
-    train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8}))
-    out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}))
+    kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
+    train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
+    train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8}, **kw))
+    out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
     full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
     assert sorted(cut) == list(range(1, 17))
     np.testing.assert_allclose([cut[s] for s in range(1, 17)], [full[s] for s in range(1, 17)], rtol=0, atol=1e-6)

@@ -34,13 +34,13 @@ def make_corpus(data_dir: Path) -> Path:
     import pydoc_data.topics
 
     from jaxlm.config import DataConfig
-    from jaxlm.data_api import ensure_prepared
+    from jaxlm.data.prepare import ensure_prepared
 
     text = "\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))[:60000]
     data_dir.mkdir(parents=True, exist_ok=True)
     src = data_dir / "corpus.txt"
     src.write_text(text)
-    return ensure_prepared(DataConfig(dir=str(data_dir), source=[str(src)], tokenizer="bytes"))
+    return ensure_prepared(DataConfig(dir=str(data_dir), source=[str(src)], tokenizer="bytes"), progress=False)
 
 
 def losses(run_dir) -> dict[int, float]:
