@@ -164,9 +164,13 @@ class LogConfig:
     sample_every: int = 0  # 0: only at the end
     sample_tokens: int = 200
     sample_prompt: str = "The "
+    sample_temperature: float = 0.8  # 0: greedy
     progress: bool = True
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU where jaxlm.flops has no entry
 
     def __post_init__(self):
+        if self.every < 1 or self.sample_every < 0 or self.sample_tokens < 0 or self.sample_temperature < 0:
+            raise ConfigError("every must be >= 1; sample_every, sample_tokens and sample_temperature >= 0")
         if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):
             raise ConfigError(f"profile_steps must be [first, last], got {self.profile_steps}")
 

@@ -1,0 +1,214 @@
+"""Training: loop, resume, accumulation, precision/remat, parallelism, configs, CLI, NaN stop.
+
+Multi-device and multi-process cases run in subprocesses so this process keeps one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxlm import parallel
+from jaxlm.config import ConfigError, load_config
+from tests.train_helpers import ROOT, losses, make_corpus, max_param_diff, run_steps, tiny_overrides
+
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def tiny(corpus, out_dir, **extra):
+    return load_config(None, tiny_overrides(corpus, out_dir, **extra))
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    env.update(extra)
+    return env
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
+    from jaxlm.train import train
+
+    out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30}))
+    ls = losses(tmp_path / "run")
+    assert np.mean([ls[s] for s in range(26, 31)]) < np.mean([ls[s] for s in range(1, 6)]) - 1.0
+    assert out["val_loss"] < 4.0 and out["sample"].startswith("The ")
+    run = tmp_path / "run"
+    assert (run / "config.toml").is_file() and (run / "tokenizer" / "meta.json").is_file()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "30"]
+    kinds = [json.loads(l)["kind"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert kinds.count("eval") == 1 and kinds.count("sample") == 1
+
+
+def test_resume_continues_exactly(corpus, tmp_path):
+    from jaxlm.train import train
+
+    kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
+    train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
+    train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8}, **kw))
+    out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
+    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    assert sorted(cut) == list(range(1, 17))
+    np.testing.assert_allclose([cut[s] for s in range(1, 17)], [full[s] for s in range(1, 17)], rtol=0, atol=1e-6)
+    assert out["step"] == 16
+
+
+def test_restore_for_inference(corpus, tmp_path):
+    from jaxlm.checkpoint import restore_for_inference
+    from jaxlm.model import cross_entropy
+    from jaxlm.train import train
+
+    train(tiny(corpus, tmp_path / "run", **{"train.steps": 10}))
+    model, cfg, tok = restore_for_inference(tmp_path / "run")
+    assert cfg.model.d_model == 32 and tok.decode(tok.encode("hi there")) == "hi there"
+    model2, _, _ = restore_for_inference(tmp_path / "run" / "checkpoints" / "10")
+    x = np.array([tok.encode("def f(x):\n    return x + 1\n")], np.int32)
+    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(model2(x)))
+    assert np.isfinite(float(cross_entropy(model(x[:, :-1]), x[:, 1:])))
+
+
+def test_nan_stops_without_saving_bad_state(corpus, tmp_path):
+    from jaxlm.train import TrainingDiverged, train
+
+    cfg = tiny(corpus, tmp_path / "run", **{"optim.lr": 1e30, "optim.min_lr": 0.0, "optim.warmup_steps": 3,
+                                            "optim.grad_clip": 0.0, "checkpoint.every": 1})
+    with pytest.raises(TrainingDiverged, match="last good checkpoint"):
+        train(cfg)
+    from jaxlm.checkpoint import restore_for_inference
+
+    # Step 1 ran at lr 0 (warmup) and was saved; step 2's update blew up and was not.
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
+    model, _, _ = restore_for_inference(tmp_path / "run")
+    from flax import nnx
+
+    assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def test_accumulation_equals_big_batch(corpus):
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    big, pb = run_steps(tiny(corpus, "/unused"), mesh, 3)
+    acc, pa = run_steps(tiny(corpus, "/unused", **{"train.grad_accum": 4}), mesh, 3)
+    np.testing.assert_allclose(acc, big, atol=1e-5)
+    assert max_param_diff(pa, pb) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "variant, tol",
+    [({"model.remat": '"full"'}, 1e-5), ({"model.remat": '"dots_saveable"'}, 1e-5), ({"model.dtype": '"bfloat16"'}, 3e-2)],
+)
+def test_precision_and_remat_match_float32(corpus, variant, tol):
+    """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    ref, _ = run_steps(tiny(corpus, "/unused"), mesh, 6)
+    got, _ = run_steps(tiny(corpus, "/unused", **variant), mesh, 6)
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
+
+
+@pytest.mark.slow
+def test_data_parallel_and_fsdp_on_8_devices_equal_one_device():
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    r = subprocess.run([PY, str(ROOT / "tests" / "train_helpers.py"), "devices"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("dp", "fsdp", "accum"):
+        np.testing.assert_allclose(out[k], out["one"], atol=1e-5, err_msg=k)
+        assert out[f"{k}_param_diff"] < 1e-5, k
+    assert any("data" in s for s in out["fsdp_specs"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(corpus, tmp_path):
+    base = tiny_overrides(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6})
+    cmd = [PY, "-m", "jaxlm.train"]
+    r = subprocess.run(cmd + sum((["--set", o] for o in base), []), env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    port = _free_port()
+    two = tiny_overrides(corpus, tmp_path / "two", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6,
+                                                         "parallel.distributed": "true", "parallel.coordinator": f'"127.0.0.1:{port}"',
+                                                         "parallel.num_processes": 2})
+    procs = [
+        subprocess.Popen(cmd + sum((["--set", o] for o in two + [f"parallel.process_id={i}"]), []), env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-3000:]
+    one, two_l = losses(tmp_path / "one"), losses(tmp_path / "two")
+    np.testing.assert_allclose([two_l[s] for s in sorted(one)], [one[s] for s in sorted(one)], atol=1e-5)
+    assert (tmp_path / "two" / "checkpoints" / "6").is_dir()
+
+
+# --------------------------------------------------------------------------- configs and CLI
+
+
+@pytest.mark.parametrize("override, name", [("optim.lrr=1", "optim.lrr"), ("train.steps=1.5", "train.steps"),
+                                            ("model.dtype=float16", "model.dtype"), ("data.batch_size=\"x\"", "data.batch_size")])
+def test_bad_config_names_the_key(override, name):
+    with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
+        load_config(ROOT / "experiments" / "configs" / "quickstart.toml", [override])
+
+
+def test_impossible_combination_is_rejected():
+    with pytest.raises(ConfigError, match="grad_accum"):
+        load_config(None, ["data.batch_size=10", "train.grad_accum=4"])
+
+
+def test_cli_reports_bad_config(tmp_path):
+    r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
+                        "--set", "train.stepz=3"], env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "train.stepz" in r.stderr
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_parses(path):
+    cfg = load_config(path)
+    assert cfg.data.batch_size % cfg.train.grad_accum == 0
+
+
+@pytest.mark.slow
+def test_quickstart_cli_end_to_end(tmp_path):
+    """The README's first command, cut to a few steps, in a fresh directory (it prepares its own data)."""
+    r = subprocess.run(
+        [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
+         "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "train.eval_batches=2",
+         "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"],
+        env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--- sample after 6 steps ---" in r.stdout
+    run = tmp_path / "runs" / "quickstart"
+    assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()["tensors"] + events.Tags()["scalars"]
+    for tag in ("train/loss", "train/lr", "eval/loss", "eval/perplexity", "perf/tokens_per_s", "samples/text"):
+        assert tag in tags, tags
+    assert list((run / "tb").rglob("*.xplane.pb")), "no profiler trace for log.profile_steps"
