@@ -1,0 +1,159 @@
+"""JAX half of a benchmark row: build a jitted step, compile it apart, time it, read its memory.
+
+Each mode is a pure function of arrays, jitted once and compiled ahead of time
+(`jit(f).lower(*args).compile()`), so compile time is measured on its own and
+`memory_analysis()` / `cost_analysis()` are available before anything runs.
+The train step is a minimal stand-in (optax AdamW after global-norm clipping,
+the SPEC section 2 optimizer) until `jaxlm.step` lands; it donates the
+parameters and optimizer state like the real one.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxlm.config import ModelConfig
+from jaxlm.model import TransformerLM, cross_entropy
+
+
+def device_kind() -> str:
+    d = jax.devices()[0]
+    return d.device_kind if d.platform != "cpu" else "cpu"
+
+
+def make_optimizer(lr: float = 1e-3) -> optax.GradientTransformation:
+    """SPEC section 2 AdamW with clipping at 1.0 (the training defaults; weight decay passed explicitly)."""
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+    )
+
+
+@dataclass
+class Step:
+    """A jitted step, example arguments, and how to feed one call's outputs into the next."""
+
+    jitted: Any
+    args: tuple
+    advance: Callable[[tuple, Any], tuple]  # (args, outputs) -> next args
+
+
+def batch_arrays(cfg: ModelConfig, batch: int, context: int, seed: int = 0):
+    key = jax.random.key(seed)
+    tokens = jax.random.randint(key, (batch, context + 1), 0, cfg.vocab_size, dtype=jnp.int32)
+    return tokens[:, :-1], tokens[:, 1:]  # (B, T) inputs, (B, T) targets
+
+
+def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, seed: int = 0) -> Step:
+    """forward -> logits; forward_backward -> (loss, grads); train_step -> (params, opt_state, loss)."""
+    model = TransformerLM(cfg, rngs=nnx.Rngs(seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tokens, targets = batch_arrays(cfg, batch, context, seed)
+
+    def loss_fn(p, r, x, y):
+        return cross_entropy(nnx.merge(graphdef, p, r)(x), y)
+
+    if mode == "forward":
+
+        def forward(p, r, x):
+            return nnx.merge(graphdef, p, r)(x)  # (B, T, V)
+
+        return Step(jax.jit(forward), (params, rest, tokens), lambda args, out: args)
+    if mode == "forward_backward":
+        return Step(jax.jit(jax.value_and_grad(loss_fn)), (params, rest, tokens, targets), lambda args, out: args)
+    if mode == "train_step":
+        tx = make_optimizer()
+        opt_state = tx.init(params)
+
+        def train_step(p, s, r, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(p, r, x, y)
+            updates, s = tx.update(grads, s, p)
+            return optax.apply_updates(p, updates), s, loss
+
+        jitted = jax.jit(train_step, donate_argnums=(0, 1))
+        return Step(jitted, (params, opt_state, rest, tokens, targets), lambda a, out: (out[0], out[1], *a[2:]))
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def compiled_memory_bytes(compiled) -> int | None:
+    """temp + arguments + outputs - aliased (donated) bytes, from the compiled executable's memory_analysis()."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:
+        return None
+    if m is None:
+        return None
+    return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
+
+
+def compiled_flops(compiled) -> float | None:
+    """XLA's own FLOP count (cost_analysis()['flops']: matmuls plus elementwise work)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per device program
+        cost = cost[0] if cost else None
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def compile_step(step: Step):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers.*")
+        return step.jitted.lower(*step.args).compile()
+
+
+def runtime_peak_bytes() -> int | None:
+    """Peak bytes in use on device 0 since the process started (None where the backend keeps no stats, e.g. CPU)."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
+
+
+def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict) -> None:
+    """Fill `row` with compile time, step-time statistics and memory for one JAX setting."""
+    step = build_step(setting.mode, cfg, batch, context, opts.seed)
+    t0 = time.perf_counter()
+    compiled = compile_step(step)
+    row["compile_s"] = time.perf_counter() - t0
+    estimate = compiled_memory_bytes(compiled)
+    row["estimate_gb"] = estimate / 1e9 if estimate is not None else None
+    row["xla_flops"] = compiled_flops(compiled)
+    if opts.memory_limit_gb is not None and estimate is not None and estimate > opts.memory_limit_gb * 1e9:
+        row["status"] = "OOM"
+        row["memory_source"] = "memory_analysis"
+        row["error"] = f"estimated {estimate / 1e9:.3f} GB > --memory-limit-gb {opts.memory_limit_gb}"
+        return
+    args = step.args
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers.*")
+        for _ in range(opts.warmup):
+            out = compiled(*args)
+            jax.block_until_ready(out)
+            args = step.advance(args, out)
+        times = []
+        for _ in range(opts.steps):
+            t = time.perf_counter()
+            out = compiled(*args)
+            jax.block_until_ready(out)
+            times.append(time.perf_counter() - t)
+            args = step.advance(args, out)
+    del out, args
+    row["step_ms"] = 1e3 * float(np.mean(times))
+    row["step_ms_std"] = 1e3 * float(np.std(times))
+    row["step_ms_median"] = 1e3 * float(np.median(times))
+    peak = runtime_peak_bytes()
+    if peak is not None:
+        row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
+    else:
+        row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"

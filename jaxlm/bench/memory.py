@@ -1,0 +1,106 @@
+"""`--memory-profile DIR`: what holds memory in a forward pass and in a train step.
+
+Writes, for mode in (forward, train_step):
+- `jax_{mode}.prof`: `jax.profiler.save_device_memory_profile` (pprof; view with
+  `pprof -http=: jax_train_step.prof` or upload to a pprof viewer). It records
+  the buffers live at the moment it is called, i.e. right after the step with
+  its outputs held, not the transient peak inside the step;
+- `jax_{mode}_buffers.txt`: the compiled step's `memory_analysis()` (the
+  temp bytes are the in-step transient peak) and the largest live arrays
+  (`jax.live_arrays()` by size, with shape and dtype);
+- on a CUDA torch: `torch_train_step_snapshot.pickle` for pytorch.org/memory_viz
+  (allocation history over two train steps); on CPU torch there is no
+  allocator history, so a note file says it was skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+
+from jaxlm.bench import jax_side
+from jaxlm.config import ModelConfig
+
+
+def _describe_analysis(compiled) -> list[str]:
+    try:
+        m = compiled.memory_analysis()
+    except Exception as e:  # some backends have none
+        return [f"memory_analysis unavailable: {e}"]
+    if m is None:
+        return ["memory_analysis unavailable on this backend"]
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+              "generated_code_size_in_bytes")
+    lines = [f"  {f:32s} {getattr(m, f) / 2**20:12.3f} MiB" for f in fields if hasattr(m, f)]
+    total = jax_side.compiled_memory_bytes(compiled)
+    if total is not None:
+        lines.append(f"  {'total (arg+out+temp-alias)':32s} {total / 2**20:12.3f} MiB")
+    return lines
+
+
+def _live_arrays(top: int) -> list[str]:
+    arrays = sorted(jax.live_arrays(), key=lambda a: a.nbytes, reverse=True)
+    total = sum(a.nbytes for a in arrays)
+    lines = [f"live arrays: {len(arrays)}, {total / 2**20:.3f} MiB in all; the {min(top, len(arrays))} largest:"]
+    for a in arrays[:top]:
+        lines.append(f"  {a.nbytes / 2**20:10.3f} MiB  {str(a.dtype):9s} {tuple(a.shape)}")
+    return lines
+
+
+def memory_profile(cfg: ModelConfig, batch: int, context: int, out_dir: str | Path, *, torch_too: bool = False,
+                   top: int = 25) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for mode in ("forward", "train_step"):
+        step = jax_side.build_step(mode, cfg, batch, context)
+        compiled = jax_side.compile_step(step)
+        outputs = compiled(*step.args)
+        jax.block_until_ready(outputs)
+        prof = out / f"jax_{mode}.prof"
+        try:
+            jax.profiler.save_device_memory_profile(str(prof))
+            written.append(prof)
+        except Exception as e:  # keep the text report even if pprof output fails
+            (out / f"jax_{mode}.prof.error.txt").write_text(f"save_device_memory_profile failed: {e}\n")
+        lines = [f"{mode}: {dataclasses.asdict(cfg)}", f"batch {batch}, context {context}, device {jax_side.device_kind()}",
+                 "", "compiled memory_analysis():"] + _describe_analysis(compiled)
+        peak = jax_side.runtime_peak_bytes()
+        lines.append(f"  runtime peak_bytes_in_use (process): {peak / 2**20:.3f} MiB" if peak is not None
+                     else "  runtime peak: not available on this backend")
+        lines += ["", *_live_arrays(top)]
+        txt = out / f"jax_{mode}_buffers.txt"
+        txt.write_text("\n".join(lines) + "\n")
+        written.append(txt)
+        del outputs, step, compiled
+    if torch_too:
+        written.append(_torch_snapshot(cfg, batch, context, out))
+    return written
+
+
+def _torch_snapshot(cfg: ModelConfig, batch: int, context: int, out: Path) -> Path:
+    import torch
+
+    from jaxlm.bench import torch_side
+
+    if not torch.cuda.is_available():
+        note = out / "torch_memory_snapshot_skipped.txt"
+        note.write_text("torch memory snapshots (torch.cuda.memory._record_memory_history) need CUDA; "
+                        "this run had none, so none was written.\n")
+        return note
+    torch_cfg = dataclasses.replace(cfg, attention="auto" if cfg.attention != "xla" else "xla", remat="none")
+    step = torch_side.build_step("train_step", torch_cfg, batch, context, compile=False)
+    step()  # first step allocates the optimizer state; the recorded steps show the steady state
+    torch.cuda.synchronize()
+    path = out / "torch_train_step_snapshot.pickle"
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return path
