@@ -128,7 +128,10 @@ def _check_cudnn(q: jax.Array, k: jax.Array) -> None:
 def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
     """Reference attention. q (B,T,N,H), k/v (B,S,N,H), mask broadcastable to (B,N,T,S) or None."""
     scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-    logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)  # (B, N, T, S)
+    # Heads-major operands put the batch axes (B, N) first, which XLA's CPU dot
+    # handles several times faster than the BTNH layout (same arithmetic).
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # (B, N, T|S, H)
+    logits = jnp.einsum("BNTH,BNSH->BNTS", q, k, preferred_element_type=jnp.float32)  # (B, N, T, S)
     logits = logits.astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, _MASKED)  # (B, N, T, S)
@@ -138,8 +141,8 @@ def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum("BNTS,BSNH->BTNH", probs.astype(v.dtype), v)  # (B, T, N, H)
-    return out
+    out = jnp.einsum("BNTS,BNSH->BNTH", probs.astype(v.dtype), v)  # (B, N, T, H)
+    return jnp.swapaxes(out, 1, 2)  # (B, T, N, H)
 
 
 def _attention_cudnn(q, k, v, *, causal, window, mask, q_offset):

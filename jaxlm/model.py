@@ -190,10 +190,8 @@ class CausalSelfAttention(nnx.Module):
         self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, cfg.attention
         self.dropout_rate = cfg.dropout
 
-    def __call__(
-        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, dropout_key: jax.Array | None = None
-    ) -> jax.Array:
-        """x (B, T, D) -> (B, T, D). rope: (cos, sin) for the T positions; dropout_key: training only."""
+    def _qkv(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x (B, T, D) -> q, k, v, each (B, T, N, H), RoPE applied to q and k."""
         B, T, D = x.shape
         N = self.num_heads
         q = self.q_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
@@ -201,6 +199,14 @@ class CausalSelfAttention(nnx.Module):
         v = self.v_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def __call__(
+        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
+        """x (B, T, D) -> (B, T, D). rope: (cos, sin) for the T positions; dropout_key: training only."""
+        B, T, D = x.shape
+        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
         train = dropout_key is not None and self.dropout_rate > 0.0
         out = attention(
             q,
@@ -213,6 +219,38 @@ class CausalSelfAttention(nnx.Module):
             dropout_rng=dropout_key if train else None,
         )  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, D))  # (B, T, D)
+
+    def extend(
+        self, x: jax.Array, rope, kv: tuple[jax.Array, jax.Array], start: jax.Array, visible: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Attention of T new tokens per row against a key/value cache (evaluation only).
+
+        x (B, T, D): the new tokens; kv: (k, v) buffers (B, S, N, H); start (B,) int:
+        row b's new keys go to cache slots start[b] ... start[b]+T-1; visible
+        (B, 1, T, S) bool: which cache slots each new query may attend (built by
+        `TransformerLM.extend`, causal + window already folded in).
+        Returns the output (B, T, D) and the updated buffers.
+        """
+        B, T, D = x.shape
+        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
+        k_buf, v_buf = kv
+        k_buf = _write_rows(k_buf, k.astype(k_buf.dtype), start)  # (B, S, N, H)
+        v_buf = _write_rows(v_buf, v.astype(v_buf.dtype), start)  # (B, S, N, H)
+        out = attention(q, k_buf, v_buf, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
+        return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
+
+
+def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """buf (B, S, ...) with new (B, T, ...) written at slots start[b] ... start[b]+T-1 of each row b.
+
+    `lax.dynamic_update_slice` clamps a start that would run past S; callers keep
+    start[b] + T <= S (generation stops at the cache's end).
+    """
+
+    def one(row, upd, s):  # (S, ...), (T, ...), ()
+        return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
+
+    return jax.vmap(one)(buf, new, start)
 
 
 class TransformerBlock(nnx.Module):
@@ -239,6 +277,22 @@ class TransformerBlock(nnx.Module):
         def ffn(y):
             return dropout(self.ffn(y), self.dropout_rate, k_ffn)
 
+        return self._residual(x, attn, ffn)
+
+    def extend(self, x: jax.Array, rope, kv, start: jax.Array, visible: jax.Array):
+        """The block on T new tokens per row with a KV cache: (out (B, T, D), updated kv). Evaluation only."""
+        new_kv = []
+
+        def attn(y):  # called exactly once by _residual
+            out, updated = self.attn.extend(y, rope, kv, start, visible)
+            new_kv.append(updated)
+            return out
+
+        out = self._residual(x, attn, self.ffn)
+        return out, new_kv[0]
+
+    def _residual(self, x: jax.Array, attn: Callable, ffn: Callable) -> jax.Array:
+        """The norm placement around the two branches, shared by the full and the cached forward."""
         if self.norm == "pre":
             h = x + attn(self.ln1(x))  # (B, T, D)
             return h + ffn(self.ln2(h))  # (B, T, D)
@@ -294,10 +348,71 @@ class TransformerLM(nnx.Module):
         block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
         for block, key in zip(self.layers, keys):
             x = block_fwd(block, x, rope, key)  # (B, T, D)
+        return self._head(x)
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""
         if self.cfg.norm != "none":
             x = self.ln_final(x)
         head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
         return jnp.einsum("BTD,VD->BTV", x, self.precision.cast(head[...]))  # (B, T, V)
+
+    # ----------------------------------------------------------------------- KV cache (generation)
+
+    def init_cache(self, batch: int, length: int | None = None) -> "KVCache":
+        """Zeroed key/value buffers for `batch` rows of `length` slots (default: context_length)."""
+        length = self.cfg.context_length if length is None else length
+        if not 0 < length <= self.cfg.context_length:
+            raise ValueError(f"cache length {length} must be in 1 ... context_length {self.cfg.context_length}")
+        shape = (batch, length, self.cfg.num_heads, self.cfg.head_dim)  # (B, S, N, H)
+        dtype = self.precision.compute
+        layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
+        return KVCache(layers)
+
+    def extend(self, tokens: jax.Array, cache: "KVCache", start: jax.Array) -> tuple[jax.Array, "KVCache"]:
+        """Run T new tokens per row on top of a KV cache (evaluation only, no dropout).
+
+        tokens (B, T) int; start (B,) int: row b's tokens sit at positions
+        start[b] ... start[b]+T-1, which are also their cache slots (so RoPE
+        positions continue from what the cache holds). Row b's query at position
+        p attends cache slots 0 ... p (and only the last `window` + 1 with a
+        sliding window); slots past p may hold stale or padding values and are
+        masked. A prefill is `extend(prompt, cache, zeros)`, a decode step
+        `extend(last_token[:, None], cache, lengths)`.
+        Returns logits (B, T, V) and the cache with the new keys/values written.
+        """
+        B, T = tokens.shape
+        S = cache.length
+        start = jnp.asarray(start, jnp.int32)
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # (B, T)
+        slots = jnp.arange(S, dtype=jnp.int32)  # (S,)
+        visible = slots[None, None, :] <= positions[:, :, None]  # (B, T, S)
+        if self.cfg.window is not None:
+            visible &= slots[None, None, :] >= positions[:, :, None] - self.cfg.window
+        visible = visible[:, None]  # (B, 1, T, S): broadcast over heads
+        x = self.token_embeddings(tokens)  # (B, T, D)
+        rope = self.rope(positions) if self.cfg.rope else None  # 2 x (B, T, H/2)
+        layers = []
+        for block, kv in zip(self.layers, cache.layers):
+            x, kv = block.extend(x, rope, kv, start, visible)  # (B, T, D)
+            layers.append(kv)
+        return self._head(x), KVCache(tuple(layers))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B, S, N, H).
+
+    A plain pytree (no positions inside): the caller tracks each row's length and
+    passes it as `start` to `TransformerLM.extend`. Keys are stored after RoPE.
+    """
+
+    layers: tuple[tuple[jax.Array, jax.Array], ...]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0][0].shape[1]
 
 
 # --------------------------------------------------------------------------- loss and metrics

@@ -9,7 +9,8 @@ Error measures (all "max over ..." so one bad element shows):
 - loss_abs_err: |loss_jax - loss_torch|;
 - grad_max_rel_err: max over parameters of max |g_jax - g_torch| / max |g_torch|;
 - train_loss_max_abs_diff: max over steps of |loss_jax(t) - loss_torch(t)| when both
-  train with AdamW + warmup-cosine + clipping on identical batches.
+  train with AdamW + warmup-cosine + clipping on identical batches (jaxlm through
+  `jaxlm.optim.make_optimizer` and `jaxlm.step.make_train_step`, the training code itself).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch may sha
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
 from jaxlm.config import Config, ConfigError, ModelConfig, OptimConfig, load_config  # noqa: E402
 from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
+from jaxlm.optim import make_optimizer  # noqa: E402
+from jaxlm.step import make_train_step, split_model  # noqa: E402
 from parity.convert import jax_to_torch, torch_to_jax  # noqa: E402
 
 # Thresholds by compute dtype. float32 ones come from the issue; bfloat16 ones are
@@ -121,24 +123,16 @@ def _flat_grads(grads) -> dict[str, np.ndarray]:
 
 
 def compare_training(setup: Setup, steps: int) -> dict[str, float]:
+    """Both frameworks train `steps` steps on identical batches; jaxlm uses its real optimizer and train step."""
     ref, model = build_pair(setup)
     o = setup.optim
     data = batches(setup, steps)
 
     opt_t = torchref.AdamW(ref.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-    schedule = lambda count: jnp.asarray(  # noqa: E731
-        [lr_at(t, o, steps) for t in range(steps + 1)], jnp.float32
-    )[jnp.minimum(count, steps)]
-    chain = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-    import sys; sys.path.insert(0, "/tmp"); from specadam import scale_by_spec_adam
-    tx = optax.chain(*chain, scale_by_spec_adam(o.beta1, o.beta2, o.eps), optax.add_decayed_weights(o.weight_decay), optax.scale_by_learning_rate(schedule))
-    opt_j = nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-    @nnx.jit
-    def step_j(model, opt, x, y):
-        loss, grads = nnx.value_and_grad(lambda m: cross_entropy(m(x), y))(model)
-        opt.update(model, grads)
-        return loss
+    tx, schedule = make_optimizer(o, steps)
+    graphdef, params, rest = split_model(model)
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rest": rest}
+    step_j = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
 
     losses_t, losses_j = [], []
     for t in range(steps):
@@ -152,7 +146,8 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
             torchref.clip_grad_norm(ref.parameters(), o.grad_clip)
         opt_t.step()
         losses_t.append(loss_t.item())
-        losses_j.append(float(step_j(model, opt_j, jnp.asarray(x_np, jnp.int32), jnp.asarray(y_np, jnp.int32))))
+        state, metrics = step_j(state, jnp.asarray(x_np, jnp.int32), jnp.asarray(y_np, jnp.int32))
+        losses_j.append(float(metrics["loss"]))
     diffs = np.abs(np.array(losses_j) - np.array(losses_t))
     return dict(
         train_loss_max_abs_diff=float(diffs.max()),

@@ -2,8 +2,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
+# threads and the other pytest-xdist worker (a 1 s test took 70 s that way).
+torch.set_num_threads(1)
 
 
 def _find_shared_data() -> Path | None:

@@ -223,3 +223,26 @@ def test_steps_per_call_matches_one_step_per_call(corpus, tmp_path):
     one, many = losses(tmp_path / "one"), losses(tmp_path / "many")
     assert sorted(many) == list(range(1, 13))
     np.testing.assert_allclose([many[s] for s in range(1, 13)], [one[s] for s in range(1, 13)], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **{
+        "train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000, "train.eval_every": 100000})), [])
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and (not (run / "metrics.jsonl").is_file() or len(losses(run)) < 3):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and steps[0] >= 3 and "SIGTERM" in out + err
+    from jaxlm.checkpoint import Checkpointer
+    from jaxlm.config import CheckpointConfig
+
+    assert Checkpointer(run, CheckpointConfig()).latest_step() == steps[0]

@@ -136,6 +136,34 @@ class SiLUFFN(nn.Module):
         return self.w2(silu(self.w1(x)))
 
 
+class LayerCache:
+    """One layer's keys (after RoPE) and values, (batch, heads, seq, d_k), grown by concatenation."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=-2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=-2)
+        return self.k, self.v
+
+
+class KVCache:
+    """The reference KV cache for generation: a LayerCache per block. Simple, not preallocated."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [LayerCache() for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+
 class MultiHeadSelfAttention(nn.Module):
     """Causal self-attention; RoPE on queries and keys when `rope` is given."""
 
@@ -161,15 +189,26 @@ class MultiHeadSelfAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (..., S, D) -> (..., H, S, D/H)
         return x.unflatten(-1, (self.num_heads, -1)).transpose(-3, -2)
 
-    def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, token_positions: torch.Tensor | None = None, kv_cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        """kv_cache: the new tokens follow the cached ones (positions continue from its length)."""
         seq = x.shape[-2]
+        past = 0 if kv_cache is None else kv_cache.length
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         if self.rope is not None:
             if token_positions is None:
-                token_positions = torch.arange(seq, device=x.device)
+                token_positions = torch.arange(past, past + seq, device=x.device)
             pos = token_positions.unsqueeze(-2)  # broadcast over the head axis
             q, k = self.rope(q, pos), self.rope(k, pos)
-        if self.fused:
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (..., H, past + seq, D/H)
+            mask = causal_mask(seq, k.shape[-2], self.window, x.device)  # queries are the last `seq` keys
+            if self.fused:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                out = scaled_dot_product_attention(q, k, v, mask)
+        elif self.fused:
             mask = None if self.window is None else causal_mask(seq, seq, self.window, x.device)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
@@ -194,11 +233,13 @@ class TransformerBlock(nn.Module):
         self.ffn = ffn_cls(cfg.d_model, cfg.d_ff, device, dtype)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, token_positions: torch.Tensor | None = None, kv_cache: LayerCache | None = None
+    ) -> torch.Tensor:
         if self.norm == "post":
-            h = self.ln1(x + self.drop(self.attn(x, token_positions)))
+            h = self.ln1(x + self.drop(self.attn(x, token_positions, kv_cache)))
             return self.ln2(h + self.drop(self.ffn(h)))
-        h = x + self.drop(self.attn(self.ln1(x), token_positions))
+        h = x + self.drop(self.attn(self.ln1(x), token_positions, kv_cache))
         return h + self.drop(self.ffn(self.ln2(h)))
 
 
@@ -216,13 +257,22 @@ class TransformerLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.token_embeddings.weight
 
-    def forward(self, in_indices: torch.Tensor, token_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """(batch, seq) token ids -> (batch, seq, vocab) unnormalised logits."""
-        if in_indices.shape[-1] > self.cfg.context_length:
-            raise ValueError(f"sequence length {in_indices.shape[-1]} exceeds context_length {self.cfg.context_length}")
+    def forward(
+        self, in_indices: torch.Tensor, token_positions: torch.Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """(batch, seq) token ids -> (batch, seq, vocab) unnormalised logits.
+
+        kv_cache: the tokens continue the cached sequence (positions default to
+        cache length ... cache length + seq - 1); the cache is extended in place.
+        """
+        past = 0 if kv_cache is None else kv_cache.length
+        if past + in_indices.shape[-1] > self.cfg.context_length:
+            raise ValueError(
+                f"sequence length {past + in_indices.shape[-1]} exceeds context_length {self.cfg.context_length}"
+            )
         x = self.token_embeddings(in_indices)  # (B, S, D)
-        for layer in self.layers:
-            x = layer(x, token_positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, token_positions, None if kv_cache is None else kv_cache.layers[i])
         return self.lm_head(self.ln_final(x))  # (B, S, V)
 
     def num_params(self, non_embedding: bool = False) -> int:

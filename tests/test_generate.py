@@ -1,0 +1,250 @@
+"""Generation: KV cache vs full forward, jaxlm vs torchref, sampling rules, batching, compilation, CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import torchref
+from jaxlm.config import ModelConfig, load_config
+from jaxlm.generate import Generator, SamplingParams, StreamDecoder, filter_logits, main, sampling_probs
+from jaxlm.model import TransformerLM
+from parity.convert import torch_to_jax
+from tests.train_helpers import ROOT, make_corpus, tiny_overrides
+from torchref.generate import filter_logits as torch_filter_logits
+from torchref.generate import generate as torch_generate
+
+# Prime-ish sizes catch shape mix-ups; random-init logits of this model have no near-ties at argmax.
+CFG = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=4, d_ff=96)
+PROMPTS = [[3, 14, 15, 9, 26], [5, 35], list(range(1, 23))]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def torch_model():
+    torch.manual_seed(0)
+    return torchref.TransformerLM(CFG).eval()
+
+
+@pytest.fixture(scope="module")
+def gen(torch_model):
+    """A Generator over the same weights as `torch_model`, traced at highest matmul precision."""
+    model = torch_to_jax(torch_model.state_dict(), TransformerLM(CFG, rngs=nnx.Rngs(1)))
+    return Generator(model)  # compiled lazily: callers trace under jax.default_matmul_precision("highest")
+
+
+@pytest.fixture(scope="module")
+def greedy_batch(gen):
+    with jax.default_matmul_precision("highest"):
+        return gen.generate(PROMPTS, 24, GREEDY)
+
+
+# --------------------------------------------------------------------------- cache and parity
+
+
+def test_cache_equals_full_forward_greedy(gen, greedy_batch):
+    with jax.default_matmul_precision("highest"):
+        full = gen.generate(PROMPTS, 24, GREEDY, use_cache=False)
+    assert full.tokens == greedy_batch.tokens
+    # Row 2 (22 prompt tokens, context 40) stops at the window after 18 tokens.
+    assert greedy_batch.stop == ["length", "length", "context"]
+    assert [len(t) for t in greedy_batch.tokens] == [24, 24, 18]
+
+
+def test_batched_prompts_equal_one_at_a_time(gen, greedy_batch):
+    with jax.default_matmul_precision("highest"):
+        alone = [gen.generate([p], 24, GREEDY).tokens[0] for p in PROMPTS]
+        sampling = SamplingParams(temperature=1.0, top_p=0.9)
+        batch = gen.generate(PROMPTS, 12, sampling, seed=7)
+        row1 = gen.generate([PROMPTS[1]], 12, sampling, seed=7, sample_ids=[1])
+    assert alone == greedy_batch.tokens
+    assert row1.tokens[0] == batch.tokens[1]  # a row samples the same tokens alone or in a batch
+
+
+def test_torchref_cache_equals_no_cache(torch_model):
+    for p in PROMPTS:
+        assert torch_generate(torch_model, p, 24, temperature=0) == torch_generate(
+            torch_model, p, 24, temperature=0, use_cache=False
+        )
+
+
+def test_torchref_cache_logits_equal_full_forward(torch_model):
+    x = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        full = torch_model(x)
+        cache = torchref.model.KVCache(CFG.num_layers)
+        parts = [torch_model(x[:, :9], kv_cache=cache)] + [torch_model(x[:, t : t + 1], kv_cache=cache) for t in range(9, 22)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_jax_equals_torchref_greedy(torch_model, greedy_batch):
+    assert greedy_batch.tokens == [torch_generate(torch_model, p, 24, temperature=0) for p in PROMPTS]
+
+
+def test_model_extend_matches_call_with_window():
+    """Prefill 12 tokens, then 8 decode steps: the same logits as one causal forward (sliding window 3)."""
+    cfg = ModelConfig(vocab_size=61, context_length=24, d_model=40, num_layers=2, num_heads=4, d_ff=72, window=3)
+    model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 20), 0, 61)
+    graphdef, state = nnx.split(model)
+    full = np.asarray(jax.jit(lambda st, t: nnx.merge(graphdef, st)(t))(state, tokens))  # jit: eager is slower
+    extend = jax.jit(lambda st, t, c, s: nnx.merge(graphdef, st).extend(t, c, s))
+    logits, cache = extend(state, tokens[:, :12], model.init_cache(2, 24), np.zeros(2, np.int32))
+    steps = [np.asarray(logits)]
+    for t in range(12, 20):
+        logits, cache = extend(state, tokens[:, t : t + 1], cache, np.full(2, t, np.int32))
+        steps.append(np.asarray(logits))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5)
+
+
+# --------------------------------------------------------------------------- sampling rules
+
+
+def test_nucleus_and_top_k_against_hand_computed():
+    p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    logits = np.log(p)[None].astype(np.float32)
+    # p = 0.75: mass before each token is 0, .5, .7, .85, .95 -> keep the first three, renormalise by .85.
+    got = np.asarray(sampling_probs(logits, SamplingParams(1.0, 0, 0.75)))[0]
+    np.testing.assert_allclose(got, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0], atol=1e-6)
+    got = np.asarray(sampling_probs(logits, SamplingParams(1.0, 2, 1.0)))[0]
+    np.testing.assert_allclose(got, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], atol=1e-6)
+    # top-k 3 then nucleus 0.8 on the renormalised (.588, .235, .176): mass before .588 < .8, .824 >= .8.
+    got = np.asarray(sampling_probs(logits, SamplingParams(1.0, 3, 0.8)))[0]
+    np.testing.assert_allclose(got, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], atol=1e-6)
+    got = np.asarray(sampling_probs(logits, SamplingParams(1.0, 0, 0.0)))[0]  # p = 0 keeps the top token
+    np.testing.assert_allclose(got, [1, 0, 0, 0, 0], atol=1e-6)
+    # temperature 2 flattens before the cut: probs ~ sqrt(p), renormalised.
+    q = np.sqrt(p) / np.sqrt(p).sum()
+    got = np.asarray(sampling_probs(logits, SamplingParams(2.0, 0, 1.0)))[0]
+    np.testing.assert_allclose(got, q, atol=1e-6)
+
+
+def test_torch_and_jax_filters_agree():
+    x = np.random.default_rng(0).normal(size=(6, 67)).astype(np.float32) * 3
+    for k, p in [(0, 0.9), (5, 1.0), (7, 0.5), (0, 0.0), (1, 1.0)]:
+        j = np.asarray(filter_logits(x, k, p))
+        t = torch_filter_logits(torch.from_numpy(x), k, p).numpy()
+        np.testing.assert_array_equal(np.isfinite(j), np.isfinite(t))
+        np.testing.assert_array_equal(j[np.isfinite(j)], t[np.isfinite(t)])
+
+
+def test_top_p_zero_and_top_k_one_equal_greedy(gen, greedy_batch):
+    with jax.default_matmul_precision("highest"):
+        top_p = gen.generate(PROMPTS, 24, SamplingParams(temperature=1.0, top_p=1e-6), seed=3)
+        top_k = gen.generate(PROMPTS, 24, SamplingParams(temperature=1.0, top_k=1), seed=4)
+    assert top_p.tokens == greedy_batch.tokens
+    assert top_k.tokens == greedy_batch.tokens
+
+
+def test_sampling_reproducible_and_seed_dependent(gen):
+    s = SamplingParams(temperature=1.0, top_k=20)
+    with jax.default_matmul_precision("highest"):
+        a = gen.generate(PROMPTS, 16, s, seed=1)
+        b = gen.generate(PROMPTS, 16, s, seed=1)
+        c = gen.generate(PROMPTS, 16, s, seed=2)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+def test_sampling_params_validated():
+    for bad in (dict(temperature=-1.0), dict(top_k=-2), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+# --------------------------------------------------------------------------- compilation, limits, streaming
+
+
+def test_no_recompilation_per_decode_step():
+    model = TransformerLM(CFG, rngs=nnx.Rngs(2))
+    g = Generator(model)
+    g.generate([[1, 2, 3]], 30, GREEDY)
+    assert g.traces["prefill"] == 1 and g.traces["decode"] == 1  # 29 decode steps, one trace
+    assert g.compiled_sizes()["decode"] == 1
+    # Other sampling settings and seeds reuse the same compiled steps (they are traced arguments).
+    g.generate([[4, 5, 6]], 30, SamplingParams(temperature=0.7, top_k=5, top_p=0.9), seed=3)
+    assert g.traces["decode"] == 1 and g.compiled_sizes() == {"prefill": 1, "decode": 1, "full": 0}
+    g.generate([[1, 2, 3]], 30, GREEDY, use_cache=False)
+    assert g.traces["full"] == 1
+
+
+def test_long_prompt_cut_from_left_with_warning(gen):
+    prompt = list(np.arange(60) % 67)
+    with jax.default_matmul_precision("highest"):
+        with pytest.warns(UserWarning, match="keeping the last 39"):
+            out = gen.generate([prompt], 5, GREEDY)
+        assert out.tokens == gen.generate([prompt[-39:]], 5, GREEDY).tokens
+    assert out.prompt_lengths == [39] and out.stop == ["context"] and len(out.tokens[0]) == 1
+
+
+def test_eot_stops_a_row(gen, greedy_batch):
+    eot = greedy_batch.tokens[0][3]  # row 0's 4th greedy token acts as the stop token
+    with jax.default_matmul_precision("highest"):
+        out = gen.generate(PROMPTS[:1], 24, GREEDY, eot_id=eot)
+    assert out.stop == ["eot"] and out.tokens[0] == greedy_batch.tokens[0][: greedy_batch.tokens[0].index(eot)]
+
+
+def test_stream_decoder_holds_partial_utf8():
+    from jaxlm.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("bytes")
+    ids = tok.encode("a€b")  # "€" is three bytes, so three byte tokens
+    dec = StreamDecoder(tok)
+    pieces = [dec.push(t) for t in ids]
+    assert pieces == ["a", "", "", "€", "b"] and dec.flush() == ""
+
+
+# --------------------------------------------------------------------------- checkpoints and the CLI
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from jaxlm.train import train
+
+    base = tmp_path_factory.mktemp("gen_run")
+    corpus = make_corpus(base / "corpus")
+    extra = {"train.steps": 4, "checkpoint.every": 4, "train.eval_every": 4, "log.tensorboard": "false"}
+    train(load_config(None, tiny_overrides(corpus, base / "run", **extra)))
+    return base / "run"
+
+
+def test_trained_checkpoint_generates_without_flags(trained_run, capsys):
+    args = ["--prompt", "def f(x):", "--max-new-tokens", "6", "--temperature", "0"]
+    assert main(["--run", str(trained_run), *args, "--num-samples", "2"]) == 0
+    samples = capsys.readouterr().out.splitlines()
+    assert samples[0].startswith("def f(x):") and samples[0] == samples[len(samples) // 2]  # greedy: equal samples
+    assert main(["--checkpoint", str(trained_run / "checkpoints" / "4"), *args, "--stream", "--no-cache"]) == 0
+    streamed = capsys.readouterr().out.splitlines()
+    assert streamed == samples[: len(streamed)]  # streamed, full-forward text is the same
+
+
+def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
+    missing = tmp_path / "nope"
+    assert main(["--run", str(missing), "--prompt", "x"]) == 2
+    assert str(missing) in capsys.readouterr().err
+    not_a_run = tmp_path / "empty"
+    not_a_run.mkdir()
+    assert main(["--run", str(not_a_run), "--prompt", "x"]) == 2
+    assert str(not_a_run) in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(trained_run, corrupt)
+    for f in (corrupt / "checkpoints" / "4" / "state").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    assert main(["--run", str(corrupt), "--prompt", "x"]) == 2
+    assert str(corrupt) in capsys.readouterr().err
+
+
+def test_cli_exit_code_in_a_subprocess(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "jaxlm.generate", "--run", str(tmp_path / "missing"), "--prompt", "x"],
+        cwd=ROOT, capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=120,
+    )
+    assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr
