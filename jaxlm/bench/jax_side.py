@@ -3,9 +3,9 @@
 Each mode is a pure function of arrays, jitted once and compiled ahead of time
 (`jit(f).lower(*args).compile()`), so compile time is measured on its own and
 `memory_analysis()` / `cost_analysis()` are available before anything runs.
-The train step is a minimal stand-in (optax AdamW after global-norm clipping,
-the SPEC section 2 optimizer) until `jaxlm.step` lands; it donates the
-parameters and optimizer state like the real one.
+The train step is training's own (`jaxlm.step.make_train_step` with
+`jaxlm.optim.make_optimizer` at the default `OptimConfig`), donated as in training,
+so a benchmark row measures exactly what `python -m jaxlm.train` runs.
 """
 
 from __future__ import annotations
@@ -18,23 +18,17 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from jaxlm.config import ModelConfig
+from jaxlm.config import ModelConfig, OptimConfig
 from jaxlm.model import TransformerLM, cross_entropy
+from jaxlm.optim import make_optimizer
+from jaxlm.step import make_train_step
 
 
 def device_kind() -> str:
     d = jax.devices()[0]
     return d.device_kind if d.platform != "cpu" else "cpu"
-
-
-def make_optimizer(lr: float = 1e-3) -> optax.GradientTransformation:
-    """SPEC section 2 AdamW with clipping at 1.0 (the training defaults; weight decay passed explicitly)."""
-    return optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
-    )
 
 
 @dataclass
@@ -53,7 +47,7 @@ def batch_arrays(cfg: ModelConfig, batch: int, context: int, seed: int = 0):
 
 
 def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, seed: int = 0) -> Step:
-    """forward -> logits; forward_backward -> (loss, grads); train_step -> (params, opt_state, loss)."""
+    """forward -> logits; forward_backward -> (loss, grads); train_step -> (train state, metrics)."""
     model = TransformerLM(cfg, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tokens, targets = batch_arrays(cfg, batch, context, seed)
@@ -70,16 +64,10 @@ def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, seed: int 
     if mode == "forward_backward":
         return Step(jax.jit(jax.value_and_grad(loss_fn)), (params, rest, tokens, targets), lambda args, out: args)
     if mode == "train_step":
-        tx = make_optimizer()
-        opt_state = tx.init(params)
-
-        def train_step(p, s, r, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(p, r, x, y)
-            updates, s = tx.update(grads, s, p)
-            return optax.apply_updates(p, updates), s, loss
-
-        jitted = jax.jit(train_step, donate_argnums=(0, 1))
-        return Step(jitted, (params, opt_state, rest, tokens, targets), lambda a, out: (out[0], out[1], *a[2:]))
+        tx, schedule = make_optimizer(OptimConfig(), total_steps=1000)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rest": rest}
+        jitted = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
+        return Step(jitted, (state, tokens, targets), lambda a, out: (out[0], *a[1:]))
     raise ValueError(f"unknown mode {mode!r}")
 
 
