@@ -83,7 +83,7 @@ def main():
     out = {
         "threads": torch.get_num_threads(), "compile": args.compile, "timed_steps": steps_timed,
         "step_time_s": timed / steps_timed, "tokens_per_s": steps_timed * B * T / timed,
-        "extrapolated_total_s": timed / steps_timed * total, "train_loss": float(loss),
+        "extrapolated_total_s": timed / steps_timed * total, "train_loss": loss.item(),
         "wall_s": time.perf_counter() - t0,
     }
     if args.steps == 0:
