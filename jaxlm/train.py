@@ -139,6 +139,9 @@ def train(cfg: Config) -> dict:
         state, ckpt_meta = ckpt.restore(abstract)
         start = int(ckpt_meta["data_step"])
         print(f"resumed from {ckpt.dir}/{ckpt_meta['step']}", file=sys.stderr)
+        if start >= cfg.train.steps:
+            print(f"the run in {run_dir} is already complete (step {start} of train.steps = {cfg.train.steps}); "
+                  "raise train.steps to continue it, or pass --no-resume to start over", file=sys.stderr)
     else:
         state = jax.jit(make_state, out_shardings=shardings)()
     if lead:
@@ -297,7 +300,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    print(f"done: step {summary['step']}, val loss {summary['val_loss']}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
+    val = "not evaluated in this invocation" if summary["val_loss"] is None else f"{summary['val_loss']:.4f}"
+    print(f"done: step {summary['step']}, val loss {val}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
     return 0
 
 

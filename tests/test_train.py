@@ -194,14 +194,14 @@ def test_every_shipped_config_parses(path):
 @pytest.mark.slow
 def test_quickstart_cli_end_to_end(tmp_path):
     """The README's first command, cut to a few steps, in a fresh directory (it prepares its own data)."""
-    r = subprocess.run(
-        [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
-         "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "train.eval_batches=2",
-         "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"],
-        env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    cmd = [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
+           "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "train.eval_batches=2",
+           "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--- sample after 6 steps ---" in r.stdout
+    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0 and "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
     run = tmp_path / "runs" / "quickstart"
     assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
