@@ -494,6 +494,9 @@ def main_bench(argv=None) -> int:
 
 
 def main(argv=None) -> int:
+    from jaxlm.host import tune_for_cpu_backend
+
+    tune_for_cpu_backend()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "bench":
         return main_bench(argv[1:])

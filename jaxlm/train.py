@@ -27,6 +27,7 @@ from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config, ConfigError, load_config
 from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
+from jaxlm.host import tune_for_cpu_backend
 from jaxlm.optim import make_optimizer
 from jaxlm.sample import sample_text
 from jaxlm.step import init_state, make_eval_step, make_multi_step, make_train_step, merge_model
@@ -112,6 +113,7 @@ def train(cfg: Config) -> dict:
     """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
     t_start = time.time()
     parallel.maybe_initialize_distributed(cfg.parallel)
+    tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
     P, p = jax.process_count(), jax.process_index()
     lead = p == 0
 

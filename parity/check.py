@@ -31,6 +31,7 @@ from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
 from jaxlm.config import Config, ConfigError, ModelConfig, OptimConfig, load_config  # noqa: E402
+from jaxlm.host import tune_for_cpu_backend  # noqa: E402
 from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
 from jaxlm.optim import make_optimizer  # noqa: E402
 from jaxlm.step import make_train_step, split_model  # noqa: E402
@@ -190,6 +191,7 @@ def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
 
 def main(argv=None) -> int:
     jax.config.update("jax_default_matmul_precision", "highest")  # no TF32 on GPUs: compare true float32
+    tune_for_cpu_backend()
     try:
         setup, args = parse_args(argv)
     except ConfigError as e:

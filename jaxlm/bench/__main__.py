@@ -119,6 +119,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         set_cpu_threads(args.threads)
+    from jaxlm.host import tune_for_cpu_backend
+
+    tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
     try:
         base = model_config(args.model, args.set)
     except ConfigError as e:
