@@ -41,13 +41,13 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
 import tomllib
+
+from jaxlm.data.tokenizer import find_shared_data
 
 
 class PlanError(ValueError):
@@ -165,24 +165,13 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-def find_shared_data() -> Path | None:
-    """`$JAXLM_SHARED_DATA`, else the first `shared/data` beside the working directory or one of its parents."""
-    env = os.environ.get("JAXLM_SHARED_DATA")
-    if env:
-        return Path(env)
-    for parent in [Path.cwd(), *Path.cwd().resolve().parents]:
-        if (parent / "shared" / "data").is_dir():
-            return parent / "shared" / "data"
-    return None
-
-
 def _substitute_shared(value: Any, where: str) -> Any:
     """Replace `{shared_data}` in strings (plans stay valid in any checkout beside shared/).
 
     Where no shared/data exists the placeholder stays, so the plan still parses; the runner
     refuses to start such a run (`unresolved_placeholder`)."""
     if isinstance(value, str) and "{shared_data}" in value:
-        root = find_shared_data()
+        root = find_shared_data(Path.cwd())  # plans run from a checkout beside shared/
         return value if root is None else value.replace("{shared_data}", str(root))
     if isinstance(value, list):
         return [_substitute_shared(v, where) for v in value]
