@@ -87,7 +87,7 @@ def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
     """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu'."""
     needs = spec.requires
     reason = spec.reason
-    if needs is None and (spec.set.get("model.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"):
+    if needs is None and (spec.set.get("compute.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"):
         needs, reason = "gpu", reason or "cuDNN flash attention needs an NVIDIA GPU (cuDNN)"
     if needs is None:
         return None
@@ -154,11 +154,11 @@ def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The bench CLI takes model overrides only: a plan's data/optim/train settings are left out,
-    so a bench run in a training plan measures the same model the training runs use."""
+    """The bench CLI gets the model and compute overrides only: a plan's data/optim/train settings are
+    left out, so a bench run in a training plan measures the same model the training runs use."""
     argv = [sys.executable, "-m", BENCH_MODULE, *cli_args(spec.args)]
     for k, v in spec.set.items():
-        if k.startswith("model."):
+        if k.startswith(("model.", "compute.")):
             argv += ["--set", f"{k}={toml_value(v)}"]
     return argv + ["--json", str(run_dir / "bench.json")]
 

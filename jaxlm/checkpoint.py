@@ -10,7 +10,7 @@ Run directory layout (everything `jaxlm.generate` needs, no flags):
 The data loader's batch of global step s is a pure function of (seed, s), so the
 data position is the step itself. Orbax writes each step to a temporary directory
 and renames it when complete, so a killed run leaves its last complete checkpoint
-usable. Saving is asynchronous; `wait()` before exit. Restores go against an
+usable. Saving is asynchronous; `close()` waits for it. Restores go against an
 abstract target (shapes, dtypes, shardings), never into plain dicts.
 
 PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
+from jaxlm.step import TrainState, build_model, split_model
 
 
 def _is_key(x) -> bool:
@@ -83,29 +84,27 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state, meta: dict, val_loss: float | None = None) -> None:
+    def save(self, state: TrainState, meta: dict, val_loss: float | None = None) -> None:
         step = int(meta["step"])
         if step in self.manager.all_steps():
             return
         self.manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(to_savable(state)), meta=ocp.args.JsonSave(meta)),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(to_savable(state.as_dict())), meta=ocp.args.JsonSave(meta)
+            ),
             metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
             force=True,
         )
 
-    def restore(self, abstract_state, step: int | None = None) -> tuple[Any, dict]:
+    def restore(self, abstract_state: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
         step = self.manager.latest_step() if step is None else step
+        target = abstract_state.as_dict()
         out = self.manager.restore(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_savable(abstract_state)), meta=ocp.args.JsonRestore()
-            ),
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore()),
         )
-        return from_savable(out["state"], abstract_state), dict(out["meta"])
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
+        return TrainState(**from_savable(out["state"], target)), dict(out["meta"])
 
     def close(self) -> None:
         self.manager.wait_until_finished()
@@ -141,12 +140,10 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     """
     from flax import nnx
 
-    from jaxlm.step import build_model, split_model
-
     run_dir, found_step = find_run_dir(run_or_ckpt_dir)
     step = step if step is not None else found_step
     cfg = load_config(run_dir / "config.toml")
-    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.train.seed))
+    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed))
     graphdef, params, rest = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "rest": rest}
@@ -173,7 +170,3 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
 
         tokenizer = load_tokenizer_from_meta(run_dir / "tokenizer")
     return model, cfg, tokenizer
-
-
-def read_json(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())

@@ -1,13 +1,19 @@
-"""One typed configuration tree, loaded from TOML with dotted `--set` overrides.
+"""One typed configuration tree, loaded from TOML with presets and dotted `--set` overrides.
 
-Every section is a frozen dataclass validated on construction; `load_config`
-names the offending key (``optim.lr``) whenever a value is unknown, mistyped or
-impossible.  This module imports nothing heavy: torchref shares `ModelConfig`.
+Every section is a frozen dataclass validated on construction. Errors name the
+key and the value (``optim.lr = -1.0: must be > 0``) and say where the value
+came from (the TOML file or the `--set` flag). Every field carries a one-line
+doc, printed by ``--help-config``. This module imports nothing heavy.
+
+`ModelConfig` is the architecture alone (what function the network computes);
+`ComputeConfig` is how jaxlm executes it (dtype, attention kernel, remat).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import sys
 import tomllib
 import types
 import typing
@@ -15,22 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, mistyped or inconsistent; the message names it."""
+from jaxlm.errors import ConfigError
 
 
-# --------------------------------------------------------------------------- model
+def opt(default: Any, doc: str):
+    """A dataclass field with a one-line doc (shown by --help-config)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
 
-# SPEC section 6: the profiling sizes (d_model, d_ff, num_layers, num_heads).
-MODEL_SIZES: dict[str, dict[str, int]] = {
-    "tinystories-17M": dict(d_model=512, d_ff=1344, num_layers=4, num_heads=16, context_length=256),
-    "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
-    "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-    "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
-}
+
+def _check(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {rule}")
 
 
 def default_d_ff(d_model: int, ffn: str) -> int:
@@ -40,49 +43,41 @@ def default_d_ff(d_model: int, ffn: str) -> int:
     return max(64, int(round(8 * d_model / 3 / 64)) * 64)
 
 
+# --------------------------------------------------------------------------- model and compute
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The Transformer LM of SPEC section 1, shared by jaxlm and torchref.
+    """The Transformer LM's architecture (docs/spec.md): what it computes, not how."""
 
-    The first block of fields fixes the function the model computes (both
-    frameworks honour them); the second says how jaxlm executes it.
-    """
-
-    vocab_size: int = 10000
-    context_length: int = 256
-    d_model: int = 512
-    num_layers: int = 4
-    num_heads: int = 16
-    d_ff: int | None = None  # None: default_d_ff(d_model, ffn)
-    rope_theta: float = 10000.0
-    norm: Literal["pre", "post", "none"] = "pre"
-    rope: bool = True
-    ffn: Literal["swiglu", "silu"] = "swiglu"
-    tie_embeddings: bool = False
-    dropout: float = 0.0
-    eps: float = 1e-5
-    window: int | None = None  # sliding-window attention: each query sees at most `window` previous keys
-
-    attention: Literal["xla", "cudnn", "auto"] = "xla"
-    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype; parameters stay float32
-    remat: Literal["none", "full", "dots_saveable", "offload"] = "none"
+    vocab_size: int = opt(10000, "number of token ids; at least the tokenizer's vocabulary")
+    context_length: int = opt(256, "longest sequence the model accepts (RoPE table length)")
+    d_model: int = opt(512, "width of the residual stream")
+    num_layers: int = opt(4, "number of Transformer blocks")
+    num_heads: int = opt(16, "attention heads; must divide d_model")
+    d_ff: int | None = opt(None, "feed-forward width; unset: 8/3 d_model rounded to 64 (swiglu), 4 d_model (silu)")
+    rope_theta: float = opt(10000.0, "RoPE base frequency")
+    norm: Literal["pre", "post", "none"] = opt("pre", "RMSNorm placement: pre-norm, post-norm, or no norms (ablation)")
+    rope: bool = opt(True, "rotary position embeddings on queries and keys; false = NoPE (ablation)")
+    ffn: Literal["swiglu", "silu"] = opt("swiglu", "gated SwiGLU or the ungated SiLU feed-forward (ablation)")
+    tie_embeddings: bool = opt(False, "share the output projection with the token embeddings")
+    dropout: float = opt(0.0, "dropout on attention probabilities and residual branches, training only")
+    eps: float = opt(1e-5, "RMSNorm epsilon")
+    window: int | None = opt(None, "sliding-window attention: each query sees itself and at most this many previous keys")
 
     def __post_init__(self):
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", default_d_ff(self.d_model, self.ffn))
         for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.num_heads:
-            raise ConfigError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
-        if self.rope and self.head_dim % 2:
-            raise ConfigError(f"RoPE needs an even head size, got d_model/num_heads = {self.head_dim}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.window is not None and self.window < 1:
-            raise ConfigError(f"window must be >= 1 or unset, got {self.window}")
-        if self.attention == "cudnn" and self.dtype == "float32":
-            raise ConfigError("attention='cudnn' needs dtype='bfloat16' (cuDNN has no float32 attention kernel)")
+            _check(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
+        _check(self.d_model % self.num_heads == 0, "d_model", self.d_model,
+               f"must be divisible by num_heads ({self.num_heads})")
+        _check(not (self.rope and self.head_dim % 2), "num_heads", self.num_heads,
+               f"RoPE needs an even head size, got d_model / num_heads = {self.head_dim}")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.window is None or self.window >= 1, "window", self.window, "must be >= 1 or unset")
+        _check(self.rope_theta > 0 and self.eps > 0, "rope_theta" if self.rope_theta <= 0 else "eps",
+               self.rope_theta if self.rope_theta <= 0 else self.eps, "must be > 0")
 
     @property
     def head_dim(self) -> int:
@@ -90,10 +85,51 @@ class ModelConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
-        """A SPEC section 6 size (`small`, `large`, ...) with vocab 10000 unless overridden."""
-        if name not in MODEL_SIZES:
-            raise ConfigError(f"unknown model size '{name}'; known: {', '.join(MODEL_SIZES)}")
-        return cls(**{**MODEL_SIZES[name], **overrides})
+        """The model of preset `name` (`small`, `gpt2-xl`, ...), with field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name].get("model", {}), **overrides})
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How jaxlm executes the model; none of this changes the function it computes (beyond rounding)."""
+
+    dtype: Literal["float32", "bfloat16"] = opt(
+        "float32", "compute dtype of matmuls and activations; parameters, norms, softmax and loss stay float32")
+    attention: Literal["xla", "cudnn", "auto"] = opt(
+        "xla", "attention kernel: xla (einsums), cudnn (fused, NVIDIA GPU, bfloat16), auto (cudnn where it can run)")
+    remat: Literal["none", "full", "dots_saveable", "offload"] = opt(
+        "none", "rematerialisation policy per block: recompute activations in the backward pass to save memory")
+
+    def __post_init__(self):
+        _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
+               "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
+
+
+# --------------------------------------------------------------------------- presets
+
+_SIZES = {  # d_model, d_ff, num_layers, num_heads
+    "small": (768, 3072, 12, 12),
+    "medium": (1024, 4096, 24, 16),
+    "large": (1280, 5120, 36, 20),
+    "xl": (1600, 6400, 48, 25),
+    "2.7B": (2560, 10240, 32, 32),
+}
+
+
+def _preset(d_model, d_ff, num_layers, num_heads, vocab_size=10000, context_length=1024) -> dict:
+    return {"model": dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model, d_ff=d_ff,
+                          num_layers=num_layers, num_heads=num_heads)}
+
+
+# Named model sizes, usable by every command as `--preset NAME`: the curriculum's profiling sizes
+# (vocab 10000) and GPT-2's (vocab 50257, untied here as in docs/spec.md).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tinystories-17M": _preset(512, 1344, 4, 16, context_length=256),
+    **{name: _preset(*dims) for name, dims in _SIZES.items()},
+    **{f"gpt2-{name}": _preset(*_SIZES[name], vocab_size=50257) for name in ("small", "medium", "large", "xl")},
+}
 
 
 # --------------------------------------------------------------------------- training run
@@ -101,109 +137,116 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where tokens come from. `dir` holds train.bin / val.bin + meta.json (see jaxlm.data)."""
+    """Where tokens come from: `dir` holds train.bin / val.bin + meta.json (see docs/data.md)."""
 
-    dir: str = "runs/data/quickstart"
-    # Text to tokenise into `dir` when it has no token files yet; "pydoc" is Python's own docs.
-    source: list[str] = field(default_factory=lambda: ["pydoc"])
-    tokenizer: str = "bytes"  # bytes | gpt2 | path to a directory with vocab.json + merges.txt
-    val_fraction: float = 0.1
-    batch_size: int = 16  # global batch, in sequences, per optimizer step
-    num_workers: int = 0
-    prefetch: int = 2
+    dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
+    source: list[str] = opt(["pydoc"], "text files to tokenise into `dir`; \"pydoc\" is Python's bundled docs")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
+    val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
+    batch_size: int = opt(16, "global batch in sequences per optimizer step")
+    num_workers: int = opt(0, "grain worker processes for loading (0: in the main process)")
+    prefetch: int = opt(2, "batches prepared ahead of the step")
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be >= 0")
+        _check(self.prefetch >= 1, "prefetch", self.prefetch, "must be >= 1")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warmup then cosine decay (SPEC section 2) and global-norm clipping."""
+    """AdamW with linear warmup then cosine decay (docs/spec.md) and global-norm clipping."""
 
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    cosine_steps: int | None = None  # T_c; None: train.steps
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0  # 0 disables clipping
+    lr: float = opt(1e-3, "peak learning rate, reached after warmup")
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine and after it")
+    warmup_steps: int = opt(100, "linear warmup from 0 to lr over this many steps")
+    cosine_steps: int | None = opt(None, "step at which the cosine reaches min_lr; unset: train.steps")
+    beta1: float = opt(0.9, "AdamW first-moment decay")
+    beta2: float = opt(0.95, "AdamW second-moment decay")
+    eps: float = opt(1e-8, "AdamW epsilon, added to sqrt(v)")
+    weight_decay: float = opt(0.1, "decoupled weight decay (times lr)")
+    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this; 0 disables clipping")
 
     def __post_init__(self):
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ConfigError(f"betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
-        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ConfigError("warmup_steps, grad_clip and weight_decay must be >= 0")
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        for name in ("beta1", "beta2"):
+            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
+        for name in ("eps", "weight_decay", "grad_clip"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1000
-    grad_accum: int = 1  # micro-batches per step; data.batch_size must divide by it
-    seed: int = 0
-    out_dir: str = "runs/quickstart"
-    eval_every: int = 200
-    eval_batches: int = 20
-    # Optimizer steps per jitted call (a lax.scan over that many batches): fewer dispatches and
-    # host syncs, which dominate small models on CPU. Calls are cut at eval/checkpoint/sample steps.
-    steps_per_call: int = 1
+    """The run: how long, where it is written, how often it is evaluated."""
+
+    steps: int = opt(1000, "optimizer steps of the whole run")
+    grad_accum: int = opt(1, "micro-batches per step; data.batch_size must divide by it")
+    seed: int = opt(0, "seeds the initial parameters, the data order and dropout")
+    out_dir: str = opt("runs/quickstart", "run directory: config, checkpoints, metrics, TensorBoard events")
+    eval_every: int = opt(200, "evaluate on the validation split every this many steps (and at the end)")
+    eval_batches: int = opt(20, "validation batches per evaluation")
+    steps_per_call: int = opt(1, "optimizer steps per jitted call (a lax.scan); cut at eval/checkpoint/sample steps")
 
     def __post_init__(self):
-        if min(self.steps, self.grad_accum, self.eval_every, self.eval_batches, self.steps_per_call) < 1:
-            raise ConfigError("steps, grad_accum, eval_every, eval_batches and steps_per_call must be >= 1")
+        for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    every: int = 10
-    tensorboard: bool = True
-    profile_steps: list[int] = field(default_factory=list)  # [first, last] step to trace, or empty
-    sample_every: int = 0  # 0: only at the end
-    sample_tokens: int = 200
-    sample_prompt: str = "The "
-    sample_temperature: float = 0.8  # 0: greedy
-    progress: bool = True
-    peak_flops: float | None = None  # per-device peak FLOP/s for MFU where jaxlm.flops has no entry
+    """What the run reports, and when."""
+
+    every: int = opt(10, "log training metrics every this many steps")
+    tensorboard: bool = opt(True, "write TensorBoard event files to RUN/tb")
+    profile_steps: list[int] = opt([], "[first, last] global steps to trace with the XLA profiler; empty: none")
+    sample_every: int = opt(0, "print a text sample every this many steps; 0: only at the end")
+    sample_tokens: int = opt(200, "tokens per sample")
+    sample_prompt: str = opt("The ", "prompt of the samples")
+    sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
+    progress: bool = opt(True, "show a progress bar")
+    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.flops has no entry")
 
     def __post_init__(self):
-        if self.every < 1 or self.sample_every < 0 or self.sample_tokens < 0 or self.sample_temperature < 0:
-            raise ConfigError("every must be >= 1; sample_every, sample_tokens and sample_temperature >= 0")
-        if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] > self.profile_steps[1]):
-            raise ConfigError(f"profile_steps must be [first, last], got {self.profile_steps}")
+        _check(self.every >= 1, "every", self.every, "must be >= 1")
+        for name in ("sample_every", "sample_tokens", "sample_temperature"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        p = self.profile_steps
+        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p, "must be [first, last] with first <= last")
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 500
-    keep: int = 2
-    keep_best: bool = False  # also keep the checkpoint with the lowest validation loss
-    resume: bool = True  # continue from the run directory's latest checkpoint if there is one
+    """When checkpoints are written and which are kept."""
+
+    every: int = opt(500, "save every this many steps (and at the end, and on SIGTERM)")
+    keep: int = opt(2, "keep the newest this many checkpoints")
+    keep_best: bool = opt(False, "also keep the checkpoint with the lowest validation loss")
+    resume: bool = opt(True, "continue from the run directory's newest checkpoint when there is one")
 
     def __post_init__(self):
-        if self.every < 1 or self.keep < 1:
-            raise ConfigError("checkpoint.every and checkpoint.keep must be >= 1")
+        _check(self.every >= 1, "every", self.every, "must be >= 1")
+        _check(self.keep >= 1, "keep", self.keep, "must be >= 1")
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
     """Data parallelism over all devices; `fsdp` also shards parameters and optimizer state."""
 
-    fsdp: bool = False
-    distributed: bool = False  # call jax.distributed.initialize() (Slurm / env / the fields below)
-    coordinator: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
+    fsdp: bool = opt(False, "shard parameters and optimizer state over the devices (ZeRO-3 style)")
+    distributed: bool = opt(False, "call jax.distributed.initialize() (Slurm, environment, or the fields below)")
+    coordinator: str | None = opt(None, "coordinator address host:port for several processes")
+    num_processes: int | None = opt(None, "number of processes")
+    process_id: int | None = opt(None, "this process's index")
 
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -212,13 +255,11 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
-        if self.data.batch_size % self.train.grad_accum:
-            raise ConfigError(
-                f"data.batch_size ({self.data.batch_size}) must be divisible by train.grad_accum ({self.train.grad_accum})"
-            )
+        _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
+               f"must be divisible by train.grad_accum ({self.train.grad_accum})")
 
 
-# --------------------------------------------------------------------------- loading
+# --------------------------------------------------------------------------- typed loading
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
@@ -246,11 +287,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+            raise ConfigError(f"{key} = {value!r}: not one of {', '.join(map(repr, choices))}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key} = {value!r}: expected a list")
         (item,) = typing.get_args(tp)[:1] or (Any,)
         return origin(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
     if tp is Any:
@@ -258,8 +299,14 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{key} = {value!r}: expected {tp.__name__}, got {type(value).__name__}")
     return value
+
+
+def _unknown_key(key: str, names: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return ConfigError(f"unknown key '{key}'; {hint}valid keys here: {', '.join(names)}")
 
 
 def from_dict(cls, data: dict, prefix: str = ""):
@@ -268,24 +315,41 @@ def from_dict(cls, data: dict, prefix: str = ""):
     names = [f.name for f in dataclasses.fields(cls)]
     for k in data:
         if k not in names:
-            raise ConfigError(f"unknown key '{prefix}{k}'; valid keys here: {', '.join(names)}")
+            raise _unknown_key(prefix + k, names)
     kwargs = {k: _coerce(hints[k], v, prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from None
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(prefix) else prefix + msg) from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b=value` -> (['a', 'b'], value); the value is read as TOML, else taken as a string."""
     if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form section.key=value")
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE")
     key, raw = text.split("=", 1)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
     return key.strip().split("."), value
+
+
+def check_override(cls, path: list[str], value: Any) -> None:
+    """Raise ConfigError if `path` is not a key of `cls` or `value` has the wrong type for it."""
+    hints, prefix = typing.get_type_hints(cls), ""
+    for i, part in enumerate(path):
+        names = list(hints)
+        if part not in hints:
+            raise _unknown_key(prefix + part, names)
+        tp = hints[part]
+        if i < len(path) - 1:
+            if not dataclasses.is_dataclass(tp):
+                raise ConfigError(f"'{prefix + part}' is a value, not a section")
+            hints, prefix = typing.get_type_hints(tp), prefix + part + "."
+        elif not dataclasses.is_dataclass(tp):
+            _coerce(tp, value, prefix + part)
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -295,8 +359,6 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override '{text}': '{part}' is a value, not a section")
         node[path[-1]] = value
     return data
 
@@ -305,52 +367,116 @@ def _deepcopy(d):
     return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), cls=Config):
-    """Read TOML at `path` (or start from defaults), apply `--set` overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+def _merge(base: dict, top: dict) -> dict:
+    out = _deepcopy(base)
+    for k, v in top.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+_MOVED_TO_COMPUTE = ("dtype", "attention", "remat")
+
+
+def _migrate(data: dict, where: str) -> dict:
+    """Move the old `model.dtype/attention/remat` keys to [compute], with a deprecation line."""
+    model = data.get("model")
+    if not isinstance(model, dict) or not any(k in model for k in _MOVED_TO_COMPUTE):
+        return data
+    data = _deepcopy(data)
+    for k in _MOVED_TO_COMPUTE:
+        if k in data["model"]:
+            data.setdefault("compute", {}).setdefault(k, data["model"].pop(k))
+            print(f"warning: {where}: model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
+    return data
+
+
+def _migrate_override(text: str) -> str:
+    key = text.split("=", 1)[0].strip()
+    for k in _MOVED_TO_COMPUTE:
+        if key == f"model.{k}":
+            print(f"warning: --set model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
+            return f"compute.{k}=" + text.split("=", 1)[1]
+    return text
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
     try:
-        return from_dict(cls, apply_overrides(data, list(overrides)))
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
+    """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
+    data = _migrate(read_toml(path), str(path)) if path is not None else {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
+        data = _merge(data, PRESETS[preset])
+    overrides = [_migrate_override(t) for t in overrides]
+    for text in overrides:
+        try:
+            check_override(cls, *parse_override(text))
+        except ConfigError as e:
+            raise ConfigError(f"--set {text}: {e}") from None
+    try:
+        return from_dict(cls, apply_overrides(data, overrides))
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}" if path else str(e)) from None
+        raise ConfigError(f"{_blame(str(e), path, overrides)}: {e}") from None
+
+
+def _blame(message: str, path, overrides: list[str]) -> str:
+    """The --set flag that set the failing key, else the file (with the flags of the same section)."""
+    keys = [t.split("=", 1)[0].strip() for t in overrides]
+    exact = [t for t, k in zip(overrides, keys) if message.startswith(k + " ")]
+    if exact:
+        return f"--set {exact[-1]}"
+    section = message.split(".", 1)[0]
+    near = [t for t, k in zip(overrides, keys) if k.split(".", 1)[0] == section]
+    where = str(path) if path is not None else "defaults"
+    return where + "".join(f" with --set {t}" for t in near)
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as nested dicts, without unset (None) values: what config.toml holds."""
+
+    def clean(d):
+        return {k: clean(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    return clean(dataclasses.asdict(cfg))
 
 
 def dumps_toml(data: dict) -> str:
-    """A small TOML writer for config dicts (sections of scalars and lists); None values are omitted."""
-    lines: list[str] = []
+    import tomli_w
 
-    def scalar(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(scalar(x) for x in v) + "]"
-        raise TypeError(f"cannot write {v!r} as TOML")
+    return tomli_w.dumps(data)
 
-    def section(name, d):
-        plain = {k: v for k, v in d.items() if not isinstance(v, dict) and v is not None}
-        if plain and name:
-            lines.append(f"[{name}]")
-        lines.extend(f"{k} = {scalar(v)}" for k, v in plain.items())
-        if plain:
-            lines.append("")
-        for k, v in d.items():
-            if isinstance(v, dict):
-                section(f"{name}.{k}" if name else k, v)
 
-    section("", data)
-    return "\n".join(lines)
+def help_config(cls=Config, prefix: str = "") -> str:
+    """Every key of the tree with its type, default and doc, one line each."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"\n[{prefix}{f.name}]  {(tp.__doc__ or '').strip().splitlines()[0]}")
+            lines.append(help_config(tp, prefix + f.name + "."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "unset" if default is None else dumps_toml({"v": default})[4:].strip()
+        lines.append(f"  {prefix}{f.name} = {shown}  ({_type_name(tp)})  {f.metadata.get('doc', '')}")
+    return "\n".join(lines).lstrip("\n")
+
+
+def _type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(map(repr, args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("unset" if a is type(None) else _type_name(a) for a in args)
+    if origin in (list, tuple):
+        return f"list of {_type_name(args[0])}" if args else "list"
+    return getattr(tp, "__name__", str(tp))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 
 ADAMW_FLOPS_PER_PARAM = 12  # two moment updates, bias correction, sqrt, divide, decay, step
 
@@ -48,7 +48,7 @@ PEAK_FLOPS: dict[tuple[str, str], float] = {
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per component (SPEC section 1 shapes)."""
+    """Parameters per component (docs/spec.md shapes)."""
     d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
     norms = 0 if cfg.norm == "none" else 2 * d
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
@@ -112,9 +112,10 @@ def peak_flops(device_kind: str, dtype: str, override: float | None = None) -> f
     return None
 
 
-def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, device_kind: str, num_devices: int = 1, override: float | None = None) -> float | None:
+def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, device_kind: str, num_devices: int = 1,
+        dtype: str = "float32", override: float | None = None) -> float | None:
     """Model FLOPs utilisation: achieved training FLOP/s over the devices' peak (None if the peak is unknown)."""
-    peak = peak_flops(device_kind, cfg.dtype, override)
+    peak = peak_flops(device_kind, dtype, override)
     if peak is None:
         return None
     return tokens_per_second * train_flops_per_token(cfg, seq_len) / (peak * num_devices)
@@ -157,35 +158,36 @@ class ActivationMemory:
 
 
 def activation_memory(
-    cfg: ModelConfig, batch: int, seq_len: int, *, fused_attention: bool | None = None
+    cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(), *,
+    fused_attention: bool | None = None,
 ) -> ActivationMemory:
     """Activation bytes saved for backward (see the module docstring for the model).
 
     fused_attention: whether attention is a fused kernel that keeps no T x T
-    probabilities (cudnn; torch's SDPA). Default: cfg.attention == "cudnn".
+    probabilities (cudnn; torch's SDPA). Default: compute.attention == "cudnn".
     remat "full" keeps each block's input plus one block's working set;
     "dots_saveable" / "offload" keep the matmul outputs only.
     """
-    a = DTYPE_BYTES[cfg.dtype]
+    a = DTYPE_BYTES[compute.dtype]
     d, f, v, n, h, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers, cfg.num_heads, seq_len
     tokens = batch * t
     if fused_attention is None:
-        fused_attention = cfg.attention == "cudnn"
+        fused_attention = compute.attention == "cudnn"
     probs = h * 4 if fused_attention else h * t * 4  # per token: log-sum-exp only, or f32 probabilities
     gated = cfg.ffn == "swiglu"
     norm = 2 * d if cfg.norm != "none" else 0  # norm input and output
     attn_tok = a * (norm + 3 * d + (2 * d if cfg.rope else 0) + d) + probs
     ffn_tok = a * (norm + (4 * f if gated else 2 * f))
-    if cfg.remat == "full":
+    if compute.remat == "full":
         # Only each block's input survives; the backward rebuilds one block at a time.
         attn_all = tokens * (n * a * d + attn_tok)
         ffn_all = tokens * ffn_tok
-    elif cfg.remat in ("dots_saveable", "offload"):
+    elif compute.remat in ("dots_saveable", "offload"):
         # Matmul outputs: q, k, v, scores (f32), attention @ v, output_proj; w1, w3, w2.
         scores = 0 if fused_attention else h * t * 4
         attn_dots = a * 5 * d + scores
         ffn_dots = a * ((2 if gated else 1) * f + d)
-        scale = 0.0 if cfg.remat == "offload" else 1.0  # offload moves them to host memory
+        scale = 0.0 if compute.remat == "offload" else 1.0  # offload moves them to host memory
         attn_all = tokens * (n * (a * d + scale * attn_dots))
         ffn_all = tokens * n * scale * ffn_dots
     else:
@@ -195,7 +197,8 @@ def activation_memory(
     return ActivationMemory(embedding=tokens * a * d, attention=attn_all, ffn=ffn_all, lm_head=head)
 
 
-def memory_estimate(cfg: ModelConfig, batch: int, seq_len: int, mode: str, *, fused_attention: bool | None = None) -> dict[str, float]:
+def memory_estimate(cfg: ModelConfig, batch: int, seq_len: int, mode: str, compute: ComputeConfig = ComputeConfig(), *,
+                    fused_attention: bool | None = None) -> dict[str, float]:
     """Estimated peak bytes of one step: parameters (float32), gradients, AdamW moments, activations.
 
     forward keeps no activations for backward: its working set is one layer's
@@ -203,9 +206,9 @@ def memory_estimate(cfg: ModelConfig, batch: int, seq_len: int, mode: str, *, fu
     """
     p = param_counts(cfg)["total"]
     est = {"params": 4.0 * p, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
-    act = activation_memory(cfg, batch, seq_len, fused_attention=fused_attention)
+    act = activation_memory(cfg, batch, seq_len, compute, fused_attention=fused_attention)
     if mode == "forward":
-        one_layer = (act.attention + act.ffn) / max(cfg.num_layers, 1) if cfg.remat == "none" else 0.0
+        one_layer = (act.attention + act.ffn) / max(cfg.num_layers, 1) if compute.remat == "none" else 0.0
         est["activations"] = act.lm_head + one_layer
     else:
         est["activations"] = act.total

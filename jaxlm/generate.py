@@ -2,7 +2,7 @@
 
     python -m jaxlm.generate --run RUN --prompt "Once upon a time" [--max-new-tokens N]
         [--temperature T] [--top-p P] [--top-k K] [--seed S] [--num-samples M] [--stream] [--no-cache]
-    python -m jaxlm.generate bench [--config F] [--size NAME] [--set model.k=v ...] [--new-tokens 256] [--batch 1]
+    python -m jaxlm.generate bench [--config F] [--preset NAME] [--set model.k=v ...] [--new-tokens 256] [--batch 1]
 
 Design (docs/generate.md has the long version):
 
@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlm.errors import CheckpointError
 from jaxlm.model import KVCache, TransformerLM
 
 # --------------------------------------------------------------------------- sampling
@@ -303,10 +304,6 @@ class StreamDecoder:
 # --------------------------------------------------------------------------- CLI: generate
 
 
-class CheckpointError(RuntimeError):
-    """The run / checkpoint directory is missing or cannot be restored."""
-
-
 def load_for_generation(path: str | Path):
     """(model, cfg, tokenizer) via jaxlm.checkpoint.restore_for_inference, with errors that name the path."""
     path = Path(path)
@@ -410,36 +407,14 @@ def _report_stop(reason: str, context_length: int) -> None:
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "quickstart.toml"
 
 
-def bench_model_config(config: str | None, size: str | None, sets: Sequence[str], min_context: int):
-    """The model to benchmark: a config file's [model] (default: quickstart.toml) or a SPEC size, plus --set.
-
-    context_length is raised to `min_context` when smaller, so prompt + new tokens fit.
-    """
-    import tomllib
-
-    from jaxlm.config import MODEL_SIZES, Config, apply_overrides, from_dict
-
-    if size is not None:
-        if size not in MODEL_SIZES:
-            raise SystemExit(f"error: unknown size {size!r}; known: {', '.join(MODEL_SIZES)}")
-        data = {"model": {"vocab_size": 10000, **MODEL_SIZES[size]}}
-    else:
-        path = Path(config) if config else QUICKSTART
-        data = {"model": tomllib.loads(path.read_text()).get("model", {})} if path.is_file() else {}
-    data = apply_overrides(data, list(sets))
-    cfg = from_dict(Config, data).model
-    if cfg.context_length < min_context:
-        cfg = dataclasses.replace(cfg, context_length=min_context)
-    return cfg
-
-
-def bench(cfg, *, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, seed: int = 0, modes=("cache", "no-cache")) -> dict:
+def bench(cfg, compute, *, batch: int, prompt_tokens: int, new_tokens: int, repeats: int, seed: int = 0,
+          modes=("cache", "no-cache")) -> dict:
     """Greedy tokens/s of a random-init model, with and without the KV cache (compile excluded)."""
-    model = TransformerLM(cfg, rngs=nnx.Rngs(seed))
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(seed))
     gen = Generator(model)
     rng = np.random.default_rng(seed)
     prompts = rng.integers(0, cfg.vocab_size, size=(batch, prompt_tokens)).tolist()
-    out = {"model": dataclasses.asdict(cfg), "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+    out = {"model": dataclasses.asdict(cfg), "compute": dataclasses.asdict(compute), "batch": batch, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
            "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend()}
     for mode in modes:
         use_cache = mode == "cache"
@@ -464,9 +439,9 @@ def bench(cfg, *, batch: int, prompt_tokens: int, new_tokens: int, repeats: int,
 def main_bench(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxlm.generate bench",
                                  description="Tokens/s of generation with and without the KV cache (random-init model).")
-    ap.add_argument("--config", help="TOML whose [model] is used (default experiments/configs/quickstart.toml)")
-    ap.add_argument("--size", help="a SPEC section 6 size instead (tinystories-17M, small, ...), vocab 10000")
-    ap.add_argument("--set", action="append", default=[], metavar="model.k=v", help="override a model field")
+    from jaxlm import cli
+
+    cli.add_config_args(ap)  # [model] and [compute]; default: experiments/configs/quickstart.toml
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--batch", type=int, default=1)
@@ -474,13 +449,16 @@ def main_bench(argv=None) -> int:
     ap.add_argument("--mode", choices=("both", "cache", "no-cache"), default="both")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    cfg = bench_model_config(args.config, args.size, args.set, args.prompt_tokens + args.new_tokens)
+    full = cli.load_config_from_args(args, path=QUICKSTART if args.preset is None else None)
+    cfg = full.model
+    if cfg.context_length < args.prompt_tokens + args.new_tokens:  # prompt + new tokens must fit
+        cfg = dataclasses.replace(cfg, context_length=args.prompt_tokens + args.new_tokens)
     modes = ("cache", "no-cache") if args.mode == "both" else (args.mode,)
-    res = bench(cfg, batch=args.batch, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+    res = bench(cfg, full.compute, batch=args.batch, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                 repeats=args.repeats, modes=modes)
     m = res["model"]
     print(f"model d_model={m['d_model']} layers={m['num_layers']} heads={m['num_heads']} d_ff={m['d_ff']} "
-          f"vocab={m['vocab_size']} context={m['context_length']} dtype={m['dtype']}; {res['backend']} "
+          f"vocab={m['vocab_size']} context={m['context_length']} dtype={res['compute']['dtype']}; {res['backend']} "
           f"({res['device']}); batch {args.batch}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens")
     for mode in modes:
         r = res[mode]

@@ -1,20 +1,22 @@
-"""The Transformer LM of SPEC section 1 in Flax NNX, written bottom-up.
+"""The Transformer LM of docs/spec.md in Flax NNX, written bottom-up.
 
 Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
 ``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
 and there are no biases, so conversion (parity/convert.py) is a table of names.
 
+`ModelConfig` fixes what the network computes; `ComputeConfig` how it runs.
+
 Precision policy (the one place it is decided: `Precision`, built once from
-``cfg.dtype`` in `TransformerLM.__init__` and handed to every layer):
+``compute.dtype`` in `TransformerLM.__init__` and handed to every layer):
   * parameters are stored in float32;
   * `Precision.cast` converts parameters and activations to the compute dtype
-    (``cfg.dtype``) at use, inside `Linear` and `Embedding`; the residual stream
+    (``compute.dtype``) at use, inside `Linear` and `Embedding`; the residual stream
     runs in the compute dtype;
   * RMSNorm, RoPE rotations, the attention softmax and the loss compute in
     float32 and cast back.
 
 Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
-``cfg.remat`` names a `jax.checkpoint` policy that wraps every block.
+``compute.remat`` names a `jax.checkpoint` policy that wraps every block.
 
 Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
 """
@@ -31,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlm.attention import attention
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 
 # --------------------------------------------------------------------------- policies
 
@@ -47,8 +49,8 @@ class Precision:
         return x.astype(self.compute)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> "Precision":
-        return cls(compute=jnp.dtype(cfg.dtype))
+    def from_config(cls, compute: ComputeConfig) -> "Precision":
+        return cls(compute=jnp.dtype(compute.dtype))
 
 
 def _offload_policy():
@@ -181,13 +183,13 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal self-attention; RoPE on q and k when the caller passes tables."""
 
-    def __init__(self, cfg: ModelConfig, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
         d = cfg.d_model
         self.q_proj = Linear(d, d, precision=precision, rngs=rngs)
         self.k_proj = Linear(d, d, precision=precision, rngs=rngs)
         self.v_proj = Linear(d, d, precision=precision, rngs=rngs)
         self.output_proj = Linear(d, d, precision=precision, rngs=rngs)
-        self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, cfg.attention
+        self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, implementation
         self.dropout_rate = cfg.dropout
 
     def _qkv(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -256,12 +258,12 @@ def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 class TransformerBlock(nnx.Module):
     """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
 
-    def __init__(self, cfg: ModelConfig, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, attention: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
         self.norm = cfg.norm
         if cfg.norm != "none":
             self.ln1 = RMSNorm(cfg.d_model, cfg.eps)
             self.ln2 = RMSNorm(cfg.d_model, cfg.eps)
-        self.attn = CausalSelfAttention(cfg, precision=precision, rngs=rngs)
+        self.attn = CausalSelfAttention(cfg, attention, precision=precision, rngs=rngs)
         self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs)
         self.dropout_rate = cfg.dropout
 
@@ -310,12 +312,14 @@ def _block_forward(block: TransformerBlock, x, rope, dropout_key):
 class TransformerLM(nnx.Module):
     """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        precision = Precision.from_config(cfg)
+    def __init__(self, cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), *, rngs: nnx.Rngs):
+        self.cfg, self.compute = cfg, compute
+        precision = Precision.from_config(compute)
         self.precision = precision
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
-        self.layers = nnx.List([TransformerBlock(cfg, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List(
+            [TransformerBlock(cfg, compute.attention, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)]
+        )
         if cfg.norm != "none":
             self.ln_final = RMSNorm(cfg.d_model, cfg.eps)
         if not cfg.tie_embeddings:
@@ -325,8 +329,8 @@ class TransformerLM(nnx.Module):
         # One dropout stream, forked after every parameter is drawn, so the initial
         # parameters do not depend on cfg.dropout. None when dropout is off.
         self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
-        if cfg.remat not in REMAT_POLICIES:
-            raise ValueError(f"unknown remat policy {cfg.remat!r}; known: {', '.join(REMAT_POLICIES)}")
+        if compute.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {compute.remat!r}; known: {', '.join(REMAT_POLICIES)}")
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
         """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
@@ -344,7 +348,7 @@ class TransformerLM(nnx.Module):
         keys = [None] * len(self.layers)
         if not deterministic and self.dropout_rngs is not None:
             keys = list(jax.random.split(self.dropout_rngs(), len(self.layers)))
-        policy = REMAT_POLICIES[self.cfg.remat]  # the one place remat is applied
+        policy = REMAT_POLICIES[self.compute.remat]  # the one place remat is applied
         block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
         for block, key in zip(self.layers, keys):
             x = block_fwd(block, x, rope, key)  # (B, T, D)

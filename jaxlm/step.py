@@ -1,12 +1,5 @@
 """The train state, one pure train step (with accumulation) and the eval step.
 
-The train state is a plain dict pytree, so it jits, shards and checkpoints as is:
-
-    {"step": int32 scalar,          # optimizer updates done = next global step
-     "params": nnx.State,           # nnx.Param leaves, float32
-     "opt_state": optax state,      # clip + AdamW moments, float32
-     "rest": nnx.State}             # everything else in the model (RoPE tables, dropout RNG)
-
 `train_step(state, x, y) -> (state, metrics)` does forward, loss, backward,
 global-norm clipping and the AdamW update; with ``grad_accum = A`` the batch
 (B, T) is cut into A micro-batches of B/A rows (rows j, j+A, j+2A, ... form
@@ -18,6 +11,7 @@ Metrics: ``loss`` (mean over the batch), ``grad_norm`` (before clipping),
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -25,14 +19,36 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.model import TransformerLM, cross_entropy, token_accuracy
 
-TrainState = dict[str, Any]
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """Everything a train step reads and writes; a pytree, so it jits, shards and checkpoints as is."""
+
+    step: jax.Array  # int32 scalar: optimizer updates done = the next global step
+    params: nnx.State  # the trainable nnx.Param leaves, float32
+    opt_state: Any  # optax state: clipping + AdamW moments, float32
+    rest: nnx.State  # every other model variable (RoPE tables, dropout RNG)
+
+    @classmethod
+    def create(cls, model: nnx.Module, tx: optax.GradientTransformation) -> "TrainState":
+        """The one constructor: step 0, the model's variables, a fresh optimizer state."""
+        _, params, rest = split_model(model)
+        return cls(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
+
+    def model(self, graphdef) -> TransformerLM:
+        return nnx.merge(graphdef, self.params, self.rest)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The checkpointed form (orbax stores dicts of arrays)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def build_model(cfg: ModelConfig, seed: int) -> TransformerLM:
-    return TransformerLM(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0) -> TransformerLM:
+    return TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
 
 
 def split_model(model: nnx.Module):
@@ -40,15 +56,10 @@ def split_model(model: nnx.Module):
     return nnx.split(model, nnx.Param, ...)
 
 
-def init_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int):
+def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int):
     """(graphdef, state-maker): call the maker under `jax.jit(..., out_shardings=...)` to build it sharded."""
-    graphdef, _, _ = split_model(nnx.eval_shape(lambda: build_model(model_cfg, seed)))
-
-    def make() -> TrainState:
-        _, params, rest = split_model(build_model(model_cfg, seed))
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rest": rest}
-
-    return graphdef, make
+    graphdef, _, _ = split_model(nnx.eval_shape(lambda: build_model(model_cfg, compute, seed)))
+    return graphdef, lambda: TrainState.create(build_model(model_cfg, compute, seed), tx)
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1):
@@ -66,7 +77,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, x: jax.Array, y: jax.Array):
-        params, rest = state["params"], state["rest"]
+        params, rest = state.params, state.rest
         if grad_accum == 1:
             (loss, rest), grads = grad_fn(params, rest, x, y)
         else:
@@ -85,16 +96,15 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
             grads = jax.tree.map(lambda g: g / A, gsum)
             loss = lsum / A
         grad_norm = optax.global_norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        updates, opt_state = tx.update(grads, state.opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {
             "loss": loss,
             "grad_norm": grad_norm,
             "param_norm": optax.global_norm(params),
-            "lr": jnp.asarray(schedule(state["step"]), jnp.float32),
+            "lr": jnp.asarray(schedule(state.step), jnp.float32),
         }
-        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state, "rest": rest}
-        return new_state, metrics
+        return TrainState(state.step + 1, params, opt_state, rest), metrics
 
     return train_step
 
@@ -109,14 +119,10 @@ def make_multi_step(train_step):
 
 
 def make_eval_step(graphdef):
-    """(params, rest, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
+    """(state, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
 
-    def eval_step(params, rest, x, y):
-        logits = nnx.merge(graphdef, params, rest)(x, deterministic=True)
+    def eval_step(state: TrainState, x, y):
+        logits = state.model(graphdef)(x, deterministic=True)
         return {"loss": cross_entropy(logits, y), "accuracy": token_accuracy(logits, y)}
 
     return eval_step
-
-
-def merge_model(graphdef, state: TrainState) -> TransformerLM:
-    return nnx.merge(graphdef, state["params"], state["rest"])

@@ -1,12 +1,12 @@
 """Train a Transformer LM: the loop and the command line, nothing else.
 
-    python -m jaxlm.train --config experiments/configs/quickstart.toml [--set section.key=value ...] [--resume | --no-resume]
+    python -m jaxlm.train --config experiments/configs/quickstart.toml [--preset NAME] [--set section.key=value ...]
 
-Each step: fetch the batch of global step s (a pure function of (seed, s)), run the
-jitted, donated `train_step`, check the previous step's loss is finite, then log,
-evaluate, sample and checkpoint on their schedules. SIGTERM / SIGINT finish the
-current step, save a checkpoint and exit; a non-finite loss stops the run without
-saving (the last good checkpoint stays).
+Each call runs `steps_in_call` optimizer steps in one jitted, donated function
+(the batch of global step s is a pure function of (seed, s)); the previous
+call's metrics are then checked (a non-finite loss stops the run without
+saving) and logged, and evaluation, sampling and checkpoints follow their
+schedules. SIGTERM / SIGINT finish the current call, save and exit.
 """
 
 from __future__ import annotations
@@ -16,26 +16,288 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
-from jaxlm import flops, parallel
+from jaxlm import cli, flops, parallel
 from jaxlm.checkpoint import Checkpointer, write_run_files
-from jaxlm.config import Config, ConfigError, load_config
+from jaxlm.config import Config
 from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
+from jaxlm.errors import ConfigError, DataError, TrainingDiverged
 from jaxlm.host import tune_for_cpu_backend
 from jaxlm.optim import make_optimizer
 from jaxlm.sample import sample_text
-from jaxlm.step import init_state, make_eval_step, make_multi_step, make_train_step, merge_model
+from jaxlm.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.tracking import Profiler, Tracker, peak_memory_bytes
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+class Built(NamedTuple):
+    """Everything compiled for a run on one mesh."""
+
+    graphdef: Any
+    make_state: Callable  # () -> a fresh TrainState (call under jit with out_shardings)
+    shardings: TrainState  # a NamedSharding per state leaf
+    abstract: TrainState  # ShapeDtypeStructs (with shardings): the restore target
+    step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
+    multi_fn: Callable  # jitted, donated (state, xs, ys) -> (state, metrics stacked): n steps in one call
+    eval_fn: Callable  # jitted (state, x, y) -> {"loss", "accuracy"}
+
+
+def build(cfg: Config, mesh) -> Built:
+    """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
+    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
+    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed)
+    abstract = jax.eval_shape(make_state)
+    shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    bsh, ssh, rep = parallel.batch_sharding(mesh), parallel.stacked_batch_sharding(mesh), parallel.replicated(mesh)
+    train_step = make_train_step(graphdef, tx, schedule, cfg.train.grad_accum)
+    step_fn = jax.jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
+    multi_fn = jax.jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh),
+                       out_shardings=(shardings, rep), donate_argnums=0)
+    eval_fn = jax.jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh), out_shardings=rep)
+    return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
+
+
+def steps_in_call(step: int, cfg: Config) -> int:
+    """Optimizer steps in the jitted call that starts at global step `step`: up to train.steps_per_call,
+    cut so that every eval, checkpoint and sample step ends a call, and the profiled steps run one per call."""
+    n = min(cfg.train.steps_per_call - step % cfg.train.steps_per_call, cfg.train.steps - step)
+    for every in (cfg.train.eval_every, cfg.checkpoint.every, cfg.log.sample_every):
+        if every:
+            n = min(n, every - step % every)
+    if cfg.log.profile_steps:
+        first, last = cfg.log.profile_steps
+        n = min(n, first - step) if step < first else (1 if step <= last else n)
+    return n
+
+
+@dataclass
+class Window:
+    """Training metrics since the last log line."""
+
+    losses: list[float] = field(default_factory=list)
+    t0: float = field(default_factory=time.time)
+
+
+@dataclass
+class Loop:
+    """What the loop carries from one call to the next; the functions below read and update it."""
+
+    cfg: Config
+    mesh: Any
+    built: Built
+    state: TrainState
+    step: int  # optimizer steps done
+    data_dir: Path
+    tokenizer: Any
+    batches: Any
+    ckpt: Checkpointer
+    tracker: Tracker
+    profiler: Profiler
+    bar: Any
+    lead: bool  # process 0: the one that writes and prints
+    pending: list = field(default_factory=list)  # (first step, n, device metrics) not yet checked
+    window: Window = field(default_factory=Window)
+    train_loss: float | None = None
+    eval_step: int | None = None
+    eval_loss: float | None = None
+
+    def close(self) -> None:
+        self.bar.close()
+        self.batches.close()
+        self.profiler.close()
+        self.ckpt.close()
+        self.tracker.close()
+
+
+def prepare_data(cfg: Config) -> Path:
+    """Tokenise the sources once (process 0 first, the others wait), check the vocabulary fits."""
+    if jax.process_index() == 0:
+        ensure_prepared(cfg.data)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("data prepared")
+    data_dir = ensure_prepared(cfg.data)
+    vocab = read_meta(data_dir)["vocab_size"]
+    if vocab > cfg.model.vocab_size:
+        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: smaller than the tokenizer's vocabulary ({vocab})")
+    return data_dir
+
+
+def start(cfg: Config) -> Loop:
+    """Data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
+    parallel.maybe_initialize_distributed(cfg.parallel)
+    tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
+    data_dir = prepare_data(cfg)
+    mesh = parallel.make_mesh()
+    built = build(cfg, mesh)
+    run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
+    ckpt = Checkpointer(run_dir, cfg.checkpoint)
+    step = 0
+    if cfg.checkpoint.resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(built.abstract)
+        step = int(meta["data_step"])
+        print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
+        if step >= cfg.train.steps:
+            print(f"the run in {run_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
+                  "raise train.steps to continue it, or pass --no-resume to start over", file=sys.stderr)
+    else:
+        state = jax.jit(built.make_state, out_shardings=built.shardings)()
+    if lead:
+        write_run_files(run_dir, cfg, data_dir)
+    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead)
+    batches = train_batches(data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.train.seed, start_step=step,
+                            process_index=jax.process_index(), process_count=jax.process_count(),
+                            num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch)
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead), dynamic_ncols=True)
+    return Loop(cfg, mesh, built, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
+                Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead)
+
+
+def run_call(loop: Loop) -> None:
+    """One jitted call of `steps_in_call` steps; its metrics stay on the device until `drain`."""
+    n = steps_in_call(loop.step, loop.cfg)
+    xs, ys = zip(*(next(loop.batches) for _ in range(n)))
+    b, mesh = loop.built, loop.mesh
+    loop.profiler.before_step(loop.step)
+    with loop.profiler.annotation(loop.step):
+        if n == 1:
+            loop.state, metrics = b.step_fn(loop.state, parallel.global_batch(xs[0], mesh),
+                                            parallel.global_batch(ys[0], mesh))
+        else:
+            loop.state, metrics = b.multi_fn(loop.state, parallel.global_batch(np.stack(xs), mesh, stacked=True),
+                                             parallel.global_batch(np.stack(ys), mesh, stacked=True))
+    loop.profiler.after_step(loop.step, loop.state)
+    drain(loop)  # the previous call's metrics: one call stays in flight
+    loop.pending.append((loop.step, n, metrics))
+    loop.step += n
+    loop.bar.update(n)
+
+
+def drain(loop: Loop) -> None:
+    """Fetch the queued metrics, stop on a non-finite loss, log at log steps."""
+    while loop.pending:
+        first, n, metrics = loop.pending.pop(0)
+        stacked = jax.device_get(metrics)
+        for i in range(n):
+            log_step(loop, first + i + 1, {k: float(v[i] if n > 1 else v) for k, v in stacked.items()})
+
+
+def log_step(loop: Loop, done: int, m: dict[str, float]) -> None:
+    """Check one step's metrics and add them to the log window; write the window at log steps."""
+    if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
+        last = loop.ckpt.latest_step()
+        where = f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None else "no checkpoint was written"
+        raise TrainingDiverged(f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} "
+                               f"(grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopped without saving, {where}; "
+                               "lower optim.lr or check the data")
+    loop.window.losses.append(m["loss"])
+    loop.train_loss = m["loss"]
+    cfg = loop.cfg
+    if done % cfg.log.every and done != cfg.train.steps:
+        return
+    B, T = cfg.data.batch_size, cfg.model.context_length
+    dt, k = time.time() - loop.window.t0, len(loop.window.losses)
+    tok_s = k * B * T / max(dt, 1e-9)
+    device = jax.devices()[0].device_kind
+    values = {
+        "train/loss": float(np.mean(loop.window.losses)), "train/grad_norm": m["grad_norm"],
+        "train/param_norm": m["param_norm"], "train/lr": m["lr"], "perf/tokens_per_s": tok_s,
+        "perf/step_time_s": dt / k, "perf/peak_memory_bytes": peak_memory_bytes(),
+        "perf/mfu": flops.mfu(tok_s, cfg.model, T, device, jax.device_count(), cfg.compute.dtype, cfg.log.peak_flops),
+    }
+    loop.tracker.scalars(done, values, "train")
+    loop.bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}")
+    loop.window = Window()
+
+
+def evaluate(loop: Loop) -> dict[str, float]:
+    """Mean loss and accuracy over the first train.eval_batches batches of val.bin, and perplexity."""
+    cfg, mesh = loop.cfg, loop.mesh
+    B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
+    totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
+    for x, y in eval_batches(loop.data_dir, "val", B, T, max_batches=cfg.train.eval_batches, drop_last=True,
+                             process_index=jax.process_index(), process_count=jax.process_count()):
+        out = loop.built.eval_fn(loop.state, parallel.global_batch(x, mesh), parallel.global_batch(y, mesh))
+        for k, v in jax.device_get(out).items():
+            totals[k] += float(v)
+        n += 1
+    if n == 0:
+        raise DataError(f"{loop.data_dir}/val.bin: shorter than one batch of {B} x {T} tokens")
+    loss = totals["loss"] / n
+    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["accuracy"] / n}
+
+
+def evaluate_and_log(loop: Loop) -> None:
+    drain(loop)
+    ev = evaluate(loop)
+    loop.eval_step, loop.eval_loss = loop.step, ev["eval/loss"]
+    loop.tracker.scalars(loop.step, ev, "eval")
+    if loop.lead:
+        loop.bar.write(f"step {loop.step}: val loss {ev['eval/loss']:.4f}, ppl {ev['eval/perplexity']:.2f}, "
+                       f"acc {ev['eval/accuracy']:.3f}")
+
+
+def save(loop: Loop) -> None:
+    """Checkpoint the state after the pending metrics proved it finite (with the val loss if just measured)."""
+    drain(loop)
+    val = loop.eval_loss if loop.eval_step == loop.step else None
+    loop.ckpt.save(loop.state, {"step": loop.step, "data_step": loop.step, "seed": loop.cfg.train.seed}, val_loss=val)
+
+
+def write_sample(loop: Loop) -> str:
+    cfg = loop.cfg
+    text = sample_text(loop.state.model(loop.built.graphdef), loop.tokenizer, cfg.log.sample_prompt,
+                       cfg.log.sample_tokens, temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
+    loop.tracker.text(loop.step, "samples/text", text)
+    return text
+
+
+def on_schedule(loop: Loop, stop: "_StopFlag") -> bool:
+    """Evaluate, sample and checkpoint where due after a call; True when a signal asks to stop."""
+    cfg, done = loop.cfg, loop.step
+    final = done == cfg.train.steps
+    if done % cfg.train.eval_every == 0 or final:
+        evaluate_and_log(loop)
+    if cfg.log.sample_every and done % cfg.log.sample_every == 0 and not final:
+        write_sample(loop)
+    if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
+        if stop.signal is not None and loop.lead:
+            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} and exiting")
+        save(loop)
+    return stop.signal is not None
+
+
+def train(cfg: Config) -> dict:
+    """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
+    t_start = time.time()
+    loop = start(cfg)
+    sample = None
+    try:
+        with _StopFlag() as stop:
+            while loop.step < cfg.train.steps:
+                run_call(loop)
+                if on_schedule(loop, stop):
+                    break
+            drain(loop)
+            if loop.step == cfg.train.steps:
+                sample = write_sample(loop)
+    finally:
+        loop.close()
+    if loop.lead and sample is not None:
+        print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
+    return {"step": loop.step, "train_loss": loop.train_loss, "val_loss": loop.eval_loss, "sample": sample,
+            "wall_s": time.time() - t_start, "run_dir": str(cfg.train.out_dir)}
 
 
 class _StopFlag:
@@ -63,249 +325,22 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def evaluate(eval_fn, state, data_dir, cfg: Config, mesh) -> dict[str, float]:
-    """Mean loss / accuracy over the first train.eval_batches windows of val.bin, and perplexity."""
-    B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
-    totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
-    batches = eval_batches(data_dir, "val", B, T, max_batches=cfg.train.eval_batches,
-                           process_index=jax.process_index(), process_count=jax.process_count(), drop_last=True)
-    for x, y in batches:
-        out = eval_fn(state["params"], state["rest"], parallel.global_batch(x, mesh), parallel.global_batch(y, mesh))
-        for k, v in jax.device_get(out).items():
-            totals[k] += float(v)
-        n += 1
-    if n == 0:
-        raise ValueError(f"val split in {data_dir} is shorter than one batch of {B} x {T} tokens")
-    loss = totals["loss"] / n
-    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["accuracy"] / n}
-
-
-class Built(NamedTuple):
-    graphdef: Any
-    make_state: Callable  # () -> fresh train state (call under jit with out_shardings)
-    shardings: Any  # NamedSharding per state leaf
-    abstract: Any  # ShapeDtypeStructs (with shardings) of the state: the restore target
-    step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
-    multi_fn: Callable  # jitted, donated (state, xs, ys) -> (state, metrics stacked): n steps in one call
-    eval_fn: Callable  # jitted (params, rest, x, y) -> {"loss", "accuracy"}
-
-
-def build(cfg: Config, mesh) -> Built:
-    """Everything compiled for a run on `mesh`: init, shardings, train and eval steps."""
-    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
-    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, tx, cfg.train.seed)
-    abstract = jax.eval_shape(make_state)
-    shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    bsh, rep = parallel.batch_sharding(mesh), parallel.replicated(mesh)
-    train_step = make_train_step(graphdef, tx, schedule, cfg.train.grad_accum)
-    step_fn = jax.jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
-    ssh = parallel.stacked_batch_sharding(mesh)
-    multi_fn = jax.jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep), donate_argnums=0)
-    eval_fn = jax.jit(
-        make_eval_step(graphdef), in_shardings=(shardings["params"], shardings["rest"], bsh, bsh), out_shardings=rep
-    )
-    return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
-
-
-def train(cfg: Config) -> dict:
-    """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
-    t_start = time.time()
-    parallel.maybe_initialize_distributed(cfg.parallel)
-    tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-    P, p = jax.process_count(), jax.process_index()
-    lead = p == 0
-
-    if lead:
-        ensure_prepared(cfg.data)
-    if P > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("data prepared")
-    data_dir = ensure_prepared(cfg.data)
-    meta = read_meta(data_dir)
-    if meta["vocab_size"] > cfg.model.vocab_size:
-        raise ConfigError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's vocabulary ({meta['vocab_size']})")
-    tokenizer = load_tokenizer_from_meta(data_dir)
-
-    mesh = parallel.make_mesh()
-    b = build(cfg, mesh)
-    graphdef, make_state, shardings, abstract = b.graphdef, b.make_state, b.shardings, b.abstract
-    step_fn, multi_fn, eval_fn = b.step_fn, b.multi_fn, b.eval_fn
-
-    run_dir = Path(cfg.train.out_dir)
-    ckpt = Checkpointer(run_dir, cfg.checkpoint)
-    start = 0
-    if cfg.checkpoint.resume and ckpt.latest_step() is not None:
-        state, ckpt_meta = ckpt.restore(abstract)
-        start = int(ckpt_meta["data_step"])
-        print(f"resumed from {ckpt.dir}/{ckpt_meta['step']}", file=sys.stderr)
-        if start >= cfg.train.steps:
-            print(f"the run in {run_dir} is already complete (step {start} of train.steps = {cfg.train.steps}); "
-                  "raise train.steps to continue it, or pass --no-resume to start over", file=sys.stderr)
-    else:
-        state = jax.jit(make_state, out_shardings=shardings)()
-    if lead:
-        write_run_files(run_dir, cfg, data_dir)
-
-    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead)
-    profiler = Profiler(cfg.log.profile_steps, tracker.tb_dir)
-    B, T = cfg.data.batch_size, cfg.model.context_length
-    batches = train_batches(
-        data_dir, B, T, cfg.train.seed, start_step=start, process_index=p, process_count=P,
-        num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch,
-    )
-    from tqdm import tqdm
-
-    bar = tqdm(total=cfg.train.steps, initial=start, disable=not (cfg.log.progress and lead), dynamic_ncols=True)
-    device_kind, n_dev = jax.devices()[0].device_kind, jax.device_count()
-
-    window = {"losses": [], "t0": time.time(), "steps": 0}
-    last = {"train/loss": None, "eval/loss": None}
-    pending: list = []
-
-    def drain():
-        """Fetch queued step metrics, stop on a non-finite loss, log at log steps."""
-        while pending:
-            first, n, metrics = pending.pop(0)
-            stacked = jax.device_get(metrics)
-            for i in range(n):
-                log_step(first + i + 1, {k: float(v[i] if n > 1 else v) for k, v in stacked.items()})
-
-    def log_step(done: int, m: dict):
-        """Check one step's metrics (stop on a non-finite loss) and log them at log steps."""
-        if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
-            raise TrainingDiverged(
-                f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} (grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopping "
-                f"without saving: the last good checkpoint is in {ckpt.dir} (lower optim.lr or check the data)"
-            )
-        window["losses"].append(m["loss"])
-        window["steps"] += 1
-        last["train/loss"] = m["loss"]
-        if done % cfg.log.every == 0 or done == cfg.train.steps:
-            dt = time.time() - window["t0"]
-            tok_s = window["steps"] * B * T / max(dt, 1e-9)
-            values = {
-                "train/loss": float(np.mean(window["losses"])),
-                "train/grad_norm": m["grad_norm"],
-                "train/param_norm": m["param_norm"],
-                "train/lr": m["lr"],
-                "perf/tokens_per_s": tok_s,
-                "perf/step_time_s": dt / window["steps"],
-                "perf/mfu": flops.mfu(tok_s, cfg.model, T, device_kind, n_dev, cfg.log.peak_flops),
-                "perf/peak_memory_bytes": peak_memory_bytes(),
-            }
-            tracker.scalars(done, values, "train")
-            bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}")
-            window.update(losses=[], t0=time.time(), steps=0)
-
-    def save(done: int):
-        drain()
-        ckpt.save(state, {"step": done, "data_step": done, "seed": cfg.train.seed}, val_loss=last["eval/loss"] if last.get("eval_step") == done else None)
-
-    def do_sample(done: int) -> str:
-        text = sample_text(merge_model(graphdef, state), tokenizer, cfg.log.sample_prompt, cfg.log.sample_tokens,
-                           temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
-        tracker.text(done, "samples/text", text)
-        return text
-
-    def call_length(s: int) -> int:
-        """Steps in the jitted call starting at global step s: up to train.steps_per_call, cut at
-        every eval / checkpoint / sample step, the end, and around the profiled window."""
-        n = min(cfg.train.steps_per_call - s % cfg.train.steps_per_call, cfg.train.steps - s)
-        for every in (cfg.train.eval_every, cfg.checkpoint.every, cfg.log.sample_every):
-            if every:
-                n = min(n, every - s % every)
-        if cfg.log.profile_steps:
-            a, b = cfg.log.profile_steps
-            n = min(n, a - s) if s < a else (1 if s <= b else n)
-        return n
-
-    done = start
-    sample = None
-    try:
-        with _StopFlag() as stop:
-            step = start
-            while step < cfg.train.steps:
-                n = call_length(step)
-                xs, ys = zip(*(next(batches) for _ in range(n)))
-                profiler.before_step(step)
-                with profiler.annotation(step):
-                    if n == 1:
-                        state, metrics = step_fn(state, parallel.global_batch(xs[0], mesh), parallel.global_batch(ys[0], mesh))
-                    else:
-                        xg = parallel.global_batch(np.stack(xs), mesh, stacked=True)
-                        state, metrics = multi_fn(state, xg, parallel.global_batch(np.stack(ys), mesh, stacked=True))
-                profiler.after_step(step, state)
-                drain()  # the previous call's metrics: keeps one call in flight
-                pending.append((step, n, metrics))
-                step = done = step + n
-                bar.update(n)
-                final = done == cfg.train.steps
-                if done % cfg.train.eval_every == 0 or final:
-                    drain()
-                    ev = evaluate(eval_fn, state, data_dir, cfg, mesh)
-                    last.update({"eval/loss": ev["eval/loss"], "eval_step": done})
-                    tracker.scalars(done, ev, "eval")
-                    if lead:
-                        bar.write(f"step {done}: val loss {ev['eval/loss']:.4f}, ppl {ev['eval/perplexity']:.2f}, acc {ev['eval/accuracy']:.3f}")
-                if cfg.log.sample_every and done % cfg.log.sample_every == 0 and not final:
-                    do_sample(done)
-                if done % cfg.checkpoint.every == 0 or final:
-                    save(done)
-                if stop.signal is not None:
-                    if lead:
-                        bar.write(f"{stop.signal}: saving a checkpoint at step {done} and exiting")
-                    save(done)
-                    break
-            drain()
-            if done == cfg.train.steps:
-                sample = do_sample(done)
-    finally:
-        bar.close()
-        batches.close()
-        profiler.close()
-        ckpt.close()
-        tracker.close()
-    if lead and sample is not None:
-        print(f"\n--- sample after {done} steps ---\n{sample}\n---")
-    return {"step": done, "train_loss": last["train/loss"], "val_loss": last["eval/loss"], "sample": sample,
-            "wall_s": time.time() - t_start, "run_dir": str(run_dir)}
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m jaxlm.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", help="TOML file (see docs/training.md); defaults apply to missing keys")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override one key (value read as TOML: 3, 1e-3, true, [1, 2], \"text\"); repeatable")
+    cli.add_config_args(ap)
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
-                    help="continue from the run directory's latest checkpoint (default: checkpoint.resume)")
+                    help="continue from the run directory's newest checkpoint (default: checkpoint.resume)")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    overrides = list(args.overrides)
-    if args.resume is not None:
-        overrides.append(f"checkpoint.resume={'true' if args.resume else 'false'}")
-    try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    try:
-        summary = train(cfg)
-    except TrainingDiverged as e:
-        print(f"training diverged: {e}", file=sys.stderr)
-        return 1
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    extra = [] if args.resume is None else [f"checkpoint.resume={'true' if args.resume else 'false'}"]
+    summary = train(cli.load_config_from_args(args, extra))
     val = "not evaluated in this invocation" if summary["val_loss"] is None else f"{summary['val_loss']:.4f}"
     print(f"done: step {summary['step']}, val loss {val}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -19,7 +19,8 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch may share the GPU
 
@@ -30,12 +31,13 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
-from jaxlm.config import Config, ConfigError, ModelConfig, OptimConfig, load_config  # noqa: E402
+from jaxlm import cli  # noqa: E402
+from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig  # noqa: E402
 from jaxlm.host import tune_for_cpu_backend  # noqa: E402
 from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
 from jaxlm.optim import make_optimizer  # noqa: E402
-from jaxlm.step import make_train_step, split_model  # noqa: E402
-from parity.convert import jax_to_torch, torch_to_jax  # noqa: E402
+from jaxlm.step import TrainState, make_train_step, split_model  # noqa: E402
+from parity.convert import jax_to_torch, torch_config, torch_to_jax  # noqa: E402
 
 # Thresholds by compute dtype. float32 ones come from the issue; bfloat16 ones are
 # set a few times above what bfloat16's 8-bit mantissa gives on the default config.
@@ -44,13 +46,13 @@ THRESHOLDS = {
     "bfloat16": dict(logits_max_rel_err=5e-2, loss_abs_err=2e-2, grad_max_rel_err=2e-1, train_loss_max_abs_diff=1e-1),
 }
 
-DEFAULT_MODEL = ModelConfig(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4)
-DEFAULT_OPTIM = OptimConfig(lr=3e-3, min_lr=3e-4, warmup_steps=10, beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0)
+DEFAULT_CONFIG = Path(__file__).with_name("default.toml")  # used when no --config is given
 
 
 @dataclass
 class Setup:
     model: ModelConfig
+    compute: ComputeConfig
     optim: OptimConfig
     batch: int
     seq: int
@@ -80,9 +82,8 @@ def lr_at(step: int, optim: OptimConfig, total: int) -> float:
 
 def build_pair(setup: Setup) -> tuple[torch.nn.Module, TransformerLM]:
     torch.manual_seed(setup.seed)
-    ref_cfg = replace(setup.model, dtype="float32", remat="none", attention="xla")
-    ref = torchref.TransformerLM(ref_cfg).to(setup.device)
-    model = TransformerLM(setup.model, rngs=nnx.Rngs(setup.seed))
+    ref = torchref.TransformerLM(torch_config(setup.model)).to(setup.device)
+    model = TransformerLM(setup.model, setup.compute, rngs=nnx.Rngs(setup.seed))
     torch_to_jax({k: v.cpu() for k, v in ref.state_dict().items()}, model)
     return ref, model
 
@@ -132,8 +133,8 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
 
     opt_t = torchref.AdamW(ref.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
     tx, schedule = make_optimizer(o, steps)
-    graphdef, params, rest = split_model(model)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rest": rest}
+    graphdef, _, _ = split_model(model)
+    state = TrainState.create(model, tx)
     step_j = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
 
     losses_t, losses_j = [], []
@@ -167,47 +168,34 @@ def round_trip_exact(ref: torch.nn.Module, model: TransformerLM) -> bool:
 
 def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="a jaxlm TOML config; its [model] and [optim] sections are used (default: a small CPU config)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.d_model=128")
-    p.add_argument("--steps", type=int, default=0, help="also train N steps in both frameworks and compare the losses")
-    p.add_argument("--batch", type=int, default=4)
+    cli.add_config_args(p)  # [model], [compute] and [optim] are used; default: parity/default.toml
+    p.add_argument("--steps", type=int, default=0, help="also train N steps in both frameworks and compare the losses (default: 0)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per batch (default: 4)")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(context_length, 64))")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="jaxlm compute dtype (default: the config's)")
-    p.add_argument("--attention", choices=["xla", "cudnn", "auto"], help="jaxlm attention implementation")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="torch device for the reference (cpu, cuda)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
+    p.add_argument("--device", default="cpu", help="torch device for the reference: cpu, cuda (default: cpu)")
     p.add_argument("--json", help="write the figures to this JSON file")
     args = p.parse_args(argv)
-    defaults = [f"model.{k}={v}" for k, v in DEFAULT_MODEL.__dict__.items() if k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads")]
-    defaults += [f"optim.{k}={v}" for k, v in DEFAULT_OPTIM.__dict__.items() if v is not None]
-    overrides = ([] if args.config else defaults) + list(args.set)
-    if args.dtype:
-        overrides.append(f'model.dtype="{args.dtype}"')
-    if args.attention:
-        overrides.append(f'model.attention="{args.attention}"')
-    cfg: Config = load_config(args.config, overrides)
+    cfg = cli.load_config_from_args(args, path=DEFAULT_CONFIG)
     seq = args.seq or min(cfg.model.context_length, 64)
-    return Setup(cfg.model, cfg.optim, args.batch, seq, args.seed, args.device), args
+    return Setup(cfg.model, cfg.compute, cfg.optim, args.batch, seq, args.seed, args.device), args
 
 
 def main(argv=None) -> int:
     jax.config.update("jax_default_matmul_precision", "highest")  # no TF32 on GPUs: compare true float32
     tune_for_cpu_backend()
-    try:
-        setup, args = parse_args(argv)
-    except ConfigError as e:
-        print(f"parity.check: {e}", file=sys.stderr)
-        return 2
-    m = setup.model
+    setup, args = parse_args(argv)
+    m, c = setup.model, setup.compute
     print(
         f"parity.check: d_model={m.d_model} layers={m.num_layers} heads={m.num_heads} vocab={m.vocab_size} "
         f"norm={m.norm} rope={m.rope} ffn={m.ffn} tied={m.tie_embeddings} window={m.window} "
-        f"dtype={m.dtype} attention={m.attention}; batch={setup.batch} seq={setup.seq}; jax on {jax.devices()[0].device_kind}, torch on {setup.device}"
+        f"dtype={c.dtype} attention={c.attention}; batch={setup.batch} seq={setup.seq}; "
+        f"jax on {jax.devices()[0].device_kind}, torch on {setup.device}"
     )
     results = compare_forward(setup)
     if args.steps:
         results.update(compare_training(setup, args.steps))
-    limits = THRESHOLDS[m.dtype]
+    limits = THRESHOLDS[c.dtype]
     failed = [k for k, lim in limits.items() if k in results and not results[k] <= lim]
     if not results["round_trip_exact"]:
         failed.append("round_trip_exact")
@@ -219,7 +207,8 @@ def main(argv=None) -> int:
         shown = f"{value:.3e}" if isinstance(value, float) else str(value)
         print(f"{key:<28}{shown:>14}{(f'{lim:.0e}' if lim else ''):>12}  {ok}")
     if args.json:
-        payload = dict(results, thresholds=limits, passed=not failed, model=m.__dict__, steps=args.steps, batch=setup.batch, seq=setup.seq)
+        payload = dict(results, thresholds=limits, passed=not failed, model=asdict(m), compute=asdict(c),
+                       steps=args.steps, batch=setup.batch, seq=setup.seq)
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)
     print("\nparity: " + ("PASS" if not failed else f"FAIL ({', '.join(failed)})"))
@@ -227,4 +216,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

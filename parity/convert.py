@@ -1,6 +1,6 @@
 """Weights between torchref's `state_dict()` and a jaxlm `TransformerLM`: a table of names.
 
-Both sides use SPEC section 1's names and (d_out, d_in) weights, so the mapping
+Both sides use the specification's names (docs/spec.md) and (d_out, d_in) weights, so the mapping
 is "." <-> "/" in the parameter path and nothing else: no transposes, no
 reshapes. A tied head (`cfg.tie_embeddings`) has no `lm_head` in JAX; torch's
 `state_dict()` lists `lm_head.weight` as the same tensor as
@@ -10,10 +10,23 @@ reshapes. A tied head (`cfg.tie_embeddings`) has no `lm_head` in JAX; torch's
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
+
+import torchref
+from jaxlm.config import ModelConfig
+
+# jaxlm ModelConfig field -> torchref ModelConfig field: the architecture, name for name.
+CONFIG_FIELDS = {f.name: f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def torch_config(cfg: ModelConfig) -> torchref.ModelConfig:
+    """The torchref config of the same architecture."""
+    return torchref.ModelConfig(**{t: getattr(cfg, j) for j, t in CONFIG_FIELDS.items()})
 
 
 def torch_name(path: tuple) -> str:

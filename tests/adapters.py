@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 import torchref
-from jaxlm.config import ModelConfig
+from torchref import ModelConfig
 from jaxlm.data.bpe import train_bpe
 from jaxlm.data.tokenizer import Tokenizer
 

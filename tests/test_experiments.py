@@ -85,7 +85,7 @@ def test_grid_sizes_and_precedence(tmp_path):
         set = { "train.steps" = 5000 }
         [[runs]]
         name = "{technique}_b{data.batch_size}"
-        grid = { technique = [{ label = "fp32" }, { label = "bf16", set = { "model.dtype" = "bfloat16" } }], "data.batch_size" = [8, 16] }
+        grid = { technique = [{ label = "fp32" }, { label = "bf16", set = { "compute.dtype" = "bfloat16" } }], "data.batch_size" = [8, 16] }
         sizes.gpu.grid = { "data.batch_size" = [64] }
         [[runs]]
         name = "gpu_only"
@@ -95,7 +95,7 @@ def test_grid_sizes_and_precedence(tmp_path):
     cpu = load_plan(plan, "cpu")
     assert [r.name for r in cpu.runs] == ["fp32_b8", "fp32_b16", "bf16_b8", "bf16_b16"]
     r = cpu.runs[3]
-    assert r.set == {"train.steps": 20, "model.d_model": 64, "model.dtype": "bfloat16", "data.batch_size": 16}
+    assert r.set == {"train.steps": 20, "model.d_model": 64, "compute.dtype": "bfloat16", "data.batch_size": 16}
     assert r.axes == {"technique": "bf16", "data.batch_size": 16}
     gpu = load_plan(plan, "gpu")
     assert [r.name for r in gpu.runs] == ["fp32_b64", "bf16_b64", "gpu_only"]
@@ -177,7 +177,7 @@ def test_failed_diverged_skipped_are_labelled_and_the_plan_continues(tmp_path, m
         requires = "gpu"
         [[runs]]
         name = "flash"
-        set = { "model.attention" = "cudnn" }
+        set = { "compute.attention" = "cudnn" }
         [[runs]]
         name = "fine"
         """,

@@ -16,7 +16,7 @@ import torchref
 from jaxlm.config import ModelConfig, load_config
 from jaxlm.generate import Generator, SamplingParams, StreamDecoder, filter_logits, main, sampling_probs
 from jaxlm.model import TransformerLM
-from parity.convert import torch_to_jax
+from parity.convert import torch_config, torch_to_jax
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 from torchref.generate import filter_logits as torch_filter_logits
 from torchref.generate import generate as torch_generate
@@ -30,7 +30,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(scope="module")
 def torch_model():
     torch.manual_seed(0)
-    return torchref.TransformerLM(CFG).eval()
+    return torchref.TransformerLM(torch_config(CFG)).eval()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxlm.attention import attention, cudnn_supported, visibility_mask
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.model import (
     REMAT_POLICIES,
     RotaryEmbedding,
@@ -248,7 +248,7 @@ def test_bf16_compute_close_to_f32():
     """
     cfg = small_cfg()
     f32 = TransformerLM(cfg, rngs=nnx.Rngs(0))
-    bf16 = TransformerLM(small_cfg(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    bf16 = TransformerLM(cfg, ComputeConfig(dtype="bfloat16"), rngs=nnx.Rngs(0))
     tok = tokens()
     a, b = f32(tok), bf16(tok)
     assert b.dtype == jnp.bfloat16
@@ -259,8 +259,8 @@ def test_bf16_compute_close_to_f32():
     np.testing.assert_allclose(lb, la, rtol=1e-2)
 
 
-def _loss_and_grads(cfg, tok):
-    model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+def _loss_and_grads(cfg, tok, compute=ComputeConfig()):
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(0))
     loss, grads = nnx.jit(nnx.value_and_grad(lambda m: lm_loss(m, tok[:, :-1], tok[:, 1:])))(model)
     return loss, grads
 
@@ -269,7 +269,7 @@ def _loss_and_grads(cfg, tok):
 def test_remat_matches_no_remat(remat):
     tok = tokens(seq=T + 1)
     loss0, g0 = _loss_and_grads(small_cfg(), tok)
-    loss1, g1 = _loss_and_grads(small_cfg(remat=remat), tok)
+    loss1, g1 = _loss_and_grads(small_cfg(), tok, ComputeConfig(remat=remat))
     np.testing.assert_allclose(loss1, loss0, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(b, a, atol=1e-6)
@@ -288,7 +288,7 @@ def test_dropout_train_only_and_reproducible():
     again = TransformerLM(small_cfg(dropout=0.3), rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(again(tok, deterministic=False), t1)  # reproducible for a fixed seed
     # also under jit with remat
-    rem = TransformerLM(small_cfg(dropout=0.3, remat="full"), rngs=nnx.Rngs(0))
+    rem = TransformerLM(small_cfg(dropout=0.3), ComputeConfig(remat="full"), rngs=nnx.Rngs(0))
     np.testing.assert_allclose(nnx.jit(lambda m: m(tok, deterministic=False))(rem), t1, atol=1e-5)
 
 

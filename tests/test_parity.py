@@ -12,7 +12,7 @@ from flax import nnx
 import torchref
 from jaxlm.config import ModelConfig
 from jaxlm.model import TransformerLM, cross_entropy
-from parity.convert import jax_to_torch, torch_to_jax
+from parity.convert import jax_to_torch, torch_config, torch_to_jax
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
 
@@ -40,7 +40,7 @@ VARIANTS = [
 def test_logits_match_torchref(kw):
     cfg = cfg_for(**kw)
     torch.manual_seed(0)
-    ref = torchref.TransformerLM(cfg).eval()
+    ref = torchref.TransformerLM(torch_config(cfg)).eval()
     model = torch_to_jax(ref.state_dict(), TransformerLM(cfg, rngs=nnx.Rngs(1)))
     tok = np.random.default_rng(0).integers(0, V, (2, T))
     with torch.no_grad():
@@ -58,7 +58,7 @@ def test_round_trip_is_lossless(kw):
     cfg = cfg_for(**kw)
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
     sd = jax_to_torch(model)
-    ref = torchref.TransformerLM(cfg)
+    ref = torchref.TransformerLM(torch_config(cfg))
     ref.load_state_dict(sd)  # strict: every key present, no extras
     assert set(sd) == set(ref.state_dict())
     back = jax_to_torch(torch_to_jax(ref.state_dict(), TransformerLM(cfg, rngs=nnx.Rngs(7))))
@@ -81,7 +81,7 @@ def test_conversion_errors_name_the_parameter():
 def test_loss_gradients_match_torchref():
     cfg = cfg_for()
     torch.manual_seed(0)
-    ref = torchref.TransformerLM(cfg)
+    ref = torchref.TransformerLM(torch_config(cfg))
     model = torch_to_jax(ref.state_dict(), TransformerLM(cfg, rngs=nnx.Rngs(1)))
     tok = np.random.default_rng(1).integers(0, V, (2, T + 1))
     x, y = tok[:, :-1], tok[:, 1:]
@@ -93,3 +93,15 @@ def test_loss_gradients_match_torchref():
     for path, g in nnx.to_flat_state(grads):
         name = ".".join(map(str, path))
         np.testing.assert_allclose(g[...], ref.get_parameter(name).grad.numpy(), atol=GRAD_ATOL, err_msg=name)
+
+
+def test_torchref_config_mirrors_the_architecture_fields():
+    """torchref keeps its own config class; parity's table must cover every field of both."""
+    import dataclasses
+
+    from parity.convert import CONFIG_FIELDS
+
+    assert set(CONFIG_FIELDS) == {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(CONFIG_FIELDS.values()) == {f.name for f in dataclasses.fields(torchref.ModelConfig)}
+    cfg = ModelConfig(d_model=96, num_heads=4, ffn="silu", window=5)
+    assert dataclasses.asdict(torch_config(cfg)) == dataclasses.asdict(cfg)  # d_ff derived the same way too

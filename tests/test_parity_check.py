@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from jaxlm import cli
 from parity import check
 
 KEYS = ("logits_max_abs_err", "logits_max_rel_err", "loss_abs_err", "grad_max_rel_err", "train_loss_max_abs_diff")
@@ -28,12 +29,12 @@ def test_exceeded_threshold_exits_nonzero(monkeypatch, capsys):
 
 def test_bfloat16_is_reported_against_float32_reference(tmp_path):
     out = tmp_path / "bf16.json"
-    assert check.main(["--dtype", "bfloat16", "--set", "model.num_layers=1", "--json", str(out)]) == 0
+    assert check.main(["--set", "compute.dtype=bfloat16", "--set", "model.num_layers=1", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["model"]["dtype"] == "bfloat16"
+    assert figures["compute"]["dtype"] == "bfloat16"
     assert figures["logits_max_rel_err"] > check.THRESHOLDS["float32"]["logits_max_rel_err"]  # bf16 is visibly coarser
 
 
 def test_bad_override_names_the_key(capsys):
-    assert check.main(["--set", "model.d_modle=3"]) == 2
+    assert cli.run(check.main, ["--set", "model.d_modle=3"]) == 2
     assert "model.d_modle" in capsys.readouterr().err

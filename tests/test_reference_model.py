@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torchref
-from jaxlm.config import ModelConfig
+from torchref import ModelConfig
 
 from . import adapters
 
@@ -228,7 +228,7 @@ def test_sliding_window_equals_banded_mask_and_fused_path():
     torch.manual_seed(3)
     cfg = ModelConfig(**SMALL, window=3)
     model = torchref.TransformerLM(cfg)
-    fused = torchref.TransformerLM(ModelConfig(**SMALL, window=3, attention="auto"))
+    fused = torchref.TransformerLM(cfg, fused_attention=True)
     fused.load_state_dict(model.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (2, 14))
     torch.testing.assert_close(fused(ids), model(ids), atol=1e-5, rtol=1e-5)

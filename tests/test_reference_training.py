@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import torchref
-from jaxlm.config import ModelConfig
+from torchref import ModelConfig
 
 from . import adapters
 

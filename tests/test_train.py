@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from jaxlm import parallel
-from jaxlm.config import ConfigError, load_config
+from jaxlm.config import load_config
+from jaxlm.train import steps_in_call
 from tests.train_helpers import ROOT, losses, make_corpus, max_param_diff, run_steps, tiny_overrides
 
 PY = sys.executable
@@ -113,7 +114,7 @@ def test_accumulation_equals_big_batch(corpus):
 
 @pytest.mark.parametrize(
     "variant, tol",
-    [({"model.remat": '"full"'}, 1e-5), ({"model.remat": '"dots_saveable"'}, 1e-5), ({"model.dtype": '"bfloat16"'}, 3e-2)],
+    [({"compute.remat": '"full"'}, 1e-5), ({"compute.remat": '"dots_saveable"'}, 1e-5), ({"compute.dtype": '"bfloat16"'}, 3e-2)],
 )
 def test_precision_and_remat_match_float32(corpus, variant, tol):
     """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
@@ -167,28 +168,25 @@ def test_two_processes_equal_one(corpus, tmp_path):
 # --------------------------------------------------------------------------- configs and CLI
 
 
-@pytest.mark.parametrize("override, name", [("optim.lrr=1", "optim.lrr"), ("train.steps=1.5", "train.steps"),
-                                            ("model.dtype=float16", "model.dtype"), ("data.batch_size=\"x\"", "data.batch_size")])
-def test_bad_config_names_the_key(override, name):
-    with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
-        load_config(ROOT / "experiments" / "configs" / "quickstart.toml", [override])
-
-
-def test_impossible_combination_is_rejected():
-    with pytest.raises(ConfigError, match="grad_accum"):
-        load_config(None, ["data.batch_size=10", "train.grad_accum=4"])
-
-
 def test_cli_reports_bad_config(tmp_path):
     r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
                         "--set", "train.stepz=3"], env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert r.returncode == 2 and "train.stepz" in r.stderr
+    assert r.returncode == 2 and "train.stepz" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "configs").glob("*.toml")), ids=lambda p: p.name)
-def test_every_shipped_config_parses(path):
-    cfg = load_config(path)
-    assert cfg.data.batch_size % cfg.train.grad_accum == 0
+def test_steps_in_call_cuts_at_every_scheduled_step():
+    cfg = load_config(None, ["train.steps=23", "train.steps_per_call=10", "train.eval_every=7", "checkpoint.every=100",
+                             "log.sample_every=0", "log.profile_steps=[15, 16]"])
+    starts, step = [], 0
+    while step < cfg.train.steps:
+        n = steps_in_call(step, cfg)
+        assert n >= 1
+        starts.append((step, n))
+        step += n
+    # calls end at 7, 10 (steps_per_call), 14 (eval), 15 (profile starts), 16 and 17 (one step each
+    # while profiling), 20 (steps_per_call), 21 (eval), 23 (end)
+    assert [s + n for s, n in starts] == [7, 10, 14, 15, 16, 17, 20, 21, 23]
+    assert steps_in_call(0, load_config(None, ["train.steps=5", "train.steps_per_call=1"])) == 1
 
 
 @pytest.mark.slow

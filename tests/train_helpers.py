@@ -68,7 +68,7 @@ def run_steps(cfg, mesh, n: int, seed_data: int = 0):
         x, y = parallel.global_batch(tok[:, :-1], mesh), parallel.global_batch(tok[:, 1:], mesh)
         state, m = b.step_fn(state, x, y)
         out.append(float(m["loss"]))
-    params = jax.tree.map(np.asarray, jax.device_get(state["params"]))
+    params = jax.tree.map(np.asarray, jax.device_get(state.params))
     return np.array(out), params
 
 
@@ -96,7 +96,7 @@ def _devices_main():
     # FSDP really shards: some parameter is split over the 8 devices.
     from jaxlm.train import build
 
-    shard_specs = {str(s.spec) for s in jax.tree.leaves(build(fcfg, parallel.make_mesh()).shardings["params"])}
+    shard_specs = {str(s.spec) for s in jax.tree.leaves(build(fcfg, parallel.make_mesh()).shardings.params)}
     print(json.dumps({
         "one": one.tolist(), "dp": dp.tolist(), "fsdp": fs.tolist(), "accum": acc.tolist(),
         "dp_param_diff": max_param_diff(p1, p8), "fsdp_param_diff": max_param_diff(p1, pf),

@@ -1,10 +1,13 @@
-"""A compact PyTorch reference of the jaxlm model and training utilities, written from SPEC.md."""
+"""A compact PyTorch reference of the Transformer LM and its training utilities, written from docs/spec.md.
+
+It depends on PyTorch alone, so it can check an implementation without sharing its code."""
 
 from torchref.checkpoint import load_checkpoint, save_checkpoint
 from torchref.data import get_batch
 from torchref.model import (
     Embedding,
     Linear,
+    ModelConfig,
     MultiHeadSelfAttention,
     RMSNorm,
     RotaryEmbedding,

@@ -1,4 +1,4 @@
-"""Random training windows from a flat token array (SPEC section 3)."""
+"""Random training windows from a flat token array (docs/spec.md, "Data")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Reference generation in PyTorch: the same sampling rules as `jaxlm.generate`, written plainly.
+"""Reference generation in PyTorch: the sampling rules of docs/generate.md, written plainly.
 
 One prompt at a time (a batch is a loop over prompts), with or without the
 concatenating `KVCache` of torchref.model. Random draws come from a
 `torch.Generator` seeded per call, so sampled tokens are reproducible here but
-are not the same draws as jaxlm's (different RNGs); greedy decoding is what the
+are not the same draws as another framework's (different RNGs); greedy decoding is what the
 two are compared on.
 """
 
@@ -90,8 +90,3 @@ def generate(
     finally:
         model.train(was_training)
     return out
-
-
-def generate_batch(model: TransformerLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> list[list[int]]:
-    """Each prompt generated alone (the reference needs no padding scheme)."""
-    return [generate(model, p, max_new_tokens, **kwargs) for p in prompts]

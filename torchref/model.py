@@ -1,21 +1,52 @@
-"""The reference Transformer LM in PyTorch (SPEC section 1), written bottom-up.
+"""The reference Transformer LM in PyTorch (docs/spec.md), written bottom-up.
 
-Parameter names are exactly SPEC's (`layers.0.attn.q_proj.weight`, ...), weights
-are stored (d_out, d_in), and there are no biases, so a jaxlm parameter tree maps
-onto `state_dict()` by name alone.  Everything here favours clarity over speed;
-the one fused path (`attention != "xla"`) uses `F.scaled_dot_product_attention`
-so benchmarks can compare against torch's best kernel.
+Parameter names are exactly the specification's (`layers.0.attn.q_proj.weight`, ...),
+weights are stored (d_out, d_in), and there are no biases, so a parameter tree of
+the same names maps onto `state_dict()` by name alone. Everything here favours
+clarity over speed; the one fused path (`fused_attention=True`) uses
+`F.scaled_dot_product_attention` so benchmarks can compare against torch's best kernel.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxlm.config import ModelConfig
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture: the same field names and defaults as the specification's options."""
+
+    vocab_size: int = 10000
+    context_length: int = 256
+    d_model: int = 512
+    num_layers: int = 4
+    num_heads: int = 16
+    d_ff: int | None = None  # None: about 8/3 d_model rounded to a multiple of 64 (swiglu), 4 d_model (silu)
+    rope_theta: float = 10000.0
+    norm: Literal["pre", "post", "none"] = "pre"
+    rope: bool = True
+    ffn: Literal["swiglu", "silu"] = "swiglu"
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    eps: float = 1e-5
+    window: int | None = None  # each query sees itself and at most `window` previous keys
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            d_ff = 4 * self.d_model if self.ffn == "silu" else max(64, round(8 * self.d_model / 3 / 64) * 64)
+            object.__setattr__(self, "d_ff", d_ff)
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
 
 
 def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
@@ -220,14 +251,14 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, fused_attention: bool = False, device=None, dtype=None):
         super().__init__()
         self.norm = cfg.norm
         has_norm = cfg.norm != "none"
         self.ln1 = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if has_norm else nn.Identity()
         self.ln2 = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if has_norm else nn.Identity()
         self.attn = MultiHeadSelfAttention(
-            cfg.d_model, cfg.num_heads, rope, cfg.window, cfg.dropout, cfg.attention != "xla", device, dtype
+            cfg.d_model, cfg.num_heads, rope, cfg.window, cfg.dropout, fused_attention, device, dtype
         )
         ffn_cls = SwiGLU if cfg.ffn == "swiglu" else SiLUFFN
         self.ffn = ffn_cls(cfg.d_model, cfg.d_ff, device, dtype)
@@ -244,14 +275,20 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head."""
+    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head.
 
-    def __init__(self, cfg: ModelConfig, device=None, dtype=None):
+    fused_attention: use `F.scaled_dot_product_attention` (torch's fused kernels) instead of
+    the explicit softmax(Q K^T) V; the same function up to rounding.
+    """
+
+    def __init__(self, cfg: ModelConfig, device=None, dtype=None, fused_attention: bool = False):
         super().__init__()
         self.cfg = cfg
         rope = RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.context_length, device) if cfg.rope else None
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, device, dtype)
-        self.layers = nn.ModuleList(TransformerBlock(cfg, rope, device, dtype) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            TransformerBlock(cfg, rope, fused_attention, device, dtype) for _ in range(cfg.num_layers)
+        )
         self.ln_final = RMSNorm(cfg.d_model, cfg.eps, device, dtype) if cfg.norm != "none" else nn.Identity()
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size, device, dtype)
         if cfg.tie_embeddings:

@@ -1,4 +1,4 @@
-"""Loss, AdamW, the warmup-cosine schedule and global-norm clipping (SPEC section 2)."""
+"""Loss, AdamW, the warmup-cosine schedule and global-norm clipping (docs/spec.md, "Loss, optimizer, schedule")."""
 
 from __future__ import annotations
 

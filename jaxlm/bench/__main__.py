@@ -1,9 +1,11 @@
 """Command line: `python -m jaxlm.bench [options]` or `python -m jaxlm.bench plot RESULTS.json --out DIR`.
 
+The model comes from the usual config flags (--config, --preset, --set); the sweep axes
+(--context, --batch, --mode, --dtype, --attention, --remat) default to the config's values.
 Examples (docs/benchmarks.md has more):
-  python -m jaxlm.bench --model small --context 128 256 512 1024 --mode forward forward_backward \\
+  python -m jaxlm.bench --preset small --context 128 256 512 1024 --mode forward forward_backward \\
       --dtype float32 bfloat16 --framework both --json runs/bench/small.json --plot runs/bench/plots
-  python -m jaxlm.bench --model small --context 1024 --mode train_step --dtype bfloat16 --find-max-batch
+  python -m jaxlm.bench --preset small --context 1024 --mode train_step --dtype bfloat16 --find-max-batch
   python -m jaxlm.bench --set model.d_model=64 --set model.num_layers=2 --context 64 --batch 1 1000 \\
       --memory-limit-gb 0.5          # the second row is marked OOM without running
 """
@@ -14,28 +16,29 @@ import argparse
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 # Before JAX is imported anywhere: allocate GPU memory on demand so torch can share the
 # device and memory_stats() peaks reflect what the step used, not a 75 % preallocation.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+from jaxlm import cli  # noqa: E402
 from jaxlm.bench import core  # noqa: E402  (imports no framework)
-from jaxlm.config import MODEL_SIZES, ConfigError, ModelConfig, apply_overrides, from_dict  # noqa: E402
 from jaxlm.flops import MODES  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jaxlm.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="small", help=f"SPEC size: {', '.join(MODEL_SIZES)}, or 'default' (ModelConfig())")
-    p.add_argument("--set", action="append", default=[], metavar="model.KEY=VALUE",
-                   help="override a ModelConfig field (repeatable), e.g. --set model.vocab_size=257")
-    p.add_argument("--context", type=int, nargs="+", default=[128])
-    p.add_argument("--batch", type=int, nargs="+", default=[4])
+    cli.add_config_args(p)
+    p.add_argument("--context", type=int, nargs="+", default=None, help="sequence lengths (default: model.context_length)")
+    p.add_argument("--batch", type=int, nargs="+", default=[4], help="batch sizes (default: 4)")
     p.add_argument("--mode", nargs="+", default=["forward"], choices=MODES)
-    p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
-    p.add_argument("--attention", nargs="+", default=["xla"], help="xla | cudnn | window:N | cudnn+window:N")
-    p.add_argument("--remat", nargs="+", default=["none"], help="none | full | dots_saveable | offload (JAX only)")
+    p.add_argument("--dtype", nargs="+", default=None, choices=["float32", "bfloat16"], help="default: compute.dtype")
+    p.add_argument("--attention", nargs="+", default=None,
+                   help="xla | cudnn | auto | window:N | cudnn+window:N (default: compute.attention)")
+    p.add_argument("--remat", nargs="+", default=None,
+                   help="none | full | dots_saveable | offload, JAX only (default: compute.remat)")
     p.add_argument("--framework", default="jax", choices=["jax", "torch", "both"])
     p.add_argument("--no-compile", action="store_true", help="run torchref eagerly (no torch.compile)")
     p.add_argument("--torch-optimizer", default="torch", choices=["torch", "torchref"])
@@ -58,20 +61,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for fair CPU comparisons on a shared machine")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     return p.parse_args(argv)
-
-
-def model_config(name: str, overrides: list[str]) -> ModelConfig:
-    if name == "default":
-        base = ModelConfig()
-    else:
-        base = ModelConfig.from_name(name, vocab_size=10000)
-    fixed = [o if o.startswith("model.") else f"model.{o}" for o in overrides]
-    start = dataclasses.asdict(base)
-    keys = {o.split("=", 1)[0].strip() for o in fixed}
-    if keys & {"model.d_model", "model.ffn"} and "model.d_ff" not in keys:
-        start["d_ff"] = None  # d_ff belongs to the width it came with: re-derive it unless given
-    data = apply_overrides({"model": start}, fixed)
-    return from_dict(ModelConfig, data["model"], prefix="model.")
 
 
 def settings_from(args) -> list[core.Setting]:
@@ -122,13 +111,14 @@ def main(argv=None) -> int:
     from jaxlm.host import tune_for_cpu_backend
 
     tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
-    try:
-        base = model_config(args.model, args.set)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = cli.load_config_from_args(args)
+    base = cfg.model
+    args.context = args.context or [base.context_length]
+    args.dtype, args.attention, args.remat = (args.dtype or [cfg.compute.dtype], args.attention or [cfg.compute.attention],
+                                              args.remat or [cfg.compute.remat])
+    name = args.preset or (Path(args.config).stem if args.config else "default")
     opts = core.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
-                        peak_tflops=args.peak_tflops, model_name=args.model if not args.set else f"{args.model}*",
+                        peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
                         seed=args.seed, torch_optimizer=args.torch_optimizer)
     settings = settings_from(args)
     meta = {"argv": argv, "model_config": dataclasses.asdict(base), "threads": args.threads}
@@ -166,7 +156,7 @@ def main(argv=None) -> int:
         for s in [s for s in settings if s.framework == "jax"][:1] or [core.Setting()]:
             for context in args.context:
                 for batch in args.batch:
-                    comp = component_breakdown(s.model_config(base, context), batch, context,
+                    comp = component_breakdown(*s.configs(base, context), batch, context,
                                                warmup=args.warmup, steps=args.steps)
                     meta.setdefault("breakdown", []).append(comp)
                     print(f"\ncomponent breakdown ({s.dtype}, T={context}, B={batch}):")
@@ -175,7 +165,7 @@ def main(argv=None) -> int:
         from jaxlm.bench.memory import memory_profile
 
         s = next((s for s in settings if s.framework == "jax"), core.Setting())
-        for path in memory_profile(s.model_config(base, args.context[0]), args.batch[0], args.context[0],
+        for path in memory_profile(*s.configs(base, args.context[0]), args.batch[0], args.context[0],
                                    args.memory_profile, torch_too=args.framework in ("torch", "both")):
             print(f"[memory profile] {path}")
     if args.json:
@@ -191,4 +181,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlm import flops
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.model import FFNS, CausalSelfAttention, Linear, Precision, RMSNorm, RotaryEmbedding, cross_entropy
 
 
@@ -45,29 +45,30 @@ class _Head(nnx.Module):
         return cross_entropy(self.lm_head(self.ln_final(x)), targets)
 
 
-def _components(cfg: ModelConfig, batch: int, context: int):
+def _components(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int):
     """name -> (module, call(module, x) -> array, layers it stands for)."""
     rngs = nnx.Rngs(0)
-    precision = Precision.from_config(cfg)
+    precision = Precision.from_config(compute)
     rope = None
     if cfg.rope:
         tables = RotaryEmbedding(cfg.head_dim, context, cfg.rope_theta)(jnp.arange(context))
         rope = tables
     targets = jax.random.randint(jax.random.key(1), (batch, context), 0, cfg.vocab_size)
     return {
-        "attention": (CausalSelfAttention(cfg, precision=precision, rngs=rngs), lambda m, x: m(x, rope), cfg.num_layers),
+        "attention": (CausalSelfAttention(cfg, compute.attention, precision=precision, rngs=rngs), lambda m, x: m(x, rope), cfg.num_layers),
         "ffn": (FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs), lambda m, x: m(x), cfg.num_layers),
         "lm_head": (_Head(cfg, precision, rngs), lambda m, x: m(x, targets), 1),
     }
 
 
-def component_breakdown(cfg: ModelConfig, batch: int, context: int, *, warmup: int = 3, steps: int = 10) -> dict:
+def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, *, warmup: int = 3,
+                        steps: int = 10) -> dict:
     """Per component: forward / backward seconds (whole model: x num_layers), their shares, and FLOP shares."""
-    x = jax.random.normal(jax.random.key(0), (batch, context, cfg.d_model), jnp.dtype(cfg.dtype))  # (B, T, D)
+    x = jax.random.normal(jax.random.key(0), (batch, context, cfg.d_model), jnp.dtype(compute.dtype))  # (B, T, D)
     fwd_flops = flops.forward_flops(cfg, context)
     analytic = {"attention": fwd_flops.attention, "ffn": fwd_flops.ffn, "lm_head": fwd_flops.lm_head}
-    out = {"dtype": cfg.dtype, "attention_impl": cfg.attention, "context": context, "batch": batch, "components": {}}
-    for name, (module, call, layers) in _components(cfg, batch, context).items():
+    out = {"dtype": compute.dtype, "attention_impl": compute.attention, "context": context, "batch": batch, "components": {}}
+    for name, (module, call, layers) in _components(cfg, compute, batch, context).items():
         graphdef, params = nnx.split(module)
 
         def f(p, x, graphdef=graphdef, call=call):

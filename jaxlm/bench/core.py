@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from jaxlm import flops
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 
 FRAMEWORKS = ("jax", "torch")
 
@@ -46,16 +46,17 @@ class Setting:
     remat: str = "none"
     compile: bool = True  # torch.compile (JAX is always jitted)
 
-    def model_config(self, base: ModelConfig, context: int) -> ModelConfig:
+    def configs(self, base: ModelConfig, context: int) -> tuple[ModelConfig, ComputeConfig]:
+        """The row's model (context raised to fit, window from `attention`) and how it runs.
+
+        On torch rows, any attention but "xla" means torchref's fused `F.scaled_dot_product_attention`
+        (the counterpart of cudnn); "xla" rows run torchref's explicit softmax(QK^T)V.
+        """
         impl, window = parse_attention(self.attention)
+        model = dataclasses.replace(base, context_length=max(context, base.context_length), window=window)
         if self.framework == "torch":
-            # torchref uses F.scaled_dot_product_attention whenever attention != "xla" (its fused
-            # kernel, the counterpart of cudnn); "xla" rows run torchref's explicit softmax(QK^T)V.
-            impl = "auto" if impl != "xla" else "xla"
-        return dataclasses.replace(
-            base, context_length=max(context, base.context_length), dtype=self.dtype, attention=impl,
-            window=window, remat=self.remat if self.framework == "jax" else "none",
-        )
+            return model, ComputeConfig(dtype=self.dtype, attention="xla" if impl == "xla" else "auto")
+        return model, ComputeConfig(dtype=self.dtype, attention=impl, remat=self.remat)
 
     @property
     def label(self) -> str:
@@ -130,9 +131,8 @@ def is_oom(exc: BaseException) -> bool:
 
 def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     """Benchmark one (setting, context, batch); never raises: failures become OOM / error rows."""
-    cfg = None
     try:
-        cfg = setting.model_config(base, context)
+        cfg, compute = setting.configs(base, context)
         row = empty_row(setting, cfg, context, batch, opts)
     except Exception as e:  # an invalid combination (e.g. cudnn with float32): a row that says so
         row = {c: None for c in COLUMNS}
@@ -143,7 +143,7 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
     try:
         side = _side(setting.framework)
         device_kind = side.device_kind()
-        side.measure(setting, cfg, batch, context, opts, row)
+        side.measure(setting, cfg, compute, batch, context, opts, row)
         row["status"] = row["status"] or "ok"
         return finish_row(row, cfg, opts, device_kind)
     except Exception as e:
@@ -245,23 +245,25 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
 
     def fits(batch: int) -> bool:
         if opts.memory_limit_gb is not None:
-            cfg = setting.model_config(base, context)
-            return estimate_bytes(setting, cfg, batch, context) <= opts.memory_limit_gb * 1e9
+            cfg, compute = setting.configs(base, context)
+            return estimate_bytes(setting, cfg, compute, batch, context) <= opts.memory_limit_gb * 1e9
         row = run_one(setting, base, context, batch, dataclasses.replace(opts, warmup=1, steps=1))
         return row["status"] == "ok"
 
     return fits
 
 
-def estimate_bytes(setting: Setting, cfg: ModelConfig, batch: int, context: int) -> float:
+def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
     """Estimated step memory without running: XLA's memory_analysis (JAX) or flops.memory_estimate (torch)."""
     if setting.framework == "jax":
         from jaxlm.bench import jax_side
 
-        est = jax_side.compiled_memory_bytes(jax_side.compile_step(jax_side.build_step(setting.mode, cfg, batch, context)))
+        step = jax_side.build_step(setting.mode, cfg, compute, batch, context)
+        est = jax_side.compiled_memory_bytes(jax_side.compile_step(step))
         if est is not None:
             return est
-    return flops.memory_estimate(cfg, batch, context, setting.mode, fused_attention=cfg.attention != "xla")["total"]
+    return flops.memory_estimate(cfg, batch, context, setting.mode, compute,
+                                 fused_attention=compute.attention != "xla")["total"]
 
 
 # --------------------------------------------------------------------------- output

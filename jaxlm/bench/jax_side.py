@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.config import ModelConfig, OptimConfig
+from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig
 from jaxlm.model import TransformerLM, cross_entropy
 from jaxlm.optim import make_optimizer
-from jaxlm.step import make_train_step
+from jaxlm.step import TrainState, make_train_step, split_model
 
 
 def device_kind() -> str:
@@ -46,10 +46,10 @@ def batch_arrays(cfg: ModelConfig, batch: int, context: int, seed: int = 0):
     return tokens[:, :-1], tokens[:, 1:]  # (B, T) inputs, (B, T) targets
 
 
-def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, seed: int = 0) -> Step:
+def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, seed: int = 0) -> Step:
     """forward -> logits; forward_backward -> (loss, grads); train_step -> (train state, metrics)."""
-    model = TransformerLM(cfg, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(seed))
+    graphdef, params, rest = split_model(model)
     tokens, targets = batch_arrays(cfg, batch, context, seed)
 
     def loss_fn(p, r, x, y):
@@ -65,7 +65,7 @@ def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, seed: int 
         return Step(jax.jit(jax.value_and_grad(loss_fn)), (params, rest, tokens, targets), lambda args, out: args)
     if mode == "train_step":
         tx, schedule = make_optimizer(OptimConfig(), total_steps=1000)
-        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params), "rest": rest}
+        state = TrainState.create(model, tx)
         jitted = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
         return Step(jitted, (state, tokens, targets), lambda a, out: (out[0], *a[1:]))
     raise ValueError(f"unknown mode {mode!r}")
@@ -108,9 +108,9 @@ def runtime_peak_bytes() -> int | None:
     return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
 
 
-def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict) -> None:
+def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
     """Fill `row` with compile time, step-time statistics and memory for one JAX setting."""
-    step = build_step(setting.mode, cfg, batch, context, opts.seed)
+    step = build_step(setting.mode, cfg, compute, batch, context, opts.seed)
     t0 = time.perf_counter()
     compiled = compile_step(step)
     row["compile_s"] = time.perf_counter() - t0

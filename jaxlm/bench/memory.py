@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 
 from jaxlm.bench import jax_side
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
 
 
 def _describe_analysis(compiled) -> list[str]:
@@ -49,13 +49,13 @@ def _live_arrays(top: int) -> list[str]:
     return lines
 
 
-def memory_profile(cfg: ModelConfig, batch: int, context: int, out_dir: str | Path, *, torch_too: bool = False,
-                   top: int = 25) -> list[Path]:
+def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out_dir: str | Path, *,
+                   torch_too: bool = False, top: int = 25) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for mode in ("forward", "train_step"):
-        step = jax_side.build_step(mode, cfg, batch, context)
+        step = jax_side.build_step(mode, cfg, compute, batch, context)
         compiled = jax_side.compile_step(step)
         outputs = compiled(*step.args)
         jax.block_until_ready(outputs)
@@ -65,7 +65,7 @@ def memory_profile(cfg: ModelConfig, batch: int, context: int, out_dir: str | Pa
             written.append(prof)
         except Exception as e:  # keep the text report even if pprof output fails
             (out / f"jax_{mode}.prof.error.txt").write_text(f"save_device_memory_profile failed: {e}\n")
-        lines = [f"{mode}: {dataclasses.asdict(cfg)}", f"batch {batch}, context {context}, device {jax_side.device_kind()}",
+        lines = [f"{mode}: {dataclasses.asdict(cfg)} {dataclasses.asdict(compute)}", f"batch {batch}, context {context}, device {jax_side.device_kind()}",
                  "", "compiled memory_analysis():"] + _describe_analysis(compiled)
         peak = jax_side.runtime_peak_bytes()
         lines.append(f"  runtime peak_bytes_in_use (process): {peak / 2**20:.3f} MiB" if peak is not None
@@ -76,11 +76,11 @@ def memory_profile(cfg: ModelConfig, batch: int, context: int, out_dir: str | Pa
         written.append(txt)
         del outputs, step, compiled
     if torch_too:
-        written.append(_torch_snapshot(cfg, batch, context, out))
+        written.append(_torch_snapshot(cfg, compute, batch, context, out))
     return written
 
 
-def _torch_snapshot(cfg: ModelConfig, batch: int, context: int, out: Path) -> Path:
+def _torch_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out: Path) -> Path:
     import torch
 
     from jaxlm.bench import torch_side
@@ -90,8 +90,8 @@ def _torch_snapshot(cfg: ModelConfig, batch: int, context: int, out: Path) -> Pa
         note.write_text("torch memory snapshots (torch.cuda.memory._record_memory_history) need CUDA; "
                         "this run had none, so none was written.\n")
         return note
-    torch_cfg = dataclasses.replace(cfg, attention="auto" if cfg.attention != "xla" else "xla", remat="none")
-    step = torch_side.build_step("train_step", torch_cfg, batch, context, compile=False)
+    torch_compute = ComputeConfig(dtype=compute.dtype, attention="xla" if compute.attention == "xla" else "auto")
+    step = torch_side.build_step("train_step", cfg, torch_compute, batch, context, compile=False)
     step()  # first step allocates the optimizer state; the recorded steps show the steady state
     torch.cuda.synchronize()
     path = out / "torch_train_step_snapshot.pickle"

@@ -1,11 +1,11 @@
-"""PyTorch half of a benchmark row: torchref with the same ModelConfig, batch and mode.
+"""PyTorch half of a benchmark row: torchref with the same architecture, batch and mode.
 
 - torch.compile on the model-plus-loss function unless the setting says eager;
   the first call (which compiles) is reported as `compile_s`.
 - bfloat16 rows run under `torch.autocast(dtype=torch.bfloat16)` with float32
-  parameters, the same policy as jaxlm's `cfg.dtype`.
+  parameters, the same policy as jaxlm's `compute.dtype`.
 - Fused attention: torchref calls `F.scaled_dot_product_attention` whenever
-  `cfg.attention != "xla"` (`Setting.model_config` maps cudnn rows to it).
+  `compute.attention != "xla"` (`Setting.configs` maps cudnn rows to it).
 - Train step: the SPEC AdamW (betas 0.9/0.95, wd 0.1, eps 1e-8) after
   global-norm clipping at 1.0. By default `torch.optim.AdamW` (foreach, fused on
   CUDA) with `clip_grad_norm_`, PyTorch's fastest equivalent of torchref.AdamW /
@@ -28,7 +28,8 @@ import torch
 
 import torchref
 from jaxlm import flops
-from jaxlm.config import ModelConfig
+from jaxlm.config import ComputeConfig, ModelConfig
+from parity.convert import torch_config
 
 
 def device() -> torch.device:
@@ -50,12 +51,12 @@ def autocast(dtype: str):
     return contextlib.nullcontext()
 
 
-def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, *, compile: bool = True, seed: int = 0,
-               optimizer: str = "torch"):
+def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, *, compile: bool = True,
+               seed: int = 0, optimizer: str = "torch"):
     """A zero-argument callable running one step of `mode` (returns a tensor to keep alive)."""
     dev = device()
     torch.manual_seed(seed)
-    model = torchref.TransformerLM(cfg, device=dev)
+    model = torchref.TransformerLM(torch_config(cfg), device=dev, fused_attention=compute.attention != "xla")
     tokens = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=dev)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # (B, T), (B, T)
 
@@ -69,7 +70,7 @@ def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, *, compile
         model.eval()
 
         def step():
-            with torch.no_grad(), autocast(cfg.dtype):
+            with torch.no_grad(), autocast(compute.dtype):
                 return fwd(x)
 
         return step
@@ -77,7 +78,7 @@ def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, *, compile
 
         def step():
             model.zero_grad(set_to_none=True)
-            with autocast(cfg.dtype):
+            with autocast(compute.dtype):
                 out = loss(x, y)
             out.backward()
             return out
@@ -95,7 +96,7 @@ def build_step(mode: str, cfg: ModelConfig, batch: int, context: int, *, compile
 
         def step():
             opt.zero_grad(set_to_none=True)
-            with autocast(cfg.dtype):
+            with autocast(compute.dtype):
                 out = loss(x, y)
             out.backward()
             clip()
@@ -124,9 +125,9 @@ def time_steps(step, n: int) -> list[float]:
     return times
 
 
-def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict) -> None:
-    fused = cfg.attention != "xla"
-    estimate = flops.memory_estimate(cfg, batch, context, setting.mode, fused_attention=fused)["total"]
+def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
+    fused = compute.attention != "xla"
+    estimate = flops.memory_estimate(cfg, batch, context, setting.mode, compute, fused_attention=fused)["total"]
     row["estimate_gb"] = estimate / 1e9
     if opts.memory_limit_gb is not None and estimate > opts.memory_limit_gb * 1e9:
         row["status"], row["memory_source"] = "OOM", "analytic estimate"
@@ -136,7 +137,7 @@ def measure(setting, cfg: ModelConfig, batch: int, context: int, opts, row: dict
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    step = build_step(setting.mode, cfg, batch, context, compile=setting.compile, seed=opts.seed,
+    step = build_step(setting.mode, cfg, compute, batch, context, compile=setting.compile, seed=opts.seed,
                       optimizer=getattr(opts, "torch_optimizer", "torch"))
     t0 = time.perf_counter()
     step()

@@ -10,6 +10,6 @@ One module per concept; `bpe` and `tokenizer` import neither jax nor grain:
 - `python -m jaxlm.data {prepare,train-bpe,download,bench}`; see docs/data.md
 """
 
-from jaxlm.data.bpe import DataError
+from jaxlm.errors import DataError
 
 __all__ = ["DataError"]

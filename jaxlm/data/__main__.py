@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from jaxlm.data.bpe import DataError
+from jaxlm.errors import DataError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from jaxlm.data.bpe import DataError, train_bpe
+from jaxlm.errors import DataError
+from jaxlm.data.bpe import train_bpe
 from jaxlm.data.tokenizer import find_shared_data
 
 BENCH_FILES = ("tinyshakespeare/input.txt", "wikitext-2/valid.txt", "wikitext-2/test.txt")

@@ -32,6 +32,8 @@ from typing import Iterable, Sequence
 
 import regex
 
+from jaxlm.errors import DataError
+
 # SPEC section 4: GPT-2's pre-tokenisation pattern (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PATTERN)
@@ -40,10 +42,6 @@ _PRETOKEN_RE = regex.compile(GPT2_PATTERN)
 _CHUNK_BYTES = 1 << 20
 # Inputs smaller than this are pre-tokenised in this process (starting workers costs more).
 _PARALLEL_MIN_BYTES = 2 << 20
-
-
-class DataError(Exception):
-    """Bad input for the data pipeline; the message names the file and says what is wrong."""
 
 
 # --------------------------------------------------------------------------- GPT-2 byte <-> unicode

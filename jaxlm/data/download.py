@@ -22,7 +22,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from jaxlm.data.bpe import DataError, _bar
+from jaxlm.errors import DataError
+from jaxlm.data.bpe import _bar
 
 _HF = "https://huggingface.co/datasets"
 # name -> list of (url, file name to store, how to unpack: None | "gunzip" | "unzip")

@@ -20,7 +20,7 @@ from typing import Iterator
 import grain
 import numpy as np
 
-from jaxlm.data.bpe import DataError
+from jaxlm.errors import DataError
 from jaxlm.data.prepare import read_meta
 
 

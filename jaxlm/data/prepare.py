@@ -27,7 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.data.bpe import DataError, _bar, file_chunks, mp_context, read_chunk
+from jaxlm.errors import DataError
+from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
 META = "meta.json"

@@ -30,7 +30,8 @@ from typing import Iterable, Iterator, Sequence
 
 import tiktoken
 
-from jaxlm.data.bpe import GPT2_PATTERN, DataError, load_vocab_merges, special_split_re
+from jaxlm.data.bpe import GPT2_PATTERN, load_vocab_merges, special_split_re
+from jaxlm.errors import DataError
 
 EOT = "<|endoftext|>"
 # encode_iterable encodes its buffer once it holds this many characters.
