@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.plan import format_value
-from experiments.results import load_results, read_json, read_metrics, series
+from experiments.results import load_results, read_metrics, series
+from jaxlm.files import read_json
 
 # Quantity -> (column title, formatter, lower is better?)
 QUANTITIES: dict[str, tuple[str, str, bool]] = {
@@ -481,7 +482,7 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
     plan_dir = Path(plan_dir)
     out = Path(out) if out else plan_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    meta = read_json(plan_dir / "plan.json") or {}
+    meta = read_json(plan_dir / "plan.json", default={}) or {}
     cfg = meta.get("report", {})
     runs = load_results(plan_dir)
     if not runs:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
+
+from jaxlm.files import read_json
 
 RESULT = "result.json"
 DONE_STATUSES = ("ok", "diverged", "skipped")  # a run with one of these is complete; "failed" is retried
@@ -30,20 +31,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "peak_memory": ("perf/peak_memory_bytes", "memory/peak_bytes", "perf/peak_bytes"),
     "lr": ("train/lr", "learning/lr"),
 }
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=str, allow_nan=True) + "\n")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -137,7 +124,7 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
 
 def load_bench(path: Path) -> tuple[list[dict], dict]:
     """(rows, meta) of a `jaxlm.bench --json` file: {"meta": {...}, "rows": [...]} or a bare list of rows."""
-    data = read_json(path)
+    data = read_json(path, default=None)
     meta = {}
     if isinstance(data, dict):
         meta = data.get("meta") or {}
@@ -151,11 +138,11 @@ def load_results(plan_dir: Path) -> list[dict]:
     plan_dir = Path(plan_dir)
     found = {}
     for p in sorted(plan_dir.glob(f"*/{RESULT}")):
-        r = read_json(p)
+        r = read_json(p, default=None)
         if isinstance(r, dict):
             r["_dir"] = str(p.parent)
             found[r.get("name", p.parent.name)] = r
-    meta = read_json(plan_dir / "plan.json") or {}
+    meta = read_json(plan_dir / "plan.json", default=None) or {}
     order = [r["name"] for r in meta.get("runs", [])]
     ordered = [found.pop(n) for n in order if n in found]
     return ordered + [found[n] for n in sorted(found)]

@@ -32,11 +32,11 @@ from experiments.results import (
     RESULT,
     has_nonfinite_loss,
     load_bench,
-    read_json,
     read_metrics,
     summarise_train,
-    write_json_atomic,
 )
+from jaxlm.config import toml_value
+from jaxlm.files import read_json, write_json
 
 TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"
@@ -98,19 +98,6 @@ def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
 
 
 # --------------------------------------------------------------------------- commands per kind
-
-
-def toml_value(v) -> str:
-    """A value as `--set key=VALUE` text that jaxlm.config reads back to the same value."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise PlanError(f"cannot pass {v!r} as a --set value")
 
 
 def cli_args(args: dict) -> list[str]:
@@ -214,7 +201,7 @@ def _now() -> str:
 
 
 def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
-    r = read_json(run_dir / RESULT)
+    r = read_json(run_dir / RESULT, default=None)
     if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash:
         return r
     return None
@@ -226,13 +213,13 @@ def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
     A directory holding another spec, or a failed attempt, is wiped: the rerun starts clean.
     An interrupted attempt (no result.json) is kept, so a training run resumes from its checkpoint.
     """
-    old = read_json(run_dir / "spec.json")
+    old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
     if run_dir.exists() and (stale or (run_dir / RESULT).exists()):
         shutil.rmtree(run_dir)
     resuming = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "spec.json", {"spec_hash": spec.hash, "spec": spec.to_dict()})
+    write_json(run_dir / "spec.json", {"spec_hash": spec.hash, "spec": spec.to_dict()})
     return resuming
 
 
@@ -386,7 +373,7 @@ def headline(result: dict) -> str:
 
 def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     plan_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
+    write_json(
         plan_dir / "plan.json",
         {
             "name": plan.name,
@@ -427,7 +414,7 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
         print(f"{prefix} ...", flush=True)
         result = execute(spec, run_dir, device, git, plan)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / RESULT, result)  # last: its presence marks the run complete
+        write_json(run_dir / RESULT, result)  # last: its presence marks the run complete
         counts[result["status"]] = counts.get(result["status"], 0) + 1
         print(f"{prefix}: {headline(result)}", flush=True)
         if result["status"] == "failed" and result.get("error_tail"):

@@ -455,6 +455,11 @@ def dumps_toml(data: dict) -> str:
     return tomli_w.dumps(data)
 
 
+def toml_value(value: Any) -> str:
+    """One value as TOML text (what `--set key=VALUE` reads back to the same value)."""
+    return dumps_toml({"v": value})[len("v = "):].strip()
+
+
 def help_config(cls=Config, prefix: str = "") -> str:
     """Every key of the tree with its type, default and doc, one line each."""
     lines = []
@@ -466,7 +471,7 @@ def help_config(cls=Config, prefix: str = "") -> str:
             lines.append(help_config(tp, prefix + f.name + "."))
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = "unset" if default is None else dumps_toml({"v": default})[4:].strip()
+        shown = "unset" if default is None else toml_value(default)
         lines.append(f"  {prefix}{f.name} = {shown}  ({_type_name(tp)})  {f.metadata.get('doc', '')}")
     return "\n".join(lines).lstrip("\n")
 

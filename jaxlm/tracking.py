@@ -64,12 +64,6 @@ class Tracker:
         self.jsonl.write(json.dumps({"step": step, "kind": "sample", tag: text}) + "\n")
         self.jsonl.flush()
 
-    def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-        if self.jsonl is not None:
-            self.jsonl.flush()
-
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -80,7 +74,8 @@ class Tracker:
 
 
 def peak_memory_bytes() -> int | None:
-    """Peak bytes in use on the first local device, where the backend reports it (GPU/TPU; not CPU)."""
+    """Peak bytes in use on the first local device since the process started, where the backend
+    reports it (GPU/TPU; None on CPU)."""
     try:
         stats = jax.local_devices()[0].memory_stats()
     except Exception:

@@ -18,7 +18,8 @@ import pytest
 
 from experiments.plan import PlanError, load_plan
 from experiments.report import write_report
-from experiments.run import Device, run_plan, toml_value
+from experiments.run import Device, run_plan
+from jaxlm.config import toml_value
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Device("cpu", "cpu", 1)

@@ -13,7 +13,7 @@ Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).
 """
 
-from jaxlm.bench.core import COLUMNS, Options, Setting, find_max_batch, format_table, read_json, run_one, run_sweep, write_csv, write_json
+from jaxlm.bench.core import COLUMNS, Options, Setting, find_max_batch, format_table, read_rows, run_one, run_sweep, write_csv, write_rows
 
 
 def plot_results(rows, out_dir):
@@ -23,5 +23,5 @@ def plot_results(rows, out_dir):
     return _plot(rows, out_dir)
 
 
-__all__ = ["COLUMNS", "Options", "Setting", "find_max_batch", "format_table", "plot_results", "read_json", "run_one",
-           "run_sweep", "write_csv", "write_json"]
+__all__ = ["COLUMNS", "Options", "Setting", "find_max_batch", "format_table", "plot_results", "read_rows", "run_one",
+           "run_sweep", "write_csv", "write_rows"]

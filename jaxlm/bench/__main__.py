@@ -96,7 +96,7 @@ def main_plot(argv) -> int:
     a = p.parse_args(argv)
     from jaxlm.bench.plots import plot_results
 
-    for path in plot_results(core.read_json(a.results), a.out):
+    for path in plot_results(core.read_rows(a.results), a.out):
         print(path)
     return 0
 
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
                                    args.memory_profile, torch_too=args.framework in ("torch", "both")):
             print(f"[memory profile] {path}")
     if args.json:
-        print(f"wrote {core.write_json(rows, args.json, meta)}")
+        print(f"wrote {core.write_rows(rows, args.json, meta)}")
     if args.csv:
         print(f"wrote {core.write_csv(rows, args.csv)}")
     if args.plot:

@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 from jaxlm import flops
 from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm.files import atomic_write
 
 FRAMEWORKS = ("jax", "torch")
 
@@ -314,15 +315,14 @@ def _json_safe(v):
     return v
 
 
-def write_json(rows: list[dict], path: str | Path, meta: dict | None = None) -> Path:
+def write_rows(rows: list[dict], path: str | Path, meta: dict | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean = [{k: _json_safe(v) for k, v in r.items()} for r in rows]
-    path.write_text(json.dumps({"meta": meta or {}, "rows": clean}, indent=1))
-    return path
+    return atomic_write(path, json.dumps({"meta": meta or {}, "rows": clean}, indent=1))
 
 
-def read_json(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path) -> list[dict]:
     data = json.loads(Path(path).read_text())
     return data["rows"] if isinstance(data, dict) else data
 

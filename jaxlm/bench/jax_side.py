@@ -24,6 +24,7 @@ from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig
 from jaxlm.model import TransformerLM, cross_entropy
 from jaxlm.optim import make_optimizer
 from jaxlm.step import TrainState, make_train_step, split_model
+from jaxlm.tracking import peak_memory_bytes
 
 
 def device_kind() -> str:
@@ -99,15 +100,6 @@ def compile_step(step: Step):
         return step.jitted.lower(*step.args).compile()
 
 
-def runtime_peak_bytes() -> int | None:
-    """Peak bytes in use on device 0 since the process started (None where the backend keeps no stats, e.g. CPU)."""
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:
-        return None
-    return int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None
-
-
 def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
     """Fill `row` with compile time, step-time statistics and memory for one JAX setting."""
     step = build_step(setting.mode, cfg, compute, batch, context, opts.seed)
@@ -140,7 +132,7 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
     row["step_ms_median"] = 1e3 * float(np.median(times))
-    peak = runtime_peak_bytes()
+    peak = peak_memory_bytes()
     if peak is not None:
         row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
     else:

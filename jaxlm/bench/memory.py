@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 
 from jaxlm.bench import jax_side
+from jaxlm.tracking import peak_memory_bytes
 from jaxlm.config import ComputeConfig, ModelConfig
 
 
@@ -67,7 +68,7 @@ def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context
             (out / f"jax_{mode}.prof.error.txt").write_text(f"save_device_memory_profile failed: {e}\n")
         lines = [f"{mode}: {dataclasses.asdict(cfg)} {dataclasses.asdict(compute)}", f"batch {batch}, context {context}, device {jax_side.device_kind()}",
                  "", "compiled memory_analysis():"] + _describe_analysis(compiled)
-        peak = jax_side.runtime_peak_bytes()
+        peak = peak_memory_bytes()
         lines.append(f"  runtime peak_bytes_in_use (process): {peak / 2**20:.3f} MiB" if peak is not None
                      else "  runtime peak: not available on this backend")
         lines += ["", *_live_arrays(top)]

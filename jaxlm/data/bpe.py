@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 import regex
 
 from jaxlm.errors import DataError
+from jaxlm.files import atomic_write
 
 # SPEC section 4: GPT-2's pre-tokenisation pattern (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -92,9 +93,9 @@ def save_vocab_merges(directory: str | os.PathLike, vocab: dict[int, bytes], mer
     encoded = {token_to_str(tok): i for i, tok in sorted(vocab.items())}
     if len(encoded) != len(vocab):
         raise DataError(f"{vocab_path}: vocabulary has duplicate tokens; vocab.json cannot represent them")
-    _atomic_write_text(vocab_path, json.dumps(encoded, ensure_ascii=False, indent=0) + "\n")
+    atomic_write(vocab_path, json.dumps(encoded, ensure_ascii=False, indent=0) + "\n")
     lines = ["#version: 0.2"] + [f"{token_to_str(a)} {token_to_str(b)}" for a, b in merges]
-    _atomic_write_text(merges_path, "\n".join(lines) + "\n")
+    atomic_write(merges_path, "\n".join(lines) + "\n")
     return vocab_path, merges_path
 
 
@@ -118,12 +119,6 @@ def load_vocab_merges(vocab_path: str | os.PathLike, merges_path: str | os.PathL
             raise DataError(f"{merges_path}:{lineno}: expected two space-separated tokens, got {line!r}")
         merges.append((str_to_token(parts[0], str(merges_path)), str_to_token(parts[1], str(merges_path))))
     return vocab, merges
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- chunking
@@ -243,19 +238,9 @@ def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_wo
 
 
 def _bar(total, desc, enabled, **kw):
-    if enabled:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, file=sys.stderr, unit_scale=True, **kw)
-
-    class _NoBar:
-        def update(self, n=1):
-            pass
-
-        def close(self):
-            pass
-
-    return _NoBar()
+    return tqdm(total=total, desc=desc, file=sys.stderr, unit_scale=True, disable=not enabled, **kw)
 
 
 # --------------------------------------------------------------------------- merging
@@ -393,6 +378,6 @@ def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Seque
     seconds = time.perf_counter() - t0
     out = Path(out)
     save_vocab_merges(out, vocab, merges)
-    _atomic_write_text(out / "special_tokens.json", json.dumps(list(special_tokens)) + "\n")
+    atomic_write(out / "special_tokens.json", json.dumps(list(special_tokens)) + "\n")
     mb = sum(Path(p).stat().st_size for p in inputs) / 1e6
     return {"seconds": seconds, "megabytes": mb, "vocab_size": len(vocab), "merges": len(merges), "out": str(out)}

@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 from jaxlm.errors import DataError
+from jaxlm.files import atomic_path
 from jaxlm.data.bpe import _bar
 
 _HF = "https://huggingface.co/datasets"
@@ -78,10 +79,8 @@ def _unpack(archive: Path, how: str) -> list[Path]:
         out = archive.with_suffix("")
         if out.is_file():
             return [out]
-        tmp = out.with_name(out.name + ".tmp")
-        with gzip.open(archive, "rb") as src, open(tmp, "wb") as dst:
+        with atomic_path(out) as tmp, gzip.open(archive, "rb") as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
-        os.replace(tmp, out)
         return [out]
     outs = []
     with zipfile.ZipFile(archive) as z:
@@ -89,10 +88,8 @@ def _unpack(archive: Path, how: str) -> list[Path]:
             if info.is_dir():
                 continue
             out = archive.parent / Path(info.filename).name
-            tmp = out.with_name(out.name + ".tmp")
-            with z.open(info) as src, open(tmp, "wb") as dst:
+            with atomic_path(out) as tmp, z.open(info) as src, open(tmp, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 22)
-            os.replace(tmp, out)
             outs.append(out)
     return outs
 

@@ -129,10 +129,6 @@ class Batches:
         self.step += 1
         return batch
 
-    def get_state(self) -> dict:
-        """Enough to resume: `train_batches(..., start_step=state["step"])`."""
-        return {"step": self.step}
-
     def close(self) -> None:
         close = getattr(self._it, "close", None)
         if close is not None:

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxlm.errors import DataError
+from jaxlm.files import atomic_write
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -204,7 +205,7 @@ def prepare(
         for name in TOKENIZER_FILES[:2]:
             shutil.copyfile(src / name, out / (name + ".tmp"))
             os.replace(out / (name + ".tmp"), out / name)
-        _write_atomic(out / "special_tokens.json", json.dumps(tok.special_tokens) + "\n")
+        atomic_write(out / "special_tokens.json", json.dumps(tok.special_tokens) + "\n")
         files = list(TOKENIZER_FILES)
     os.replace(train_tmp, out / "train.bin")
     os.replace(val_tmp, out / "val.bin")
@@ -226,7 +227,7 @@ def prepare(
         "sources": {"train": describe(inputs), "val": describe(val_inputs) if val_inputs else "tail of train"},
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    _write_atomic(out / META, json.dumps(meta, indent=2) + "\n")
+    atomic_write(out / META, json.dumps(meta, indent=2) + "\n")
     return meta
 
 
@@ -237,12 +238,6 @@ def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
         f.seek(offset)
         shutil.copyfileobj(f, g, 1 << 22)
     os.truncate(src, offset)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- reading back

@@ -1,0 +1,53 @@
+"""Writing files so that a reader never sees half of one, and reading JSON back.
+
+`atomic_path` yields a temporary name beside the target and renames it into
+place only when the block finishes; on an exception the temporary file is
+removed and the target is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Write to the yielded path; it replaces `path` when the block succeeds, and is removed when it fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Atomically, indented, NaN written as NaN (read back by `read_json`)."""
+    return atomic_write(path, json.dumps(data, indent=1, default=str, allow_nan=True) + "\n")
+
+
+_REQUIRED = object()
+
+
+def read_json(path: str | os.PathLike, default: Any = _REQUIRED) -> Any:
+    """The parsed file; `default` (when given) if the file is missing or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        if default is _REQUIRED:
+            raise
+        return default
