@@ -17,7 +17,11 @@ import math
 import time
 
 import numpy as np
-import torch
+
+from jaxlm.extras import exit_unless_installed
+
+exit_unless_installed("torch")
+import torch  # noqa: E402
 
 from jaxlm.config import load_config
 from jaxlm.data.prepare import ensure_prepared, read_meta

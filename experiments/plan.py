@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 import tomllib
 
-from jaxlm.data.tokenizer import find_shared_data
+from jaxlm.config import load_config, to_dict, toml_value
 
 
 class PlanError(ValueError):
@@ -165,21 +165,6 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-def _substitute_shared(value: Any, where: str) -> Any:
-    """Replace `{shared_data}` in strings (plans stay valid in any checkout beside shared/).
-
-    Where no shared/data exists the placeholder stays, so the plan still parses; the runner
-    refuses to start such a run (`unresolved_placeholder`)."""
-    if isinstance(value, str) and "{shared_data}" in value:
-        root = find_shared_data(Path.cwd())  # plans run from a checkout beside shared/
-        return value if root is None else value.replace("{shared_data}", str(root))
-    if isinstance(value, list):
-        return [_substitute_shared(v, where) for v in value]
-    if isinstance(value, dict):
-        return {k: _substitute_shared(v, where) for k, v in value.items()}
-    return value
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -253,7 +238,6 @@ def _expand_name(template: str, labels: dict[str, Any], where: str) -> str:
 
 
 def _to_spec(name: str, fields: dict, where: str) -> RunSpec:
-    fields = _substitute_shared(fields, where)
     kind = fields.get("kind")
     if kind is None:
         raise PlanError(f"{where}: no 'kind' (set it in [defaults] or the run)")
@@ -282,16 +266,23 @@ def _to_spec(name: str, fields: dict, where: str) -> RunSpec:
     )
 
 
+PLANS_DIR = Path(__file__).parent / "plans"
+
+
+def plan_names() -> list[str]:
+    """The shipped plans (files in experiments/plans/ not starting with "_", which are includes)."""
+    return sorted(q.stem for q in PLANS_DIR.glob("*.toml") if not q.name.startswith("_"))
+
+
 def resolve_plan_path(plan: str | Path) -> Path:
     """A path to a TOML file, or a plan name looked up in experiments/plans/."""
     p = Path(plan)
     if p.is_file():
         return p
-    named = Path(__file__).parent / "plans" / f"{plan}.toml"
+    named = PLANS_DIR / f"{plan}.toml"
     if named.is_file():
         return named
-    known = sorted(q.stem for q in (Path(__file__).parent / "plans").glob("*.toml") if not q.name.startswith("_"))
-    raise PlanError(f"plan not found: {plan} (not a file; known plans: {', '.join(known)})")
+    raise PlanError(f"plan not found: {plan} (not a file; known plans: {', '.join(plan_names())})")
 
 
 def _read_toml(path: Path) -> dict:
@@ -413,10 +404,25 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     )
 
 
-def unresolved_placeholder(spec: RunSpec) -> bool:
-    return "{shared_data}" in json.dumps(spec.to_dict())
-
-
 def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:
     """Optimizer steps that consume (about) `tokens` tokens at this batch shape."""
     return max(1, math.ceil(tokens / (batch_size * context_length)))
+
+
+def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The run's `--set` overrides, with the token budget turned into steps and out_dir pointed at the run."""
+    overrides = {**spec.set, "train.out_dir": str(run_dir)}
+    if spec.tokens:
+        cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
+        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
+    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
+
+
+def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
+    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
+
+
+def bench_overrides(spec: RunSpec) -> list[str]:
+    """The model and compute overrides of a bench run: a plan's data/optim/train settings are left
+    out, so a bench run in a training plan measures the same model the training runs use."""
+    return [f"{k}={toml_value(v)}" for k, v in spec.set.items() if k.startswith(("model.", "compute."))]

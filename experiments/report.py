@@ -23,6 +23,8 @@ from typing import Any
 
 from experiments.plan import format_value
 from experiments.results import load_results, read_metrics, series
+from jaxlm import cli
+from jaxlm.extras import require
 from jaxlm.files import read_json
 
 # Quantity -> (column title, formatter, lower is better?)
@@ -369,9 +371,7 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
@@ -565,4 +565,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

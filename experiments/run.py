@@ -12,6 +12,7 @@ plan goes on; it is retried the next time the plan runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -21,12 +22,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.plan import Plan, PlanError, RunSpec, load_plan, steps_for_tokens, unresolved_placeholder
+from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, plan_seconds
+from experiments.plan import Plan, PlanError, RunSpec, bench_overrides, load_plan, plan_names, resolved_train_config, train_overrides
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -35,7 +38,7 @@ from experiments.results import (
     read_metrics,
     summarise_train,
 )
-from jaxlm.config import toml_value
+from jaxlm.cli import HelpFormatter
 from jaxlm.files import read_json, write_json
 
 TRAIN_MODULE = "jaxlm.train"
@@ -116,23 +119,6 @@ def cli_args(args: dict) -> list[str]:
     return out
 
 
-def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The run's `--set` overrides, with the token budget turned into steps and out_dir pointed at the run."""
-    from jaxlm.config import load_config  # light: no JAX import
-
-    overrides = {**spec.set, "train.out_dir": str(run_dir)}
-    if spec.tokens:
-        cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
-        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
-    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
-
-
-def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
-    from jaxlm.config import load_config, to_dict
-
-    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
-
-
 def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
     for o in train_overrides(spec, run_dir):
@@ -141,12 +127,9 @@ def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The bench CLI gets the model and compute overrides only: a plan's data/optim/train settings are
-    left out, so a bench run in a training plan measures the same model the training runs use."""
     argv = [sys.executable, "-m", BENCH_MODULE, *cli_args(spec.args)]
-    for k, v in spec.set.items():
-        if k.startswith(("model.", "compute.")):
-            argv += ["--set", f"{k}={toml_value(v)}"]
+    for o in bench_overrides(spec):
+        argv += ["--set", o]
     return argv + ["--json", str(run_dir / "bench.json")]
 
 
@@ -168,18 +151,20 @@ BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
 
 
 def validate(plan: Plan, plan_dir: Path) -> None:
-    """Resolve every train run's config now, so a bad override fails before hours of runs, naming the run."""
-    from jaxlm.config import ConfigError
+    """Resolve every train run's config and data now, so a bad override or a missing corpus fails
+    before hours of runs, naming the run."""
+    from jaxlm.data.corpora import resolve_sources
+    from jaxlm.data.prepare import META
+    from jaxlm.errors import UserError
 
     for spec in plan.runs:
-        if unresolved_placeholder(spec):
-            raise PlanError(f"{plan.path}: run '{spec.name}' uses {{shared_data}} but no shared/data directory was found "
-                            "beside the working directory or its parents; set JAXLM_SHARED_DATA=/path/to/shared/data")
         if spec.kind != "train":
             continue
         try:
-            resolved_train_config(spec, plan_dir / spec.name)
-        except ConfigError as e:
+            data = resolved_train_config(spec, plan_dir / spec.name)["data"]
+            if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
+                resolve_sources(data["source"])
+        except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
 
 
@@ -407,8 +392,10 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
             continue
         if dry_run:
             reason = unmet_requirement(spec, device)
+            seconds = None if reason else estimate_seconds(spec, device.platform)
+            estimate = "" if reason else f", ~{format_seconds(seconds)}" if seconds is not None else ", time unknown"
             what = f"would skip: {reason}" if reason else shlex.join(BUILDERS[spec.kind](spec, run_dir))
-            print(f"{prefix}: {what}", flush=True)
+            print(f"{prefix[:-1]}{estimate}): {what}", flush=True)
             counts["pending"] = counts.get("pending", 0) + 1
             continue
         print(f"{prefix} ...", flush=True)
@@ -420,19 +407,50 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
         if result["status"] == "failed" and result.get("error_tail"):
             print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
     print("done: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
+    if dry_run:
+        pending = [s for s in runs if not is_complete(plan_dir / s.name, s)]
+        source = THROUGHPUT.get(device.platform, THROUGHPUT["cpu"]).source
+        print(f"estimated time: {_estimate(dataclasses.replace(plan, runs=tuple(pending)), device.platform)} "
+              f"on {device.platform} ({source}; see experiments/estimate.py)", flush=True)
     return counts
 
 
+def _estimate(plan: Plan, platform: str) -> str:
+    """`~4 min`, `~4 min + 2 runs not estimated`: the plan's runs that can happen on `platform`."""
+    device = Device(platform, platform, 1)
+    seconds, unknown = plan_seconds(plan, platform, lambda s: unmet_requirement(s, device) is not None)
+    return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
+
+
+def list_plans() -> str:
+    """Every shipped plan with its description and, per size, its runs and estimated time."""
+    lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
+    for name in plan_names():
+        plan = load_plan(name)
+        per_size = []
+        for size in plan.sizes:
+            sized = load_plan(name, size)
+            per_size.append(f"{size}: {len(sized.runs)} runs, {_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
+        lines += ["", f"  {name}  ({'; '.join(per_size)})",
+                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
+    lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("plan", help="plan file, or a plan name in experiments/plans/")
+    p = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
+    p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
+    p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
     p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
-    p.add_argument("--runs-dir", default="runs", help="parent of the plan directory (default: runs)")
+    p.add_argument("--runs-dir", default="runs", help="parent of the plan directory")
     args = p.parse_args(argv)
 
     try:
+        if args.plan is None:
+            print(list_plans())
+            return 0
         device = detect_device()
         size = args.size
         if size is None:

@@ -21,6 +21,15 @@ from jaxlm.config import PRESETS, Config, help_config, load_config
 from jaxlm.errors import UserError
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` shows every option's default, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _HelpConfig(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)

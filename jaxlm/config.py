@@ -140,7 +140,8 @@ class DataConfig:
     """Where tokens come from: `dir` holds train.bin / val.bin + meta.json (see docs/data.md)."""
 
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
-    source: list[str] = opt(["pydoc"], "text files to tokenise into `dir`; \"pydoc\" is Python's bundled docs")
+    source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
+                            "text files, or \"pydoc\" (Python's bundled docs)")
     tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
     val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")

@@ -29,3 +29,9 @@ class TrainingDiverged(UserError):
     """The loss or the parameter norm became NaN or infinite."""
 
     exit_code = 1
+
+
+class MissingExtra(UserError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+    exit_code = 1

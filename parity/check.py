@@ -24,6 +24,9 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch may share the GPU
 
+from jaxlm.extras import exit_unless_installed  # noqa: E402
+
+exit_unless_installed("torch")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -3,19 +3,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from jaxlm.data.tokenizer import find_shared_data
-
-REPO = Path(__file__).resolve().parents[1]
+from jaxlm.data.corpora import corpus_files
+from jaxlm.errors import DataError
 
 # The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
 # threads and the other pytest-xdist worker (a 1 s test took 70 s that way).
 torch.set_num_threads(1)
 
 
+def _corpus(name: str) -> Path:
+    """ROOT/NAME from the data root ($JAXLM_DATA); the test is skipped, naming the download, without it."""
+    try:
+        return corpus_files(name, which="all")[0].parent
+    except DataError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The read-only shared data directory (tinyshakespeare/, wikitext-2/, cs336/)."""
-    path = find_shared_data(REPO)  # $JAXLM_SHARED_DATA, else shared/data beside the checkout or above it
-    if path is None:
-        pytest.skip("shared data not found: set JAXLM_SHARED_DATA or put shared/data beside the repository")
-    return path
+def cs336() -> Path:
+    """The CS336 fixtures: GPT-2 vocabulary and merges, reference BPE, corpus.en, tokenizer samples."""
+    return _corpus("cs336")
+
+
+@pytest.fixture(scope="session")
+def tinyshakespeare() -> Path:
+    return _corpus("tinyshakespeare")

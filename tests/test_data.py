@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxlm.config import DataConfig
-from jaxlm.data import download as dlmod
+from jaxlm.data import corpora
 from jaxlm.data import prepare as prepmod
 from jaxlm.data.bpe import DataError, save_vocab_merges, train_bpe
 from jaxlm.data.loader import eval_batches, get_batch, step_offsets, train_batches
@@ -24,12 +24,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def docs(shared_data, tmp_path_factory):
+def docs(cs336, tinyshakespeare, tmp_path_factory):
     d = tmp_path_factory.mktemp("docs")
     a = d / "a.txt"
-    a.write_text((shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    a.write_text((tinyshakespeare / "input.txt").read_text(encoding="utf-8")[:60_000], encoding="utf-8")
     b = d / "b.txt"
-    b.write_text((shared_data / "cs336" / "tinystories_sample.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    b.write_text((cs336 / "tinystories_sample.txt").read_text(encoding="utf-8"), encoding="utf-8")
     return [a, b]
 
 
@@ -70,8 +70,8 @@ def test_parallel_prepare_equals_serial(docs, tmp_path, monkeypatch, prepared):
         assert np.array_equal(tokens(tmp_path, split), tokens(prepared, split))
 
 
-def test_trained_tokenizer_dir_is_copied(tmp_path, docs, shared_data):
-    vocab, merges = train_bpe(shared_data / "cs336" / "corpus.en", 400, [EOT])
+def test_trained_tokenizer_dir_is_copied(tmp_path, docs, cs336):
+    vocab, merges = train_bpe(cs336 / "corpus.en", 400, [EOT])
     tokdir = tmp_path / "tok"
     save_vocab_merges(tokdir, vocab, merges)
     out = tmp_path / "data"
@@ -208,30 +208,69 @@ def test_get_batch_numpy():
 # --------------------------------------------------------------------------- download
 
 
+def _corpus(monkeypatch, name, *remotes, files=None):
+    """Swap corpus `name` in the registry for one served by `remotes`."""
+    files = files or tuple(r.name.removesuffix(".gz") for r in remotes)
+    monkeypatch.setitem(corpora.CORPORA, name, corpora.Corpus(name, "test", files[:1], files, remotes))
+
+
 def test_download_failure_names_url(tmp_path, monkeypatch):
     url = "http://127.0.0.1:9/TinyStoriesV2-GPT4-train.txt"  # discard port: refused at once
-    monkeypatch.setitem(dlmod.DATASETS, "tinystories", [(url, "train.txt", None)])
+    _corpus(monkeypatch, "tinystories", corpora.Remote(url, "train.txt"))
     with pytest.raises(DataError, match=f"cannot download {url}.*curl -L -o"):
-        dlmod.download("tinystories", tmp_path, timeout=2, progress=False)
-    assert not (tmp_path / "train.txt").exists()
+        corpora.download("tinystories", tmp_path, timeout=2, progress=False)
+    assert not (tmp_path / "tinystories" / "train.txt").exists()
 
 
-def test_download_from_local_server(tmp_path, monkeypatch):
-    import gzip
-
+@pytest.fixture
+def server(tmp_path):
+    """A local HTTP server over tmp_path/served; yields (folder, base URL)."""
     served = tmp_path / "served"
     served.mkdir()
-    (served / "x.txt.gz").write_bytes(gzip.compress(b"hello world\n" * 1000))
-    server = HTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(served)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/x.txt.gz"
-        monkeypatch.setitem(dlmod.DATASETS, "openwebtext", [(url, "x.txt.gz", "gunzip")])
-        files = dlmod.download("openwebtext", tmp_path / "out", progress=False)
-    finally:
-        server.shutdown()
-    assert [f.name for f in files] == ["x.txt"] and files[0].read_bytes() == b"hello world\n" * 1000
-    assert not list((tmp_path / "out").glob("*.part"))
+    httpd = HTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(served)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield served, f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+
+
+def test_download_checks_digest_and_unpacks(tmp_path, monkeypatch, server):
+    import gzip
+    import hashlib
+
+    served, base = server
+    archive = gzip.compress(b"hello world\n" * 1000)
+    (served / "x.txt.gz").write_bytes(archive)
+    _corpus(monkeypatch, "openwebtext", corpora.Remote(f"{base}/x.txt.gz", "x.txt.gz", len(archive),
+                                                       hashlib.sha256(archive).hexdigest(), unpack="gunzip"))
+    files = corpora.download("openwebtext", tmp_path / "root", progress=False)
+    assert files == [tmp_path / "root" / "openwebtext" / "x.txt"] and files[0].read_bytes() == b"hello world\n" * 1000
+    assert [p.name for p in (tmp_path / "root" / "openwebtext").iterdir()] == ["x.txt"]  # no archive, no .part
+    monkeypatch.setenv("JAXLM_DATA", str(tmp_path / "root"))
+    assert corpora.resolve_sources(["openwebtext", "pydoc", "a.txt"]) == [str(files[0]), "pydoc", "a.txt"]
+
+
+def test_download_with_wrong_digest_keeps_nothing(tmp_path, monkeypatch, server):
+    served, base = server
+    (served / "t.txt").write_bytes(b"tampered")
+    _corpus(monkeypatch, "tinyshakespeare", corpora.Remote(f"{base}/t.txt", "t.txt", 8, "0" * 64))
+    with pytest.raises(DataError, match=r"/t\.txt: sha256 [0-9a-f]{64}, expected 0{64}"):
+        corpora.download("tinyshakespeare", tmp_path, progress=False)
+    assert list((tmp_path / "tinyshakespeare").iterdir()) == []
+
+
+def test_corpus_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXLM_DATA", str(tmp_path / "root"))
+    cfg = DataConfig(dir=str(tmp_path / "tok"), source=["tinyshakespeare"], tokenizer="bytes")
+    with pytest.raises(DataError, match=r"tinyshakespeare/input\.txt: corpus 'tinyshakespeare' not found; "
+                                         r"run `python -m jaxlm\.data download tinyshakespeare`"):
+        ensure_prepared(cfg, progress=False)
+    (tmp_path / "root" / "tinyshakespeare").mkdir(parents=True)
+    (tmp_path / "root" / "tinyshakespeare" / "input.txt").write_text("To be, or not to be\n" * 50)
+    meta = read_meta(ensure_prepared(cfg, progress=False))
+    assert meta["sources"]["train"][0]["path"] == str(tmp_path / "root" / "tinyshakespeare" / "input.txt")
+    assert meta["tokens"]["train"] + meta["tokens"]["val"] == 20 * 50 + 1  # bytes + <|endoftext|>
+    with pytest.raises(DataError, match=r"^tinyshakspeare: file not found and no corpus of that name \(corpora: tinyshakespeare, "):
+        prepare(["tinyshakspeare"], "bytes", tmp_path / "x", progress=False)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

@@ -245,6 +245,6 @@ def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
 def test_cli_exit_code_in_a_subprocess(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "jaxlm.generate", "--run", str(tmp_path / "missing"), "--prompt", "x"],
-        cwd=ROOT, capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300,
     )
     assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr

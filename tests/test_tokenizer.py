@@ -21,19 +21,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def gpt2(shared_data):
+def gpt2(cs336):
     return load_tokenizer("gpt2")
 
 
 @pytest.fixture(scope="module")
-def tiktoken_gpt2(shared_data, tmp_path_factory):
+def tiktoken_gpt2(cs336, tmp_path_factory):
     """tiktoken's own gpt2 Encoding, rebuilt offline from the cs336 files (PLATFORM.md)."""
     d = tmp_path_factory.mktemp("gpt2")
-    (d / "vocab.bpe").write_text("#version: 0.2\n" + (shared_data / "cs336" / "gpt2_merges.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    (d / "vocab.bpe").write_text("#version: 0.2\n" + (cs336 / "gpt2_merges.txt").read_text(encoding="utf-8"), encoding="utf-8")
     old = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # no cache: read the local files
     try:
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(d / "vocab.bpe"), str(shared_data / "cs336" / "gpt2_vocab.json"))
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(d / "vocab.bpe"), str(cs336 / "gpt2_vocab.json"))
     finally:
         if old is None:
             del os.environ["TIKTOKEN_CACHE_DIR"]
@@ -50,8 +50,8 @@ def test_gpt2_known_ids(gpt2):
 
 
 @pytest.mark.parametrize("name", FIXTURES + ["corpus.en"])
-def test_gpt2_equals_tiktoken(gpt2, tiktoken_gpt2, shared_data, name):
-    text = (shared_data / "cs336" / name).read_text(encoding="utf-8")
+def test_gpt2_equals_tiktoken(gpt2, tiktoken_gpt2, cs336, name):
+    text = (cs336 / name).read_text(encoding="utf-8")
     assert gpt2.encode(text) == tiktoken_gpt2.encode(text, allowed_special="all")
     plain = load_tokenizer("gpt2")
     assert plain.decode(gpt2.encode(text)) == text
@@ -59,26 +59,24 @@ def test_gpt2_equals_tiktoken(gpt2, tiktoken_gpt2, shared_data, name):
 
 @pytest.mark.parametrize("specials", [None, [EOT], [EOT, EOT + EOT]])
 @pytest.mark.parametrize("name", FIXTURES)
-def test_round_trip_and_stream(shared_data, name, specials):
-    d = shared_data / "cs336"
-    tok = Tokenizer.from_files(d / "gpt2_vocab.json", d / "gpt2_merges.txt", specials)
-    text = (d / name).read_text(encoding="utf-8")
+def test_round_trip_and_stream(cs336, name, specials):
+    tok = Tokenizer.from_files(cs336 / "gpt2_vocab.json", cs336 / "gpt2_merges.txt", specials)
+    text = (cs336 / name).read_text(encoding="utf-8")
     ids = tok.encode(text)
     assert tok.decode(ids) == text
-    with open(d / name, encoding="utf-8") as f:
+    with open(cs336 / name, encoding="utf-8") as f:
         assert list(tok.encode_iterable(f)) == ids
 
 
-def test_overlapping_specials_longest_wins(shared_data):
-    d = shared_data / "cs336"
-    tok = Tokenizer.from_files(d / "gpt2_vocab.json", d / "gpt2_merges.txt", [EOT, EOT + EOT])
+def test_overlapping_specials_longest_wins(cs336):
+    tok = Tokenizer.from_files(cs336 / "gpt2_vocab.json", cs336 / "gpt2_merges.txt", [EOT, EOT + EOT])
     double = tok.special_ids[EOT + EOT]
     ids = tok.encode(f"Hello{EOT}{EOT}{EOT}x")
     assert ids.count(double) == 1 and ids.count(50256) == 1
     assert ids.index(double) < ids.index(50256)
     assert tok.decode(ids) == f"Hello{EOT}{EOT}{EOT}x"
     # Without specials the marker is ordinary text.
-    assert 50256 not in Tokenizer.from_files(d / "gpt2_vocab.json", d / "gpt2_merges.txt").encode(EOT)
+    assert 50256 not in Tokenizer.from_files(cs336 / "gpt2_vocab.json", cs336 / "gpt2_merges.txt").encode(EOT)
 
 
 def test_stream_cuts_never_change_ids(gpt2, monkeypatch):
@@ -123,18 +121,18 @@ def _naive_encode(text, merges, specials_ids, vocab):
     return out
 
 
-def test_trained_vocab_encodes_like_merge_list(shared_data):
-    vocab, merges = train_bpe(shared_data / "cs336" / "corpus.en", 500, [EOT])
+def test_trained_vocab_encodes_like_merge_list(cs336):
+    vocab, merges = train_bpe(cs336 / "corpus.en", 500, [EOT])
     tok = Tokenizer(vocab, merges, [EOT])
     assert tok._rank_to_id is None  # ids follow merge order: no translation
-    text = (shared_data / "cs336" / "tinystories_sample.txt").read_text(encoding="utf-8").replace(EOT, "")
+    text = (cs336 / "tinystories_sample.txt").read_text(encoding="utf-8").replace(EOT, "")
     assert tok.encode(text) == _naive_encode(text, merges, {}, vocab)
     assert tok.eot_id == 0 and tok.decode(tok.encode(text)) == text
 
 
-def test_permuted_ids_are_translated(shared_data):
+def test_permuted_ids_are_translated(cs336):
     """A vocabulary whose ids do not follow merge order still encodes by merge rank."""
-    vocab, merges = train_bpe(shared_data / "cs336" / "corpus.en", 400, [EOT])
+    vocab, merges = train_bpe(cs336 / "corpus.en", 400, [EOT])
     ids = list(vocab)
     perm = ids[:]
     random.Random(1).shuffle(perm)
@@ -147,9 +145,8 @@ def test_permuted_ids_are_translated(shared_data):
     assert tok.decode(tok.encode(text)) == text
 
 
-def test_missing_special_is_appended(shared_data):
-    d = shared_data / "cs336"
-    tok = Tokenizer.from_files(d / "gpt2_vocab.json", d / "gpt2_merges.txt", ["<|pad|>"])
+def test_missing_special_is_appended(cs336):
+    tok = Tokenizer.from_files(cs336 / "gpt2_vocab.json", cs336 / "gpt2_merges.txt", ["<|pad|>"])
     assert tok.special_ids["<|pad|>"] == 50257 and tok.vocab_size == 50258
     assert tok.encode("a<|pad|>") == [64, 50257]
 
@@ -164,8 +161,8 @@ def test_bytes_tokenizer():
     assert list(tok.encode_iterable(["hé", "llo<|endof", "text|>😀"])) == ids
 
 
-def test_load_tokenizer_directory(tmp_path, shared_data):
-    vocab, merges = train_bpe(shared_data / "cs336" / "corpus.en", 300, [EOT])
+def test_load_tokenizer_directory(tmp_path, cs336):
+    vocab, merges = train_bpe(cs336 / "corpus.en", 300, [EOT])
     save_vocab_merges(tmp_path, vocab, merges)
     assert load_tokenizer(tmp_path).special_tokens == [EOT]  # inferred: <|endoftext|> is in the vocab
     (tmp_path / "special_tokens.json").write_text(json.dumps([]))
@@ -188,7 +185,7 @@ def test_gpt2_fallback_to_tiktoken(monkeypatch, tiktoken_gpt2, gpt2):
 
         tokmod._gpt2.cache_clear()
         monkeypatch.setattr(tiktoken, "get_encoding", offline)
-        with pytest.raises(DataError, match="JAXLM_SHARED_DATA"):
+        with pytest.raises(DataError, match="python -m jaxlm.data download cs336"):
             load_tokenizer("gpt2")
     finally:
         tokmod._gpt2.cache_clear()
@@ -221,12 +218,12 @@ _MEMORY_SCRIPT = textwrap.dedent(
 )
 
 
-def test_encode_iterable_memory_bounded(tmp_path, shared_data):
+def test_encode_iterable_memory_bounded(tmp_path, cs336):
     """Stream a ~5 MB file with address space capped at +8 MB (in a subprocess: the limit is global)."""
-    sample = (shared_data / "cs336" / "tinystories_sample.txt").read_text(encoding="utf-8")
+    sample = (cs336 / "tinystories_sample.txt").read_text(encoding="utf-8")
     big = tmp_path / "tinystories_5M.txt"
     big.write_text(sample * (5_000_000 // len(sample) + 1), encoding="utf-8")
-    env = {**os.environ, "JAXLM_SHARED_DATA": str(shared_data)}
+    env = {**os.environ, "JAXLM_DATA": str(cs336.parent)}
 
     def run(mode):
         return subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(big), mode], cwd=REPO, env=env, capture_output=True, text=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -84,9 +85,10 @@ def set_cpu_threads(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} " \
                               f"intra_op_parallelism_threads={n}".strip()
     os.environ["OMP_NUM_THREADS"] = str(n)
-    import torch  # noqa: PLC0415 (torch does not initialise JAX)
+    if importlib.util.find_spec("torch") is not None:  # optional: the torch extra
+        import torch  # noqa: PLC0415 (torch does not initialise JAX)
 
-    torch.set_num_threads(n)
+        torch.set_num_threads(n)
 
 
 def main_plot(argv) -> int:

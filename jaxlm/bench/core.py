@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 from jaxlm import flops
 from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm.extras import require
 from jaxlm.files import atomic_write
 
 FRAMEWORKS = ("jax", "torch")
@@ -141,8 +142,8 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
                    attention=setting.attention, remat=setting.remat, context=context, batch=batch,
                    status="invalid", error=str(e).splitlines()[0][:200])
         return row
+    side = _side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
     try:
-        side = _side(setting.framework)
         device_kind = side.device_kind()
         side.measure(setting, cfg, compute, batch, context, opts, row)
         row["status"] = row["status"] or "ok"
@@ -171,6 +172,7 @@ def _side(framework: str):
 
         return jax_side
     if framework == "torch":
+        require("torch")
         from jaxlm.bench import torch_side
 
         return torch_side

@@ -23,6 +23,7 @@ import jax
 from jaxlm.bench import jax_side
 from jaxlm.tracking import peak_memory_bytes
 from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm.extras import require
 
 
 def _describe_analysis(compiled) -> list[str]:
@@ -82,8 +83,7 @@ def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context
 
 
 def _torch_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out: Path) -> Path:
-    import torch
-
+    torch = require("torch")
     from jaxlm.bench import torch_side
 
     if not torch.cuda.is_available():

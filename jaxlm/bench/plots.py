@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+from jaxlm.extras import require
 
-matplotlib.use("Agg")
+require("matplotlib").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 SETTING_FIELDS = ("framework", "model", "mode", "dtype", "attention", "remat", "compiled")

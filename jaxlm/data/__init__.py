@@ -6,8 +6,8 @@ One module per concept; `bpe` and `tokenizer` import neither jax nor grain:
 - `jaxlm.data.tokenizer`: `Tokenizer`, `load_tokenizer("bytes" | "gpt2" | DIR)`
 - `jaxlm.data.prepare`: `prepare`, `ensure_prepared(DataConfig)`, `load_tokenizer_from_meta`, `read_meta`
 - `jaxlm.data.loader` (numpy + grain): `train_batches`, `eval_batches`, `get_batch`
-- `jaxlm.data.download`: `download("tinystories" | "wikitext103" | "openwebtext", out)`
-- `python -m jaxlm.data {prepare,train-bpe,download,bench}`; see docs/data.md
+- `jaxlm.data.corpora`: corpora by name (`CORPORA`), the data root (`$JAXLM_DATA`), `download(NAME)`
+- `python -m jaxlm.data {prepare,train-bpe,list,download,bench}`; see docs/data.md
 """
 
 from jaxlm.errors import DataError

@@ -1,4 +1,4 @@
-"""`python -m jaxlm.data {prepare,train-bpe,download,bench}`; see docs/data.md.
+"""`python -m jaxlm.data {prepare,train-bpe,list,download,bench}`; see docs/data.md.
 
 Bad input ends with one line on stderr naming the file, exit status 2.
 """
@@ -9,38 +9,57 @@ import argparse
 import json
 import sys
 
+from jaxlm.cli import HelpFormatter
 from jaxlm.errors import DataError
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jaxlm.data", description="Tokenizer and data pipeline for jaxlm.")
-    sub = p.add_subparsers(dest="command", required=True)
+    from jaxlm.data.corpora import CORPORA, data_root
 
-    pr = sub.add_parser("prepare", help="tokenise text files into train.bin / val.bin + meta.json")
-    pr.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files (each a document), or 'pydoc'")
+    fmt = HelpFormatter
+    p = argparse.ArgumentParser(prog="python -m jaxlm.data", description="Tokenizer and data pipeline for jaxlm.",
+                                epilog=f"data root: {data_root()} ($JAXLM_DATA, else ~/.cache/jaxlm/data)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pr = sub.add_parser("prepare", formatter_class=fmt, help="tokenise text into train.bin / val.bin + meta.json")
+    pr.add_argument("--input", nargs="+", required=True, metavar="SOURCE",
+                    help="corpus names (see `list`), text files (each a document), or 'pydoc'")
     pr.add_argument("--tokenizer", default="gpt2", help="gpt2 | bytes | directory with vocab.json + merges.txt")
-    pr.add_argument("--out", required=True, metavar="DIR")
+    pr.add_argument("--out", required=True, metavar="DIR", help="directory to write the token files into")
     val = pr.add_mutually_exclusive_group()
     val.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the tokens kept for validation")
-    val.add_argument("--val", nargs="+", metavar="FILE", help="separate validation files")
+    val.add_argument("--val", nargs="+", metavar="SOURCE", help="separate validation files or corpus names")
     pr.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
-    pr.add_argument("--dtype", choices=["uint16", "uint32"], default=None, help="default: uint16 when the vocabulary fits")
+    pr.add_argument("--dtype", choices=["uint16", "uint32"], default=None, help="token dtype (default: uint16 when the vocabulary fits)")
 
-    tb = sub.add_parser("train-bpe", help="train a byte-level BPE tokenizer")
-    tb.add_argument("--input", nargs="+", required=True, metavar="FILE")
-    tb.add_argument("--vocab-size", type=int, required=True)
-    tb.add_argument("--special-token", action="append", default=None, help="repeatable; default <|endoftext|>")
-    tb.add_argument("--out", required=True, metavar="DIR")
-    tb.add_argument("--workers", type=int, default=None)
+    tb = sub.add_parser("train-bpe", formatter_class=fmt, help="train a byte-level BPE tokenizer")
+    tb.add_argument("--input", nargs="+", required=True, metavar="SOURCE", help="text files or corpus names to train on")
+    tb.add_argument("--vocab-size", type=int, required=True, help="final vocabulary size, special tokens included")
+    tb.add_argument("--special-token", action="append", default=None, help="repeatable (default: <|endoftext|>)")
+    tb.add_argument("--out", required=True, metavar="DIR", help="directory for vocab.json and merges.txt")
+    tb.add_argument("--workers", type=int, default=None, help="pre-tokenising processes (default: all cores)")
 
-    dl = sub.add_parser("download", help="download a public corpus")
-    dl.add_argument("name", choices=["tinystories", "wikitext103", "openwebtext"])
-    dl.add_argument("--out", required=True, metavar="DIR")
-    dl.add_argument("--timeout", type=float, default=10.0)
+    sub.add_parser("list", help="list the corpora, their sizes and whether the data root has them")
 
-    be = sub.add_parser("bench", help="benchmark BPE training, encoding and the loader")
-    be.add_argument("--shared-data", default=None, metavar="DIR")
+    dl = sub.add_parser("download", formatter_class=fmt, help="download a corpus into the data root")
+    dl.add_argument("name", choices=list(CORPORA), help="corpus name")
+    dl.add_argument("--root", default=None, metavar="DIR", help="data root (default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
+    dl.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the server before giving up")
+
+    be = sub.add_parser("bench", formatter_class=fmt, help="benchmark BPE training, encoding and the loader")
+    be.add_argument("--root", default=None, metavar="DIR", help="data root holding tinyshakespeare and wikitext-2 "
+                                                                "(default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
     return p
+
+
+def _list() -> str:
+    from jaxlm.data.corpora import CORPORA, data_root
+
+    rows = []
+    for c in CORPORA.values():
+        have = all((data_root() / c.name / f).is_file() for f in c.files)
+        rows.append(f"{c.name:16} {'present' if have else 'missing':8} {c.about}")
+    return "\n".join([f"corpora in {data_root()}:", *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,19 +72,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.out}: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val tokens, {meta['dtype']}, vocab {meta['vocab_size']}, {meta['seconds']} s")
         elif args.command == "train-bpe":
             from jaxlm.data.bpe import train_and_save
+            from jaxlm.data.corpora import resolve_sources
 
             specials = args.special_token if args.special_token is not None else ["<|endoftext|>"]
-            r = train_and_save(args.input, args.vocab_size, specials, args.out, num_workers=args.workers)
+            r = train_and_save(resolve_sources(args.input), args.vocab_size, specials, args.out, num_workers=args.workers)
             print(f"{r['out']}: vocab {r['vocab_size']} ({r['merges']} merges) from {r['megabytes']:.2f} MB in {r['seconds']:.2f} s ({r['megabytes'] / r['seconds']:.2f} MB/s)")
+        elif args.command == "list":
+            print(_list())
         elif args.command == "download":
-            from jaxlm.data.download import download
+            from jaxlm.data.corpora import download
 
-            for f in download(args.name, args.out, timeout=args.timeout):
+            for f in download(args.name, args.root, timeout=args.timeout):
                 print(f)
         elif args.command == "bench":
             from jaxlm.data.bench import bench, format_table
 
-            print(format_table(bench(args.shared_data)))
+            print(format_table(bench(args.root)))
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,9 +1,9 @@
 """Data-pipeline benchmarks: BPE training, GPT-2 encoding through `prepare`, loader batches/s.
 
-    python -m jaxlm.data bench [--shared-data DIR]
+    python -m jaxlm.data bench [--root DIR]
 
-Inputs are tinyshakespeare/input.txt + wikitext-2/valid.txt + test.txt (3.4 MB) from
-the shared data directory. Each figure is the best of `repeats` runs after one warm-up
+Inputs are the corpora tinyshakespeare (input.txt) and wikitext-2 (valid.txt + test.txt),
+3.4 MB, from the data root (see jaxlm.data.corpora). Each figure is the best of `repeats` runs after one warm-up
 where that matters (loader).
 """
 
@@ -14,21 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from jaxlm.errors import DataError
 from jaxlm.data.bpe import train_bpe
-from jaxlm.data.tokenizer import find_shared_data
-
-BENCH_FILES = ("tinyshakespeare/input.txt", "wikitext-2/valid.txt", "wikitext-2/test.txt")
+from jaxlm.data.corpora import corpus_files
 
 
-def bench(shared_data: str | os.PathLike | None = None, vocab_size: int = 10000, batch_size: int = 32, context_length: int = 256, repeats: int = 3, loader_batches: int = 3000) -> list[tuple[str, str, str]]:
-    root = Path(shared_data) if shared_data else find_shared_data() or find_shared_data(Path.cwd())
-    if root is None:
-        raise DataError("no shared data directory found; pass --shared-data DIR or set JAXLM_SHARED_DATA")
-    files = [root / f for f in BENCH_FILES]
-    for f in files:
-        if not f.is_file():
-            raise DataError(f"{f}: file not found (benchmark input)")
+def bench(root: str | os.PathLike | None = None, vocab_size: int = 10000, batch_size: int = 32, context_length: int = 256, repeats: int = 3, loader_batches: int = 3000) -> list[tuple[str, str, str]]:
+    files = corpus_files("tinyshakespeare", root) + corpus_files("wikitext-2", root, which="all")
     mb = sum(f.stat().st_size for f in files) / 1e6
     cores = os.cpu_count() or 1
     rows = []

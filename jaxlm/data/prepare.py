@@ -30,6 +30,7 @@ import numpy as np
 from jaxlm.errors import DataError
 from jaxlm.files import atomic_write
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
+from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
 META = "meta.json"
@@ -65,18 +66,14 @@ def pydoc_documents() -> list[str]:
 
 
 def _check_sources(sources: Sequence[str], role: str) -> list[str]:
+    """Corpus names resolved to their files (jaxlm.data.corpora), every file checked to exist."""
     if not sources:
         raise DataError(f"no {role} input files given")
-    out = []
-    for s in sources:
-        s = str(s)
-        if s == PYDOC:
-            out.append(s)
-            continue
-        p = Path(s)
-        if not p.is_file():
-            raise DataError(f"{p}: file not found")
-        out.append(str(p))
+    out = resolve_sources(sources)
+    for s in out:
+        if s != PYDOC and not Path(s).is_file():
+            corpus = "" if os.sep in s else f" and no corpus of that name (corpora: {', '.join(CORPORA)})"
+            raise DataError(f"{s}: file not found{corpus}")
     return out
 
 
@@ -166,7 +163,7 @@ def prepare(
     dtype: str | None = None,
     progress: bool = True,
 ) -> dict:
-    """Tokenise `inputs` (paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
+    """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
     The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
     """
@@ -294,6 +291,7 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
                 f"delete {d} or point data.dir elsewhere"
             )
         return d
+    _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)

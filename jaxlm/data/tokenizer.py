@@ -31,6 +31,7 @@ from typing import Iterable, Iterator, Sequence
 import tiktoken
 
 from jaxlm.data.bpe import GPT2_PATTERN, load_vocab_merges, special_split_re
+from jaxlm.data.corpora import data_root
 from jaxlm.errors import DataError
 
 EOT = "<|endoftext|>"
@@ -221,26 +222,11 @@ def byte_tokenizer() -> Tokenizer:
     return tok
 
 
-def find_shared_data(start: str | os.PathLike | None = None) -> Path | None:
-    """`$JAXLM_SHARED_DATA`, else the first `shared/data` beside a parent of `start` (default: this package)."""
-    env = os.environ.get("JAXLM_SHARED_DATA")
-    if env:
-        return Path(env) if Path(env).is_dir() else None
-    here = Path(start or __file__).resolve()
-    for parent in [here, *here.parents]:
-        candidate = parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
 def gpt2_files() -> tuple[Path, Path] | None:
-    """GPT-2's vocab.json and merges, from shared data (cs336/gpt2_vocab.json, gpt2_merges.txt)."""
-    for root in filter(None, [find_shared_data(), find_shared_data(Path.cwd())]):
-        v, m = root / "cs336" / "gpt2_vocab.json", root / "cs336" / "gpt2_merges.txt"
-        if v.is_file() and m.is_file():
-            return v, m
-    return None
+    """GPT-2's vocab.json and merges from the cs336 corpus in the data root, when it is there."""
+    folder = data_root() / "cs336"
+    v, m = folder / "gpt2_vocab.json", folder / "gpt2_merges.txt"
+    return (v, m) if v.is_file() and m.is_file() else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -253,9 +239,9 @@ def _gpt2() -> Tokenizer:
             enc = tiktoken.get_encoding("gpt2")  # tiktoken's cache (TIKTOKEN_CACHE_DIR) or the network
         except Exception as e:
             raise DataError(
-                "cannot load the GPT-2 tokenizer: no shared data with cs336/gpt2_vocab.json + gpt2_merges.txt "
-                f"(set JAXLM_SHARED_DATA) and tiktoken could not fetch it ({type(e).__name__}: {e}); "
-                "set JAXLM_SHARED_DATA, or fill TIKTOKEN_CACHE_DIR on a machine with network access"
+                f"{data_root() / 'cs336'}: no GPT-2 vocabulary (gpt2_vocab.json + gpt2_merges.txt) and tiktoken "
+                f"could not fetch it ({type(e).__name__}: {e}); run `python -m jaxlm.data download cs336`, "
+                "or fill TIKTOKEN_CACHE_DIR on a machine with network access"
             ) from None
         ranks = enc._mergeable_ranks  # bytes -> rank, rank == GPT-2 id
         vocab = {r: t for t, r in ranks.items()}

@@ -1,0 +1,97 @@
+"""How long a plan will take, before running it: model FLOPs at a stated throughput.
+
+A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its
+evaluations (forward passes); a bench run costs `startup` plus, per row, a compile and
+`warmup + steps` steps. FLOPs are `jaxlm.flops.step_flops` (matmuls only).
+
+The CPU constants are fitted to this project's recorded CPU plan runs (docs/results,
+a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s to
+start and compile a run; they reproduce those runs' step times within about 30 %.
+The GPU constants are stated, not measured: an H100 at 40 % of its 989 TFLOP/s
+bfloat16 peak, 2 ms per step and 30 s to start. Runs whose length depends on the
+outcome (`--find-max-batch`) and `command` runs are not estimated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from pathlib import Path
+from typing import Callable
+
+from experiments.plan import Plan, RunSpec, bench_overrides, train_overrides
+from jaxlm.config import Config, load_config
+from jaxlm.flops import step_flops
+
+
+@dataclass(frozen=True)
+class Throughput:
+    flops_per_s: float
+    step_overhead_s: float
+    startup_s: float  # process start, JAX import, first compile
+    row_compile_s: float  # each further bench row compiles its own step
+    source: str
+
+
+THROUGHPUT = {
+    "cpu": Throughput(200e9, 0.5e-3, 4.0, 2.0, "fitted to recorded runs on a 2-core x86 CPU"),
+    "gpu": Throughput(0.4 * 989e12, 2e-3, 30.0, 10.0, "stated: an H100 at 40 % of its bfloat16 peak"),
+}
+BENCH_DEFAULTS = {"batch": 4, "mode": "forward", "warmup": 5, "steps": 10}  # jaxlm.bench's own defaults
+
+
+def _step_s(tp: Throughput, flops: float) -> float:
+    return tp.step_overhead_s + flops / tp.flops_per_s
+
+
+def train_seconds(cfg: Config, tp: Throughput) -> float:
+    m, b, t = cfg.model, cfg.data.batch_size, cfg.model.context_length
+    train = cfg.train.steps * _step_s(tp, step_flops(m, b, t, "train_step"))
+    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * cfg.train.eval_batches
+    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, b, t, "forward"))
+
+
+def _values(args: dict, key: str, default) -> list:
+    v = args.get(key, default)
+    return v if isinstance(v, list) else [v]
+
+
+def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | None:
+    """Every row of a `jaxlm.bench` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
+    if args.get("find_max_batch"):
+        return None
+    cfg = load_config(None, overrides, preset=args.get("preset"))
+    steps = args.get("warmup", BENCH_DEFAULTS["warmup"]) + args.get("steps", BENCH_DEFAULTS["steps"])
+    frameworks = 2 if args.get("framework") == "both" else 1
+    variants = frameworks * math.prod(len(_values(args, k, None)) for k in ("dtype", "attention", "remat"))
+    rows = itertools.product(_values(args, "context", cfg.model.context_length), _values(args, "batch", BENCH_DEFAULTS["batch"]),
+                             _values(args, "mode", BENCH_DEFAULTS["mode"]))
+    per_variant = sum(tp.row_compile_s + steps * _step_s(tp, step_flops(cfg.model, b, t, mode)) for t, b, mode in rows)
+    return tp.startup_s + variants * per_variant
+
+
+def estimate_seconds(spec: RunSpec, platform: str) -> float | None:
+    """One run's estimated wall time on `platform` (cpu | gpu), or None where it cannot be told."""
+    tp = THROUGHPUT.get(platform, THROUGHPUT["cpu"])
+    if spec.kind == "train":
+        return train_seconds(load_config(spec.config, train_overrides(spec, Path("runs"))), tp)
+    if spec.kind == "bench":
+        return bench_seconds(spec.args, bench_overrides(spec), tp)
+    return None
+
+
+def plan_seconds(plan: Plan, platform: str, skipped: Callable[[RunSpec], bool]) -> tuple[float, int]:
+    """The estimated seconds of the plan's runs that are not `skipped`, and how many have no estimate."""
+    known = [estimate_seconds(r, platform) for r in plan.runs if not skipped(r)]
+    return sum(s for s in known if s is not None), sum(s is None for s in known)
+
+
+def format_seconds(s: float) -> str:
+    """12 s, 4 min, 1.5 h: an estimate's precision."""
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
