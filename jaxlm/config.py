@@ -457,7 +457,9 @@ def dumps_toml(data: dict) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """One value as TOML text (what `--set key=VALUE` reads back to the same value)."""
+    """One value as TOML text (what `--set key=VALUE` reads back to the same value); lists on one line."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
     return dumps_toml({"v": value})[len("v = "):].strip()
 
 

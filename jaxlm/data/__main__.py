@@ -41,8 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list the corpora, their sizes and whether the data root has them")
 
-    dl = sub.add_parser("download", formatter_class=fmt, help="download a corpus into the data root")
-    dl.add_argument("name", choices=list(CORPORA), help="corpus name")
+    dl = sub.add_parser("download", formatter_class=fmt, help="download corpora into the data root")
+    dl.add_argument("name", nargs="+", choices=list(CORPORA), help="corpus names")
     dl.add_argument("--root", default=None, metavar="DIR", help="data root (default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
     dl.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the server before giving up")
 
@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "download":
             from jaxlm.data.corpora import download
 
-            for f in download(args.name, args.root, timeout=args.timeout):
-                print(f)
+            for name in args.name:
+                for f in download(name, args.root, timeout=args.timeout):
+                    print(f)
         elif args.command == "bench":
             from jaxlm.data.bench import bench, format_table
 
