@@ -6,7 +6,7 @@ the same token files. Times `--steps` steps after `--warmup` untimed ones and
 extrapolates to the config's train.steps; `--steps 0` trains the full run and
 reports the final validation loss too.
 
-    python experiments/nanogpt_cpu_baseline.py --config experiments/configs/shakespeare_char.toml --steps 200 [--compile]
+    python -m experiments.nanogpt_cpu_baseline [--config CONFIG] [--steps 200] [--compile] [--threads N]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -23,11 +24,13 @@ from jaxlm.extras import exit_unless_installed
 exit_unless_installed("torch")
 import torch  # noqa: E402
 
-from jaxlm.config import load_config
+from jaxlm import cli
 from jaxlm.data.prepare import ensure_prepared, read_meta
 from torchref.data import get_batch
 from torchref.model import TransformerLM
 from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule
+
+DEFAULT_CONFIG = "experiments/configs/shakespeare_char.toml"
 
 
 @torch.no_grad()
@@ -43,18 +46,18 @@ def val_loss(model, val, B, T, max_batches):
     return float(np.mean(losses))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="experiments/configs/shakespeare_char.toml")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.nanogpt_cpu_baseline", description=__doc__.split("\n\n")[0],
+                                 formatter_class=cli.HelpFormatter, epilog=f"--config defaults to {DEFAULT_CONFIG}")
+    cli.add_config_args(ap)
     ap.add_argument("--steps", type=int, default=200, help="timed steps (0: the full run with final val loss)")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps before the timed ones")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.overrides)
+    cfg = cli.load_config_from_args(args, path=DEFAULT_CONFIG)
     data_dir = ensure_prepared(cfg.data)
     meta = read_meta(data_dir)
     train = np.memmap(data_dir / "train.bin", dtype=meta["dtype"], mode="r")
@@ -93,7 +96,8 @@ def main():
     if args.steps == 0:
         out["val_loss"] = val_loss(model, val, B, T, cfg.train.eval_batches)
     print(json.dumps(out))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

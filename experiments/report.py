@@ -555,8 +555,9 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.report", description="Markdown report (tables, findings, plots) for a plan's runs")
-    p.add_argument("plan_dir", help="runs/PLAN")
+    p = argparse.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
+                                description="Markdown report (tables, findings, plots) for a plan's runs")
+    p.add_argument("plan_dir", help="the plan's run directory, runs/PLAN")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
     args = p.parse_args(argv)
     path = write_report(Path(args.plan_dir), Path(args.out) if args.out else None)

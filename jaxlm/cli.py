@@ -22,10 +22,10 @@ from jaxlm.errors import UserError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """`--help` shows every option's default, except where there is none to show (None, False)."""
+    """`--help` shows every option's default, except where there is none to show (None, False, [])."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or action.default == []:
             return action.help
         return super()._get_help_string(action)
 

@@ -1,0 +1,45 @@
+"""The core install is lean: training, sampling, checkpoints, logging and data need neither torch nor
+matplotlib; the extras that bring them fail in one line naming themselves."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from jaxlm import extras
+from jaxlm.errors import MissingExtra, UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_core_dependencies_leave_torch_and_matplotlib_to_extras():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    assert "torch" not in core and "matplotlib" not in core and "xprof" not in core
+    opt = project["optional-dependencies"]
+    assert {"torch", "plots", "profile", "test", "cuda12", "cuda13"} <= set(opt)
+    assert any(d.startswith("jaxlm[") and all(e in d for e in ("torch", "plots", "profile")) for d in opt["test"])
+
+
+def test_core_modules_import_neither_torch_nor_matplotlib():
+    code = ("import sys, jaxlm.train, jaxlm.generate, jaxlm.checkpoint, jaxlm.tracking, jaxlm.data.prepare, "
+            "jaxlm.data.loader, jaxlm.data.corpora, jaxlm.bench, experiments.run; "
+            "print(sorted(m for m in ('torch', 'matplotlib', 'xprof') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_missing_extra_is_named_in_one_line(monkeypatch):
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named '{name}'", name=name.split(".")[0])
+
+    monkeypatch.setattr(extras.importlib, "import_module", missing)
+    with pytest.raises(MissingExtra, match=r"^matplotlib is not installed; it comes with the 'plots' extra: "
+                                           r"pip install -e '\.\[plots\]'$") as e:
+        extras.require("matplotlib")
+    assert isinstance(e.value, UserError) and isinstance(e.value, ImportError) and e.value.exit_code == 1
+    monkeypatch.setattr(extras.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match=r"^error: torch is not installed; it comes with the 'torch' extra"):
+        extras.exit_unless_installed("torch")
