@@ -22,7 +22,7 @@ Masking semantics (shared by every implementation):
 * mask: an optional boolean array broadcastable to (batch, heads, T, S);
   True means "may attend". It is AND-ed with the causal/window mask.
   A query row with no visible key gets uniform weights over the masked keys
-  (finite, never NaN); SPEC-level callers never build such rows.
+  (finite, never NaN); causal self-attention never builds such rows.
 
 Implementations (``implementation=``):
 

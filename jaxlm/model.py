@@ -71,7 +71,7 @@ REMAT_POLICIES: dict[str, Callable[[], Any] | None] = {
 
 
 def truncated_normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype=jnp.float32) -> jax.Array:
-    """Normal(0, std) cut at +-3 std (SPEC's init, torch's trunc_normal_(std, -3std, 3std))."""
+    """Normal(0, std) cut at +-3 std (the init of docs/spec.md, torch's trunc_normal_(std, -3std, 3std))."""
     return std * jax.random.truncated_normal(key, -3.0, 3.0, shape, dtype)
 
 

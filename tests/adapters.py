@@ -1,8 +1,8 @@
-"""The CS336 adapter interface (SPEC section 5): thin glue from the test suite to torchref.
+"""The CS336 adapter interface (docs/spec.md#adapter-interface-testsadapterspy): thin glue from the test suite to torchref.
 
 Each function builds the torchref piece, loads the given weights and calls it;
 no logic lives here.  The tokenizer entries call jaxlm.data (framework-free),
-the project's one implementation of SPEC section 4.
+the project's one implementation of the tokenizer (docs/spec.md#tokenizer).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_cudnn_raises_clear_error_without_gpu():
 )
 @pytest.mark.parametrize("window", [None, 0, 5, 100])
 def test_cudnn_matches_xla_on_gpu(window):
-    """Guards the local_window_size=(window, 0) mapping and the cuDNN window bug noted in PLATFORM.md."""
+    """Guards the local_window_size=(window, 0) mapping: a cuDNN window that lost causality would see future keys."""
     B, S, NH, HD = 2, 128, 4, 64
     kq, kk, kv = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(kk_, (B, S, NH, HD), jnp.bfloat16) for kk_ in (kq, kk, kv))
@@ -296,7 +296,7 @@ def test_dropout_train_only_and_reproducible():
 
 
 def spec_table(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """SPEC section 1, written out: PyTorch name -> shape."""
+    """docs/spec.md#parameters, written out: PyTorch name -> shape."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
     table = {"token_embeddings.weight": (v, d)}
     for i in range(cfg.num_layers):

@@ -118,7 +118,7 @@ def functional_lm(w, ids, cfg: ModelConfig):
 
 
 def expected_param_table(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """SPEC section 1, written out: name -> shape."""
+    """docs/spec.md#parameters, written out: name -> shape."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
     table = {"token_embeddings.weight": (v, d), "lm_head.weight": (v, d)}
     if cfg.norm != "none":

@@ -27,7 +27,7 @@ def gpt2(cs336):
 
 @pytest.fixture(scope="module")
 def tiktoken_gpt2(cs336, tmp_path_factory):
-    """tiktoken's own gpt2 Encoding, rebuilt offline from the cs336 files (PLATFORM.md)."""
+    """tiktoken's own gpt2 Encoding, rebuilt offline: vocab.bpe is the version line + gpt2_merges.txt."""
     d = tmp_path_factory.mktemp("gpt2")
     (d / "vocab.bpe").write_text("#version: 0.2\n" + (cs336 / "gpt2_merges.txt").read_text(encoding="utf-8"), encoding="utf-8")
     old = os.environ.get("TIKTOKEN_CACHE_DIR")

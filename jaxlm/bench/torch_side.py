@@ -6,7 +6,7 @@
   parameters, the same policy as jaxlm's `compute.dtype`.
 - Fused attention: torchref calls `F.scaled_dot_product_attention` whenever
   `compute.attention != "xla"` (`Setting.configs` maps cudnn rows to it).
-- Train step: the SPEC AdamW (betas 0.9/0.95, wd 0.1, eps 1e-8) after
+- Train step: the AdamW of docs/spec.md (betas 0.9/0.95, wd 0.1, eps 1e-8) after
   global-norm clipping at 1.0. By default `torch.optim.AdamW` (foreach, fused on
   CUDA) with `clip_grad_norm_`, PyTorch's fastest equivalent of torchref.AdamW /
   torchref.clip_grad_norm (same update, same ordering); `Options.torch_optimizer

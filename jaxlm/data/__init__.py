@@ -1,4 +1,4 @@
-"""Tokenizer and data pipeline (SPEC sections 3 and 4).
+"""Tokenizer and data pipeline (docs/spec.md#data, docs/spec.md#tokenizer).
 
 One module per concept; `bpe` and `tokenizer` import neither jax nor grain:
 

@@ -1,4 +1,4 @@
-"""Byte-level BPE training (SPEC section 4) and the GPT-2 vocab.json / merges.txt format.
+"""Byte-level BPE training (docs/spec.md#tokenizer) and the GPT-2 vocab.json / merges.txt format.
 
 Training has two phases:
 
@@ -35,7 +35,7 @@ import regex
 from jaxlm.errors import DataError
 from jaxlm.files import atomic_write
 
-# SPEC section 4: GPT-2's pre-tokenisation pattern (tiktoken's "gpt2" uses the same one).
+# GPT-2's pre-tokenisation pattern (docs/spec.md#tokenizer) (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _PRETOKEN_RE = regex.compile(GPT2_PATTERN)
 

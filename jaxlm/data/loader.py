@@ -1,4 +1,4 @@
-"""Batches from a prepared token directory (SPEC section 3): numpy and grain, no jax.
+"""Batches from a prepared token directory (docs/spec.md#data): numpy and grain, no jax.
 
 Training batches are random windows. The global batch of step s is a pure function of
 (seed, s): its offsets come from `np.random.default_rng([seed, s])`, uniform in
@@ -25,7 +25,7 @@ from jaxlm.data.prepare import read_meta
 
 
 def get_batch(x: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator | int | None = None, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
-    """SPEC `get_batch` on a numpy array or memmap: offsets i uniform in 0 .. len(x)-m-1,
+    """`get_batch` of docs/spec.md on a numpy array or memmap: offsets i uniform in 0 .. len(x)-m-1,
     inputs x[i:i+m], targets x[i+1:i+m+1], both (batch_size, m) of `dtype`."""
     if len(x) <= context_length:
         raise ValueError(f"need more than context_length={context_length} tokens, got {len(x)}")

@@ -1,4 +1,4 @@
-"""Tokenise text files into a self-contained data directory (SPEC section 3).
+"""Tokenise text files into a self-contained data directory (docs/spec.md#data).
 
 Layout of a prepared directory::
 

@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizer on top of tiktoken (SPEC section 4).
+"""Byte-level BPE tokenizer on top of tiktoken (docs/spec.md#tokenizer).
 
 `Tokenizer(vocab, merges, special_tokens)` turns a vocabulary (id -> bytes) and its
 merges into a `tiktoken.Encoding`: tiktoken applies merges by rank, so each merged
