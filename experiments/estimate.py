@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 from dataclasses import dataclass
 
 from pathlib import Path
 from typing import Callable
 
-from experiments.plan import Plan, RunSpec, bench_overrides, train_overrides
+from experiments.device import Device, unmet_requirement
+from experiments.plan import Plan, RunSpec, bench_overrides, load_plan, plan_names, train_overrides
 from jaxlm.config import Config, load_config
 from jaxlm.flops import step_flops
 
@@ -95,3 +97,25 @@ def format_seconds(s: float) -> str:
     if s < 5400:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def plan_estimate(plan: Plan, platform: str) -> str:
+    """`~4 min`, `~4 min + 2 runs not estimated`: the plan's runs that can happen on `platform`."""
+    device = Device(platform, platform, 1)
+    seconds, unknown = plan_seconds(plan, platform, lambda s: unmet_requirement(s, device) is not None)
+    return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
+
+
+def list_plans() -> str:
+    """Every shipped plan with its description and, per size, its runs and estimated time."""
+    lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
+    for name in plan_names():
+        plan = load_plan(name)
+        per_size = []
+        for size in plan.sizes:
+            sized = load_plan(name, size)
+            per_size.append(f"{size}: {len(sized.runs)} runs, {plan_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
+        lines += ["", f"  {name}  ({'; '.join(per_size)})",
+                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
+    lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
+    return "\n".join(lines)

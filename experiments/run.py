@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import json
 import os
 import re
 import shlex
@@ -22,13 +21,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, plan_seconds
+from experiments.device import Device, detect_device, unmet_requirement
+from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, RunSpec, bench_overrides, load_plan, plan_names, resolved_train_config, train_overrides
 from experiments.results import (
     DONE_STATUSES,
@@ -51,25 +49,6 @@ DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b", re.IGNORECA
 # --------------------------------------------------------------------------- environment
 
 
-@dataclass(frozen=True)
-class Device:
-    platform: str  # cpu | gpu | tpu
-    kind: str  # jax.devices()[0].device_kind, "cpu" on CPUs
-    count: int
-
-
-def detect_device() -> Device:
-    """Ask JAX in a child process, so this process never initialises (or preallocates on) the accelerator."""
-    code = "import jax, json; d = jax.devices(); print(json.dumps([d[0].platform, d[0].device_kind, len(d)]))"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-        platform, kind, count = json.loads(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
-        print(f"warning: could not query JAX devices ({e}); assuming cpu", file=sys.stderr)
-        return Device("cpu", "cpu", 1)
-    return Device(platform, "cpu" if platform == "cpu" else kind, count)
-
-
 def git_info() -> dict:
     def git(*args):
         try:
@@ -78,26 +57,6 @@ def git_info() -> dict:
             return ""
 
     return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-# Requirement name -> (is it met on this device?, default reason when not).
-REQUIREMENTS: dict[str, tuple[Callable[[Device], bool], str]] = {
-    "gpu": (lambda d: d.platform == "gpu", "needs an NVIDIA GPU"),
-}
-
-
-def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
-    """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu'."""
-    needs = spec.requires
-    reason = spec.reason
-    if needs is None and (spec.set.get("compute.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"):
-        needs, reason = "gpu", reason or "cuDNN flash attention needs an NVIDIA GPU (cuDNN)"
-    if needs is None:
-        return None
-    met, default_reason = REQUIREMENTS[needs]
-    if met(device):
-        return None
-    return f"{reason or default_reason}; this device is {device.kind} ({device.platform})"
 
 
 # --------------------------------------------------------------------------- commands per kind
@@ -410,31 +369,9 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     if dry_run:
         pending = [s for s in runs if not is_complete(plan_dir / s.name, s)]
         source = THROUGHPUT.get(device.platform, THROUGHPUT["cpu"]).source
-        print(f"estimated time: {_estimate(dataclasses.replace(plan, runs=tuple(pending)), device.platform)} "
+        print(f"estimated time: {plan_estimate(dataclasses.replace(plan, runs=tuple(pending)), device.platform)} "
               f"on {device.platform} ({source}; see experiments/estimate.py)", flush=True)
     return counts
-
-
-def _estimate(plan: Plan, platform: str) -> str:
-    """`~4 min`, `~4 min + 2 runs not estimated`: the plan's runs that can happen on `platform`."""
-    device = Device(platform, platform, 1)
-    seconds, unknown = plan_seconds(plan, platform, lambda s: unmet_requirement(s, device) is not None)
-    return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
-
-
-def list_plans() -> str:
-    """Every shipped plan with its description and, per size, its runs and estimated time."""
-    lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
-    for name in plan_names():
-        plan = load_plan(name)
-        per_size = []
-        for size in plan.sizes:
-            sized = load_plan(name, size)
-            per_size.append(f"{size}: {len(sized.runs)} runs, {_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
-        lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
-    lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import tiktoken.load
 
 from jaxlm.data import tokenizer as tokmod
 from jaxlm.data.bpe import GPT2_PATTERN, DataError, save_vocab_merges, train_bpe
-from jaxlm.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
 EOT = "<|endoftext|>"
 FIXTURES = ["address.txt", "german.txt", "tinystories_sample.txt", "special_token_double_newlines_non_whitespace.txt", "special_token_trailing_newlines.txt"]
