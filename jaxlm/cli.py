@@ -21,11 +21,12 @@ from jaxlm.config import PRESETS, Config, help_config, load_config
 from jaxlm.errors import UserError
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """`--help` shows every option's default, except where there is none to show (None, False, [])."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` keeps the description's line breaks and shows every option's default, except where there
+    is none to show (None, False, []) or the help text names it already (what stands in for None)."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False or action.default == []:
+        if action.default is None or action.default is False or action.default == [] or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -66,3 +67,9 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def require(ok: bool, flag: str, value, rule: str) -> None:
+    """Stop with one line naming the option unless `ok` (argparse's own errors print the usage first)."""
+    if not ok:
+        raise UserError(f"{flag} {value}: {rule}")

@@ -28,10 +28,10 @@ from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config
 from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
+from jaxlm.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.errors import ConfigError, DataError, TrainingDiverged
 from jaxlm.host import tune_for_cpu_backend
 from jaxlm.optim import make_optimizer
-from jaxlm.sample import sample_text
 from jaxlm.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.tracking import Profiler, Tracker, peak_memory_bytes
 
@@ -256,9 +256,12 @@ def save(loop: Loop) -> None:
 
 
 def write_sample(loop: Loop) -> str:
-    cfg = loop.cfg
-    text = sample_text(loop.state.model(loop.built.graphdef), loop.tokenizer, cfg.log.sample_prompt,
-                       cfg.log.sample_tokens, temperature=cfg.log.sample_temperature, seed=cfg.train.seed)
+    """A text sample from the current weights (the decoding Generator, sliding past the context), logged."""
+    cfg, tok = loop.cfg, loop.tokenizer
+    out = Generator(loop.state.model(loop.built.graphdef)).generate(
+        [encode_prompt(tok, cfg.log.sample_prompt)], cfg.log.sample_tokens,
+        SamplingParams(temperature=cfg.log.sample_temperature), seed=cfg.train.seed)
+    text = cfg.log.sample_prompt + tok.decode(out.tokens[0])
     loop.tracker.text(loop.step, "samples/text", text)
     return text
 

@@ -1,20 +1,24 @@
-"""Generation: KV cache vs full forward, jaxlm vs torchref, sampling rules, batching, compilation, CLI."""
+"""Decoding: KV cache vs full forward, the sliding window, jaxlm vs torchref, sampling rules, batching, compilation, CLI."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from flax import nnx
 
 import torchref
+from jaxlm import cli
 from jaxlm.config import ModelConfig, load_config
-from jaxlm.generate import Generator, SamplingParams, StreamDecoder, filter_logits, main, sampling_probs
+from jaxlm.decode import Generator, SamplingParams, StreamDecoder, filter_logits, sampling_probs
+from jaxlm.generate import load_for_generation, main, run_config
 from jaxlm.model import TransformerLM
 from parity.convert import torch_config, torch_to_jax
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
@@ -53,9 +57,31 @@ def test_cache_equals_full_forward_greedy(gen, greedy_batch):
     with jax.default_matmul_precision("highest"):
         full = gen.generate(PROMPTS, 24, GREEDY, use_cache=False)
     assert full.tokens == greedy_batch.tokens
-    # Row 2 (22 prompt tokens, context 40) stops at the window after 18 tokens.
-    assert greedy_batch.stop == ["length", "length", "context"]
-    assert [len(t) for t in greedy_batch.tokens] == [24, 24, 18]
+    # Row 2 (22 prompt tokens, context 40) fills its window after 18 tokens and slides on.
+    assert greedy_batch.stop == ["length"] * 3
+    assert [len(t) for t in greedy_batch.tokens] == [24, 24, 24]
+
+
+def torch_cropped_greedy(model, prompt, n: int) -> list[int]:
+    """nanoGPT's loop: each next token is the argmax of a full forward over the last context_length tokens."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(torch.argmax(model(torch.tensor([seq[-CFG.context_length:]]))[0, -1])))
+    return seq[len(prompt):]
+
+
+def test_window_slides_like_a_cropped_full_forward(gen, torch_model):
+    """70 new tokens on a context of 40, rows of 2 to 60 prompt tokens: the cache, and the no-cache path,
+    equal torchref's full forward over each row's last 40 tokens."""
+    prompts = [*PROMPTS, list(np.arange(60) % 67)]
+    with jax.default_matmul_precision("highest"):
+        cached = gen.generate(prompts, 70, GREEDY)
+        full = gen.generate(prompts, 70, GREEDY, use_cache=False)
+    expected = [torch_cropped_greedy(torch_model, p, 70) for p in prompts]
+    assert cached.tokens == expected
+    assert full.tokens == expected
+    assert cached.stop == ["length"] * 4 and cached.prompt_lengths == [5, 2, 22, 40]
 
 
 def test_batched_prompts_equal_one_at_a_time(gen, greedy_batch):
@@ -85,7 +111,9 @@ def test_torchref_cache_logits_equal_full_forward(torch_model):
 
 
 def test_jax_equals_torchref_greedy(torch_model, greedy_batch):
-    assert greedy_batch.tokens == [torch_generate(torch_model, p, 24, temperature=0) for p in PROMPTS]
+    expected = [torch_generate(torch_model, p, 24, temperature=0) for p in PROMPTS]
+    assert [len(t) for t in expected] == [24, 24, 18]  # torchref.generate stops at the context window
+    assert [t[: len(e)] for t, e in zip(greedy_batch.tokens, expected)] == expected
 
 
 def test_model_extend_matches_call_with_window():
@@ -175,13 +203,23 @@ def test_no_recompilation_per_decode_step():
     assert g.traces["full"] == 1
 
 
-def test_long_prompt_cut_from_left_with_warning(gen):
+def test_sliding_compiles_once_per_shape():
+    """Past the window: one prefill, decode and full-forward compilation for the (batch, bucket) shapes,
+    none more for the next call with the same shapes (other prompts, sampling and seed)."""
+    g = Generator(TransformerLM(CFG, rngs=nnx.Rngs(2)))
+    g.generate([[1, 2, 3], [4] * 30], 60, GREEDY)
+    first = dict(g.traces)
+    assert first == {"prefill": 1, "decode": 1, "full": 1} and g.compiled_sizes() == first
+    g.generate([[7] * 25, [8, 9]], 60, SamplingParams(temperature=0.9, top_k=7), seed=5)
+    assert dict(g.traces) == first and g.compiled_sizes() == first
+
+
+def test_long_prompt_keeps_its_last_window(gen):
     prompt = list(np.arange(60) % 67)
     with jax.default_matmul_precision("highest"):
-        with pytest.warns(UserWarning, match="keeping the last 39"):
-            out = gen.generate([prompt], 5, GREEDY)
-        assert out.tokens == gen.generate([prompt[-39:]], 5, GREEDY).tokens
-    assert out.prompt_lengths == [39] and out.stop == ["context"] and len(out.tokens[0]) == 1
+        out = gen.generate([prompt], 5, GREEDY)
+        assert out.tokens == gen.generate([prompt[-40:]], 5, GREEDY).tokens
+    assert out.prompt_lengths == [40] and out.stop == ["length"] and len(out.tokens[0]) == 5
 
 
 def test_eot_stops_a_row(gen, greedy_batch):
@@ -225,26 +263,55 @@ def test_trained_checkpoint_generates_without_flags(trained_run, capsys):
     assert streamed == samples[: len(streamed)]  # streamed, full-forward text is the same
 
 
+def test_compute_flags_change_how_the_run_decodes(trained_run):
+    args = argparse.Namespace(config=None, preset=None, overrides=["compute.dtype=bfloat16"])
+    cfg = run_config(str(trained_run), args)
+    model, _ = load_for_generation(trained_run, cfg)
+    assert model.compute.dtype == "bfloat16" and model.init_cache(1, 8).layers[0][0].dtype == jnp.bfloat16
+    saved, _ = load_for_generation(trained_run)
+    np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
+
+
+def run_cli(argv, capsys) -> tuple[int, list[str]]:
+    """Exit code and stderr lines of `python -m jaxlm.generate ARGV`, in this process."""
+    code = cli.run(main, argv)
+    return code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("flag, value", [("--max-new-tokens", "-5"), ("--top-p", "0"), ("--top-k", "-1"),
+                                         ("--temperature", "-1"), ("--num-samples", "0"), ("--prompt-file", "nope.txt")])
+def test_bad_option_is_one_line_exit_2(tmp_path, capsys, flag, value):
+    code, err = run_cli(["--run", str(tmp_path), "--prompt", "x", flag, value], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {flag} ") and value in err[0], err
+
+
+def test_architecture_override_refused(trained_run, capsys):
+    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--set", "model.d_model=64"], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: model.d_model: ") and "64" in err[0], err
+    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--preset", "small"], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: model.vocab_size: "), err
+
+
 def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
     missing = tmp_path / "nope"
-    assert main(["--run", str(missing), "--prompt", "x"]) == 2
-    assert str(missing) in capsys.readouterr().err
+    assert run_cli(["--run", str(missing), "--prompt", "x"], capsys) == (2, [f"error: {missing}: no such run or checkpoint directory"])
     not_a_run = tmp_path / "empty"
     not_a_run.mkdir()
-    assert main(["--run", str(not_a_run), "--prompt", "x"]) == 2
-    assert str(not_a_run) in capsys.readouterr().err
+    code, err = run_cli(["--run", str(not_a_run), "--prompt", "x"], capsys)
+    assert code == 2 and len(err) == 1 and str(not_a_run) in err[0]
     corrupt = tmp_path / "corrupt"
     shutil.copytree(trained_run, corrupt)
     for f in (corrupt / "checkpoints" / "4" / "state").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")
-    assert main(["--run", str(corrupt), "--prompt", "x"]) == 2
-    assert str(corrupt) in capsys.readouterr().err
+    code, err = run_cli(["--run", str(corrupt), "--prompt", "x"], capsys)
+    assert code == 2 and str(corrupt) in err[-1]
 
 
-def test_cli_exit_code_in_a_subprocess(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "jaxlm.generate", "--run", str(tmp_path / "missing"), "--prompt", "x"],
-        cwd=ROOT, capture_output=True, text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300,
-    )
-    assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr
+@pytest.mark.parametrize("argv, culprit", [(["--run", "missing", "--prompt", "x"], "missing"),
+                                           (["--run", "missing", "--top-p", "0"], "--top-p 0.0")])
+def test_cli_exit_code_in_a_subprocess(tmp_path, argv, culprit):
+    r = subprocess.run([sys.executable, "-m", "jaxlm.generate", *argv], cwd=tmp_path, capture_output=True, text=True,
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=300)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {culprit}: "), r.stderr
