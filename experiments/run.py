@@ -86,7 +86,7 @@ def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", BENCH_MODULE, *cli_args(spec.args)]
+    argv = [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args)]
     for o in bench_overrides(spec):
         argv += ["--set", o]
     return argv + ["--json", str(run_dir / "bench.json")]

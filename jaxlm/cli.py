@@ -40,11 +40,14 @@ class _HelpConfig(argparse.Action):
         parser.exit()
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """--config FILE, --preset NAME, --set SECTION.KEY=VALUE (repeatable), --help-config."""
+def add_config_args(parser: argparse.ArgumentParser, base: str = "none") -> None:
+    """--config FILE, --preset NAME, --set SECTION.KEY=VALUE (repeatable), --help-config; `base` says which
+    config stands in when --config is absent."""
     g = parser.add_argument_group("configuration (the same flags on every command)")
-    g.add_argument("--config", metavar="FILE", help="TOML config (see --help-config); defaults fill missing keys")
-    g.add_argument("--preset", metavar="NAME", help=f"a named model size over the config: {', '.join(PRESETS)}")
+    g.add_argument("--config", metavar="FILE",
+                   help=f"TOML config (see --help-config); defaults fill missing keys (default: {base})")
+    g.add_argument("--preset", metavar="NAME",
+                   help=f"a named model size over the config: {', '.join(PRESETS)} (default: none)")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one key, the value read as TOML (3, 1e-3, true, [1, 2], \"text\"); repeatable")
     g.add_argument("--help-config", action=_HelpConfig, help="list every config key with its type, default and doc")

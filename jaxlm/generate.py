@@ -21,24 +21,24 @@ from jaxlm.config import Config, load_config
 from jaxlm.errors import CheckpointError, ConfigError, DataError, UserError
 
 
-def parse_args(argv) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (its latest checkpoint)")
     src.add_argument("--checkpoint", metavar="DIR", help="one checkpoint of a run, e.g. RUN/checkpoints/600")
-    ap.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch of prompts")
+    ap.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="prompt text; repeat for a batch of prompts")
     ap.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
                     help="a UTF-8 file whose whole text is one prompt; repeatable")
-    ap.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (>= 1)")
-    ap.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (>= 0); 0 = greedy")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus probability mass in (0, 1]; 1 = off")
-    ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (>= 0); 0 = off")
-    ap.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
-    ap.add_argument("--num-samples", type=int, default=1, help="samples per prompt (>= 1)")
+    ap.add_argument("--max-new-tokens", metavar="N", type=int, default=200, help="tokens to generate per sample (>= 1)")
+    ap.add_argument("--temperature", metavar="T", type=float, default=1.0, help="softmax temperature (>= 0); 0 = greedy")
+    ap.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus probability mass in (0, 1]; 1 = off")
+    ap.add_argument("--top-k", metavar="K", type=int, default=0, help="keep the k most likely tokens (>= 0); 0 = off")
+    ap.add_argument("--seed", metavar="N", type=int, default=0, help="random seed of the sampling")
+    ap.add_argument("--num-samples", metavar="N", type=int, default=1, help="samples per prompt (>= 1)")
     ap.add_argument("--stream", action="store_true", help="print tokens as they are generated, one sample at a time")
     ap.add_argument("--no-cache", action="store_true", help="re-run the full forward per token (slow; for comparison)")
-    cli.add_config_args(ap)
-    return ap.parse_args(argv)
+    cli.add_config_args(ap, base="the run's config.toml")
+    return ap
 
 
 def check_args(args: argparse.Namespace) -> list[str]:
@@ -104,7 +104,7 @@ def load_for_generation(path: str | Path, cfg: Config | None = None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     texts = check_args(args)
     path = args.run or args.checkpoint
     cfg = run_config(path, args)

@@ -1,20 +1,24 @@
-"""jaxlm.flops against XLA and both models, and the benchmark tool end to end on tiny configs (CPU, fast)."""
+"""jaxlm.flops against XLA and both models, and every `python -m jaxlm.bench` command end to end on tiny configs (CPU)."""
 
+import argparse
 import csv
-import dataclasses
 import functools
+import importlib
 import json
+import math
 
 import pytest
 import torch
 from flax import nnx
 
 import torchref
-from jaxlm import flops
+from jaxlm import cli, flops
 from jaxlm.bench import core, jax_side
-from jaxlm.bench.__main__ import main
+from jaxlm.bench.__main__ import COMMANDS, main
 from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.model import TransformerLM, count_params
+from parity.convert import torch_config
+from tests.train_helpers import make_corpus, tiny_overrides
 
 TINY = ["--set", "model.d_model=32", "--set", "model.num_layers=2", "--set", "model.num_heads=2",
         "--set", "model.vocab_size=67", "--set", "model.d_ff=96"]
@@ -32,7 +36,7 @@ def test_param_counts_match_both_models(overrides):
     cfg = ModelConfig(**{**dict(d_model=48, num_layers=3, num_heads=4, vocab_size=101, context_length=16), **overrides})
     counts = flops.param_counts(cfg)
     assert counts["total"] == count_params(TransformerLM(cfg, rngs=nnx.Rngs(0)))
-    assert counts["total"] == torchref.TransformerLM(cfg).num_params()
+    assert counts["total"] == torchref.TransformerLM(torch_config(cfg)).num_params()
     assert counts["non_embedding"] == counts["total"] - cfg.vocab_size * cfg.d_model
 
 
@@ -87,7 +91,7 @@ def test_step_flops_and_mfu_hand_counted():
 
 def test_sweep_both_frameworks_writes_json_csv_and_plots(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = main([*TINY, "--context", "16", "32", "--batch", "1", "2", "--mode", "forward",
+    rc = main(["model", *TINY, "--context", "16", "32", "--batch", "1", "2", "--mode", "forward",
                "--dtype", "float32", "bfloat16", "--framework", "both", "--no-compile", "--warmup", "1",
                "--steps", "2", "--json", str(out), "--csv", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "png"),
                "--quiet"])
@@ -106,7 +110,7 @@ def test_sweep_both_frameworks_writes_json_csv_and_plots(tmp_path, capsys):
     pngs = {p.name: p.stat().st_size for p in (tmp_path / "png").glob("*.png")}
     for name in ("memory_vs_context.png", "memory_vs_batch.png", "throughput_vs_batch.png", "optimisation_bf16.png"):
         assert pngs.get(name, 0) > 1000, pngs
-    assert "jax torch speed" in capsys.readouterr().out
+    assert "speedup vs torch" in capsys.readouterr().out
 
     # The experiments runner's path: plots from the saved JSON alone.
     assert main(["plot", str(out), "--out", str(tmp_path / "again")]) == 0
@@ -169,3 +173,66 @@ def test_breakdown_and_memory_profile(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
     if not torch.cuda.is_available():
         assert "torch_memory_snapshot_skipped.txt" in names
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("argv", [["model", "--batch", "4", "0"], ["model", "--context", "0"], ["model", "--steps", "0"],
+                                  ["decode", "--batch", "0"], ["decode", "--new-tokens", "-1"], ["data", "--batch", "0"],
+                                  ["data", "--context", "0"], ["nanogpt", "--steps", "0"]])
+def test_sizes_below_one_are_one_line_errors(argv, capsys):
+    assert cli.run(main, argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {argv[1]} {argv[-1]}: "), err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_shows_its_default(command):
+    parser = argparse.ArgumentParser(formatter_class=cli.HelpFormatter)
+    importlib.import_module(COMMANDS[command][0]).add_args(parser)
+    formatter = cli.HelpFormatter("x")
+    for action in parser._actions:
+        if action.option_strings and action.help != argparse.SUPPRESS and action.default != argparse.SUPPRESS:
+            assert "default" in formatter._get_help_string(action), (command, action.option_strings)
+
+
+def test_decode_bench_counts_tokens_and_compilations(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    assert main(["decode", *TINY, "--set", "model.context_length=16", "--prompt-tokens", "4", "--new-tokens", "20",
+                 "--batch", "2", "--repeats", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"]["context_length"] == 24  # raised to prompt + new tokens: no sliding in the timed calls
+    assert res["compiled"] == {"prefill": 1, "decode": 1, "full": 1}  # one compilation each, reused by every call
+    for mode in ("cache", "no-cache"):
+        r = res[mode]
+        assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
+    assert res["speedup"] == pytest.approx(res["cache"]["tokens_per_second"] / res["no-cache"]["tokens_per_second"])
+    assert "speedup of the cache" in capsys.readouterr().out
+
+
+def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
+    corpus = make_corpus(tmp_path / "corpus")
+    flags = [a for o in tiny_overrides(corpus, tmp_path / "run", **{"train.steps": 6}) for a in ("--set", o)]
+    assert main(["nanogpt", *flags, "--steps", "3", "--warmup", "1"]) == 0
+    timed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert timed["timed_steps"] == 3 and timed["step_time_s"] > 0
+    assert timed["extrapolated_total_s"] == pytest.approx(6 * timed["step_time_s"])
+    assert abs(timed["train_loss"] - math.log(257)) < 1.0  # 4 steps from a random init: about ln(vocab)
+    assert main(["nanogpt", *flags, "--full", "--warmup", "1"]) == 0
+    full = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert full["timed_steps"] == 5 and math.isfinite(full["val_loss"]) and full["val_loss"] < math.log(257) + 0.5
+
+
+def test_experiments_bench_runs_call_the_model_command(tmp_path):
+    from experiments.plan import RunSpec
+    from experiments.run import build_bench
+
+    spec = RunSpec(name="b", kind="bench", set={"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
+                                                "model.vocab_size": 67, "optim.lr": 1.0},
+                   args={"context": [16], "batch": [1], "steps": 1, "warmup": 0, "quiet": True})
+    argv = build_bench(spec, tmp_path)
+    assert argv[1:4] == ["-m", "jaxlm.bench", "model"] and "optim.lr=1.0" not in argv
+    assert main(argv[3:]) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["status"], r["context"], r["batch"]) for r in rows] == [("ok", 16, 1)]

@@ -81,10 +81,10 @@ def test_help_config_lists_every_key_with_its_doc():
 
 
 def test_help_config_flag_on_every_command():
-    for module in ("jaxlm.train", "jaxlm.bench", "parity.check"):
-        r = subprocess.run([sys.executable, "-m", module, "--help-config"], capture_output=True, text=True,
+    for command in ("jaxlm.train", "jaxlm.bench model", "jaxlm.generate", "parity.check"):
+        r = subprocess.run([sys.executable, "-m", *command.split(), "--help-config"], capture_output=True, text=True,
                            timeout=300, cwd=ROOT)
-        assert r.returncode == 0 and "optim.lr = 0.001" in r.stdout, (module, r.stderr[-500:])
+        assert r.returncode == 0 and "optim.lr = 0.001" in r.stdout, (command, r.stderr[-500:])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "configs").glob("*.toml")), ids=lambda p: p.name)

@@ -18,7 +18,7 @@ import torchref
 from jaxlm import cli
 from jaxlm.config import ModelConfig, load_config
 from jaxlm.decode import Generator, SamplingParams, StreamDecoder, filter_logits, sampling_probs
-from jaxlm.generate import load_for_generation, main, run_config
+from jaxlm.generate import build_parser, load_for_generation, main, run_config
 from jaxlm.model import TransformerLM
 from parity.convert import torch_config, torch_to_jax
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
@@ -315,3 +315,10 @@ def test_cli_exit_code_in_a_subprocess(tmp_path, argv, culprit):
                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=300)
     lines = r.stderr.splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {culprit}: "), r.stderr
+
+
+def test_every_option_has_help_with_its_default():
+    formatter = cli.HelpFormatter("x")
+    for action in build_parser()._actions:
+        if action.option_strings and action.default != argparse.SUPPRESS:
+            assert action.help and "default" in formatter._get_help_string(action), action.option_strings

@@ -134,6 +134,8 @@ def is_oom(exc: BaseException) -> bool:
 def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     """Benchmark one (setting, context, batch); never raises: failures become OOM / error rows."""
     try:
+        if context < 1 or batch < 1:
+            raise ValueError(f"context {context} and batch {batch} must be >= 1")
         cfg, compute = setting.configs(base, context)
         row = empty_row(setting, cfg, context, batch, opts)
     except Exception as e:  # an invalid combination (e.g. cudnn with float32): a row that says so
@@ -301,11 +303,18 @@ TABLE_COLUMNS = (
 )
 
 
+HEADINGS = {  # table headings that read as words; other columns: the key with spaces
+    "compile_s": "compile s", "step_ms": "step ms", "tokens_per_s": "tokens/s",
+    "tflops": "TFLOP/s", "mfu": "MFU", "memory_gb": "memory GB", "memory_source": "memory from",
+    "jax_torch_speed": "speedup vs torch",
+}
+
+
 def format_table(rows: list[dict], columns=TABLE_COLUMNS) -> str:
     """A fixed-width console table; columns that are empty in every row are dropped."""
     cols = [c for c in columns if any(r.get(c) not in (None, "none") for r in rows) or c in ("framework", "status")]
     cells = [[_fmt(r.get(c), c) for c in cols] for r in rows]
-    heads = [c.replace("_", " ") for c in cols]
+    heads = [HEADINGS.get(c, c.replace("_", " ")) for c in cols]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
     line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
     return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(c) for c in cells])

@@ -137,3 +137,22 @@ def plot_results(rows: list[dict], out_dir) -> list[Path]:
     for name in OPTIMISATIONS:
         written.append(_optimisation_figure(rows, name, out / f"optimisation_{name}.png"))
     return [p for p in written if p is not None]
+
+
+def add_args(p) -> None:
+    """`python -m jaxlm.bench plot RESULTS.json --out DIR`."""
+    p.add_argument("results", help="a file written by `python -m jaxlm.bench model --json`")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the PNG files")
+
+
+def main(args) -> int:
+    from jaxlm.bench.core import read_rows
+    from jaxlm.errors import DataError
+
+    try:
+        rows = read_rows(args.results)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{args.results}: cannot read benchmark rows ({type(e).__name__}: {e})") from e
+    for path in plot_results(rows, args.out):
+        print(path)
+    return 0

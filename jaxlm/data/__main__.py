@@ -1,4 +1,4 @@
-"""`python -m jaxlm.data {prepare,train-bpe,list,download,bench}`; see docs/data.md.
+"""`python -m jaxlm.data {prepare,train-bpe,list,download}`; see docs/data.md (benchmarks: `python -m jaxlm.bench data`).
 
 Bad input ends with one line on stderr naming the file, exit status 2.
 """
@@ -46,9 +46,6 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--root", default=None, metavar="DIR", help="data root (default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
     dl.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the server before giving up")
 
-    be = sub.add_parser("bench", formatter_class=fmt, help="benchmark BPE training, encoding and the loader")
-    be.add_argument("--root", default=None, metavar="DIR", help="data root holding tinyshakespeare and wikitext-2 "
-                                                                "(default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
     return p
 
 
@@ -85,10 +82,6 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.name:
                 for f in download(name, args.root, timeout=args.timeout):
                     print(f)
-        elif args.command == "bench":
-            from jaxlm.data.bench import bench, format_table
-
-            print(format_table(bench(args.root)))
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,195 @@
+"""`python -m jaxlm.bench model`: model steps over a sweep of settings and shapes (docs/benchmarks.md).
+
+The model comes from the common config flags (--config, --preset, --set); the sweep axes
+(--context, --batch, --mode, --dtype, --attention, --remat) default to the config's values.
+Examples:
+  python -m jaxlm.bench model --preset small --context 128 256 512 1024 --mode forward forward_backward \\
+      --dtype float32 bfloat16 --framework both --json runs/bench/small.json --plot runs/bench/plots
+  python -m jaxlm.bench model --preset small --context 1024 --mode train_step --dtype bfloat16 --find-max-batch
+  python -m jaxlm.bench model --set model.d_model=64 --set model.num_layers=2 --context 64 --batch 1 1000 \\
+      --memory-limit-gb 0.5          # the second row is marked OOM without running
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import typing
+from pathlib import Path
+
+from jaxlm import cli
+from jaxlm.bench import core  # imports no framework
+from jaxlm.config import ComputeConfig, Config
+from jaxlm.errors import UserError
+from jaxlm.flops import MODES
+
+COMPUTE_CHOICES = {name: typing.get_args(tp) for name, tp in typing.get_type_hints(ComputeConfig).items()}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    cli.add_config_args(p)
+    p.add_argument("--context", metavar="T", type=int, nargs="+", help="sequence lengths (default: model.context_length)")
+    p.add_argument("--batch", metavar="B", type=int, nargs="+", default=[4], help="batch sizes")
+    p.add_argument("--mode", metavar="MODE", nargs="+", default=["forward"], choices=MODES, help="what one timed step runs")
+    p.add_argument("--dtype", metavar="DTYPE", nargs="+", choices=COMPUTE_CHOICES["dtype"], help="compute dtypes (default: compute.dtype)")
+    p.add_argument("--attention", metavar="KIND", nargs="+",
+                   help="xla | cudnn | auto | window:N | cudnn+window:N (default: compute.attention)")
+    p.add_argument("--remat", metavar="POLICY", nargs="+", choices=COMPUTE_CHOICES["remat"],
+                   help="rematerialisation policies, JAX only (default: compute.remat)")
+    p.add_argument("--framework", default="jax", choices=["jax", "torch", "both"], help="which side(s) to measure")
+    p.add_argument("--no-compile", action="store_true", help="run torchref eagerly (no torch.compile)")
+    p.add_argument("--torch-optimizer", default="torch", choices=["torch", "torchref"],
+                   help="torch.optim.AdamW (foreach/fused) or torchref's own AdamW on torch train steps")
+    p.add_argument("--warmup", metavar="N", type=int, default=5, help="untimed steps before timing")
+    p.add_argument("--steps", metavar="N", type=int, default=10, help="timed steps per row")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the weights and the batch")
+    p.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU (default: flops.PEAK_FLOPS by device)")
+    p.add_argument("--memory-limit-gb", metavar="GB", type=float,
+                   help="mark rows whose estimated memory exceeds this as OOM without running them (default: no limit)")
+    p.add_argument("--find-max-batch", action="store_true",
+                   help="largest batch that fits per setting and context (doubling, then bisection)")
+    p.add_argument("--max-batch-limit", metavar="N", type=int, default=4096, help="upper bound of --find-max-batch")
+    p.add_argument("--breakdown", action="store_true", help="time attention / feed-forward / head standalone (JAX)")
+    p.add_argument("--memory-profile", metavar="DIR", help="write pprof device-memory profiles and live-buffer listings")
+    p.add_argument("--json", metavar="PATH", help="write the rows and the run's metadata here")
+    p.add_argument("--csv", metavar="PATH", help="write the rows here")
+    p.add_argument("--plot", metavar="DIR", help="write PNG figures from this sweep's rows")
+    p.add_argument("--threads", metavar="N", type=int, help="CPU threads for both frameworks (torch.set_num_threads; XLA's "
+                   "intra-op pool), for fair CPU comparisons on a shared machine (default: each framework's own)")
+    p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
+
+
+def check_args(args: argparse.Namespace, cfg: Config) -> None:
+    """Fill the axes from the config and stop, in one line naming the option, on a value out of range."""
+    args.context = args.context or [cfg.model.context_length]
+    args.dtype = args.dtype or [cfg.compute.dtype]
+    args.attention = args.attention or [cfg.compute.attention]
+    args.remat = args.remat or [cfg.compute.remat]
+    for flag, values in (("--context", args.context), ("--batch", args.batch)):
+        cli.require(min(values) >= 1, flag, min(values), "every size must be >= 1")
+    cli.require(args.steps >= 1, "--steps", args.steps, "must be >= 1")
+    cli.require(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
+    cli.require(args.max_batch_limit >= 1, "--max-batch-limit", args.max_batch_limit, "must be >= 1")
+    cli.require(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
+    cli.require(args.memory_limit_gb is None or args.memory_limit_gb > 0, "--memory-limit-gb", args.memory_limit_gb,
+                "must be > 0")
+    cli.require(args.peak_tflops is None or args.peak_tflops > 0, "--peak-tflops", args.peak_tflops, "must be > 0")
+    for attention in args.attention:
+        try:
+            core.parse_attention(attention)
+        except ValueError as e:
+            raise UserError(f"--attention: {e}") from None
+
+
+def settings_from(args) -> list[core.Setting]:
+    frameworks = ["jax", "torch"] if args.framework == "both" else [args.framework]
+    out = []
+    for fw in frameworks:
+        remats = args.remat if fw == "jax" else ["none"]
+        for mode in args.mode:
+            for dtype in args.dtype:
+                for attn in args.attention:
+                    for remat in remats:
+                        out.append(core.Setting(fw, mode, dtype, attn, remat, compile=not args.no_compile))
+    return out
+
+
+def set_cpu_threads(n: int) -> None:
+    """Both frameworks on n CPU threads. XLA reads its flags when JAX initialises its CPU backend,
+    so this must run before the first JAX computation (the CLI calls it first thing)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} " \
+                              f"intra_op_parallelism_threads={n}".strip()
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    if importlib.util.find_spec("torch") is not None:  # optional: the torch extra
+        import torch  # noqa: PLC0415 (torch does not initialise JAX)
+
+        torch.set_num_threads(n)
+
+
+def progress_line(row: dict) -> None:
+    status = f"{row['step_ms']:.2f} ms" if row.get("step_ms") else (row.get("error") or "")
+    print(f"[bench] {row['framework']} {row['mode']} {row['dtype']} {row['attention']} remat={row['remat']} "
+          f"T={row['context']} B={row['batch']}: {row['status']} {status}", flush=True)
+
+
+def max_batch_rows(args, settings, base, opts, meta: dict, on_row) -> list[dict]:
+    """The largest batch per setting and context (recorded in meta), then one row at each."""
+    found = []
+    for s in settings:
+        for context in args.context:
+            best = core.find_max_batch(core.batch_fits(s, base, context, opts), limit=args.max_batch_limit)
+            found.append((s, context, best))
+            print(f"[max batch] {s.label} T={context}: {best}", flush=True)
+    meta["max_batch"] = [{"setting": s.label, "context": c, "max_batch": b} for s, c, b in found]
+    rows = []
+    for s, context, best in found:
+        if best > 0:
+            rows.append({**core.run_one(s, base, context, best, opts), "max_batch": True})
+            if on_row:
+                on_row(rows[-1])
+    core.add_speed_ratios(rows)
+    return rows
+
+
+def extras(args, settings, base, meta: dict) -> None:
+    """--breakdown (the first JAX setting at every shape) and --memory-profile (the first shape)."""
+    jax_settings = [s for s in settings if s.framework == "jax"] or [core.Setting()]
+    if args.breakdown:
+        from jaxlm.bench.breakdown import component_breakdown, format_breakdown
+
+        for context in args.context:
+            for batch in args.batch:
+                comp = component_breakdown(*jax_settings[0].configs(base, context), batch, context,
+                                           warmup=args.warmup, steps=args.steps)
+                meta.setdefault("breakdown", []).append(comp)
+                print(f"\ncomponent breakdown ({jax_settings[0].dtype}, T={context}, B={batch}):")
+                print(format_breakdown(comp))
+    if args.memory_profile:
+        from jaxlm.bench.memory import memory_profile
+
+        for path in memory_profile(*jax_settings[0].configs(base, args.context[0]), args.batch[0], args.context[0],
+                                   args.memory_profile, torch_too=args.framework in ("torch", "both")):
+            print(f"[memory profile] {path}")
+
+
+def write_outputs(args, rows: list[dict], meta: dict) -> None:
+    if args.json:
+        print(f"wrote {core.write_rows(rows, args.json, meta)}")
+    if args.csv:
+        print(f"wrote {core.write_csv(rows, args.csv)}")
+    if args.plot:
+        from jaxlm.bench.plots import plot_results
+
+        for path in plot_results(rows, args.plot):
+            print(f"wrote {path}")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = cli.load_config_from_args(args)
+    check_args(args, cfg)
+    if args.threads:
+        set_cpu_threads(args.threads)
+    from jaxlm.host import tune_for_cpu_backend
+
+    tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
+    base = cfg.model
+    name = args.preset or (Path(args.config).stem if args.config else "default")
+    opts = core.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
+                        peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
+                        seed=args.seed, torch_optimizer=args.torch_optimizer)
+    settings = settings_from(args)
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads}
+    on_row = None if args.quiet else progress_line
+    if args.find_max_batch:
+        rows = max_batch_rows(args, settings, base, opts, meta, on_row)
+    else:
+        rows = core.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
+    print()
+    print(core.format_table(rows))
+    extras(args, settings, base, meta)
+    write_outputs(args, rows, meta)
+    return 0
