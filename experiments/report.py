@@ -540,7 +540,7 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
         lines += ["## Benchmarks", "", bench_table(brows), ""]
         mb = max_batch_table(runs)
         if mb:
-            lines += ["Largest batch that fits (jaxlm.bench --find-max-batch):", "", mb, ""]
+            lines += ["Largest batch that fits (jaxlm.bench model --find-max-batch):", "", mb, ""]
         pngs, note = plot_bench(brows, out)
         if note:
             lines += [f"({note})", ""]

@@ -123,7 +123,7 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
 
 
 def load_bench(path: Path) -> tuple[list[dict], dict]:
-    """(rows, meta) of a `jaxlm.bench --json` file: {"meta": {...}, "rows": [...]} or a bare list of rows."""
+    """(rows, meta) of a `jaxlm.bench model --json` file: {"meta": {...}, "rows": [...]} or a bare list of rows."""
     data = read_json(path, default=None)
     meta = {}
     if isinstance(data, dict):

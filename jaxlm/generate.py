@@ -84,11 +84,15 @@ def run_config(path: str, args: argparse.Namespace) -> Config:
 
 def load_for_generation(path: str | Path, cfg: Config | None = None):
     """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
+    import jax
     from flax import nnx
 
     from jaxlm.checkpoint import restore_for_inference
     from jaxlm.step import build_model
 
+    if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
+                          "devices; use 'xla' or 'auto'")
     try:
         model, saved, tokenizer = restore_for_inference(path)
     except CheckpointError:

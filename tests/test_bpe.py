@@ -21,7 +21,7 @@ def _reference(cs336):
 
 def test_reference_vocab_and_merges_exactly(cs336):
     ref_vocab, ref_merges = _reference(cs336)
-    vocab, merges = train_bpe(cs336 / "corpus.en", 500, [EOT])  # its speed: python -m jaxlm.data bench
+    vocab, merges = train_bpe(cs336 / "corpus.en", 500, [EOT])  # its speed: python -m jaxlm.bench data
     assert merges == ref_merges
     assert vocab == ref_vocab  # ids too: specials, then bytes in GPT-2 order, then merges
 

@@ -292,6 +292,13 @@ def test_architecture_override_refused(trained_run, capsys):
     assert code == 2 and len(err) == 1 and err[0].startswith("error: model.vocab_size: "), err
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN attention runs on a GPU")
+def test_cudnn_without_a_gpu_is_one_line(trained_run, capsys):
+    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--set", "compute.dtype=bfloat16",
+                         "--set", "compute.attention=cudnn"], capsys)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: compute.attention: "), err
+
+
 def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
     missing = tmp_path / "nope"
     assert run_cli(["--run", str(missing), "--prompt", "x"], capsys) == (2, [f"error: {missing}: no such run or checkpoint directory"])

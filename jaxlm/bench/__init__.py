@@ -1,13 +1,14 @@
-"""Benchmark jaxlm (and torchref beside it): speed, FLOPs, MFU, memory, plots.
+"""Benchmarks, all behind `python -m jaxlm.bench WHAT` (model, data, decode, nanogpt, plot; docs/benchmarks.md).
 
-`python -m jaxlm.bench --help` for the command line; docs/benchmarks.md for the
-columns and conventions. The modules:
-
-- core: `Setting`, `Options`, `run_sweep`, `run_one`, `find_max_batch`, table/JSON/CSV output
+The model-step sweep (jaxlm and torchref side by side: speed, FLOPs, MFU, memory):
+- core: `Setting`, `Options`, `run_sweep`, `run_one`, `find_max_batch`, `batch_fits`, table/JSON/CSV output
 - jax_side / torch_side: one row's measurement in each framework
 - breakdown: attention vs feed-forward vs output head, timed standalone
 - memory: `--memory-profile` (pprof device-memory profiles, live buffers, torch snapshot)
 - plots: `plot_results(rows, out_dir)`
+- sweep: the `model` command
+The other commands: data (tokenizer and loader), decode (tokens/s with and without the
+KV cache), nanogpt (the torchref plain-loop baseline of the nanoGPT CPU recipe).
 
 Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).
