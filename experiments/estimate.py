@@ -41,7 +41,7 @@ THROUGHPUT = {
     "cpu": Throughput(200e9, 0.5e-3, 4.0, 2.0, "fitted to recorded runs on a 2-core x86 CPU"),
     "gpu": Throughput(0.4 * 989e12, 2e-3, 30.0, 10.0, "stated: an H100 at 40 % of its bfloat16 peak"),
 }
-BENCH_DEFAULTS = {"batch": 4, "mode": "forward", "warmup": 5, "steps": 10}  # jaxlm.bench's own defaults
+BENCH_DEFAULTS = {"batch": 4, "mode": "forward", "warmup": 5, "steps": 10}  # jaxlm.bench model's own defaults
 
 
 def _step_s(tp: Throughput, flops: float) -> float:
@@ -61,7 +61,7 @@ def _values(args: dict, key: str, default) -> list:
 
 
 def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | None:
-    """Every row of a `jaxlm.bench` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
+    """Every row of a `jaxlm.bench model` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
     if args.get("find_max_batch"):
         return None
     cfg = load_config(None, overrides, preset=args.get("preset"))

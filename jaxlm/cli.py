@@ -72,7 +72,7 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         return e.exit_code
 
 
-def require(ok: bool, flag: str, value, rule: str) -> None:
+def check_option(ok: bool, flag: str, value, rule: str) -> None:
     """Stop with one line naming the option unless `ok` (argparse's own errors print the usage first)."""
     if not ok:
         raise UserError(f"{flag} {value}: {rule}")

@@ -43,12 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> list[str]:
     """Every option in range (one line naming the first that is not); returns the prompt texts."""
-    cli.require(args.max_new_tokens >= 1, "--max-new-tokens", args.max_new_tokens, "must be >= 1")
-    cli.require(args.temperature >= 0 and math.isfinite(args.temperature), "--temperature", args.temperature,
+    cli.check_option(args.max_new_tokens >= 1, "--max-new-tokens", args.max_new_tokens, "must be >= 1")
+    cli.check_option(args.temperature >= 0 and math.isfinite(args.temperature), "--temperature", args.temperature,
                 "must be a finite number >= 0 (0 = greedy)")
-    cli.require(0 < args.top_p <= 1, "--top-p", args.top_p, "must be in (0, 1] (1 = off)")
-    cli.require(args.top_k >= 0, "--top-k", args.top_k, "must be >= 0 (0 = off)")
-    cli.require(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
+    cli.check_option(0 < args.top_p <= 1, "--top-p", args.top_p, "must be in (0, 1] (1 = off)")
+    cli.check_option(args.top_k >= 0, "--top-k", args.top_k, "must be >= 0 (0 = off)")
+    cli.check_option(args.num_samples >= 1, "--num-samples", args.num_samples, "must be >= 1")
     texts = list(args.prompt)
     for f in args.prompt_file:
         try:

@@ -82,10 +82,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cli.require(args.vocab_size > 257, "--vocab-size", args.vocab_size, "must be > 257 (256 bytes + <|endoftext|>)")
+    cli.check_option(args.vocab_size > 257, "--vocab-size", args.vocab_size, "must be > 257 (256 bytes + <|endoftext|>)")
     for flag in ("--batch", "--context", "--repeats", "--loader-batches"):
         value = getattr(args, flag[2:].replace("-", "_"))
-        cli.require(value >= 1, flag, value, "must be >= 1")
+        cli.check_option(value >= 1, flag, value, "must be >= 1")
     print(format_table(bench(args.root, args.vocab_size, args.batch, args.context, args.repeats,
                              args.loader_batches)))
     return 0

@@ -69,7 +69,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     for flag in ("--new-tokens", "--prompt-tokens", "--batch", "--repeats"):
         value = getattr(args, flag[2:].replace("-", "_"))
-        cli.require(value >= 1, flag, value, "must be >= 1")
+        cli.check_option(value >= 1, flag, value, "must be >= 1")
     full = cli.load_config_from_args(args)
     cfg = full.model
     if cfg.context_length < args.prompt_tokens + args.new_tokens:

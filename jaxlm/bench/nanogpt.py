@@ -85,12 +85,12 @@ def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[to
 
 
 def main(args: argparse.Namespace) -> int:
-    cli.require(args.steps >= 1, "--steps", args.steps, "must be >= 1")
-    cli.require(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
-    cli.require(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
+    cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
+    cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
+    cli.check_option(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
     cfg = cli.load_config_from_args(args, path=RECIPE)
     if args.full:
-        cli.require(cfg.train.steps > args.warmup, "--warmup", args.warmup,
+        cli.check_option(cfg.train.steps > args.warmup, "--warmup", args.warmup,
                     f"must be below train.steps ({cfg.train.steps}) with --full")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -69,14 +69,14 @@ def check_args(args: argparse.Namespace, cfg: Config) -> None:
     args.attention = args.attention or [cfg.compute.attention]
     args.remat = args.remat or [cfg.compute.remat]
     for flag, values in (("--context", args.context), ("--batch", args.batch)):
-        cli.require(min(values) >= 1, flag, min(values), "every size must be >= 1")
-    cli.require(args.steps >= 1, "--steps", args.steps, "must be >= 1")
-    cli.require(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
-    cli.require(args.max_batch_limit >= 1, "--max-batch-limit", args.max_batch_limit, "must be >= 1")
-    cli.require(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
-    cli.require(args.memory_limit_gb is None or args.memory_limit_gb > 0, "--memory-limit-gb", args.memory_limit_gb,
+        cli.check_option(min(values) >= 1, flag, min(values), "every size must be >= 1")
+    cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
+    cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
+    cli.check_option(args.max_batch_limit >= 1, "--max-batch-limit", args.max_batch_limit, "must be >= 1")
+    cli.check_option(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
+    cli.check_option(args.memory_limit_gb is None or args.memory_limit_gb > 0, "--memory-limit-gb", args.memory_limit_gb,
                 "must be > 0")
-    cli.require(args.peak_tflops is None or args.peak_tflops > 0, "--peak-tflops", args.peak_tflops, "must be > 0")
+    cli.check_option(args.peak_tflops is None or args.peak_tflops > 0, "--peak-tflops", args.peak_tflops, "must be > 0")
     for attention in args.attention:
         try:
             core.parse_attention(attention)
