@@ -1,20 +1,25 @@
 """The errors a user can fix: each one's message names the culprit (a key, a file, a value).
 
-Every command catches `UserError` at its boundary and prints it on one line;
-anything else is a bug and keeps its traceback.
+Every command runs under `jaxlm.cli.run`, which prints a `UserError` on one line
+(``error: <culprit>: <what went wrong>; <what to do>``) and exits with its
+`exit_code`; anything else is a bug and gets a short line plus a traceback file.
 """
 
 from __future__ import annotations
 
 
 class UserError(Exception):
-    """An expected failure caused by the input; `exit_code` 2 = bad input, 1 = runtime failure."""
+    """An expected failure; `exit_code` 2 = bad input (fix the command), 1 = runtime failure."""
 
     exit_code = 2
 
 
 class ConfigError(UserError, ValueError):
     """A configuration value is unknown, mistyped or inconsistent; the message names the key."""
+
+
+class UsageError(UserError):
+    """A command-line flag is unknown, missing or has an invalid value; the message names the flag."""
 
 
 class DataError(UserError):
@@ -33,5 +38,11 @@ class TrainingDiverged(UserError):
 
 class MissingExtra(UserError, ImportError):
     """An optional dependency is not installed; the message names the extra that installs it."""
+
+    exit_code = 1
+
+
+class InternalError(UserError):
+    """An unexpected exception, already logged with its traceback; the message says where."""
 
     exit_code = 1

@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one, and reading JSON back.
+"""Writing files so that a reader never sees half of one, reading JSON back, and
+checking a directory can be written before any work starts.
 
 `atomic_path` yields a temporary name beside the target and renames it into
 place only when the block finishes; on an exception the temporary file is
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -51,3 +53,23 @@ def read_json(path: str | os.PathLike, default: Any = _REQUIRED) -> Any:
         if default is _REQUIRED:
             raise
         return default
+
+
+def writable_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be used (created, then written) as a directory, or None when it can.
+
+    Creates nothing: the nearest existing ancestor must be a writable directory,
+    which a short-lived anonymous file proves (permission bits alone say nothing to root).
+    """
+    path = Path(path).absolute()
+    probe = path
+    try:
+        while not probe.exists() and probe.parent != probe:
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"{probe} is a file, not a directory"
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        return f"{probe} is not writable ({e.strerror or e})"
+    return None
