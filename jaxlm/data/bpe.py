@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 import regex
 
 from jaxlm.errors import DataError
-from jaxlm.files import atomic_write
+from jaxlm.files import atomic_write, writable_dir_problem
 
 # GPT-2's pre-tokenisation pattern (docs/spec.md#tokenizer) (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -373,6 +373,9 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
 
 def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Sequence[str], out: str | os.PathLike, num_workers: int | None = None, progress: bool = True) -> dict:
     """CLI helper: train, write vocab.json + merges.txt + special_tokens.json, return timings."""
+    problem = writable_dir_problem(out)
+    if problem:  # before the training, not after it
+        raise DataError(f"{out}: cannot hold the tokenizer files: {problem}")
     t0 = time.perf_counter()
     vocab, merges = train_bpe(inputs, vocab_size, special_tokens, num_workers=num_workers, progress=progress)
     seconds = time.perf_counter() - t0

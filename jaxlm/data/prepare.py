@@ -10,8 +10,9 @@ Layout of a prepared directory::
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
 not change the encoding and encoded in worker processes; chunks are written in order.
-Every file is written as `NAME.tmp` and renamed into place, meta.json last, so a
-directory with a meta.json is always complete.
+Everything is built in a temporary sibling directory and moved into place only when
+complete (meta.json last), so a failed or interrupted `prepare` leaves the target as
+it was, and a directory with a meta.json is always complete.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxlm.errors import DataError
-from jaxlm.files import atomic_write
+from jaxlm.files import atomic_write, writable_dir_problem
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
 from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
@@ -117,25 +118,24 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
     tasks = _tasks(sources, tokenizer)
     total = sum(_task_bytes(t) for t in tasks)
     bar = _bar(total, desc, progress, unit="B")
-    n = 0
-    with open(path, "wb") as f:
-        if workers <= 1 or len(tasks) <= 1 or total < _PARALLEL_MIN_BYTES:
-            _init_worker(tokenizer, dtype.name)
-            results = map(_encode_task, tasks)
-            pool = None
-        else:
-            pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
-            results = pool.imap(_encode_task, tasks)
-        try:
+    n, pool = 0, None
+    try:
+        with open(path, "wb") as f:
+            if workers <= 1 or len(tasks) <= 1 or total < _PARALLEL_MIN_BYTES:
+                _init_worker(tokenizer, dtype.name)
+                results = map(_encode_task, tasks)
+            else:
+                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
+                results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
                 ids.tofile(f)
                 n += ids.size
                 bar.update(_task_bytes(task))
-        finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
-    bar.close()
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        bar.close()  # ends the bar's line before any error message
     return n
 
 
@@ -166,6 +166,8 @@ def prepare(
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
     The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
+    Every input is checked before anything is written; the files are built beside `out` and
+    moved in only when all of them are complete.
     """
     t0 = time.perf_counter()
     inputs = _check_sources(inputs, "training")
@@ -175,17 +177,37 @@ def prepare(
     tok = load_tokenizer(tokenizer)
     np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
-
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / META).unlink(missing_ok=True)  # the directory is incomplete until meta.json is back
-    train_tmp, val_tmp = out / "train.bin.tmp", out / "val.bin.tmp"
+    problem = writable_dir_problem(out)
+    if problem:
+        raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
-    n_all = _encode_to_file(inputs, tok, np_dtype, train_tmp, workers, progress, "tokenise")
+    build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
+    created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
+    try:
+        build.mkdir(parents=True)
+        meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
+        meta["seconds"] = round(time.perf_counter() - t0, 3)
+        atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
+        _move_into(build, out)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        for d in created:  # innermost first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+    return meta
+
+
+def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,
+           progress: bool) -> dict:
+    """train.bin, val.bin (and the tokenizer's files) in `build`; returns their meta (not yet written)."""
+    train_path, val_path = build / "train.bin", build / "val.bin"
+    n_all = _encode_to_file(inputs, tok, np_dtype, train_path, workers, progress, "tokenise")
     if n_all == 0:
         raise DataError(f"{', '.join(inputs)}: empty corpus (no text to tokenise)")
     if val_inputs is not None:
-        n_val = _encode_to_file(val_inputs, tok, np_dtype, val_tmp, workers, progress, "tokenise val")
+        n_val = _encode_to_file(val_inputs, tok, np_dtype, val_path, workers, progress, "tokenise val")
         if n_val == 0:
             raise DataError(f"{', '.join(val_inputs)}: empty validation corpus (no text to tokenise)")
         n_train = n_all
@@ -194,27 +216,23 @@ def prepare(
         n_train = n_all - n_val
         if n_train < 1:
             raise DataError(f"{', '.join(inputs)}: only {n_all} tokens, too few to split into train and val")
-        _split_tail(train_tmp, val_tmp, n_train, np_dtype)
+        _split_tail(train_path, val_path, n_train, np_dtype)
 
     files: list[str] = []
     if tokenizer not in BUILTIN_TOKENIZERS:  # copy the tokenizer so the directory is self-contained
-        src = Path(tokenizer)
         for name in TOKENIZER_FILES[:2]:
-            shutil.copyfile(src / name, out / (name + ".tmp"))
-            os.replace(out / (name + ".tmp"), out / name)
-        atomic_write(out / "special_tokens.json", json.dumps(tok.special_tokens) + "\n")
+            shutil.copyfile(Path(tokenizer) / name, build / name)
+        (build / "special_tokens.json").write_text(json.dumps(tok.special_tokens) + "\n")
         files = list(TOKENIZER_FILES)
-    os.replace(train_tmp, out / "train.bin")
-    os.replace(val_tmp, out / "val.bin")
 
     def describe(srcs):
         return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC else Path(s).stat().st_size} for s in srcs]
 
-    meta = {
+    return {
         "format": FORMAT,
         "dtype": np_dtype.name,
         "vocab_size": tok.vocab_size,
-        "tokenizer": str(tokenizer),
+        "tokenizer": tokenizer,
         "tokenizer_files": files,
         "tokenizer_sha256": tokenizer_digest(tok),
         "special_tokens": tok.special_tokens,
@@ -222,10 +240,20 @@ def prepare(
         "tokens": {"train": n_train, "val": n_val},
         "val_fraction": None if val_inputs is not None else val_fraction,
         "sources": {"train": describe(inputs), "val": describe(val_inputs) if val_inputs else "tail of train"},
-        "seconds": round(time.perf_counter() - t0, 3),
+        **_max_ids({split: _scan_max(build / f"{split}.bin", np_dtype) for split in SPLITS}, build),
     }
-    atomic_write(out / META, json.dumps(meta, indent=2) + "\n")
-    return meta
+
+
+def _move_into(build: Path, out: Path) -> None:
+    """Put the finished files of `build` in `out`: one rename when `out` is new; else file by file,
+    the old meta.json removed first and the new one moved last (other files in `out` stay)."""
+    if not out.exists():
+        os.replace(build, out)
+        return
+    (out / META).unlink(missing_ok=True)
+    for f in sorted(build.iterdir(), key=lambda f: f.name == META):
+        os.replace(f, out / f.name)
+    build.rmdir()
 
 
 def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
@@ -270,6 +298,49 @@ def tokens(data_dir: str | os.PathLike, split: str = "train") -> np.memmap:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     return np.memmap(path, dtype=meta["dtype"], mode="r")
+
+
+SPLITS = ("train", "val")
+_SCAN_CHUNK = 1 << 26  # tokens per slice of the max-id scan
+
+
+def _scan_max(path: Path, dtype) -> int:
+    """The largest id in a token file (-1 when empty), read memory-mapped in slices."""
+    if path.stat().st_size == 0:
+        return -1
+    ids = np.memmap(path, dtype=dtype, mode="r")
+    return max(int(ids[lo : lo + _SCAN_CHUNK].max()) for lo in range(0, len(ids), _SCAN_CHUNK))
+
+
+def _max_ids(values: dict[str, int], data_dir: Path) -> dict:
+    """meta.json's record of each split's largest id, stamped with the file's size and mtime."""
+    stamps = {}
+    for split in values:
+        st = (data_dir / f"{split}.bin").stat()
+        stamps[split] = [st.st_size, st.st_mtime_ns]
+    return {"max_token_id": values, "max_token_id_stamps": stamps}
+
+
+def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
+    """The largest token id in SPLIT.bin: meta.json's record when it was made for this very file
+    (same size and mtime), else one memory-mapped scan, recorded in meta.json where writable."""
+    data_dir = Path(data_dir)
+    meta = read_meta(data_dir)
+    path = data_dir / f"{split}.bin"
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    known = {**meta.get("max_token_id", {})} if isinstance(meta.get("max_token_id"), dict) else {}
+    stamps = {**meta.get("max_token_id_stamps", {})} if isinstance(meta.get("max_token_id_stamps"), dict) else {}
+    fresh = _max_ids({split: 0}, data_dir)["max_token_id_stamps"][split]
+    if split in known and stamps.get(split) == fresh:
+        return int(known[split])
+    value = _scan_max(path, meta["dtype"])
+    try:
+        atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
+                                                  "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
+    except OSError:  # a read-only data directory: scan again next time
+        pass
+    return value
 
 
 def _same_tokenizer(meta: dict, spec: str) -> bool:
