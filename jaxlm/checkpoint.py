@@ -10,8 +10,11 @@ Run directory layout (everything `jaxlm.generate` needs, no flags):
 The data loader's batch of global step s is a pure function of (seed, s), so the
 data position is the step itself. Orbax writes each step to a temporary directory
 and renames it when complete, so a killed run leaves its last complete checkpoint
-usable. Saving is asynchronous; `close()` waits for it. Restores go against an
-abstract target (shapes, dtypes, shardings), never into plain dicts.
+usable (and the orphaned temporary directory, removed when the run restarts).
+Saving is asynchronous; `close()` waits for it. Restores go against an abstract
+target (shapes, dtypes, shardings), never into plain dicts, and take the newest
+checkpoint that restores cleanly: a damaged newer one is named in a warning and
+skipped, never deleted.
 
 PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
 """
@@ -19,16 +22,22 @@ PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
+from jaxlm.errors import CheckpointError, ConfigError
+from jaxlm.files import atomic_write
 from jaxlm.step import TrainState, build_model, split_model
+
+UNRESTORABLE = ".unrestorable"  # suffix of a checkpoint set aside because it does not restore
 
 
 def _is_key(x) -> bool:
@@ -78,6 +87,7 @@ class Checkpointer:
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
             enable_async_checkpointing=True,
             create=True,
+            cleanup_tmp_directories=True,  # what a killed save left behind
         )
         self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
 
@@ -97,30 +107,97 @@ class Checkpointer:
             force=True,
         )
 
-    def restore(self, abstract_state: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
-        step = self.manager.latest_step() if step is None else step
+    def restore(self, abstract_state: TrainState) -> tuple[TrainState, dict]:
+        """The newest checkpoint that restores cleanly. Newer ones that do not are renamed
+        STEP.unrestorable (kept for inspection, out of the way of the steps saved again)."""
         target = abstract_state.as_dict()
-        out = self.manager.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore()),
-        )
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore())
+        step, out, failed = restore_newest(self.dir, self.manager.all_steps(), lambda s: self.manager.restore(s, args=args))
+        if failed:
+            self._set_aside(failed)
         return TrainState(**from_savable(out["state"], target)), dict(out["meta"])
+
+    def _set_aside(self, steps: list[int]) -> None:
+        if jax.process_index() == 0:
+            for step in steps:
+                dest, n = self.dir / f"{step}{UNRESTORABLE}", 1
+                while dest.exists():
+                    dest, n = self.dir / f"{step}{UNRESTORABLE}.{n}", n + 1
+                os.replace(self.dir / str(step), dest)
+                print(f"warning: {self.dir / str(step)} moved to {dest}", file=sys.stderr)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("unrestorable checkpoints set aside")
+        self.manager.reload()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
 
 
+def saved_steps(run_dir: str | Path) -> list[int]:
+    """The steps of RUN/checkpoints, oldest first (orbax names a finished checkpoint by its step alone)."""
+    d = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) if d.is_dir() else []
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    """The exception's first sentence: TensorStore appends a page of its spec to the first line."""
+    line = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
+    return f"{type(e).__name__}: {line.split('. See ')[0][:limit]}"
+
+
+def _mute_failed_read_aftermath() -> None:
+    """When a restore fails, orbax's other pending reads of that checkpoint fail too, during and after
+    it, one page of traceback each, through `sys.unraisablehook` and the asyncio logger: drop those
+    (the failure itself is reported by `restore_newest`)."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    previous = sys.unraisablehook
+    if getattr(previous, "jaxlm_mute", False):
+        return
+
+    def hook(u):
+        code = getattr(u.object, "cr_code", None)
+        from_orbax = code is not None and "orbax" in code.co_filename
+        loop_closed = isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+        if not (from_orbax or loop_closed):
+            previous(u)
+
+    hook.jaxlm_mute = True
+    sys.unraisablehook = hook
+
+
+def restore_newest(directory: Path, steps, restore_one: Callable[[int], Any]) -> tuple[int, Any, list[int]]:
+    """(step, restore_one(step), newer steps that failed) for the newest of `steps` that restores;
+    each failure is a warning line. One CheckpointError line when none restores."""
+    failed, error = [], None
+    _mute_failed_read_aftermath()
+    for step in sorted(steps, reverse=True):
+        try:
+            return step, restore_one(step), failed
+        except Exception as e:  # orbax and TensorStore raise many kinds for a damaged checkpoint
+            failed.append(step)
+            error = error or e
+            print(f"warning: {directory}/{step} does not restore ({_first_line(e)}); skipped", file=sys.stderr)
+    tried = ", ".join(map(str, failed)) or "none saved"
+    raise CheckpointError(f"{directory}: no checkpoint restores (steps tried: {tried}; newest failed with "
+                          f"{_first_line(error) if error else 'nothing to restore'}); check that the config matches "
+                          "the run's config.toml, or move the directory away to start again")
+
+
 def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
-    """RUN/config.toml (resolved) and RUN/tokenizer/meta.json (from the token files)."""
+    """RUN/config.toml (resolved) and RUN/tokenizer/meta.json (from the token files), each written atomically."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dumps_toml(to_dict(cfg)))
+    atomic_write(run_dir / "config.toml", dumps_toml(to_dict(cfg)))
     meta = Path(data_dir) / "meta.json"
     if meta.is_file():
         (run_dir / "tokenizer").mkdir(exist_ok=True)
         for name in ["meta.json", *json.loads(meta.read_text()).get("tokenizer_files", [])]:
-            shutil.copyfile(Path(data_dir) / name, run_dir / "tokenizer" / name)
+            atomic_write(run_dir / "tokenizer" / name, (Path(data_dir) / name).read_bytes())
 
 
 def find_run_dir(path: str | Path) -> tuple[Path, int | None]:
@@ -129,39 +206,49 @@ def find_run_dir(path: str | Path) -> tuple[Path, int | None]:
     for candidate, step in ((path, None), (path.parent, None), (path.parent.parent, path.name)):
         if (candidate / "config.toml").is_file():
             return candidate, int(step) if step is not None and str(step).isdigit() else None
-    raise FileNotFoundError(f"no config.toml in {path} or its parents: not a jaxlm run directory")
+    raise CheckpointError(f"{path}: no config.toml here or in its parents, so not a jaxlm run directory")
+
+
+def read_run_config(run_dir: str | Path) -> Config:
+    """RUN/config.toml as a Config; a CheckpointError naming the file when it cannot be read."""
+    path = Path(run_dir) / "config.toml"
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: the run's saved config cannot be read ({e})") from None
 
 
 def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     """(model, cfg, tokenizer) from a run directory (or a checkpoint inside one), on the default device.
 
-    Only the parameters and model variables are read, not the optimizer state.
+    Only the parameters and model variables are read, not the optimizer state; the newest
+    checkpoint that restores is taken (unless a step is named). Creates and changes nothing.
     `tokenizer` is None when the run has no tokenizer/meta.json.
     """
     from flax import nnx
 
     run_dir, found_step = find_run_dir(run_or_ckpt_dir)
     step = step if step is not None else found_step
-    cfg = load_config(run_dir / "config.toml")
+    cfg = read_run_config(run_dir)
+    ckpt_dir, steps = run_dir / "checkpoints", saved_steps(run_dir)
+    if not steps:
+        raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
     abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed))
     graphdef, params, rest = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "rest": rest}
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
-    manager = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints", item_names=("state", "meta"))
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")
     saved = abstract_savable(target)
-    out = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(
-                item=saved, restore_args=ocp.checkpoint_utils.construct_restore_args(saved), partial_restore=True
-            )
-        ),
-    )
-    manager.close()
+    args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=saved, restore_args=ocp.checkpoint_utils.construct_restore_args(saved), partial_restore=True))
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=False),
+                                    item_names=("state", "meta"))
+    try:
+        _, out, _ = restore_newest(ckpt_dir, steps if step is None else [step], lambda s: manager.restore(s, args=args))
+    finally:
+        manager.close()
     restored = from_savable(out["state"], target)
     model = nnx.merge(graphdef, restored["params"], restored["rest"])
     tokenizer = None

@@ -7,6 +7,11 @@ tensorboardX or torch is needed. Tags are namespaced: ``train/loss``,
 
 `metrics.jsonl` gets one JSON object per log step and per evaluation:
 ``{"step": 100, "kind": "train", "train/loss": 2.31, ...}``.
+
+A run resumed at step s redoes the steps after s, so the tracker first drops the
+rows after s from metrics.jsonl (atomically) and marks a restart at s + 1 in the
+event files, from which TensorBoard discards the earlier files' events: no step is
+ever shown twice.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from pathlib import Path
 
 import jax
 
+from jaxlm.files import atomic_write
+
 
 class Tracker:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True, start_step: int = 0):
         self.run_dir = Path(run_dir)
         self.enabled = enabled  # only process 0 writes
         self.writer = None
@@ -28,11 +35,16 @@ class Tracker:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        keep_rows_until(self.run_dir / "metrics.jsonl", start_step)
         self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
         if tensorboard:
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self.writer = EventFileWriter(str(self.tb_dir), flush_secs=10)
+            # TensorBoard purges earlier events from this step on (it ignores a run's first START).
+            self.writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
+                                        session_log=SessionLog(status=SessionLog.START)))
 
     @property
     def tb_dir(self) -> Path:
@@ -71,6 +83,24 @@ class Tracker:
         if self.jsonl is not None:
             self.jsonl.close()
             self.jsonl = None
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row.get("step") if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def keep_rows_until(path: Path, step: int) -> None:
+    """Drop the rows of a metrics.jsonl past `step` (and a line torn by a killed writer), atomically."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    keep = [line for line in lines if (s := _row_step(line)) is not None and s <= step]
+    if len(keep) != len(lines):
+        atomic_write(path, "".join(line + "\n" for line in keep))
 
 
 def peak_memory_bytes() -> int | None:
