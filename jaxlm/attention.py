@@ -95,31 +95,30 @@ def _cuda_compute_capability() -> tuple[int, int] | None:
     return None
 
 
+def cudnn_problem(dtype, head_dim: int) -> str | None:
+    """Why cuDNN fused attention cannot run `dtype` x `head_dim` on this machine, or None when it can."""
+    cc = _cuda_compute_capability()
+    if cc is None:
+        return f"needs an NVIDIA GPU with cuDNN, but JAX sees only {jax.default_backend()!r} devices"
+    if cc < (8, 0) or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or head_dim % 8 \
+            or head_dim > (256 if cc >= (9, 0) else 128):
+        return (f"cannot run dtype {jnp.dtype(dtype)}, head_dim {head_dim} on compute capability {cc}: it needs "
+                "bfloat16/float16, head_dim a multiple of 8 (<= 256 on Hopper, <= 128 before) and SM80+")
+    return None
+
+
 def cudnn_supported(q: jax.Array, k: jax.Array | None = None) -> bool:
     """True when cuDNN fused attention can run these inputs on this machine."""
-    cc = _cuda_compute_capability()
-    if cc is None or cc < (8, 0):
-        return False
-    if q.dtype not in (jnp.bfloat16, jnp.float16) or (k is not None and k.dtype != q.dtype):
-        return False
-    head_dim = q.shape[-1]
-    max_head_dim = 256 if cc >= (9, 0) else 128
-    return head_dim % 8 == 0 and head_dim <= max_head_dim
+    return (k is None or k.dtype == q.dtype) and cudnn_problem(q.dtype, q.shape[-1]) is None
 
 
 def _check_cudnn(q: jax.Array, k: jax.Array) -> None:
-    if _cuda_compute_capability() is None:
-        raise RuntimeError(
-            f"attention implementation 'cudnn' needs an NVIDIA GPU with cuDNN, but JAX sees only "
-            f"{jax.default_backend()!r} devices; use implementation='xla' (the reference) or 'auto' "
-            "(cuDNN where available, else XLA)."
-        )
-    if not cudnn_supported(q, k):
-        raise ValueError(
-            f"cuDNN attention cannot run dtype {q.dtype}, head_dim {q.shape[-1]} on compute capability "
-            f"{_cuda_compute_capability()}: it needs bfloat16/float16, head_dim a multiple of 8 "
-            "(<= 256 on Hopper, <= 128 before) and SM80+; use implementation='xla' or 'auto'."
-        )
+    problem = cudnn_problem(q.dtype, q.shape[-1])
+    if problem is None and k.dtype == q.dtype:
+        return
+    error = RuntimeError if _cuda_compute_capability() is None else ValueError
+    raise error(f"attention implementation 'cudnn' {problem or 'needs q and k of one dtype'}; "
+                "use implementation='xla' (the reference) or 'auto' (cuDNN where available, else XLA).")
 
 
 # --------------------------------------------------------------------------- implementations

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxlm.config import ParallelConfig
+from jaxlm.errors import ConfigError
 
 DATA = "data"
 
@@ -98,12 +99,12 @@ def global_batch(local: np.ndarray, mesh: Mesh, stacked: bool = False) -> jax.Ar
 
 def check_batch(batch_size: int, grad_accum: int, mesh: Mesh) -> None:
     """Each micro-batch must split evenly over the devices, and the batch over the processes."""
-    n = mesh.shape[DATA]
+    n, processes = mesh.shape[DATA], jax.process_count()
     micro = batch_size // grad_accum
     if micro % n:
-        raise ValueError(
-            f"data.batch_size / train.grad_accum = {micro} sequences per micro-batch does not divide "
-            f"over {n} devices; choose data.batch_size as a multiple of {n * grad_accum}"
+        raise ConfigError(
+            f"data.batch_size = {batch_size}: {micro} sequences per micro-batch (data.batch_size / train.grad_accum "
+            f"= {batch_size} / {grad_accum}) do not divide over {n} devices; use a multiple of {n * grad_accum}"
         )
-    if batch_size % jax.process_count():
-        raise ValueError(f"data.batch_size ({batch_size}) must divide over {jax.process_count()} processes")
+    if batch_size % processes:
+        raise ConfigError(f"data.batch_size = {batch_size}: does not divide over {processes} processes")

@@ -27,11 +27,12 @@ from jaxlm import cli, flops, parallel
 from jaxlm.checkpoint import Checkpointer, write_run_files
 from jaxlm.config import Config
 from jaxlm.data.loader import eval_batches, train_batches
-from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta
+from jaxlm.data.prepare import load_tokenizer_from_meta
 from jaxlm.decode import Generator, SamplingParams, encode_prompt
-from jaxlm.errors import ConfigError, DataError, TrainingDiverged
+from jaxlm.errors import DataError, TrainingDiverged
 from jaxlm.host import tune_for_cpu_backend
 from jaxlm.optim import make_optimizer
+from jaxlm.preflight import preflight
 from jaxlm.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.tracking import Profiler, Tracker, peak_memory_bytes
 
@@ -117,43 +118,23 @@ class Loop:
         self.tracker.close()
 
 
-def prepare_data(cfg: Config) -> Path:
-    """Tokenise the sources once (process 0 first, the others wait), check the vocabulary fits."""
-    if jax.process_index() == 0:
-        ensure_prepared(cfg.data)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("data prepared")
-    data_dir = ensure_prepared(cfg.data)
-    vocab = read_meta(data_dir)["vocab_size"]
-    if vocab > cfg.model.vocab_size:
-        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: smaller than the tokenizer's vocabulary ({vocab})")
-    return data_dir
-
-
 def start(cfg: Config) -> Loop:
-    """Data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
+    """Preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
     parallel.maybe_initialize_distributed(cfg.parallel)
     tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-    data_dir = prepare_data(cfg)
+    data_dir = preflight(cfg)  # before anything is created or compiled
     mesh = parallel.make_mesh()
     built = build(cfg, mesh)
     run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
     ckpt = Checkpointer(run_dir, cfg.checkpoint)
-    step = 0
-    if cfg.checkpoint.resume and ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(built.abstract)
-        step = int(meta["data_step"])
-        print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
-        if step >= cfg.train.steps:
-            print(f"the run in {run_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
-                  "raise train.steps to continue it, or pass --no-resume to start over", file=sys.stderr)
-    else:
-        state = jax.jit(built.make_state, out_shardings=built.shardings)()
-    if lead:
-        write_run_files(run_dir, cfg, data_dir)
-    tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead)
+    try:
+        state, step = restore_or_init(cfg, built, ckpt)
+        if lead:
+            write_run_files(run_dir, cfg, data_dir)
+        tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead, start_step=step)
+    except BaseException:
+        ckpt.close()
+        raise
     batches = train_batches(data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.train.seed, start_step=step,
                             process_index=jax.process_index(), process_count=jax.process_count(),
                             num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch)
@@ -162,6 +143,19 @@ def start(cfg: Config) -> Loop:
     bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead), dynamic_ncols=True)
     return Loop(cfg, mesh, built, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
                 Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead)
+
+
+def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[TrainState, int]:
+    """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state."""
+    if not (cfg.checkpoint.resume and ckpt.latest_step() is not None):
+        return jax.jit(built.make_state, out_shardings=built.shardings)(), 0
+    state, meta = ckpt.restore(built.abstract)
+    step = int(meta["data_step"])
+    print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
+    if step >= cfg.train.steps:
+        print(f"the run in {cfg.train.out_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
+              "raise train.steps to continue it, or choose another train.out_dir to start over", file=sys.stderr)
+    return state, step
 
 
 def run_call(loop: Loop) -> None:
@@ -329,7 +323,7 @@ class _StopFlag:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m jaxlm.train", description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(prog="python -m jaxlm.train", description=__doc__.split("\n\n")[0])
     cli.add_config_args(ap)
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                     help="continue from the run directory's newest checkpoint (default: checkpoint.resume)")
@@ -339,7 +333,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     extra = [] if args.resume is None else [f"checkpoint.resume={'true' if args.resume else 'false'}"]
-    summary = train(cli.load_config_from_args(args, extra))
+    cfg = cli.load_config_from_args(args, extra)
+    with cli.traceback_in(cfg.train.out_dir):
+        summary = train(cfg)
     val = "not evaluated in this invocation" if summary["val_loss"] is None else f"{summary['val_loss']:.4f}"
     print(f"done: step {summary['step']}, val loss {val}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
     return 0
