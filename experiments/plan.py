@@ -48,9 +48,10 @@ from typing import Any
 import tomllib
 
 from jaxlm.config import load_config, to_dict, toml_value
+from jaxlm.errors import ConfigError
 
 
-class PlanError(ValueError):
+class PlanError(ConfigError):
     """A plan file is malformed; the message names the file and the key."""
 
 

@@ -14,7 +14,6 @@ How a plan is presented comes from its `[report]` table (saved in runs/PLAN/plan
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -24,8 +23,9 @@ from typing import Any
 from experiments.plan import format_value
 from experiments.results import load_results, read_metrics, series
 from jaxlm import cli
+from jaxlm.errors import DataError
 from jaxlm.extras import require
-from jaxlm.files import read_json
+from jaxlm.files import read_json, writable_dir_problem
 
 # Quantity -> (column title, formatter, lower is better?)
 QUANTITIES: dict[str, tuple[str, str, bool]] = {
@@ -481,12 +481,15 @@ def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
 def write_report(plan_dir: Path, out: Path | None = None) -> Path:
     plan_dir = Path(plan_dir)
     out = Path(out) if out else plan_dir / "report"
+    runs = load_results(plan_dir)
+    if not runs:
+        raise DataError(f"{plan_dir}: no result.json under it; run the plan first (python -m experiments.run PLAN)")
+    problem = writable_dir_problem(out)
+    if problem:
+        raise DataError(f"{out}: cannot hold the report: {problem}")
     out.mkdir(parents=True, exist_ok=True)
     meta = read_json(plan_dir / "plan.json", default={}) or {}
     cfg = meta.get("report", {})
-    runs = load_results(plan_dir)
-    if not runs:
-        raise SystemExit(f"no result.json under {plan_dir}: run the plan first (python -m experiments.run PLAN)")
     name = meta.get("name", plan_dir.name)
     baseline = cfg.get("baseline", {})
     train_runs = [r for r in runs if r.get("kind") != "bench"]
@@ -555,7 +558,7 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
                                 description="Markdown report (tables, findings, plots) for a plan's runs")
     p.add_argument("plan_dir", help="the plan's run directory, runs/PLAN")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")

@@ -11,7 +11,6 @@ plan goes on; it is retried the next time the plan runs.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import os
@@ -36,7 +35,7 @@ from experiments.results import (
     read_metrics,
     summarise_train,
 )
-from jaxlm.cli import HelpFormatter
+from jaxlm import cli
 from jaxlm.files import read_json, write_json
 
 TRAIN_MODULE = "jaxlm.train"
@@ -375,8 +374,8 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
+    p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
+                           formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
@@ -395,9 +394,6 @@ def main(argv: list[str] | None = None) -> int:
             size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
         plan = load_plan(args.plan, size)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device)
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         return 130
@@ -405,4 +401,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -16,7 +16,6 @@ Error measures (all "max over ..." so one bad element shows):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -36,9 +35,12 @@ from flax import nnx  # noqa: E402
 import torchref  # noqa: E402
 from jaxlm import cli  # noqa: E402
 from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig  # noqa: E402
+from jaxlm.errors import UsageError  # noqa: E402
+from jaxlm.files import write_json, writable_dir_problem  # noqa: E402
 from jaxlm.host import tune_for_cpu_backend  # noqa: E402
 from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
 from jaxlm.optim import make_optimizer  # noqa: E402
+from jaxlm.preflight import check_attention  # noqa: E402
 from jaxlm.step import TrainState, make_train_step, split_model  # noqa: E402
 from parity.convert import jax_to_torch, torch_config, torch_to_jax  # noqa: E402
 
@@ -170,17 +172,29 @@ def round_trip_exact(ref: torch.nn.Module, model: TransformerLM) -> bool:
 
 
 def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0])
+    p = cli.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0])
     cli.add_config_args(p)  # [model], [compute] and [optim] are used; default: parity/default.toml
-    p.add_argument("--steps", type=int, default=0, help="also train N steps in both frameworks and compare the losses (default: 0)")
-    p.add_argument("--batch", type=int, default=4, help="sequences per batch (default: 4)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: min(context_length, 64))")
+    p.add_argument("--steps", type=cli.bounded(int, 0), default=0, help="also train N steps in both frameworks and compare the losses (default: 0)")
+    p.add_argument("--batch", type=cli.bounded(int, 1), default=4, help="sequences per batch (default: 4)")
+    p.add_argument("--seq", type=cli.bounded(int, 1), default=None, help="sequence length (default: min(context_length, 64))")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     p.add_argument("--device", default="cpu", help="torch device for the reference: cpu, cuda (default: cpu)")
     p.add_argument("--json", help="write the figures to this JSON file")
     args = p.parse_args(argv)
     cfg = cli.load_config_from_args(args, path=DEFAULT_CONFIG)
     seq = args.seq or min(cfg.model.context_length, 64)
+    if seq > cfg.model.context_length:
+        raise UsageError(f"--seq {seq}: longer than model.context_length = {cfg.model.context_length}")
+    check_attention(cfg.model, cfg.compute)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UsageError(f"--device {args.device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: torch sees no CUDA GPU here; use --device cpu")
+    problem = writable_dir_problem(Path(args.json).absolute().parent) if args.json else None
+    if problem:
+        raise UsageError(f"--json {args.json}: cannot be written: {problem}")
     return Setup(cfg.model, cfg.compute, cfg.optim, args.batch, seq, args.seed, args.device), args
 
 
@@ -212,8 +226,7 @@ def main(argv=None) -> int:
     if args.json:
         payload = dict(results, thresholds=limits, passed=not failed, model=asdict(m), compute=asdict(c),
                        steps=args.steps, batch=setup.batch, seq=setup.seq)
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(args.json, payload)
     print("\nparity: " + ("PASS" if not failed else f"FAIL ({', '.join(failed)})"))
     return 1 if failed else 0
 
