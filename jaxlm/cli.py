@@ -31,6 +31,12 @@ TRACEBACK_FILE = "error.log"  # in the run directory, when the command has one
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one `error:` line (through `run`) instead of usage + message."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Read (and removed from argv) by `run`; listed here so that --help shows it.
+        self.add_argument("--debug", action="store_true", help="print tracebacks instead of one-line errors "
+                          "(also JAXLM_DEBUG=1)")
+
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}; see --help")
 
