@@ -1,7 +1,8 @@
 """Shared pieces of the training tests: a tiny config, a tiny token corpus, step runners.
 
-Also runnable as a script (`python tests/train_helpers.py devices`) for the
-subprocess tests that need several simulated devices.
+Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
+(several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
+(`python -m jaxlm.train ARGS...` with each jitted call delayed, so a test can kill it mid-run).
 """
 
 from __future__ import annotations
@@ -104,6 +105,21 @@ def _devices_main():
     }))
 
 
+def _slow_train_main():
+    import time
+
+    from jaxlm import cli, train
+
+    delay, run_call = float(sys.argv[2]), train.run_call
+
+    def slow(loop):
+        time.sleep(delay)
+        run_call(loop)
+
+    train.run_call = slow
+    sys.exit(cli.run(train.main, sys.argv[3:]))
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    {"devices": _devices_main}[sys.argv[1]]()
+    {"devices": _devices_main, "slow-train": _slow_train_main}[sys.argv[1]]()
