@@ -1,10 +1,11 @@
 """Check a training run before it starts, so that a bad input costs seconds, not a run.
 
 `preflight(cfg)` runs at the top of `jaxlm.train.start`, before any run directory is
-created or any step is compiled: the output directory, the saved run when resuming,
-the attention kernel and the batch on this machine's devices, then the data (prepared
-here when needed: the only thing written, atomically) and each split's size and token
-ids. Every failure is one UserError line naming the key, file or value.
+created or any step is compiled: the output directory and the saved run when resuming,
+jax.distributed start-up, the attention kernel and the batch on this machine's devices,
+then the data (prepared here when needed: the only thing written, atomically), its
+tokenizer against the saved run's, each split's size and its token ids. Every failure
+is one UserError line naming the key, file or value.
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ from jaxlm.errors import ConfigError, CheckpointError, DataError
 from jaxlm.files import writable_dir_problem
 
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
-# shapes and meaning), the tokenizer (what the ids mean) and the seed (the data order).
-# Execution keys (compute.*, log.*, train.steps, ...) may differ.
-MUST_MATCH = ("model.", "data.tokenizer", "train.seed")
+# shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
+# compared by digest in `check_data`. Execution keys (compute.*, log.*, train.steps, ...) may differ.
+MUST_MATCH = ("model.", "train.seed")
 
 
 def preflight(cfg: Config) -> Path:
     """Validate `cfg` against this machine, the run directory and the data; returns the data directory."""
     check_run_dir(cfg)
+    start_distributed(cfg)
     check_devices(cfg)
     data_dir = prepare_data(cfg)
     check_data(cfg, data_dir)
+    check_same_tokenizer(cfg, data_dir)
     return data_dir
 
 
@@ -76,6 +79,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def _show(value) -> str:
     return "unset" if value is None else toml_value(value)
+
+
+def start_distributed(cfg: Config) -> None:
+    """jax.distributed.initialize() when configured (before anything asks for the devices)."""
+    try:
+        parallel.maybe_initialize_distributed(cfg.parallel)
+    except (ValueError, RuntimeError) as e:
+        line = next((l for l in str(e).splitlines() if l.strip()), type(e).__name__)
+        raise ConfigError(f"parallel.distributed = true: jax.distributed.initialize() failed ({line[:200]}); set "
+                          "parallel.coordinator, num_processes and process_id, or run under Slurm") from None
 
 
 def check_devices(cfg: Config) -> None:
@@ -135,3 +148,16 @@ def check_data(cfg: Config, data_dir: Path) -> None:
         if top >= cfg.model.vocab_size:
             raise DataError(f"{path}: holds token id {top}, but model.vocab_size = {cfg.model.vocab_size} (ids must be "
                             f"smaller); prepare the data with the model's tokenizer or raise model.vocab_size")
+
+
+def check_same_tokenizer(cfg: Config, data_dir: Path) -> None:
+    """A resumed run reads token ids that mean what they meant when it was saved."""
+    run_dir = Path(cfg.train.out_dir)
+    saved = run_dir / "tokenizer"
+    if not (cfg.checkpoint.resume and saved_steps(run_dir) and (saved / META).is_file()):
+        return
+    was, now = read_meta(saved).get("tokenizer_sha256"), read_meta(data_dir).get("tokenizer_sha256")
+    if was and now and was != now:
+        raise DataError(f"{Path(data_dir) / META}: made with tokenizer {read_meta(data_dir)['tokenizer']!r}, but the run in "
+                        f"{run_dir} was trained with {read_meta(saved)['tokenizer']!r} ({saved / META}); point "
+                        "data.dir at data made with that tokenizer, or use another train.out_dir")

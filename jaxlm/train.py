@@ -120,9 +120,8 @@ class Loop:
 
 def start(cfg: Config) -> Loop:
     """Preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
-    parallel.maybe_initialize_distributed(cfg.parallel)
+    data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
     tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-    data_dir = preflight(cfg)  # before anything is created or compiled
     mesh = parallel.make_mesh()
     built = build(cfg, mesh)
     run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0

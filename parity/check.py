@@ -226,6 +226,7 @@ def main(argv=None) -> int:
     if args.json:
         payload = dict(results, thresholds=limits, passed=not failed, model=asdict(m), compute=asdict(c),
                        steps=args.steps, batch=setup.batch, seq=setup.seq)
+        Path(args.json).absolute().parent.mkdir(parents=True, exist_ok=True)
         write_json(args.json, payload)
     print("\nparity: " + ("PASS" if not failed else f"FAIL ({', '.join(failed)})"))
     return 1 if failed else 0

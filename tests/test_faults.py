@@ -287,6 +287,7 @@ INVOCATIONS = {
         ("--set log.profile_steps=[5]", 2, "log.profile_steps"),
         ("--set data.dir=\"{tmp}/fresh\" --set data.source=[\"{tmp}/missing.txt\"]", 2, "missing.txt"),
         ("--set data.dir=\"{tmp}/fresh\" --set data.source=[\"{empty}\"]", 2, "empty.txt"),
+        ("--set data.dir=\"{tmp}/no_data\"", 2, "data.source"),
         ("--set data.dir=\"{no_train}\"", 2, "train.bin"),
         ("--set data.dir=\"{short_val}\"", 2, "val.bin"),
         ("--set data.dir=\"{out_of_range}\"", 2, "train.bin"),
@@ -295,15 +296,19 @@ INVOCATIONS = {
         ("--set train.out_dir=\"/proc/jaxlm-run\"", 2, "train.out_dir"),
         ("--set compute.attention=\"cudnn\" --set compute.dtype=\"bfloat16\"", 2, "compute.attention"),
         ("--set data.batch_size=12", 2, "data.batch_size"),  # 8 simulated devices
+        ("--set parallel.distributed=true", 2, "parallel.distributed"),
         ("--set train.out_dir=\"{run}\" --set model.d_model=64", 2, "model.d_model: checkpoint 32, config 64"),
         ("--set train.out_dir=\"{run}\" --no-resume", 2, "checkpoint.resume"),
         ("--set train.out_dir=\"{corrupt}\" --set train.steps=8", 2, "no checkpoint restores"),
         ("--set train.out_dir=\"{bad_config_run}\"", 2, "config.toml"),
+        ("--set train.out_dir=\"{run}\" --set data.dir=\"{bpe_data}\" --set data.tokenizer=\"{bpe}\"", 2,
+         "trained with 'bytes'"),
     ],
     "data": [
         ("", 2, "command"),
         ("prepare --input {tmp}/missing.txt --out {tmp}/o", 2, "missing.txt"),
         ("prepare --input {text} --out {file}/o", 2, "{file}"),
+        ("prepare --input {tmp} --out {tmp}/o", 2, "not a file"),
         ("prepare --input {text} --tokenizer nope --out {tmp}/o", 2, "nope"),
         ("prepare --input {bad_utf8} --tokenizer bytes --out {tmp}/o", 2, "bad_utf8.txt"),
         ("prepare --input {text} --out {tmp}/o --val-fraction 1.5", 2, "--val-fraction"),
@@ -353,6 +358,8 @@ def test_the_table_covers_every_cli_with_30_rows():
 @pytest.fixture(scope="module")
 def files(corpus, tmp_path_factory) -> dict[str, str]:
     """The broken inputs the table refers to, and a small trained run (checkpoints 2 and 4)."""
+    from jaxlm.data.bpe import train_and_save
+    from jaxlm.data.prepare import prepare
     from jaxlm.train import train
 
     d = tmp_path_factory.mktemp("bad_inputs")
@@ -381,6 +388,9 @@ def files(corpus, tmp_path_factory) -> dict[str, str]:
     f["bad_config_run"] = d / "bad_config_run"
     shutil.copytree(run, f["bad_config_run"])
     (f["bad_config_run"] / "config.toml").write_text("[model\n")
+    f["bpe"], f["bpe_data"] = d / "bpe", d / "bpe_data"  # same vocabulary size, other ids
+    train_and_save([corpus / "corpus.txt"], 257, ["<|endoftext|>"], f["bpe"], progress=False)
+    prepare([corpus / "corpus.txt"], str(f["bpe"]), f["bpe_data"], progress=False)
     f["no_checkpoint"] = d / "no_checkpoint"
     f["no_checkpoint"].mkdir()
     shutil.copy(run / "config.toml", f["no_checkpoint"])

@@ -73,6 +73,8 @@ def _check_sources(sources: Sequence[str], role: str) -> list[str]:
     out = resolve_sources(sources)
     for s in out:
         if s != PYDOC and not Path(s).is_file():
+            if Path(s).exists():
+                raise DataError(f"{s}: not a file")
             corpus = "" if os.sep in s else f" and no corpus of that name (corpora: {', '.join(CORPORA)})"
             raise DataError(f"{s}: file not found{corpus}")
     return out
@@ -274,11 +276,15 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
         raise DataError(f"{path}: not found; create it with `python -m jaxlm.data prepare --input ... --out {data_dir}`")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not UTF-8, not JSON
         raise DataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     for key in ("dtype", "vocab_size", "tokenizer", "tokens"):
         if key not in meta:
             raise DataError(f"{path}: missing key {key!r}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path}: dtype {meta['dtype']!r}: token files are uint16 or uint32")
     return meta
 
 
@@ -362,6 +368,9 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
                 f"delete {d} or point data.dir elsewhere"
             )
         return d
+    if not data_cfg.source:
+        raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
+                        "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
