@@ -153,6 +153,7 @@ def test_truncated_latest_checkpoint_falls_back(corpus, reference, tmp_path, cap
     run = tmp_path / "run"
     train(load_config(None, tiny_overrides(corpus, run, **{**RUN, "train.steps": 21})))  # checkpoints 18, 21
     _truncate_checkpoint(run / "checkpoints" / "21")
+    (run / "checkpoints" / "24.orbax-checkpoint-tmp-1795330000123456").mkdir()  # a save killed midway
     capfd.readouterr()
     before = _tree(run)
     restore_for_inference(run)  # generation falls back too, and changes nothing
@@ -219,6 +220,10 @@ def test_failed_prepare_keeps_good_data(tmp_path):
         prepare([str(bad)], "bytes", tmp_path / "new" / "deeper", progress=False)
     assert _tree(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "data", "good.txt"]  # no temporaries
+    killed = tmp_path / ".data.prepare-999999999"  # what a kill -9 mid-prepare leaves: cleared by the next one
+    killed.mkdir()
+    prepare([str(good)], "bytes", out, progress=False)
+    assert not killed.exists()
 
 
 def test_out_of_range_token_file_is_refused_naming_it(corpus, tmp_path):

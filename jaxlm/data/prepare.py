@@ -185,6 +185,7 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
+    _remove_stale_builds(build)
     created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
     try:
         build.mkdir(parents=True)
@@ -199,6 +200,25 @@ def prepare(
                 d.rmdir()
         raise
     return meta
+
+
+def _remove_stale_builds(build: Path) -> None:
+    """Remove what a killed `prepare` of the same target left beside it (its process is gone)."""
+    stem = build.name.rsplit("-", 1)[0]
+    for old in build.parent.glob(f"{stem}-*") if build.parent.is_dir() else []:
+        pid = old.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,
