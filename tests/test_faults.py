@@ -92,7 +92,8 @@ def _kill_and_resume(corpus, run: Path, kills: int, seed: int) -> list[int]:
     for target in sorted(rng.sample(range(2, RUN["train.steps"] - 2), kills)):
         target = max(target, last + 1)  # rows up to `last` may still be the killed process's
         proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        while proc.poll() is None and _last_train_step(run) < target:
+        deadline = time.time() + 600  # generous: start-up alone takes a minute on a loaded 2-core machine
+        while proc.poll() is None and _last_train_step(run) < target and time.time() < deadline:
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.06))
         proc.send_signal(signal.SIGKILL)
@@ -126,6 +127,7 @@ def _check_equal_to_reference(run: Path, reference: Path, why: str) -> None:
 def test_kill_9_at_random_points_resumes_bit_identically(corpus, reference, tmp_path):
     seed = random.SystemRandom().randrange(1 << 30)
     points = _kill_and_resume(corpus, tmp_path / "run", kills=3, seed=seed)
+    print(f"seed {seed}: killed after steps {points}")
     _check_equal_to_reference(tmp_path / "run", reference, f"seed {seed}, killed after steps {points}")
 
 
@@ -133,6 +135,7 @@ def test_kill_9_at_random_points_resumes_bit_identically(corpus, reference, tmp_
 def test_kill_9_many_times(corpus, reference, tmp_path):
     seed = random.SystemRandom().randrange(1 << 30)
     points = _kill_and_resume(corpus, tmp_path / "run", kills=8, seed=seed)
+    print(f"seed {seed}: killed after steps {points}")
     _check_equal_to_reference(tmp_path / "run", reference, f"seed {seed}, killed after steps {points}")
 
 
