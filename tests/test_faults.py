@@ -91,14 +91,16 @@ def _kill_and_resume(corpus, run: Path, kills: int, seed: int) -> list[int]:
     points, last = [], 0
     for target in sorted(rng.sample(range(2, RUN["train.steps"] - 2), kills)):
         target = max(target, last + 1)  # rows up to `last` may still be the killed process's
-        proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log = run.parent / f"killed-{len(points)}.log"  # a file, not a pipe nobody reads while it runs
+        with open(log, "w") as err:
+            proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.time() + 600  # generous: start-up alone takes a minute on a loaded 2-core machine
         while proc.poll() is None and _last_train_step(run) < target and time.time() < deadline:
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.06))
         proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode in (-signal.SIGKILL, 0), err[-3000:]
+        proc.wait(timeout=120)
+        assert proc.returncode in (-signal.SIGKILL, 0), log.read_text()[-3000:]
         last = _last_train_step(run)
         points.append(last)
     done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=600)
