@@ -149,6 +149,7 @@ class DataConfig:
     prefetch: int = opt(2, "batches prepared ahead of the step")
 
     def __post_init__(self):
+        _check(self.dir.strip() != "", "dir", self.dir, "must name a directory")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         _check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "must be in (0, 1)")
         _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be >= 0")
@@ -195,6 +196,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
 
 
 @dataclass(frozen=True)

@@ -304,6 +304,7 @@ INVOCATIONS = {
         ("--set model.vocab_size=100", 2, "model.vocab_size"),
         ("--set train.out_dir=\"{file}/run\"", 2, "train.out_dir"),
         ("--set train.out_dir=\"/proc/jaxlm-run\"", 2, "train.out_dir"),
+        ("--set train.out_dir=\"\"", 2, "train.out_dir"),
         ("--set compute.attention=\"cudnn\" --set compute.dtype=\"bfloat16\"", 2, "compute.attention"),
         ("--set data.batch_size=12", 2, "data.batch_size"),  # 8 simulated devices
         ("--set parallel.distributed=true", 2, "parallel.distributed"),
