@@ -22,6 +22,9 @@ from jaxlm.config import load_config
 from jaxlm.errors import CheckpointError, DataError
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
+# One worker runs this module, so its trained fixtures (corpus, reference run, broken inputs) are built once.
+pytestmark = pytest.mark.xdist_group("faults")
+
 PY = sys.executable
 HELPERS = str(ROOT / "tests" / "train_helpers.py")
 # Checkpoints every 3 steps (the newest 2 kept), dropout on (its RNG stream is state too),
@@ -314,7 +317,7 @@ INVOCATIONS = {
          "trained with 'bytes'"),
     ],
     "data": [
-        ("", 2, "command"),
+        ("", 2, "COMMAND"),
         ("prepare --input {tmp}/missing.txt --out {tmp}/o", 2, "missing.txt"),
         ("prepare --input {text} --out {file}/o", 2, "{file}"),
         ("prepare --input {tmp} --out {tmp}/o", 2, "not a file"),
