@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
+from importlib import metadata
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +30,20 @@ def detect_device() -> Device:
         print(f"warning: could not query JAX devices ({e}); assuming cpu", file=sys.stderr)
         return Device("cpu", "cpu", 1)
     return Device(platform, "cpu" if platform == "cpu" else kind, count)
+
+
+SOFTWARE = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch")
+
+
+def software_versions() -> dict[str, str]:
+    """Python and the installed versions of the packages results depend on (absent ones left out)."""
+    found = {"python": platform.python_version()}
+    for name in SOFTWARE:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 # Requirement name -> (is it met on this device?, default reason when not).

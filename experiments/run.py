@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from experiments.device import Device, detect_device, unmet_requirement
+from experiments.device import Device, detect_device, software_versions, unmet_requirement
 from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, RunSpec, bench_overrides, load_plan, plan_names, resolved_train_config, train_overrides
 from experiments.results import (
@@ -219,6 +219,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "device_count": device.count,
         "started_at": _now(),
         "host": {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0]},
+        "versions": software_versions(),
     }
     if spec.kind == "train":
         result["config"] = resolved_train_config(spec, run_dir)

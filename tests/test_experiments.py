@@ -3,6 +3,7 @@ resuming after an interruption, failure / divergence labels, and report numbers 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -301,6 +302,7 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
         assert r["metrics"]["steps"] == 12 and math.isfinite(r["metrics"]["eval_loss"])
         assert r["metrics"]["tokens"] == 12 * 4 * 32
         assert r["wall_time_s"] > 0 and "commit" in r["git"]
+        assert r["versions"]["jax"] == importlib.metadata.version("jax") and r["versions"]["python"].startswith("3.")
     assert results["w48"]["metrics"]["params"] > results["w32"]["metrics"]["params"]
 
     mtimes = {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results}
