@@ -558,12 +558,20 @@ def write_report(plan_dir: Path, out: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from experiments import run_report
+
     p = cli.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
-                                description="Markdown report (tables, findings, plots) for a plan's runs")
-    p.add_argument("plan_dir", help="the plan's run directory, runs/PLAN")
+                                description="Markdown report (tables, findings, plots) for a plan's runs, "
+                                "or the learning curves and a sample of one training run")
+    p.add_argument("plan_dir", help="the plan's run directory, runs/PLAN; or one training run (metrics.jsonl + config.toml)")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
+    run_report.add_args(p)
     args = p.parse_args(argv)
-    path = write_report(Path(args.plan_dir), Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else None
+    if run_report.is_run_dir(Path(args.plan_dir)):
+        path = run_report.write_run_report(Path(args.plan_dir), out, args)
+    else:
+        path = write_report(Path(args.plan_dir), out)
     print(path)
     return 0
 
