@@ -22,7 +22,8 @@ from flax import nnx
 
 from jaxlm import flops
 from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.model import FFNS, CausalSelfAttention, Linear, Precision, RMSNorm, RotaryEmbedding, cross_entropy
+from jaxlm.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
+from jaxlm.model import CausalSelfAttention, cross_entropy
 
 
 def _time(compiled, args, warmup: int, steps: int) -> float:
