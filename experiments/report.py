@@ -23,7 +23,7 @@ from typing import Any
 from experiments.plan import format_value
 from experiments.results import load_results, read_metrics, series
 from jaxlm import cli
-from jaxlm.errors import DataError
+from jaxlm.errors import DataError, UsageError
 from jaxlm.extras import require
 from jaxlm.files import read_json, writable_dir_problem
 
@@ -563,12 +563,20 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
                                 description="Markdown report (tables, findings, plots) for a plan's runs, "
                                 "or the learning curves and a sample of one training run")
-    p.add_argument("plan_dir", help="the plan's run directory, runs/PLAN; or one training run (metrics.jsonl + config.toml)")
-    p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
+    p.add_argument("plan_dir", nargs="?", help="the plan's run directory, runs/PLAN; or one training run (metrics.jsonl + config.toml)")
+    p.add_argument("--all", metavar="ROOT", help="one written report (Markdown + HTML) from every plan under ROOT (runs/ or docs/results)")
+    p.add_argument("--out", help="output directory (default: PLAN_DIR/report; with --all: required)")
     run_report.add_args(p)
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else None
-    if run_report.is_run_dir(Path(args.plan_dir)):
+    if args.all:
+        from experiments.written_report import write_all
+
+        cli.check_option(args.plan_dir is None and out is not None, "--all", args.all, "takes --out DIR and no PLAN_DIR")
+        path = write_all(Path(args.all), out)
+    elif args.plan_dir is None:
+        raise UsageError("python -m experiments.report: give PLAN_DIR, a run directory, or --all ROOT --out DIR")
+    elif run_report.is_run_dir(Path(args.plan_dir)):
         path = run_report.write_run_report(Path(args.plan_dir), out, args)
     else:
         path = write_report(Path(args.plan_dir), out)

@@ -13,7 +13,7 @@ from types import ModuleType
 from jaxlm.errors import MissingExtra
 
 # top-level module -> the extra that installs it
-EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "xprof": "profile"}
+EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile"}
 
 
 def missing_message(module: str) -> str:

@@ -303,6 +303,7 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
         assert r["metrics"]["tokens"] == 12 * 4 * 32
         assert r["wall_time_s"] > 0 and "commit" in r["git"]
         assert r["versions"]["jax"] == importlib.metadata.version("jax") and r["versions"]["python"].startswith("3.")
+        assert r["data"]["tokens"]["train"] > 0 and r["data"]["tokenizer"] == "bytes"
     assert results["w48"]["metrics"]["params"] > results["w32"]["metrics"]["params"]
 
     mtimes = {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results}

@@ -60,3 +60,61 @@ def fluency_of(tokens, text):
 def test_single_run_options_are_checked(tiny_run, capsys):
     assert cli.run(report.main, [str(tiny_run), "--tokens", "10"]) == 2
     assert "--tokens" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --all
+
+
+def _record(root: Path, plan: str, name: str, **fields) -> dict:
+    run = root / plan / name
+    run.mkdir(parents=True)
+    rec = {"name": name, "plan": plan, "status": "ok", "device": "cpu", "platform": "cpu", "device_count": 1,
+           "host": {"cpus": 2}, "versions": {"python": "3.12.0", "jax": "0.0.test"}, **fields}
+    (run / "result.json").write_text(json.dumps(rec))
+    return rec
+
+
+def _synthetic_root(root: Path) -> None:
+    model = {"vocab_size": 257, "context_length": 32, "d_model": 32, "num_layers": 2, "num_heads": 2, "d_ff": 64}
+    data = {"tokenizer": "bytes", "vocab_size": 257, "tokens": {"train": 123456, "val": 7890}, "sources": ["tiny/input.txt"]}
+    rows = [{"framework": "jax", "mode": "train_step", "dtype": dt, "attention": "xla", "remat": "none", "context": t,
+             "batch": b, "status": "ok", "step_ms": 10.0 * b * t / 64, "memory_gb": 0.5 * t / 64 * b,
+             "tokens_per_s": (2000 if dt == "bfloat16" else 1000) * b ** 0.5}
+            for dt in ("float32", "bfloat16") for t in (64, 128, 256) for b in (1, 2, 4)]
+    _record(root, "profiling", "sweep", kind="bench", bench_rows=rows)
+    for name, tps, mem, loss in (("baseline-s0", 1000.0, 4e9, 2.5), ("bf16-s0", 1900.0, 3e9, 2.51)):
+        rec = _record(root, "optimizations", name, kind="train", axes={"opt": name[:-3]}, config={"model": model}, data=data,
+                      metrics={"tokens_per_s": tps, "peak_memory": mem, "eval_loss": loss, "train_loss": loss, "steps": 10})
+        lines = [{"kind": "train", "step": s, "time": 100.0 + s, "train/loss": loss + 1 / s} for s in range(1, 11)]
+        (root / "optimizations" / rec["name"] / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    (root / "optimizations" / "plan.json").write_text(json.dumps({"name": "optimizations", "runs": [{"name": "baseline-s0"}, {"name": "bf16-s0"}],
+                                                                  "report": {"baseline": {"opt": "baseline"}}}))
+
+
+def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
+    root, out = tmp_path / "results", tmp_path / "report"
+    _synthetic_root(root)
+    assert cli.run(report.main, ["--all", str(root), "--out", str(out)]) == 0
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    heads = ["## 1. Experimental setup", "## 2. Profiling results", "## 3. Background", "## 4. Trade-off analysis",
+             "## 5. Extras", "## 6. Training studies", "## 7. Findings against the curriculum", "## 8. Limitations"]
+    assert [md.index(h) for h in heads] == sorted(md.index(h) for h in heads)
+    assert "| tiny/input.txt | bytes | 123,456 | 7,890 | optimizations |" in md
+    from jaxlm.config import ModelConfig
+    from jaxlm.flops import param_counts
+
+    n = param_counts(ModelConfig(vocab_size=257, context_length=32, d_model=32, num_layers=2, num_heads=2, d_ff=64))["total"]
+    assert f"| 32 | 2 | 2 | 64 | 257 | 32 | {n:,} | optimizations |" in md
+    assert "- jax 0.0.test" in md and "**pending**: no run under this root ran on a GPU" in md
+    for png in ("memory_vs_context", "throughput_vs_batch", "before_after"):
+        assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
+    # memory 0.5 GB x T/64 x B: 4x from T=64 to 256 at every batch
+    assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x" in md
+    assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan named `parallel`" in md
+    assert md.count("data:image") == 0 and html.count("data:image/png;base64,") >= 3 and "<table>" in html
+    assert '<img alt="before and after" src="data:image/png;base64,' in html
+
+
+def test_all_needs_out(tmp_path, capsys):
+    assert cli.run(report.main, ["--all", str(tmp_path)]) == 2
+    assert "--all" in capsys.readouterr().err
