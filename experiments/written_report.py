@@ -30,9 +30,12 @@ TECHNIQUES_DIR = Path(__file__).resolve().parents[1] / "docs" / "techniques"
 TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "scanned-layers", "data-parallel",
               "fsdp", "tensor-parallel", "pipeline-parallel", "lora", "quantization", "kv-cache")
 PROFILING, TRADEOFFS = ("profiling",), ("optimizations",)
-STUDIES = ("lr_sweep", "batch_size", "context_length", "model_size", "ablations")
-EXTRAS = {"Parallelism": ("parallel", "parallelism"), "LoRA and QLoRA": ("lora", "qlora", "peft"),
-          "Quantisation-aware training": ("qat", "quantization")}
+EXTRAS = {"Parallelism": ("parallel", "fsdp", "tensor", "pipeline"), "LoRA and QLoRA": ("lora", "peft"),
+          "Quantisation-aware training": ("qat", "quant")}  # a plan whose name contains one of these words
+
+
+def extra_of(plan: str) -> str | None:
+    return next((title for title, words in EXTRAS.items() if any(w in plan.lower() for w in words)), None)
 
 
 # --------------------------------------------------------------------------- finding the plans
@@ -206,12 +209,13 @@ def build(root: Path, out: Path) -> list[str]:
     lines += techniques_section(out)
     lines += ["## 4. Trade-off analysis", ""] + part(parts, runs, TRADEOFFS)
     lines += ["## 5. Extras", ""]
-    for title, names in EXTRAS.items():
-        found = [p for p in plans if p in names and runs.get(p)]
+    for title, words in EXTRAS.items():
+        found = [p for p in plans if extra_of(p) == title and runs.get(p)]
         lines += [f"### {title}", ""] + (part(parts, runs, found) if found else
-                                        [f"**Missing**: no plan named {' or '.join(f'`{n}`' for n in names)} has results under `{root}`.", ""])
+                                        [f"**Missing**: no plan whose name contains {' or '.join(f'`{w}`' for w in words)} "
+                                         f"has results under `{root}`.", ""])
     lines += ["## 6. Training studies", ""] + part(parts, runs, [p for p in plans if p not in (*PROFILING, *TRADEOFFS)
-                                                                 and not any(p in n for n in EXTRAS.values())])
+                                                                 and not extra_of(p)])
     lines += findings_section({p: parts[p] for p in plans if runs.get(p)}) + limitations_section(every, missing)
     return lines
 

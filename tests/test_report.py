@@ -87,6 +87,7 @@ def _synthetic_root(root: Path) -> None:
                       metrics={"tokens_per_s": tps, "peak_memory": mem, "eval_loss": loss, "train_loss": loss, "steps": 10})
         lines = [{"kind": "train", "step": s, "time": 100.0 + s, "train/loss": loss + 1 / s} for s in range(1, 11)]
         (root / "optimizations" / rec["name"] / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    _record(root, "lora_finetune", "rank8", kind="train", metrics={"eval_loss": 3.21, "steps": 5})
     (root / "optimizations" / "plan.json").write_text(json.dumps({"name": "optimizations", "runs": [{"name": "baseline-s0"}, {"name": "bf16-s0"}],
                                                                   "report": {"baseline": {"opt": "baseline"}}}))
 
@@ -110,7 +111,9 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
         assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
     # memory 0.5 GB x T/64 x B: 4x from T=64 to 256 at every batch
     assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x" in md
-    assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan named `parallel`" in md
+    extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
+    assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
+    assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan whose name contains `parallel`" in md
     assert md.count("data:image") == 0 and html.count("data:image/png;base64,") >= 3 and "<table>" in html
     assert '<img alt="before and after" src="data:image/png;base64,' in html
 
