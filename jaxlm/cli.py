@@ -75,7 +75,7 @@ class _HelpConfig(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(help_config())
+        print(help_config(Config))
         parser.exit()
 
 

@@ -3,7 +3,8 @@
 Every section is a frozen dataclass validated on construction. Errors name the
 key and the value (``optim.lr = -1.0: must be > 0``) and say where the value
 came from (the TOML file or the `--set` flag). Every field carries a one-line
-doc, printed by ``--help-config``. This module imports nothing heavy.
+doc, printed by ``--help-config``. This module declares the tree; the generic machinery
+(coercion, overrides, TOML in and out) is `jaxlm/typedconfig.py`. Nothing heavy is imported.
 
 `ModelConfig` is the architecture alone (what function the network computes);
 `ComputeConfig` is how jaxlm executes it (dtype, attention kernel, remat).
@@ -11,17 +12,25 @@ doc, printed by ``--help-config``. This module imports nothing heavy.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import sys
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from jaxlm.errors import ConfigError
+from jaxlm.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
+    apply_overrides,
+    check_override,
+    copy_tree,
+    dumps_toml,
+    from_dict,
+    help_config,
+    merge_trees,
+    parse_override,
+    read_toml,
+    to_dict,
+    toml_value,
+)
 
 
 def opt(default: Any, doc: str):
@@ -262,119 +271,7 @@ class Config:
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
 
 
-# --------------------------------------------------------------------------- typed loading
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`, converting only where lossless (int -> float)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table of settings, got {value!r}")
-        return from_dict(tp, value, prefix=key + ".")
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {tp}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{key} = {value!r}: not one of {', '.join(map(repr, choices))}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} = {value!r}: expected a list")
-        (item,) = typing.get_args(tp)[:1] or (Any,)
-        return origin(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        raise ConfigError(f"{key} = {value!r}: expected {tp.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _unknown_key(key: str, names: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
-    return ConfigError(f"unknown key '{key}'; {hint}valid keys here: {', '.join(names)}")
-
-
-def from_dict(cls, data: dict, prefix: str = ""):
-    """Build dataclass `cls` from a (nested) dict, rejecting unknown keys by name."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for k in data:
-        if k not in names:
-            raise _unknown_key(prefix + k, names)
-    kwargs = {k: _coerce(hints[k], v, prefix + k) for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith(prefix) else prefix + msg) from None
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (['a', 'b'], value); the value is read as TOML, else taken as a string."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE")
-    key, raw = text.split("=", 1)
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.strip().split("."), value
-
-
-def check_override(cls, path: list[str], value: Any) -> None:
-    """Raise ConfigError if `path` is not a key of `cls` or `value` has the wrong type for it."""
-    hints, prefix = typing.get_type_hints(cls), ""
-    for i, part in enumerate(path):
-        names = list(hints)
-        if part not in hints:
-            raise _unknown_key(prefix + part, names)
-        tp = hints[part]
-        if i < len(path) - 1:
-            if not dataclasses.is_dataclass(tp):
-                raise ConfigError(f"'{prefix + part}' is a value, not a section")
-            hints, prefix = typing.get_type_hints(tp), prefix + part + "."
-        elif not dataclasses.is_dataclass(tp):
-            _coerce(tp, value, prefix + part)
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = _deepcopy(data)
-    for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
-    return data
-
-
-def _deepcopy(d):
-    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = _deepcopy(base)
-    for k, v in top.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
+# --------------------------------------------------------------------------- loading
 
 
 _MOVED_TO_COMPUTE = ("dtype", "attention", "remat")
@@ -385,7 +282,7 @@ def _migrate(data: dict, where: str) -> dict:
     model = data.get("model")
     if not isinstance(model, dict) or not any(k in model for k in _MOVED_TO_COMPUTE):
         return data
-    data = _deepcopy(data)
+    data = copy_tree(data)
     for k in _MOVED_TO_COMPUTE:
         if k in data["model"]:
             data.setdefault("compute", {}).setdefault(k, data["model"].pop(k))
@@ -402,23 +299,13 @@ def _migrate_override(text: str) -> str:
     return text
 
 
-def read_toml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-
-
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
     data = _migrate(read_toml(path), str(path)) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
-        data = _merge(data, PRESETS[preset])
+        data = merge_trees(data, PRESETS[preset])
     overrides = [_migrate_override(t) for t in overrides]
     for text in overrides:
         try:
@@ -441,52 +328,3 @@ def _blame(message: str, path, overrides: list[str]) -> str:
     near = [t for t, k in zip(overrides, keys) if k.split(".", 1)[0] == section]
     where = str(path) if path is not None else "defaults"
     return where + "".join(f" with --set {t}" for t in near)
-
-
-def to_dict(cfg) -> dict:
-    """The config as nested dicts, without unset (None) values: what config.toml holds."""
-
-    def clean(d):
-        return {k: clean(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
-
-    return clean(dataclasses.asdict(cfg))
-
-
-def dumps_toml(data: dict) -> str:
-    import tomli_w
-
-    return tomli_w.dumps(data)
-
-
-def toml_value(value: Any) -> str:
-    """One value as TOML text (what `--set key=VALUE` reads back to the same value); lists on one line."""
-    if isinstance(value, list):
-        return "[" + ", ".join(map(toml_value, value)) + "]"
-    return dumps_toml({"v": value})[len("v = "):].strip()
-
-
-def help_config(cls=Config, prefix: str = "") -> str:
-    """Every key of the tree with its type, default and doc, one line each."""
-    lines = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            lines.append(f"\n[{prefix}{f.name}]  {(tp.__doc__ or '').strip().splitlines()[0]}")
-            lines.append(help_config(tp, prefix + f.name + "."))
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = "unset" if default is None else toml_value(default)
-        lines.append(f"  {prefix}{f.name} = {shown}  ({_type_name(tp)})  {f.metadata.get('doc', '')}")
-    return "\n".join(lines).lstrip("\n")
-
-
-def _type_name(tp) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return " | ".join(map(repr, args))
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join("unset" if a is type(None) else _type_name(a) for a in args)
-    if origin in (list, tuple):
-        return f"list of {_type_name(args[0])}" if args else "list"
-    return getattr(tp, "__name__", str(tp))

@@ -72,7 +72,7 @@ def test_resolved_config_round_trips_through_toml(tmp_path):
 
 
 def test_help_config_lists_every_key_with_its_doc():
-    text = help_config()
+    text = help_config(Config)
     for section in dataclasses.fields(Config):
         for f in dataclasses.fields(getattr(Config(), section.name)):
             line = next((l for l in text.splitlines() if l.strip().startswith(f"{section.name}.{f.name} = ")), None)
