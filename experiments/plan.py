@@ -37,6 +37,7 @@ Errors raise `PlanError` naming the plan file and the offending key.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -60,7 +61,9 @@ KINDS = ("train", "bench", "command")
 REQUIREMENT_NAMES = ("gpu",)
 
 TOP_KEYS = {"plan", "defaults", "sizes", "runs", "report"}
-PLAN_KEYS = {"name", "description", "default_size", "include"}
+PLAN_KEYS = {"name", "description", "default_size", "include", "seeds"}
+SEED_KEY = "train.seed"  # the config field a plan's `seeds` sets on each train run
+SEED_AXIS = "seed"  # the axis that labels a run's seed; the report averages over it
 # Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
 SPEC_KEYS = {
     "kind",  # train | bench | command
@@ -388,6 +391,7 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
             name = _expand_name(entry["name"], labels, where)
             runs.append(_to_spec(name, point_fields, f"{where} -> {name}"))
 
+    runs = with_seeds(runs, _seeds(meta.get("seeds"), f"{path}: [plan].seeds"))
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.name] = seen.get(r.name, 0) + 1
@@ -403,6 +407,32 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
         runs=tuple(runs),
         report=report,
     )
+
+
+def _seeds(seeds: Any, where: str) -> list[int] | None:
+    if seeds is None:
+        return None
+    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
+        raise PlanError(f"{where}: expected a non-empty list of distinct integers >= 0, got {seeds!r}")
+    return seeds
+
+
+def with_seeds(runs: list[RunSpec], seeds: list[int] | None) -> list[RunSpec]:
+    """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis.
+
+    Seed-major order (every setting at the first seed, then the next seed), so a plan cut short
+    still compares every setting. Other kinds (benchmarks, commands) run once, in the first pass."""
+    if not seeds:
+        return runs
+    out = []
+    for i, seed in enumerate(seeds):
+        for r in runs:
+            if r.kind == "train":
+                out.append(dataclasses.replace(r, name=f"{r.name}-s{seed}", set={**r.set, SEED_KEY: seed}, axes={**r.axes, SEED_AXIS: seed}))
+            elif i == 0:
+                out.append(r)
+    return out
 
 
 def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:

@@ -106,6 +106,30 @@ def test_grid_sizes_and_precedence(tmp_path):
     assert cpu.runs[0].hash != gpu.runs[0].hash
 
 
+def test_seeds_expand_train_runs_seed_major(tmp_path):
+    plan = write(
+        tmp_path / "p.toml",
+        """
+        [plan]
+        seeds = [0, 7]
+        [defaults]
+        kind = "train"
+        config = "experiments/configs/quickstart.toml"
+        [[runs]]
+        name = "lr{optim.lr}"
+        grid = { "optim.lr" = [1e-3, 1e-2] }
+        [[runs]]
+        name = "bench"
+        kind = "bench"
+        """,
+    )
+    runs = load_plan(plan).runs
+    assert [r.name for r in runs] == ["lr0.001-s0", "lr0.01-s0", "bench", "lr0.001-s7", "lr0.01-s7"]
+    assert runs[3].set == {"optim.lr": 1e-3, "train.seed": 7} and runs[3].axes == {"optim.lr": 1e-3, "seed": 7}
+    assert runs[2].axes == {} and "train.seed" not in runs[2].set
+    assert len({r.hash for r in runs}) == 5
+
+
 @pytest.mark.parametrize(
     "body, needle",
     [
@@ -120,6 +144,8 @@ def test_grid_sizes_and_precedence(tmp_path):
         ("[runz]\n", "unknown key 'runz'"),
         ("[[runs]]\nname = 'a'\nkind = 'bench'\n[sizes.cpu]\nset = 3", "[sizes.cpu].set: expected a table"),
         ("[[runs]\nname = 'a'", "not valid TOML"),
+        ("[plan]\nseeds = [0, 0]\n[[runs]]\nname = 'a'\nkind = 'bench'", "[plan].seeds: expected a non-empty list of distinct integers"),
+        ("[plan]\nseeds = 3\n[[runs]]\nname = 'a'\nkind = 'bench'", "[plan].seeds: expected a non-empty list"),
     ],
 )
 def test_plan_errors_name_file_and_key(tmp_path, body, needle):
@@ -329,5 +355,5 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
     (tmp_path / "experiments").symlink_to(REPO / "experiments")
     plan = load_plan("lr_sweep", "cpu")
     assert plan.runs[0].set["data.source"] == ["tinyshakespeare"]
-    with pytest.raises(PlanError, match=r"lr0\.0003.*corpus 'tinyshakespeare' not found; run `python -m jaxlm\.data download tinyshakespeare`"):
+    with pytest.raises(PlanError, match=r"lr0\.001-s0.*corpus 'tinyshakespeare' not found; run `python -m jaxlm\.data download tinyshakespeare`"):
         run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
