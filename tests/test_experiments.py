@@ -195,14 +195,34 @@ def test_no_plan_lists_every_plan_with_its_estimates(capsys):
     out = capsys.readouterr().out
     for name in plan_names():
         assert re.search(rf"^  {name}  \(cpu: \d+ runs, ~\d+ (s|min)", out, re.MULTILINE), out
-    assert "Learning-rate sweep at a fixed number of steps." in out
+    assert "Learning-rate sweep at a fixed number of steps:" in out
 
 
-def test_estimate_matches_the_recorded_cpu_runs(tinyshakespeare, capsys):
-    """lr_sweep's six CPU runs took 32.7 s in all (docs/results/lr_sweep/report.md, the total time column)."""
-    seconds, unknown = plan_seconds(load_plan("lr_sweep", "cpu"), "cpu", lambda spec: False)
+# The lr_sweep plan as it was recorded on an otherwise idle 2-core x86 CPU (commit 24e072cc30): six runs of a
+# 2-layer, 64-wide model, 300 steps at batch 16, context 64; 32.7 s in all (the sum of its total-time column).
+RECORDED_LR_SWEEP = """
+[defaults]
+kind = "train"
+config = "experiments/configs/quickstart.toml"
+[defaults.set]
+"data.dir" = "runs/data/tinyshakespeare-bytes"
+"data.source" = ["tinyshakespeare"]
+"model.vocab_size" = 257
+model = { context_length = 64, d_model = 64, num_layers = 2, num_heads = 4, d_ff = 192 }
+"data.batch_size" = 16
+train = { steps = 300, eval_every = 100, eval_batches = 20 }
+[[runs]]
+name = "lr{optim.lr}"
+grid = { "optim.lr" = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 30.0] }
+"""
+
+
+def test_estimate_matches_the_recorded_cpu_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan = load_plan(write(tmp_path / "recorded.toml", RECORDED_LR_SWEEP), "default")
+    seconds, unknown = plan_seconds(plan, "cpu", lambda spec: False)
     assert unknown == 0 and seconds == pytest.approx(32.7, rel=0.25)
-    run_plan(load_plan("lr_sweep", "cpu"), Path("/nonexistent/runs"), dry_run=True, device=CPU)
+    run_plan(plan, Path("/nonexistent/runs"), dry_run=True, device=CPU)
     out = capsys.readouterr().out
     assert "[6/6] lr30 (train, ~6 s): " in out and f"estimated time: ~{seconds:.0f} s on cpu (fitted" in out
 
@@ -357,3 +377,75 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
     assert plan.runs[0].set["data.source"] == ["tinyshakespeare"]
     with pytest.raises(PlanError, match=r"lr0\.001-s0.*corpus 'tinyshakespeare' not found; run `python -m jaxlm\.data download tinyshakespeare`"):
         run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
+
+
+# --------------------------------------------------------------------------- seeds and findings
+
+
+def test_seed_statistics_by_hand():
+    from experiments.report.seeds import Stats, compare_phrase, resolved
+
+    a = Stats.of([2.0, 2.1, 1.9])  # mean 2.0, sample std 0.1
+    assert (a.mean, a.std, a.lo, a.hi) == pytest.approx((2.0, 0.1, 1.9, 2.1))
+    worse = Stats.of([2.3, 2.4, 2.2])  # 0.3 apart; 2 standard errors = 2 * sqrt(0.01/3 + 0.01/3) = 0.163
+    close = Stats.of([2.1, 2.2, 2.0])  # 0.1 apart: below 0.163
+    assert resolved(worse, a) is True and resolved(close, a) is False
+    assert resolved(Stats.of([2.5]), a) is None
+    assert compare_phrase(worse, a) == "validation loss 2.300 ± 0.100 against 2.000 ± 0.100 (+15.0%, beyond noise)"
+    assert compare_phrase(close, a).endswith("(+5.0%, within noise)")
+
+
+def fake_seeded_plan(plan_dir: Path, name: str, finals: dict[str, list[float]], axis: str, report: dict) -> None:
+    """A plan directory as the runner leaves it: per seed a result.json and a metrics.jsonl ending at `final`."""
+    plan_dir.mkdir(parents=True)
+    runs = []
+    for label, losses in finals.items():
+        for seed, final in enumerate(losses):
+            run = f"{label}-s{seed}"
+            (plan_dir / run).mkdir()
+            recs = [{"step": s, "kind": "eval", "time": 1000.0 + s, "eval/loss": final + (100 - s) / 50} for s in (50, 100)]
+            recs += [{"step": s, "kind": "train", "time": 1000.0 + s, "train/loss": final + 0.1, "perf/step_time_s": 0.01} for s in (25, 50, 75, 100)]
+            (plan_dir / run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+            value = label if axis == "variant" else float(label.split("=")[1])
+            result = {"name": run, "plan": name, "kind": "train", "status": "ok", "axes": {axis: value, "seed": seed},
+                      "device": "cpu", "metrics": {"steps": 100, "eval_loss": final, "step_time": 0.01, "params": 1000},
+                      "config": {"model": {"vocab_size": 257, "context_length": 8}, "data": {"batch_size": 2}}}
+            (plan_dir / run / "result.json").write_text(json.dumps(result))
+            runs.append({"name": run, "kind": "train", "axes": result["axes"]})
+    (plan_dir / "plan.json").write_text(json.dumps({"name": name, "size": "cpu", "report": report, "runs": runs}))
+
+
+def test_seeded_report_findings_and_records_round_trip(tmp_path):
+    plan_dir = tmp_path / "runs" / "ablations"
+    fake_seeded_plan(plan_dir, "ablations", {
+        "baseline": [2.0, 2.1, 1.9],
+        "no_norm": [2.3, 2.4, 2.2],  # worse beyond noise: agree
+        "post_norm": [2.1, 2.2, 2.0],  # within noise: agree ("about as well")
+        "nope": [2.05, 2.15, 1.95],  # worse, but within noise: not resolved
+        "silu": [1.6, 1.7, 1.5],  # better beyond noise: disagree
+    }, "variant", {"baseline": {"variant": "baseline"}})
+    out = tmp_path / "docs" / "ablations"
+    text = write_report(plan_dir, out, records=True).read_text()
+    verdicts = {f["claim"]: f["verdict"] for f in json.loads((out / "findings.json").read_text())["findings"]}
+    assert verdicts == {"removing RMSNorm hurts": "agree", "post-norm trains about as well as pre-norm": "agree",
+                        "NoPE is worse than RoPE": "not resolved at this size", "SwiGLU beats the ungated SiLU feed-forward": "disagree"}
+    assert "| `no_norm` | no_norm | 3 | ok |" in text and "2.300 ± 0.100" in text and "+15.0% (beyond noise)" in text
+    assert "`nope` against `baseline`: validation loss 2.050 ± 0.100 against 2.000 ± 0.100 (+2.5%, within noise)" in text
+    assert "above the baseline at 2 of 2 evaluations" in text
+    rebuilt = write_report(out / "records", tmp_path / "rebuilt").read_text()
+    assert rebuilt == text
+    assert (tmp_path / "rebuilt" / "curves_by_step.png").stat().st_size > 1000
+
+
+def test_sweep_findings_by_hand(tmp_path):
+    from experiments.report.findings import findings_rows
+    from experiments.report.seeds import group_settings
+    from experiments.results import load_results
+
+    plan_dir = tmp_path / "batch_size"
+    fake_seeded_plan(plan_dir, "batch_size", {"b=1": [2.6, 2.8, 2.4], "b=8": [2.2, 2.25, 2.15], "b=32": [2.0, 2.02, 1.98]},
+                     "data.batch_size", {"x": "data.batch_size"})
+    rows = findings_rows("batch_size", group_settings(load_results(plan_dir)), {})
+    first = rows[0]
+    assert first["verdict"] == "agree" and "batch 1: 2.600 ± 0.200, batch 8: 2.200 ± 0.050, batch 32: 2.000 ± 0.020" in first["measured"]
+    assert rows[2]["verdict"] == "disagree"  # every step time is 10 ms: not growing with batch

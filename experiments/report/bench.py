@@ -1,0 +1,176 @@
+"""Benchmark rows: their table, comparisons against a baseline field, and growth along context and batch."""
+
+from __future__ import annotations
+
+from experiments.report.format import NAMES, fmt, pct_change, table
+from experiments.report.compare import change_phrase, describe_changes
+
+# Bench row fields shown in the table (jaxlm.bench.core.COLUMNS), with formats.
+BENCH_COLUMNS: list[tuple[str, str, str]] = [
+    ("framework", "framework", "g"),
+    ("mode", "mode", "g"),
+    ("dtype", "dtype", "g"),
+    ("attention", "attention", "g"),
+    ("remat", "remat", "g"),
+    ("context", "context", "int"),
+    ("batch", "batch", "int"),
+    ("status", "status", "g"),
+    ("step (ms)", "step_ms", "g"),
+    ("± std", "step_ms_std", "g"),
+    ("median (ms)", "step_ms_median", "g"),
+    ("tokens/s", "tokens_per_s", "count"),
+    ("TFLOP/s", "tflops", "g"),
+    ("MFU", "mfu", "pct"),
+    ("memory (GB)", "memory_gb", "g"),
+    ("memory from", "memory_source", "g"),
+    ("params", "params", "count"),
+]
+# Row fields that are measurements (everything else identifies the setting).
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+                  "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch"}
+BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
+
+
+def bench_rows(runs: list[dict]) -> list[dict]:
+    rows = []
+    for r in runs:
+        for row in r.get("bench_rows") or []:
+            rows.append({"run": r["name"], **row})
+    return rows
+
+
+def bench_table(rows: list[dict]) -> str:
+    cols = [(t, k, how) for t, k, how in BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
+    # Columns with one value throughout say nothing per row: state them once above the table instead.
+    varying = [(t, k, how) for t, k, how in cols if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
+    body = []
+    for r in rows:
+        cells = [f"`{r['run']}`"]
+        for _, k, how in varying:
+            v = r.get(k)
+            cells.append(fmt(v, how) if isinstance(v, (int, float)) and not isinstance(v, bool) else fmt(v))
+        body.append(cells)
+    fixed = [f"{t} {fmt(rows[0].get(k))}" for t, k, _ in cols if (t, k, _) not in varying]
+    head = f"All rows: {', '.join(fixed)}.\n\n" if fixed else ""
+    return head + table(["run", *(t for t, _, _ in varying)], body)
+
+
+def max_batch_table(runs: list[dict]) -> str | None:
+    found = [(r["name"], f) for r in runs for f in r.get("bench_max_batch") or []]
+    if not found:
+        return None
+    return table(["run", "setting", "context", "max batch"], [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
+
+
+def bench_value(row: dict, q: str):
+    """A bench measurement; step time is the median where the row has one (robust to a busy machine)."""
+    if q == "step_ms" and isinstance(row.get("step_ms_median"), (int, float)):
+        return row["step_ms_median"]
+    return row.get(q)
+
+
+def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
+    """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    out = []
+    for field, base in baseline.items():
+        def key(r):
+            return tuple(sorted((k, str(v)) for k, v in r.items() if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
+
+        bases = {key(r): r for r in ok if str(r.get(field)) == str(base)}
+        by_label: dict[str, list] = {}
+        for r in ok:
+            if field in r and str(r[field]) != str(base) and key(r) in bases:
+                by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[key(r)]))
+        for (label, mode), pairs in by_label.items():
+            phrases = []
+            for q, title in BENCH_COMPARED.items():
+                NAMES.setdefault(q, title)
+                changes = [(p, "") for r, b in pairs
+                           if isinstance(bench_value(r, q), (int, float)) and isinstance(bench_value(b, q), (int, float))
+                           and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
+                phrases.append(change_phrase(q, changes))
+            shapes = sorted({(r.get("context"), r.get("batch")) for r, _ in pairs})
+            listed = ", ".join(f"T={t} B={b}" for t, b in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+            where = f" ({len(pairs)} row pair{'s' * (len(pairs) > 1)} at {listed})"
+            s = describe_changes(f"{mode}: {field}={label}", f"{field}={base}{where}", phrases)
+            if s:
+                out.append(s)
+    return out
+
+
+def bench_scaling_sentences(rows: list[dict]) -> list[str]:
+    """How memory and throughput grow along context and batch, per setting (ok rows only)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    out = []
+    for axis, other in (("context", "batch"), ("batch", "context")):
+        groups: dict[tuple, dict] = {}
+        for r in ok:
+            key = tuple((k, str(v)) for k, v in sorted(r.items()) if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled") and not isinstance(v, (list, dict)))
+            groups.setdefault(key, {})[r[axis]] = r
+        for key, by_x in groups.items():
+            if len(by_x) < 3:
+                continue
+            xs = sorted(by_x)
+            a, b = by_x[xs[0]], by_x[xs[-1]]
+            k = dict(key)
+            parts = []
+            if a.get("memory_gb") and b.get("memory_gb"):
+                parts.append(f"memory grew {b['memory_gb'] / a['memory_gb']:.1f}x ({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
+            if a.get("tokens_per_s") and b.get("tokens_per_s"):
+                parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x ({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
+            if parts:
+                out.append(f"{k.get('mode')} {k.get('dtype')}{'' if k.get('attention') in (None, 'xla') else ' ' + k['attention']}"
+                           f"{'' if k.get('remat') in (None, 'none') else ' remat=' + k['remat']}, {other} {k.get(other)}: from {axis} {xs[0]} to {xs[-1]} "
+                           f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
+    return out
+
+
+def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
+    """(mode, dtype, other axis) -> [(axis value, memory in bytes)] of ok rows with a memory figure."""
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float)) and r.get("remat") in (None, "none"):
+            groups.setdefault((r.get("mode"), r.get("dtype"), r.get(fixed)), []).append((float(r[axis]), r["memory_gb"] * 1e9))
+    return {k: sorted(v) for k, v in groups.items() if len({x for x, _ in v}) >= 3}
+
+
+def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], float]:
+    """Least-squares polynomial coefficients (constant first) and the largest residual relative to y."""
+    import numpy as np
+
+    A = np.vander(np.asarray(xs), degree + 1, increasing=True)
+    coef, *_ = np.linalg.lstsq(A, np.asarray(ys), rcond=None)
+    worst = float(np.max(np.abs(A @ coef - ys) / np.asarray(ys)))
+    return [float(c) for c in coef], worst
+
+
+def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
+    """memory = a + b * batch per (mode, dtype, context): agree when the straight line fits within 5 %."""
+    groups = _memory_points(rows, "batch", "context")
+    if not groups:
+        return "no memory-vs-batch rows", "not resolved at this size"
+    parts, linear = [], True
+    for (mode, dtype, context), pts in groups.items():
+        (a, b), worst = _fit([x for x, _ in pts], [y for _, y in pts], 1)
+        linear &= worst < 0.05
+        parts.append(f"{mode} {dtype}, context {context}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per sequence, "
+                     f"batch {pts[0][0]:.0f}-{pts[-1][0]:.0f}, largest deviation from the line {100 * worst:.1f}%")
+    return "; ".join(parts), "agree" if linear else "disagree"
+
+
+def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
+    """memory = a + b T + c T^2 per (mode, dtype, batch): agree when c > 0 and the T^2 term is >= 10 % at the longest T."""
+    groups = _memory_points(rows, "context", "batch")
+    if not groups:
+        return "no memory-vs-context rows", "not resolved at this size"
+    parts, faster = [], True
+    for (mode, dtype, batch), pts in groups.items():
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        (a, b, c), worst = _fit(xs, ys, 2)
+        _, worst_line = _fit(xs, ys, 1)
+        share = c * xs[-1] ** 2 / ys[-1]
+        faster &= c > 0 and share >= 0.10
+        parts.append(f"{mode} {dtype}, batch {batch}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² term "
+                     f"{100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to {100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
+    return "; ".join(parts), "agree" if faster else "disagree"

@@ -1,0 +1,225 @@
+"""The curriculum's published findings, and what a plan's runs say about each.
+
+`FINDINGS` is the one table of what the seed reports (student reports on this curriculum:
+TinyStories / WikiText-103 on a GPU) found; each row names the check that reads the plan's
+runs and returns what jaxlm measured and a verdict: agree, disagree, or not resolved at
+this size (the difference is within seed-to-seed noise, or the plan cannot measure it).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from experiments.plan import format_value
+from experiments.report.bench import fit_memory_batch, fit_memory_context
+from experiments.report.format import table
+from experiments.report.plots import mean_curve
+from experiments.report.seeds import Setting, Stats, difference, resolved
+from experiments.results import read_metrics, series
+
+AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
+SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
+
+
+@dataclass(frozen=True)
+class Finding:
+    plan: str
+    claim: str  # the finding, in a few words
+    seen: str  # what the seed reports saw
+    check: str  # the function in CHECKS that tests it
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("ablations", "removing RMSNorm hurts", "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates stabilise it but stay worse", "worse:no_norm"),
+    Finding("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)", "similar:post_norm"),
+    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
+    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
+    Finding("lr_sweep", "a sweet spot; rates 10-100x higher diverge", "best near 1e-3; 10-100x higher diverges, visibly early", "lr_sweet_spot"),
+    Finding("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps", "batch_equal_steps"),
+    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
+    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
+    Finding("model_size", "at a short budget bigger models are not better yet", "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
+    Finding("context_length", "context length changes loss little", "little change in loss across context lengths", "context_little"),
+    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
+    Finding("profiling", "peak memory grows faster than linearly with context", "faster than linear in context (attention matrices)", "memory_context"),
+    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
+)
+
+
+def _by_name(settings: list[Setting], name: str) -> Setting | None:
+    return next((s for s in settings if s.name == name), None)
+
+
+def _loss(s: Setting | None) -> Stats | None:
+    return s.stats("eval_loss") if s else None
+
+
+def _versus(a: Stats, b: Stats, a_name: str, b_name: str) -> str:
+    d, se = difference(a, b)
+    noise = "one seed" if se is None else ("beyond noise" if resolved(a, b) else "within noise")
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({100 * d / b.mean:+.1f}%, {noise})"
+
+
+def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
+    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree)."""
+    base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
+    a, b = _loss(var), _loss(base)
+    if var and not var.ok:
+        return f"{variant}: {var.status}", AGREE
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    text = _versus(a, b, variant, "baseline")
+    worse_at = _worse_at_evals(var, base)
+    if worse_at:
+        text += f"; above the baseline at {worse_at} evaluations (seed means)"
+    if not resolved(a, b):
+        return text, UNRESOLVED
+    return text, AGREE if a.mean > b.mean else DISAGREE
+
+
+def _worse_at_evals(var: Setting, base: Setting) -> str:
+    xa, ma, _, _ = mean_curve(var.ok, "eval_loss", "step")
+    xb, mb, _, _ = mean_curve(base.ok, "eval_loss", "step")
+    common = {x: m for x, m in zip(xb, mb)}
+    pairs = [(m, common[x]) for x, m in zip(xa, ma) if x in common]
+    return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
+
+
+def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
+    """Within noise of the baseline, or within SMALL of it: agree; further apart: disagree."""
+    a, b = _loss(_by_name(settings, variant)), _loss(_by_name(settings, "baseline"))
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    close = not resolved(a, b) or abs(a.mean - b.mean) <= SMALL * b.mean
+    return _versus(a, b, variant, "baseline"), AGREE if close else DISAGREE
+
+
+def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
+    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))), key=lambda t: t[0])
+
+
+def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """Best rate (lowest mean loss) inside the sweep, and every rate >= 10x the best diverged or far worse."""
+    pts = _numeric(settings, "optim.lr")
+    ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
+    if not ok:
+        return "no completed rate", UNRESOLVED
+    best_x, best_s, best = min(ok, key=lambda t: t[2].mean)
+    high = [(x, s) for x, s in pts if x >= 10 * best_x]
+    parts = [f"best lr {format_value(best_x)} (val loss {best.text()})"]
+    blown = [(x, s) for x, s in high if not s.ok or (_loss(s) and _loss(s).mean > ctx.get("untrained_loss", math.inf))]
+    for x, s in high:
+        steps = [r.get("metrics", {}).get("steps") for r in s.runs if r.get("status") == "diverged"]
+        where = f" at step {', '.join(str(t) for t in steps if t is not None)}" if any(steps) else ""
+        parts.append(f"lr {format_value(x)}: {s.status}{where}")
+    interior = pts[0][0] < best_x < pts[-1][0]
+    others = [st for x, _, st in ok if x != best_x]
+    clear = all(resolved(best, st) for st in others)
+    parts.append("best beyond noise of every other rate" if clear else "best within noise of another rate")
+    if interior and high and len(blown) == len(high):
+        return "; ".join(parts), AGREE
+    return "; ".join(parts), UNRESOLVED if not high else DISAGREE
+
+
+def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, s, st) for x, s in _numeric(settings, "data.batch_size") if (st := _loss(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
+    steps = [resolved(b, a) and b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:])]
+    if all(steps):
+        return text, AGREE
+    falling = all(b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:]))
+    return text + ("" if falling else " (not monotone)"), UNRESOLVED if falling else DISAGREE
+
+
+def roughness(s: Setting) -> float | None:
+    """Mean over seeds of the std of successive differences of the logged training loss, second half of the run."""
+    vals = []
+    for r in s.ok:
+        _, v, _ = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), "train_loss")
+        tail = v[len(v) // 2 :]
+        diffs = [b - a for a, b in zip(tail, tail[1:])]
+        if len(diffs) > 1:
+            vals.append(statistics.stdev(diffs))
+    return sum(vals) / len(vals) if vals else None
+
+
+def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, rough) for x, s in _numeric(settings, "data.batch_size") if (rough := roughness(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = "training-loss jitter (std of successive logged differences, 2nd half): " + ", ".join(f"batch {int(x)}: {r:.3f}" for x, r in pts)
+    return text, AGREE if all(b < a for (_, a), (_, b) in zip(pts, pts[1:])) else DISAGREE
+
+
+def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, st) for x, s in _numeric(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = "median step time " + ", ".join(f"batch {int(x)}: {st.mean * 1000:.0f} ms" for x, st in pts)
+    return text, AGREE if all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])) else DISAGREE
+
+
+def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = sorted(((st_p.mean, s, st) for s in settings if (st_p := s.stats("params")) and (st := _loss(s))), key=lambda t: t[0])
+    if len(pts) < 2:
+        return "fewer than two sizes", UNRESOLVED
+    text = ", ".join(f"{s.name} ({p / 1e3:.0f}k params): {st.text()}" for p, s, st in pts)
+    (_, _, prev), (_, _, big) = pts[-2], pts[-1]
+    if big.mean < prev.mean and resolved(big, prev):
+        return text + "; the largest is better beyond noise", DISAGREE
+    return text + "; the largest is not better beyond noise", AGREE
+
+
+def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, st) for x, s in _numeric(settings, "model.context_length") if (st := _loss(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two context lengths", UNRESOLVED
+    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
+    text = ", ".join(f"context {int(x)}: {st.text()}" for x, st in pts) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
+    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+
+
+def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
+    """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
+    gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok" and r.get("memory_source") == "memory_stats"]
+    if not gpu:
+        return "left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor its speed is the GPU's", UNRESOLVED
+    return "see the mixed-precision sentences above", UNRESOLVED
+
+
+CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
+    "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
+    "worse:nope": lambda s, c: check_worse(s, "nope", c),
+    "worse:silu": lambda s, c: check_worse(s, "silu", c),
+    "similar:post_norm": lambda s, c: check_similar(s, "post_norm", c),
+    "lr_sweet_spot": check_lr,
+    "batch_equal_steps": check_batch_steps,
+    "batch_erratic": check_batch_erratic,
+    "batch_step_time": check_batch_time,
+    "bigger_not_better": check_bigger,
+    "context_little": check_context,
+    "memory_batch": lambda s, c: fit_memory_batch(c.get("bench_rows", [])),
+    "memory_context": lambda s, c: fit_memory_context(c.get("bench_rows", [])),
+    "mixed_precision": lambda s, c: check_mixed_precision(c.get("bench_rows", [])),
+}
+
+
+def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
+    """[{claim, seen, measured, verdict}] for the plan's findings. ctx: bench_rows, untrained_loss."""
+    rows = []
+    for f in FINDINGS:
+        if f.plan != plan:
+            continue
+        measured, verdict = CHECKS[f.check](settings, ctx)
+        rows.append({"claim": f.claim, "seen": f.seen, "measured": measured, "verdict": verdict})
+    return rows
+
+
+def findings_table(rows: list[dict]) -> str:
+    return table(["finding", "seed reports", "jaxlm measured", "verdict"], [[r["claim"], r["seen"], r["measured"], r["verdict"]] for r in rows])

@@ -1,0 +1,107 @@
+"""Number formatting, Markdown tables and the quantities a report shows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from experiments.plan import format_value
+
+# Quantity -> (column title, formatter, lower is better?)
+QUANTITIES: dict[str, tuple[str, str, bool]] = {
+    "params": ("params", "count", True),
+    "steps": ("steps", "int", True),
+    "tokens": ("tokens", "count", True),
+    "train_loss": ("train loss", "f3", True),
+    "eval_loss": ("val loss", "f3", True),
+    "eval_ppl": ("val ppl", "f2", True),
+    "eval_acc": ("val acc", "pct", False),
+    "tokens_per_s": ("tokens/s", "count", False),
+    "step_time": ("step time", "sec", True),
+    "wall_time_s": ("total time", "sec", True),
+    "peak_memory": ("peak device memory", "bytes", True),
+    "max_rss_bytes": ("peak host RSS", "bytes", True),
+}
+RUN_LEVEL = ("wall_time_s", "max_rss_bytes")  # measured by the runner, not read from metrics.jsonl
+# The metrics compared against the baseline, in the order sentences are written.
+COMPARED = ("peak_memory", "max_rss_bytes", "step_time", "tokens_per_s", "wall_time_s", "eval_ppl")
+NAMES = {
+    "peak_memory": "peak device memory",
+    "max_rss_bytes": "peak host memory (RSS)",
+    "step_time": "step time",
+    "tokens_per_s": "throughput",
+    "wall_time_s": "total time",
+    "eval_ppl": "validation perplexity",
+    "eval_loss": "validation loss",
+    "eval_acc": "validation accuracy",
+}
+
+
+def fmt(v: Any, how: str = "g") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if how == "count":
+        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g}{unit}"
+        return f"{v:.3g}"
+    if how == "bytes":
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g} {unit}"
+        return f"{v:.0f} B"
+    if how == "sec":
+        return f"{v * 1000:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
+    if how == "pct":
+        return f"{100 * v:.1f}%"
+    if how == "int":
+        return str(int(v))
+    if how == "f2":
+        return f"{v:.2f}"
+    if how == "f3":
+        return f"{v:.3f}"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def pct_change(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or not (math.isfinite(new) and math.isfinite(old)) or old == 0:
+        return None
+    return 100.0 * (new - old) / old
+
+
+def fmt_pct(p: float | None) -> str:
+    return "–" if p is None else f"{p:+.0f}%"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def value(run: dict, q: str) -> float | None:
+    v = run.get(q) if q in RUN_LEVEL else run.get("metrics", {}).get(q)
+    if run.get("status") == "skipped":
+        return None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def axis_label(axis: str, label: Any) -> str:
+    """A bundle label reads on its own ('bfloat16'); a bare number needs its axis ('optim.lr=0.01')."""
+    return format_value(label) if isinstance(label, str) else f"{axis}={format_value(label)}"
+
+
+def xfmt(v: float) -> str:
+    return fmt(v, "count") if abs(v) >= 1e4 else format_value(int(v) if float(v).is_integer() else v)
+
+
+def x_value(run: dict, x: str) -> float | None:
+    """The run's value on the x axis: a numeric grid axis, else a final metric such as `params`."""
+    v = run.get("axes", {}).get(x)
+    if v is None:
+        v = run.get("metrics", {}).get(x)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

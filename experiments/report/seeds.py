@@ -1,0 +1,182 @@
+"""Settings over seeds: a plan with `seeds` runs each setting several times; the report compares
+settings by the mean over seeds and calls a difference "within noise" when it is below twice its
+standard error (the seed-to-seed standard deviations of the two settings, Welch's form)."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from experiments.plan import SEED_AXIS, format_value
+from experiments.report.format import QUANTITIES, fmt, table, value
+
+SEED_SUFFIX = re.compile(r"-s\d+$")
+NOISE_SE = 2.0  # a difference of means beyond this many standard errors is "beyond noise"
+
+
+@dataclass
+class Setting:
+    """One setting of a plan (its axes without the seed) and its runs, one per seed."""
+
+    name: str
+    axes: dict[str, Any]
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[dict]:
+        return [r for r in self.runs if r.get("status") == "ok"]
+
+    @property
+    def status(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.runs:
+            counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in counts.items()) if len(counts) > 1 else next(iter(counts), "?")
+
+    def values(self, q: str) -> list[float]:
+        """`q` of every completed seed (finite values only)."""
+        return [v for r in self.ok if (v := value(r, q)) is not None and math.isfinite(v)]
+
+    def stats(self, q: str) -> Stats | None:
+        return Stats.of(self.values(q))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean and spread of one quantity over seeds; std is the sample standard deviation (n - 1)."""
+
+    n: int
+    mean: float
+    std: float
+    lo: float
+    hi: float
+
+    @staticmethod
+    def of(xs: list[float]) -> Stats | None:
+        if not xs:
+            return None
+        return Stats(len(xs), statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs))
+
+    def text(self, digits: int = 3) -> str:
+        """'2.031 ± 0.012' (± one sample standard deviation over seeds), or the value of a single run."""
+        return f"{self.mean:.{digits}f}" if self.n == 1 else f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+
+
+def group_settings(runs: list[dict]) -> list[Setting]:
+    """Runs grouped by their axes without the seed, in first-seen order."""
+    out: dict[tuple, Setting] = {}
+    for r in runs:
+        axes = {k: v for k, v in (r.get("axes") or {}).items() if k != SEED_AXIS}
+        key = tuple(sorted((k, format_value(v)) for k, v in axes.items()))
+        if key not in out:
+            out[key] = Setting(SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"], axes)
+        out[key].runs.append(r)
+    return list(out.values())
+
+
+def is_seeded(runs: list[dict]) -> bool:
+    return any(SEED_AXIS in (r.get("axes") or {}) for r in runs)
+
+
+def difference(a: Stats, b: Stats) -> tuple[float, float | None]:
+    """(mean of a - mean of b, its standard error; None when either side has one seed)."""
+    if a.n < 2 or b.n < 2:
+        return a.mean - b.mean, None
+    return a.mean - b.mean, math.sqrt(a.std**2 / a.n + b.std**2 / b.n)
+
+
+def resolved(a: Stats, b: Stats) -> bool | None:
+    """True when a and b differ beyond noise, False when within noise, None with a single seed."""
+    d, se = difference(a, b)
+    if se is None:
+        return None
+    return abs(d) > NOISE_SE * se
+
+
+def compare_phrase(a: Stats, b: Stats, what: str = "validation loss", digits: int = 3) -> str:
+    """'validation loss 2.104 ± 0.010 against 2.031 ± 0.012 (+3.6%, beyond noise)'."""
+    d, se = difference(a, b)
+    pct = f"{100 * d / b.mean:+.1f}%" if b.mean else f"{d:+.3g}"
+    verdict = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}[resolved(a, b)]
+    return f"{what} {a.text(digits)} against {b.text(digits)} ({pct}, {verdict})"
+
+
+def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
+    """setting name -> the baseline setting it is compared with (same value on every other axis)."""
+    out = {}
+    for axis, label in baseline.items():
+        def rest(s: Setting) -> tuple:
+            return tuple(sorted((k, format_value(v)) for k, v in s.axes.items() if k != axis))
+
+        bases = {rest(s): s for s in settings if format_value(s.axes.get(axis)) == format_value(label)}
+        for s in settings:
+            b = bases.get(rest(s))
+            if axis in s.axes and b is not None and b is not s:
+                out[s.name] = b
+    return out
+
+
+def settings_table(settings: list[Setting], bases: dict[str, Setting]) -> str:
+    """One row per setting: seeds, status, final metrics as mean ± std over the completed seeds."""
+    axes = list(dict.fromkeys(k for s in settings for k in s.axes))
+    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_acc", "tokens_per_s", "step_time", "wall_time_s")
+            if any(s.stats(q) for s in settings)]
+    headers = ["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)] + (["Δ val loss vs baseline"] if bases else [])
+    rows = []
+    for s in settings:
+        row = [f"`{s.name}`", *(format_value(s.axes.get(a, "")) for a in axes), str(len(s.runs)), s.status]
+        for q in cols:
+            st = s.stats(q)
+            if st is None:
+                row.append("–")
+            elif q in ("train_loss", "eval_loss"):
+                row.append(st.text(3))
+            elif q == "eval_acc":
+                row.append(f"{100 * st.mean:.1f}%" + (f" ± {100 * st.std:.1f}" if st.n > 1 else ""))
+            else:
+                row.append(fmt(st.mean, QUANTITIES[q][1]))
+        if bases:
+            row.append(_delta_cell(s, bases))
+        rows.append(row)
+    return table(headers, rows)
+
+
+def _delta_cell(s: Setting, bases: dict[str, Setting]) -> str:
+    b = bases.get(s.name)
+    if b is None:
+        return "base" if s in bases.values() else ""
+    a, base = s.stats("eval_loss"), b.stats("eval_loss")
+    if a is None or base is None:
+        return "–"
+    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base)]
+    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
+
+
+def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | None) -> list[str]:
+    """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
+    out = []
+    for s in settings:
+        b = bases.get(s.name)
+        a, base = s.stats("eval_loss"), b.stats("eval_loss") if b else None
+        if b is None:
+            continue
+        if a is None or base is None:
+            out.append(f"`{s.name}` against `{b.name}`: {s.status}, no completed seed to compare.")
+            continue
+        extra = ""
+        ta, tb = s.stats("step_time"), b.stats("step_time")
+        if ta and tb and tb.mean:
+            extra = f"; median step time {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% (a shared machine: indicative only)"
+        out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base)}{extra}.")
+    ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
+    if ranked:
+        best, s = ranked[0]
+        line = f"Lowest mean validation loss: `{s.name}`, {best.text()}"
+        if len(ranked) > 1:
+            nxt, s2 = ranked[1]
+            line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best)}"
+        out.append(line + ".")
+    return out
