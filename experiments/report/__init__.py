@@ -22,5 +22,8 @@ published findings and their checks), `plots`, `build` (the report itself).
 """
 
 from experiments.report.build import main, write_report
+from experiments.report.format import fmt, value
+from experiments.report.plots import _plt, plot_curves, shrink_png
+from experiments.results import load_results
 
-__all__ = ["main", "write_report"]
+__all__ = ["_plt", "fmt", "load_results", "main", "plot_curves", "shrink_png", "value", "write_report"]

@@ -15,7 +15,7 @@ from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shri
 from experiments.report.seeds import NOISE_SE, baseline_of, group_settings, is_seeded, seed_sentences, settings_table
 from experiments.results import RESULT, load_results
 from jaxlm import cli
-from jaxlm.errors import DataError
+from jaxlm.errors import DataError, UsageError
 from jaxlm.files import read_json, write_json, writable_dir_problem
 
 SPREAD_NOTE = (f"Values are the mean ± the sample standard deviation over seeds; a difference is *beyond noise* when the "
@@ -178,11 +178,29 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from experiments import run_report
+
     p = cli.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
-                           description="Markdown report (findings, tables, plots) for a plan's runs")
-    p.add_argument("plan_dir", help="the plan's run directory (runs/PLAN), or committed records (docs/results/PLAN/records)")
-    p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
+                           description="Markdown report (findings, tables, plots) for a plan's runs, "
+                           "or the learning curves and a sample of one training run")
+    p.add_argument("plan_dir", nargs="?", help="the plan's run directory (runs/PLAN), its committed records "
+                   "(docs/results/PLAN/records), or one training run (metrics.jsonl + config.toml)")
+    p.add_argument("--all", metavar="ROOT", help="one written report (Markdown + HTML) from every plan under ROOT (runs/ or docs/results)")
+    p.add_argument("--out", help="output directory (default: PLAN_DIR/report; with --all: required)")
     p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, bench.json) to OUT/records")
+    run_report.add_args(p)
     args = p.parse_args(argv)
-    print(write_report(Path(args.plan_dir), Path(args.out) if args.out else None, args.records))
+    out = Path(args.out) if args.out else None
+    if args.all:
+        from experiments.written_report import write_all
+
+        cli.check_option(args.plan_dir is None and out is not None, "--all", args.all, "takes --out DIR and no PLAN_DIR")
+        path = write_all(Path(args.all), out)
+    elif args.plan_dir is None:
+        raise UsageError("python -m experiments.report: give PLAN_DIR, a run directory, or --all ROOT --out DIR")
+    elif run_report.is_run_dir(Path(args.plan_dir)):
+        path = run_report.write_run_report(Path(args.plan_dir), out, args)
+    else:
+        path = write_report(Path(args.plan_dir), out, args.records)
+    print(path)
     return 0

@@ -93,7 +93,8 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
                     if not setting.ok:  # diverged: mark where the loss was last finite
                         ax.plot(xs[-1], mean[-1], "x", color=COLOURS[k], ms=10, mew=2)
             _finish_curve_axes(row, setting_tops(chunk), by, plt)
-            row[1].legend(loc="upper right", fontsize=7)
+            if row[1].get_legend_handles_labels()[0]:
+                row[1].legend(loc="upper right", fontsize=7)
         fig.suptitle("seed mean, band: min to max over seeds; x: last finite point of a diverged run", fontsize=8)
         fig.tight_layout()
         name = f"curves_by_{by}.png"
