@@ -407,9 +407,10 @@ def fake_seeded_plan(plan_dir: Path, name: str, finals: dict[str, list[float]], 
             recs += [{"step": s, "kind": "train", "time": 1000.0 + s, "train/loss": final + 0.1, "perf/step_time_s": 0.01} for s in (25, 50, 75, 100)]
             (plan_dir / run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
             value = label if axis == "variant" else float(label.split("=")[1])
+            batch = int(value) if axis == "data.batch_size" else 2
             result = {"name": run, "plan": name, "kind": "train", "status": "ok", "axes": {axis: value, "seed": seed},
-                      "device": "cpu", "metrics": {"steps": 100, "eval_loss": final, "step_time": 0.01, "params": 1000},
-                      "config": {"model": {"vocab_size": 257, "context_length": 8}, "data": {"batch_size": 2}}}
+                      "device": "cpu", "metrics": {"steps": 100, "tokens": 100 * batch * 8, "eval_loss": final, "step_time": 0.01, "params": 1000},
+                      "config": {"model": {"vocab_size": 257, "context_length": 8}, "data": {"batch_size": batch}}}
             (plan_dir / run / "result.json").write_text(json.dumps(result))
             runs.append({"name": run, "kind": "train", "axes": result["axes"]})
     (plan_dir / "plan.json").write_text(json.dumps({"name": name, "size": "cpu", "report": report, "runs": runs}))
@@ -439,13 +440,21 @@ def test_seeded_report_findings_and_records_round_trip(tmp_path):
 
 def test_sweep_findings_by_hand(tmp_path):
     from experiments.report.findings import findings_rows
-    from experiments.report.seeds import group_settings
+    from experiments.report.seeds import equal_token_sentences, group_settings
     from experiments.results import load_results
 
     plan_dir = tmp_path / "batch_size"
     fake_seeded_plan(plan_dir, "batch_size", {"b=1": [2.6, 2.8, 2.4], "b=8": [2.2, 2.25, 2.15], "b=32": [2.0, 2.02, 1.98]},
                      "data.batch_size", {"x": "data.batch_size"})
-    rows = findings_rows("batch_size", group_settings(load_results(plan_dir)), {})
+    settings = group_settings(load_results(plan_dir))
+    rows = findings_rows("batch_size", settings, {})
     first = rows[0]
     assert first["verdict"] == "agree" and "batch 1: 2.600 ± 0.200, batch 8: 2.200 ± 0.050, batch 32: 2.000 ± 0.020" in first["measured"]
     assert rows[2]["verdict"] == "disagree"  # every step time is 10 ms: not growing with batch
+    # The training loss is logged from step 25 at final + 0.1: batch 8 at batch 1's 800 tokens is step 12.5 (not logged);
+    # batch 32 at batch 8's 6400 tokens is step 25: 2.100 ± 0.020 against 2.300 ± 0.050, 2 SE = 0.062 < 0.2.
+    assert equal_token_sentences(settings, "data.batch_size") == [
+        "At equal tokens (800, the whole run of data.batch_size=1): data.batch_size=8 logged no training loss that early.",
+        "At equal tokens (6.4k, the whole run of data.batch_size=8): data.batch_size=32 training loss 2.100 ± 0.020 "
+        "against 2.300 ± 0.050 (-8.7%, beyond noise).",
+    ]

@@ -12,7 +12,8 @@ from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_
 from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
-from experiments.report.seeds import NOISE_SE, baseline_of, group_settings, is_seeded, seed_sentences, settings_table
+from experiments.report.seeds import (NOISE_SE, baseline_of, equal_token_sentences, group_settings, is_seeded, seed_sentences,
+                                      settings_table)
 from experiments.results import RESULT, load_results
 from jaxlm import cli
 from jaxlm.errors import DataError, UsageError
@@ -91,6 +92,8 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
     if is_seeded(train_runs):
         settings = group_settings(train_runs)
         out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), cfg.get("x"))
+        if cfg.get("equal_tokens") and cfg.get("x"):
+            out += equal_token_sentences(settings, cfg["x"])
     else:
         out += comparison_sentences(train_runs, cfg.get("baseline", {})) + sweep_sentences(train_runs, cfg.get("x"))
     out += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)

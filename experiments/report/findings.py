@@ -18,7 +18,7 @@ from experiments.plan import format_value
 from experiments.report.bench import fit_memory_batch, fit_memory_context
 from experiments.report.format import table
 from experiments.report.plots import mean_curve
-from experiments.report.seeds import Setting, Stats, difference, resolved
+from experiments.report.seeds import Setting, Stats, baseline_of, difference, resolved
 from experiments.results import read_metrics, series
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
@@ -65,11 +65,15 @@ def _versus(a: Stats, b: Stats, a_name: str, b_name: str) -> str:
 
 
 def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree)."""
+    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree).
+
+    The verdict is at the plan's baseline settings; the same variant at other settings (another
+    learning rate) is reported beside it against the baseline at those settings."""
     base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
     a, b = _loss(var), _loss(base)
+    extra = _elsewhere(settings, variant)
     if var and not var.ok:
-        return f"{variant}: {var.status}", AGREE
+        return f"{variant}: {var.status}{extra}", AGREE
     if a is None or b is None:
         return "not run", UNRESOLVED
     text = _versus(a, b, variant, "baseline")
@@ -77,8 +81,26 @@ def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, 
     if worse_at:
         text += f"; above the baseline at {worse_at} evaluations (seed means)"
     if not resolved(a, b):
-        return text, UNRESOLVED
-    return text, AGREE if a.mean > b.mean else DISAGREE
+        return text + extra, UNRESOLVED
+    return text + extra, AGREE if a.mean > b.mean else DISAGREE
+
+
+def _elsewhere(settings: list[Setting], variant: str) -> str:
+    """'; at optim.lr=0.01: val loss ...' for the variant's other settings, each against the baseline there."""
+    bases = baseline_of(settings, {"variant": "baseline"})
+    out = []
+    for s in settings:
+        if s.axes.get("variant") != variant or s.name == variant or s.name not in bases:
+            continue
+        where = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant")
+        a, b = _loss(s), _loss(bases[s.name])
+        if a is None or b is None:
+            diverged = sum(r.get("status") == "diverged" for r in s.runs)
+            base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
+            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div else f"at {where}: not complete")
+        else:
+            out.append(f"at {where}: " + _versus(a, b, variant, "baseline"))
+    return "".join(f"; {o}" for o in out)
 
 
 def _worse_at_evals(var: Setting, base: Setting) -> str:

@@ -8,10 +8,12 @@ import math
 import re
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from experiments.plan import SEED_AXIS, format_value
 from experiments.report.format import QUANTITIES, fmt, table, value
+from experiments.results import read_metrics, series
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
 NOISE_SE = 2.0  # a difference of means beyond this many standard errors is "beyond noise"
@@ -179,4 +181,34 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | 
             nxt, s2 = ranked[1]
             line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best)}"
         out.append(line + ".")
+    return out
+
+
+def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
+    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside them)."""
+    cfg = run.get("config") or {}
+    per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
+    steps, vals, _ = series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), "train_loss")
+    pts = [(s * per_step, v) for s, v in zip(steps, vals) if math.isfinite(v)]
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
+        if t0 <= tokens <= t1:
+            return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0) if t1 > t0 else v0
+    return None
+
+
+def equal_token_sentences(settings: list[Setting], x: str) -> list[str]:
+    """Neighbours along `x` compared at the smaller run's whole token budget, by the logged training loss."""
+    pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok), key=lambda t: t[0])
+    out = []
+    for (xa, a), (xb, b) in zip(pts, pts[1:]):
+        budget = statistics.fmean(r["metrics"]["tokens"] for r in a.ok if r.get("metrics", {}).get("tokens"))
+        mine = Stats.of([v for r in a.ok if (v := train_loss_at_tokens(r, budget)) is not None])
+        theirs = Stats.of([v for r in b.ok if (v := train_loss_at_tokens(r, budget)) is not None])
+        label = f"{x}={format_value(int(xa) if xa.is_integer() else xa)}"
+        other = f"{x}={format_value(int(xb) if xb.is_integer() else xb)}"
+        if mine is None or theirs is None:
+            out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no training loss that early.")
+            continue
+        out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} "
+                   f"{compare_phrase(theirs, mine, 'training loss')}.")
     return out
