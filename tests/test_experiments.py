@@ -408,7 +408,7 @@ def fake_seeded_plan(plan_dir: Path, name: str, finals: dict[str, list[float]], 
             (plan_dir / run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
             value = label if axis == "variant" else float(label.split("=")[1])
             batch = int(value) if axis == "data.batch_size" else 2
-            result = {"name": run, "plan": name, "kind": "train", "status": "ok", "axes": {axis: value, "seed": seed},
+            result = {"name": run, "plan": name, "kind": "train", "status": "ok" if math.isfinite(final) else "diverged", "axes": {axis: value, "seed": seed},
                       "device": "cpu", "metrics": {"steps": 100, "tokens": 100 * batch * 8, "eval_loss": final, "step_time": 0.01, "params": 1000},
                       "config": {"model": {"vocab_size": 257, "context_length": 8}, "data": {"batch_size": batch}}}
             (plan_dir / run / "result.json").write_text(json.dumps(result))
@@ -458,3 +458,32 @@ def test_sweep_findings_by_hand(tmp_path):
         "At equal tokens (6.4k, the whole run of data.batch_size=8): data.batch_size=32 training loss 2.100 ± 0.020 "
         "against 2.300 ± 0.050 (-8.7%, beyond noise).",
     ]
+
+
+def test_memory_fits_by_hand():
+    from experiments.report.bench import fit_memory_batch, fit_memory_context
+
+    row = {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none"}
+    batch = [{**row, "context": 256, "batch": b, "memory_gb": (10e6 + 2e6 * b) / 1e9} for b in (1, 2, 4, 8)]
+    text, verdict = fit_memory_batch(batch)
+    assert verdict == "agree" and "9.54 MiB + 1.91 MiB per sequence, batch 1-8, largest deviation from the line 0.0%" in text
+    # 1 MB + 1 kB T + 10 B T^2: at T = 512 the T^2 term is 2.62 MB of 4.13 MB (63 %)
+    ctx = [{**row, "batch": 4, "context": t, "memory_gb": (1e6 + 1e3 * t + 10 * t * t) / 1e9} for t in (64, 128, 256, 512)]
+    text, verdict = fit_memory_context(ctx)
+    assert verdict == "agree" and "+ 10 B·T², the T² term 63% of the total at T=512" in text
+    flat = [{**r, "memory_gb": (1e6 + 1e3 * r["context"]) / 1e9} for r in ctx]
+    assert fit_memory_context(flat)[1] == "disagree"
+
+
+def test_lr_sweet_spot_by_hand(tmp_path):
+    from experiments.report.findings import findings_rows
+    from experiments.report.seeds import group_settings
+    from experiments.results import load_results
+
+    nan = float("nan")
+    fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.001": [2.2, 2.25, 2.15], "lr=0.003": [2.0, 2.02, 1.98],
+                                                   "lr=0.01": [2.1, 2.12, 2.08], "lr=0.1": [nan, nan, nan]}, "optim.lr", {})
+    (row,) = findings_rows("lr_sweep", group_settings(load_results(tmp_path / "lr")), {"untrained_loss": math.log(257)})
+    assert row["verdict"] == "agree", row
+    assert row["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.1: diverged at step 100, 100, 100; "
+                               "best beyond noise of every other rate")

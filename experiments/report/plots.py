@@ -105,9 +105,17 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
 
 
 def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
-    """The completed runs' loss values: the y range, so a diverged curve leaves the plot instead of flattening it."""
-    return {q: [v for s in settings for r in s.ok for v in series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)[1] if math.isfinite(v)]
-            for q in ("train_loss", "eval_loss")}
+    """The completed runs' losses after their first 10 % of logs: the y range, so the initial drop from ln V and
+    a diverged curve leave the plot instead of flattening the part where settings differ."""
+    out: dict[str, list[float]] = {}
+    for q in ("train_loss", "eval_loss"):
+        vals = []
+        for s in settings:
+            for r in s.ok:
+                v = [x for x in series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)[1] if math.isfinite(x)]
+                vals += v[len(v) // 10 :] if len(v) >= 10 else v
+        out[q] = vals
+    return out
 
 
 def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
