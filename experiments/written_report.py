@@ -75,8 +75,11 @@ def plan_part(root: Path, plan: str, out: Path, levels: int = 2) -> tuple[list[s
     """(the plan's regenerated report with its headings demoted, its runs), or a part naming it missing."""
     where = plan_dir(root, plan)
     if where is None:
+        old = root / plan / "report.md"
+        kept = (f" Its earlier report, [{plan}/report.md]({os.path.relpath(old.resolve(), out.resolve())}), was written "
+                "from runs whose records are not kept, so none of its numbers are used here." if old.is_file() else "")
         return [f"### {plan}", "", f"**Missing**: no result.json under `{root / plan}`; "
-                f"run `python -m experiments.run {plan}`.", ""], []
+                f"run `python -m experiments.run {plan}`.{kept}", ""], []
     path = write_report(where, out / "plans" / plan)
     lines = demote(path.read_text(), levels, f"plans/{plan}/")
     return [f"{lines[0]} (`{plan}`)", *lines[1:], ""], load_results(where)

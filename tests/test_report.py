@@ -95,6 +95,8 @@ def _synthetic_root(root: Path) -> None:
 def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     root, out = tmp_path / "results", tmp_path / "report"
     _synthetic_root(root)
+    (root / "lr_sweep").mkdir()
+    (root / "lr_sweep" / "report.md").write_text("# an old report without records\n")
     assert cli.run(report.main, ["--all", str(root), "--out", str(out)]) == 0
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
     heads = ["## 1. Experimental setup", "## 2. Profiling results", "## 3. Background", "## 4. Trade-off analysis",
@@ -113,6 +115,7 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x" in md
     extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
     assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
+    assert "[lr_sweep/report.md](../results/lr_sweep/report.md), was written from runs whose records are not kept" in md
     assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan whose name contains `parallel`" in md
     assert md.count("data:image") == 0 and html.count("data:image/png;base64,") >= 3 and "<table>" in html
     assert '<img alt="before and after" src="data:image/png;base64,' in html
