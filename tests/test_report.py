@@ -108,6 +108,7 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
 
     n = param_counts(ModelConfig(vocab_size=257, context_length=32, d_model=32, num_layers=2, num_heads=2, d_ff=64))["total"]
     assert f"| 32 | 2 | 2 | 64 | 257 | 32 | {n:,} | optimizations |" in md
+    assert "### GPU results\n\n**Pending**: no run under this root ran on a GPU" in md
     assert "- jax 0.0.test" in md and "**pending**: no run under this root ran on a GPU" in md
     for png in ("memory_vs_context", "throughput_vs_batch", "before_after"):
         assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
