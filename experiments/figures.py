@@ -13,7 +13,7 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.report import _plt, fmt, shrink_png, value
+from experiments.report import QUANTITIES, _plt, fmt, shrink_png, value
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
@@ -64,7 +64,7 @@ def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
     if not lines:
         return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
     line_plot(lines, "sequence length (tokens)", "peak memory (GB)", out / "memory_vs_context.png")
-    return (["![memory vs sequence length](figures/memory_vs_context.png)", "", "Memory vs sequence length: "]
+    return (["![memory vs sequence length](figures/memory_vs_context.png)", "", "Memory vs sequence length:", ""]
             + [f"- {s}" for s in growth(lines, "peak memory", "T")] + [""])
 
 
@@ -76,7 +76,7 @@ def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
     dtypes = {r.get("dtype") for r in rows if isinstance(r.get("tokens_per_s"), (int, float))}
     note = ([] if "bfloat16" in dtypes else
             ["No bfloat16 row was measured here, so the mixed-precision line is **pending** (a GPU run adds it)."])
-    return (["![throughput vs batch](figures/throughput_vs_batch.png)", "", *note, "Throughput vs batch: "]
+    return (["![throughput vs batch](figures/throughput_vs_batch.png)", "", *note, "Throughput vs batch:", ""]
             + [f"- {s}" for s in growth(lines, "throughput", "B")] + [""])
 
 
@@ -96,7 +96,8 @@ def before_after(runs: list[dict], out: Path) -> list[str]:
         vals = [statistics.mean([v for r in by[n] if (v := value(r, q)) is not None] or [float("nan")]) for n in names]
         ax.bar(range(len(names)), vals, color=["#888" if i == 0 else "#3a7" for i in range(len(names))])
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
-        ax.set_title(q.replace("_", " "), fontsize=9)
+        title, _, lower = QUANTITIES[q]
+        ax.set_title(f"{title} ({'lower' if lower else 'higher'} is better)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "before_after.png", dpi=80)
     plt.close(fig)
