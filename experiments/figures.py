@@ -13,7 +13,8 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.report import QUANTITIES, _plt, fmt, shrink_png, value
+from experiments.report import _plt, fmt, shrink_png, value
+from experiments.report.format import QUANTITIES
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
