@@ -80,6 +80,7 @@ def plan_part(root: Path, plan: str, out: Path, levels: int = 2) -> tuple[list[s
                 "from runs whose records are not kept, so none of its numbers are used here." if old.is_file() else "")
         return [f"### {plan}", "", f"**Missing**: no result.json under `{root / plan}`; "
                 f"run `python -m experiments.run {plan}`.{kept}", ""], []
+    (out / "plans" / plan / "findings.json").unlink(missing_ok=True)  # a stale one would outlive a changed plan
     path = write_report(where, out / "plans" / plan)
     lines = demote(path.read_text(), levels, f"plans/{plan}/")
     return [f"{lines[0]} (`{plan}`)", *lines[1:], ""], load_results(where)
@@ -160,16 +161,21 @@ def techniques_section(out: Path) -> list[str]:
     return lines
 
 
-def findings_section(parts: dict[str, list[str]]) -> list[str]:
-    out = ["## 7. Findings against the curriculum", ""]
-    for plan, lines in parts.items():
-        start = next((i for i, line in enumerate(lines) if line.startswith("#") and "curriculum" in line.lower()), None)
-        if start is None:
-            continue
-        level = len(lines[start]) - len(lines[start].lstrip("#"))
-        end = next((i for i in range(start + 1, len(lines)) if re.match(rf"#{{1,{level}}} ", lines[i])), len(lines))
-        out += [f"**{plan}**", ""] + [line for line in lines[start + 1:end]] + [""]
-    return out if len(out) > 2 else out + ["No plan report holds a findings-vs-curriculum table (missing).", ""]
+def findings_section(out: Path, plans: list[str]) -> list[str]:
+    """One table of every plan's findings vs the curriculum (each plan report's findings.json), with the tally."""
+    rows = []
+    for plan in plans:
+        found = read_json(out / "plans" / plan / "findings.json", default=None) or {}
+        rows += [{"plan": plan, **r} for r in found.get("findings") or [] if isinstance(r, dict)]
+    lines = ["## 7. Findings against the curriculum", ""]
+    if not rows:
+        return lines + ["No plan report here checks a published finding (missing).", ""]
+    tally: dict[str, int] = {}
+    for r in rows:
+        tally[r.get("verdict", "?")] = tally.get(r.get("verdict", "?"), 0) + 1
+    lines += [f"{len(rows)} published findings checked: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items())) + ".", ""]
+    return lines + table(["plan", "finding", "seed reports", "jaxlm measured", "verdict"],
+                         [[f"`{r['plan']}`", *(str(r.get(k, "–")) for k in ("claim", "seen", "measured", "verdict"))] for r in rows])
 
 
 def limitations_section(runs: list[dict], missing: list[str]) -> list[str]:
@@ -231,7 +237,7 @@ def build(root: Path, out: Path) -> list[str]:
                                          f"has results under `{root}`.", ""])
     lines += ["## 6. Training studies", ""] + part(parts, runs, [p for p in plans if p not in (*PROFILING, *TRADEOFFS)
                                                                  and not extra_of(p)])
-    lines += findings_section({p: parts[p] for p in plans if runs.get(p)}) + limitations_section(every, missing)
+    lines += findings_section(out, [p for p in plans if runs.get(p)]) + limitations_section(every, missing)
     return lines
 
 

@@ -125,3 +125,16 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
 def test_all_needs_out(tmp_path, capsys):
     assert cli.run(report.main, ["--all", str(tmp_path)]) == 2
     assert "--all" in capsys.readouterr().err
+
+
+def test_findings_of_every_plan_in_one_table_with_the_tally(tmp_path):
+    from experiments.written_report import findings_section
+
+    for plan, verdicts in (("ablations", ["agree", "disagree"]), ("lr_sweep", ["agree"])):
+        (tmp_path / "plans" / plan).mkdir(parents=True)
+        rows = [{"claim": f"{plan} claim {i}", "seen": "s", "measured": "m", "verdict": v} for i, v in enumerate(verdicts)]
+        (tmp_path / "plans" / plan / "findings.json").write_text(json.dumps({"plan": plan, "findings": rows}))
+    text = "\n".join(findings_section(tmp_path, ["ablations", "lr_sweep", "model_size"]))
+    assert "3 published findings checked: 2 agree, 1 disagree." in text
+    assert "| `ablations` | ablations claim 1 | s | m | disagree |" in text and "| `lr_sweep` | lr_sweep claim 0 |" in text
+    assert "No plan report" in "\n".join(findings_section(tmp_path, ["model_size"]))
