@@ -466,7 +466,10 @@ def test_memory_fits_by_hand():
     row = {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none"}
     batch = [{**row, "context": 256, "batch": b, "memory_gb": (10e6 + 2e6 * b) / 1e9} for b in (1, 2, 4, 8)]
     text, verdict = fit_memory_batch(batch)
-    assert verdict == "agree" and "9.54 MiB + 1.91 MiB per sequence, batch 1-8, largest deviation from the line 0.0%" in text
+    assert verdict == "agree" and "9.54 MiB + 1.91 MiB per sequence, batch 1-8, R² 1.0000 (largest deviation" in text
+    # 10 MB at batch 1, 2, 4 then 100 MB at 8: R² = Sxy² / (Sxx Syy) = 38.25² / (28.75 * 60.75) = 0.8377 (in units of 10 MB)
+    step = [{**r, "memory_gb": (0.01 if r["batch"] < 8 else 0.1)} for r in batch]
+    assert fit_memory_batch(step)[1] == "disagree" and "R² 0.8377" in fit_memory_batch(step)[0]
     # 1 MB + 1 kB T + 10 B T^2: at T = 512 the T^2 term is 2.62 MB of 4.13 MB (63 %)
     ctx = [{**row, "batch": 4, "context": t, "memory_gb": (1e6 + 1e3 * t + 10 * t * t) / 1e9} for t in (64, 128, 256, 512)]
     text, verdict = fit_memory_context(ctx)

@@ -146,16 +146,22 @@ def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], fl
 
 
 def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
-    """memory = a + b * batch per (mode, dtype, context): agree when the straight line fits within 5 %."""
+    """memory = a + b * batch per (mode, dtype, context): agree when the line explains >= 99 % of the variance (R²)."""
     groups = _memory_points(rows, "batch", "context")
     if not groups:
         return "no memory-vs-batch rows", "not resolved at this size"
     parts, linear = [], True
     for (mode, dtype, context), pts in groups.items():
-        (a, b), worst = _fit([x for x, _ in pts], [y for _, y in pts], 1)
-        linear &= worst < 0.05
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        (a, b), _ = _fit(xs, ys, 1)
+        residuals = [y - (a + b * x) for x, y in pts]
+        mean = sum(ys) / len(ys)
+        r2 = 1 - sum(e * e for e in residuals) / sum((y - mean) ** 2 for y in ys)
+        worst = max(abs(e) for e in residuals)
+        linear &= r2 >= 0.99
         parts.append(f"{mode} {dtype}, context {context}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per sequence, "
-                     f"batch {pts[0][0]:.0f}-{pts[-1][0]:.0f}, largest deviation from the line {100 * worst:.1f}%")
+                     f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
+                     f"{100 * worst / max(ys):.1f}% of the largest figure)")
     return "; ".join(parts), "agree" if linear else "disagree"
 
 
