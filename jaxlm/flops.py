@@ -13,21 +13,14 @@ Conventions (written down because MFU figures depend on them):
   for the test model (tests/test_bench.py) the analytic matmul count is within
   10 % of it (measured gap: see docs/benchmarks.md).
 
-Activation memory (`activation_memory`, `memory_estimate`) is a first-order model
-in the style of Korthikanti et al. (2022), "Reducing activation recomputation":
-the tensors each component keeps for its backward pass, per layer, counted at the
-compute dtype (2 bytes bfloat16, 4 float32) except what the model computes in
-float32 (attention probabilities on the xla path, the loss logits). It ignores
-allocator slack, fusion and XLA's buffer reuse, so it is an estimate to within a
-factor of about 2 (tests check the ordering and the order of magnitude against
-`memory_analysis()`), good for comparing settings and choosing a batch size.
+Memory (parameters, optimizer state, activations by component) lives in jaxlm.memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm.config import ModelConfig
 
 ADAMW_FLOPS_PER_PARAM = 12  # two moment updates, bias correction, sqrt, divide, decay, step
 
@@ -136,84 +129,3 @@ def step_flops(cfg: ModelConfig, batch: int, seq_len: int, mode: str) -> float:
     if mode == "train_step":
         return 3 * fwd + adamw_flops(cfg)
     raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-
-
-# --------------------------------------------------------------------------- memory
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ActivationMemory:
-    """Bytes kept for the backward pass at the end of a forward, by component (all layers)."""
-
-    embedding: float  # embedding output: the first residual
-    attention: float  # ln1 in/out, q k v (pre and post RoPE), probabilities, attention output
-    ffn: float  # ln2 in/out, w1 and w3 outputs, silu, gated product
-    lm_head: float  # ln_final in/out, logits and their float32 copy for the loss
-
-    @property
-    def total(self) -> float:
-        return self.embedding + self.attention + self.ffn + self.lm_head
-
-
-def activation_memory(
-    cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(), *,
-    fused_attention: bool | None = None,
-) -> ActivationMemory:
-    """Activation bytes saved for backward (see the module docstring for the model).
-
-    fused_attention: whether attention is a fused kernel that keeps no T x T
-    probabilities (cudnn; torch's SDPA). Default: compute.attention == "cudnn".
-    remat "full" keeps each block's input plus one block's working set;
-    "dots_saveable" / "offload" keep the matmul outputs only.
-    """
-    a = DTYPE_BYTES[compute.dtype]
-    d, f, v, n, h, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers, cfg.num_heads, seq_len
-    tokens = batch * t
-    if fused_attention is None:
-        fused_attention = compute.attention == "cudnn"
-    probs = h * 4 if fused_attention else h * t * 4  # per token: log-sum-exp only, or f32 probabilities
-    gated = cfg.ffn == "swiglu"
-    norm = 2 * d if cfg.norm != "none" else 0  # norm input and output
-    attn_tok = a * (norm + 3 * d + (2 * d if cfg.rope else 0) + d) + probs
-    ffn_tok = a * (norm + (4 * f if gated else 2 * f))
-    if compute.remat == "full":
-        # Only each block's input survives; the backward rebuilds one block at a time.
-        attn_all = tokens * (n * a * d + attn_tok)
-        ffn_all = tokens * ffn_tok
-    elif compute.remat in ("dots_saveable", "offload"):
-        # Matmul outputs: q, k, v, scores (f32), attention @ v, output_proj; w1, w3, w2.
-        scores = 0 if fused_attention else h * t * 4
-        attn_dots = a * 5 * d + scores
-        ffn_dots = a * ((2 if gated else 1) * f + d)
-        scale = 0.0 if compute.remat == "offload" else 1.0  # offload moves them to host memory
-        attn_all = tokens * (n * (a * d + scale * attn_dots))
-        ffn_all = tokens * n * scale * ffn_dots
-    else:
-        attn_all = tokens * n * attn_tok
-        ffn_all = tokens * n * ffn_tok
-    head = tokens * (a * (norm // 2 if cfg.norm != "none" else 0) + a * d + a * v + 4 * v)
-    return ActivationMemory(embedding=tokens * a * d, attention=attn_all, ffn=ffn_all, lm_head=head)
-
-
-def memory_estimate(cfg: ModelConfig, batch: int, seq_len: int, mode: str, compute: ComputeConfig = ComputeConfig(), *,
-                    fused_attention: bool | None = None) -> dict[str, float]:
-    """Estimated peak bytes of one step: parameters (float32), gradients, AdamW moments, activations.
-
-    forward keeps no activations for backward: its working set is one layer's
-    plus the logits.
-    """
-    p = param_counts(cfg)["total"]
-    est = {"params": 4.0 * p, "grads": 0.0, "optimizer": 0.0, "activations": 0.0}
-    act = activation_memory(cfg, batch, seq_len, compute, fused_attention=fused_attention)
-    if mode == "forward":
-        one_layer = (act.attention + act.ffn) / max(cfg.num_layers, 1) if compute.remat == "none" else 0.0
-        est["activations"] = act.lm_head + one_layer
-    else:
-        est["activations"] = act.total
-        est["grads"] = 4.0 * p
-        if mode == "train_step":
-            est["optimizer"] = 8.0 * p
-    est["total"] = sum(est.values())
-    return est

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jaxlm import answers, cli, flops
+from jaxlm import answers, cli, flops, memory
 from jaxlm.config import ComputeConfig
 
 # GPT-2 XL under docs/spec.md's architecture: d 1600, 48 layers, 25 heads, d_ff 6400, vocab 50257, untied.
@@ -29,8 +29,8 @@ def test_memory_is_linear_in_batch_and_the_largest_batch_fits():
     m = answers.model("gpt2-xl")
     fixed, per_seq = answers.memory_terms(m, T, ComputeConfig())
     assert sum(fixed.values()) == 16 * 2_127_057_600
-    est = flops.memory_estimate(m, 7, T, "train_step", ComputeConfig())
-    assert est["total"] == pytest.approx(sum(fixed.values()) + 7 * per_seq)
+    est = memory.estimate(m, 7, T, ComputeConfig())
+    assert est.activation_total == pytest.approx(7 * per_seq)
     b = answers.max_batch(sum(fixed.values()), per_seq, 80e9)
     assert sum(fixed.values()) + b * per_seq <= 80e9 < sum(fixed.values()) + (b + 1) * per_seq
 

@@ -57,19 +57,6 @@ def test_flops_agree_with_xla_cost_analysis(mode):
     assert xla >= analytic  # XLA counts every matmul we count, plus elementwise work
 
 
-def test_memory_estimate_within_factor_two_of_xla():
-    cfg = ModelConfig(d_model=128, num_layers=2, num_heads=4, vocab_size=257, context_length=128)
-    for mode in ("forward", "forward_backward", "train_step"):
-        xla = jax_side.compiled_memory_bytes(jax_side.compile_step(jax_side.build_step(mode, cfg, ComputeConfig(), 2, 128)))
-        est = flops.memory_estimate(cfg, 2, 128, mode)["total"]
-        assert 0.5 < est / xla < 2.0, (mode, est, xla)
-    # The estimate orders the settings the way they should be ordered.
-    base = flops.activation_memory(cfg, 4, 128).total
-    assert flops.activation_memory(cfg, 4, 128, ComputeConfig(remat="full")).total < base
-    assert flops.activation_memory(cfg, 4, 128, ComputeConfig(dtype="bfloat16")).total < base
-    assert flops.activation_memory(cfg, 4, 128, fused_attention=True).total < base
-
-
 def test_step_flops_and_mfu_hand_counted():
     """d=4, d_ff=8, vocab 10, 1 layer, 3 tokens, counted by hand at 2mkn FLOPs per (m,k)x(k,n) matmul:
     q/k/v/output projections 4 x 2*3*4*4 = 384; Q K^T and P V 2 x 2*3*3*4 = 144 (heads sum to d);

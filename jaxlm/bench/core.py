@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from jaxlm import flops
+from jaxlm import flops, memory
 from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.extras import require
 from jaxlm.files import atomic_write
@@ -246,7 +246,7 @@ def find_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 1 <
 
 def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
     """fits(batch). With a memory limit: the estimate (JAX: compiled memory_analysis; torch: the analytic
-    flops.memory_estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
+    jaxlm.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
 
     def fits(batch: int) -> bool:
         if opts.memory_limit_gb is not None:
@@ -259,7 +259,7 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
 
 
 def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
-    """Estimated step memory without running: XLA's memory_analysis (JAX) or flops.memory_estimate (torch)."""
+    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.memory.estimate (torch)."""
     if setting.framework == "jax":
         from jaxlm.bench import jax_side
 
@@ -267,8 +267,7 @@ def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, b
         est = jax_side.compiled_memory_bytes(jax_side.compile_step(step))
         if est is not None:
             return est
-    return flops.memory_estimate(cfg, batch, context, setting.mode, compute,
-                                 fused_attention=compute.attention != "xla")["total"]
+    return memory.estimate(cfg, batch, context, compute, setting.mode, fused=compute.attention != "xla").total
 
 
 # --------------------------------------------------------------------------- output

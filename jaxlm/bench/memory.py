@@ -1,4 +1,5 @@
-"""`--memory-profile DIR`: what holds memory in a forward pass and in a train step.
+"""`--memory-profile DIR`: what holds memory in a forward pass and in a train step; and the check of
+the estimator (jaxlm.memory) against `memory_analysis()` (`python -m jaxlm.memory validate`).
 
 Writes, for mode in (forward, train_step):
 - `jax_{mode}.prof`: `jax.profiler.save_device_memory_profile` (pprof; view with
@@ -105,3 +106,84 @@ def _torch_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+# --------------------------------------------------------------------------- estimator validation
+
+# (d_model, num_layers, num_heads, vocab_size, context, batch): float32 train steps without remat, where
+# XLA:CPU's memory_analysis() is faithful; head size 64 as in the presets, except where noted by the shape.
+VALIDATION_ROWS = (
+    (256, 4, 4, 1000, 128, 4), (256, 4, 4, 1000, 256, 4), (256, 4, 4, 1000, 512, 2), (256, 8, 4, 1000, 128, 8),
+    (512, 4, 8, 1000, 256, 4), (512, 4, 8, 10000, 128, 4), (384, 6, 6, 5000, 256, 4), (512, 2, 8, 10000, 256, 2),
+    (256, 4, 4, 10000, 128, 16), (128, 4, 2, 1000, 256, 8), (512, 8, 8, 10000, 512, 1), (768, 2, 12, 10000, 256, 2),
+    (256, 4, 4, 4000, 1024, 1), (384, 4, 6, 2000, 128, 8),
+)
+MARK_BEGIN, MARK_END = "<!-- validation table: begin -->", "<!-- validation table: end -->"
+
+
+def validation_row(d: int, layers: int, heads: int, vocab: int, context: int, batch: int,
+                   mode: str = "train_step") -> dict:
+    """One row: the estimator's peak against the compiled step's memory_analysis() (temp + arguments +
+    outputs - aliased), float32, xla attention, no remat."""
+    from jaxlm import memory
+
+    cfg = ModelConfig(vocab_size=vocab, context_length=context, d_model=d, num_layers=layers, num_heads=heads)
+    compiled = jax_side.compile_step(jax_side.build_step(mode, cfg, ComputeConfig(), batch, context))
+    measured = jax_side.compiled_memory_bytes(compiled)
+    est = memory.estimate(cfg, batch, context, ComputeConfig(), mode).total
+    return dict(d_model=d, layers=layers, heads=heads, vocab=vocab, context=context, batch=batch, mode=mode,
+                estimate_bytes=est, measured_bytes=measured, error=est / measured - 1)
+
+
+def validation_table(rows: list[dict]) -> str:
+    lines = ["| d_model | layers | heads | vocab | context | batch | estimate MiB | memory_analysis MiB | error |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['d_model']} | {r['layers']} | {r['heads']} | {r['vocab']} | {r['context']} | {r['batch']} "
+                     f"| {r['estimate_bytes'] / 2**20:.1f} | {r['measured_bytes'] / 2**20:.1f} | {100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    within = sum(e <= 0.10 for e in errs)
+    lines += ["", f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
+                  f"{100 * max(errs):.1f}%; {within} of {len(rows)} within 10%. Measured with jax {jax.__version__} "
+                  f"on {jax_side.device_kind()}."]
+    return "\n".join(lines)
+
+
+def write_validation(text: str, out: Path) -> None:
+    """Replace the table between the markers in `out` (or write a file holding only the table)."""
+    from jaxlm.files import atomic_write
+
+    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
+    old = out.read_text() if out.exists() else ""
+    if MARK_BEGIN in old and MARK_END in old:
+        head, rest = old.split(MARK_BEGIN, 1)
+        new = head + block + rest.split(MARK_END, 1)[1]
+    else:
+        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
+    atomic_write(out, new)
+
+
+def validate_main(argv: list[str]) -> int:
+    import argparse
+
+    from jaxlm import cli
+
+    parser = cli.ArgumentParser(prog="python -m jaxlm.memory validate", formatter_class=cli.HelpFormatter,
+                                description="Compare the memory estimate with XLA's memory_analysis() of the "
+                                            "compiled float32 train step on this machine's backend, row by row.")
+    parser.add_argument("--out", type=Path, help="write the table into this Markdown file (between its markers)")
+    parser.add_argument("--rows", type=cli.bounded(int, 1), default=len(VALIDATION_ROWS), help="first N rows only")
+    args = parser.parse_args(argv)
+    rows = []
+    for i, shape in enumerate(VALIDATION_ROWS[:args.rows]):
+        rows.append(validation_row(*shape))
+        r = rows[-1]
+        print(f"[{i + 1}/{args.rows}] {shape}: estimate {r['estimate_bytes'] / 2**20:.1f} MiB, "
+              f"memory_analysis {r['measured_bytes'] / 2**20:.1f} MiB ({100 * r['error']:+.1f}%)", flush=True)
+    table = validation_table(rows)
+    if args.out:
+        write_validation(table, args.out)
+        print(f"wrote {args.out}")
+    else:
+        print(table)
+    return 0

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import torchref
-from jaxlm import flops
+from jaxlm import memory
 from jaxlm.config import ComputeConfig, ModelConfig
 from parity.convert import torch_config
 
@@ -127,7 +127,7 @@ def time_steps(step, n: int) -> list[float]:
 
 def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
     fused = compute.attention != "xla"
-    estimate = flops.memory_estimate(cfg, batch, context, setting.mode, compute, fused_attention=fused)["total"]
+    estimate = memory.estimate(cfg, batch, context, compute, setting.mode, fused=fused).total
     row["estimate_gb"] = estimate / 1e9
     if opts.memory_limit_gb is not None and estimate > opts.memory_limit_gb * 1e9:
         row["status"], row["memory_source"] = "OOM", "analytic estimate"

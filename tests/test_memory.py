@@ -1,0 +1,85 @@
+"""jaxlm.memory: the estimate against XLA's memory_analysis() (CPU, float32, no remat), by hand, and its CLI."""
+
+import json
+
+import pytest
+
+from jaxlm import cli, memory
+from jaxlm.bench import memory as bench_memory
+from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm.flops import param_counts
+
+
+@pytest.mark.parametrize("shape", [(256, 4, 4, 1000, 128, 4), (256, 2, 4, 1000, 128, 4)])
+def test_estimate_within_fifteen_percent_of_memory_analysis(shape):
+    row = bench_memory.validation_row(*shape)
+    assert abs(row["error"]) < 0.15, row
+
+
+def test_state_by_hand_and_linear_in_batch():
+    cfg = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=100, context_length=32)
+    p = param_counts(cfg)["total"]
+    est = memory.estimate(cfg, 3, 32)
+    assert est.state == {"parameters (float32)": 4 * p, "gradients (float32)": 4 * p,
+                         "AdamW moments m, v (float32)": 8 * p}
+    assert est.activation_total == pytest.approx(3 * memory.estimate(cfg, 1, 32).activation_total)
+    # Per token: embedding D, per layer 6 D + 4 F + 4 N T float32 + the N T byte mask, then 2 V for the loss.
+    per_token = 4 * (64 + 2 * (6 * 64 + 4 * cfg.d_ff + 4 * 4 * 32) + 2 * 100) + 2 * 4 * 32
+    assert est.activation_total == 3 * 32 * per_token
+    bf16 = memory.estimate(cfg, 3, 32, ComputeConfig(dtype="bfloat16"))
+    assert bf16.state["bfloat16 weight copies"] == 2 * p
+
+
+def test_techniques_order_and_fsdp_shards_the_state():
+    cfg = ModelConfig.from_name("small")
+    act = lambda **kw: memory.estimate(cfg, 8, 1024, ComputeConfig(**kw)).activation_total
+    base = act()
+    assert act(remat="full") < act(remat="dots_saveable") < base
+    assert act(dtype="bfloat16", attention="cudnn") < act(dtype="bfloat16") < base
+    one = memory.estimate(cfg, 8, 1024)
+    four = memory.estimate(cfg, 8, 1024, mesh=memory.Mesh(4, fsdp=True))
+    assert four.state["AdamW moments m, v (float32)"] == one.state["AdamW moments m, v (float32)"] / 4
+    assert four.activation_total == pytest.approx(one.activation_total / 4)
+
+
+def test_largest_batch_is_the_last_that_fits():
+    cfg, cap = ModelConfig.from_name("small"), 24 * 2**30
+    b = memory.largest_batch(cfg, 1024, cap)
+    assert b > 0
+    assert memory.estimate(cfg, b, 1024).total <= cap < memory.estimate(cfg, b + 1, 1024).total
+
+
+def test_cli_prints_the_breakdown_and_largest_batch(capsys):
+    argv = ["--preset", "large", "--context", "1024", "--batch", "4", "--dtype", "bfloat16", "--device", "h100-80gb"]
+    assert cli.run(memory.main, argv) == 0
+    out = capsys.readouterr().out
+    for text in ("AdamW moments", "attention scores/probs", "ffn hidden", "predicted peak", "largest batch that fits"):
+        assert text in out
+    assert cli.run(memory.main, [*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["largest_batch"] == memory.largest_batch(ModelConfig.from_name("large"), 1024,
+                                                      memory.DEVICES["h100-80gb"] * memory.DEFAULT_USABLE,
+                                                      ComputeConfig(dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("argv", [["--memory", "lots"], ["--attention", "cudnn", "--dtype", "float32"],
+                                  ["--device", "h100-80gb", "--memory", "1GB"], ["--batch", "0"]])
+def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
+    assert cli.run(memory.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_parse_size():
+    assert memory.parse_size("24GiB") == 24 * 2**30
+    assert memory.parse_size("80GB") == 80e9
+    assert memory.parse_size("512 MiB") == 512 * 2**20
+
+
+def test_validate_writes_the_table_between_markers(tmp_path):
+    out = tmp_path / "memory.md"
+    out.write_text(f"# Memory\n\nbefore\n\n{bench_memory.MARK_BEGIN}\nold\n{bench_memory.MARK_END}\n\nafter\n")
+    assert cli.run(memory.main, ["validate", "--rows", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "before" in text and "after" in text and "old" not in text
+    assert "| 256 | 4 | 4 | 1000 | 128 | 4 |" in text
