@@ -59,6 +59,11 @@ def si(n: float, unit: str = "") -> str:
     return f"{n:.3g} {unit}".strip()
 
 
+def ms(v: float) -> str:
+    """Milliseconds without exponents: 3 significant digits below 100, whole numbers above."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(headers) + " |", "|---|" + "|".join("---:" for _ in headers[1:]) + "|",
             *("| " + " | ".join(r) + " |" for r in rows), ""]
@@ -228,7 +233,7 @@ def measured_section(bench: Path | None) -> list[str]:
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
     out += [f"From `{bench}` ({len(ok)} measured rows). Mean and standard deviation over the timed steps, after warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
-            + [f"{r['step_ms']:.3g}", f"{r['step_ms_std']:.2g}" if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
+            + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
     out += table(["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"], body) if body else ["No measured rows.", ""]
     out += backward_lines(ok) + breakdown_lines(meta.get("breakdown") or [])
@@ -245,7 +250,7 @@ def backward_lines(rows: list[dict]) -> list[str]:
         if r.get("mode") == "forward_backward" and f:
             b = r["step_ms"] - f["step_ms"]
             out.append(f"- {r.get('framework')} {r.get('dtype')} T={r.get('context')} B={r.get('batch')}: forward "
-                       f"{f['step_ms']:.3g} ms, backward {b:.3g} ms ({b / f['step_ms']:.2f}x the forward; the FLOP count says 2x).")
+                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward; the FLOP count says 2x).")
     return out + [""] if out else []
 
 
