@@ -194,6 +194,15 @@ def limitations_section(runs: list[dict], missing: list[str]) -> list[str]:
     return out + [""]
 
 
+def learning_curve(out: Path) -> list[str]:
+    """A single run's page (`python -m experiments.report RUN --out DIR/learning_curve`) when DIR holds one."""
+    page = out / "learning_curve" / "report.md"
+    if not page.is_file():
+        return ["The learning-curve page of a single run is not in this directory: `python -m experiments.report RUN_DIR "
+                f"--out {out}/learning_curve` adds it.", ""]
+    return demote(page.read_text(), 2, "learning_curve/") + [""]
+
+
 def gpu_section(runs: list[dict]) -> list[str]:
     gpu = [r for r in runs if r.get("platform") == "gpu" and r.get("status") == "ok"]
     if not gpu:
@@ -235,7 +244,7 @@ def build(root: Path, out: Path) -> list[str]:
         lines += [f"### {title}", ""] + (part(parts, runs, found) if found else
                                         [f"**Missing**: no plan whose name contains {' or '.join(f'`{w}`' for w in words)} "
                                          f"has results under `{root}`.", ""])
-    lines += ["## 6. Training studies", ""] + part(parts, runs, [p for p in plans if p not in (*PROFILING, *TRADEOFFS)
+    lines += ["## 6. Training studies", ""] + learning_curve(out) + part(parts, runs, [p for p in plans if p not in (*PROFILING, *TRADEOFFS)
                                                                  and not extra_of(p)])
     lines += findings_section(out, [p for p in plans if runs.get(p)]) + limitations_section(every, missing)
     return lines
