@@ -488,5 +488,5 @@ def test_lr_sweet_spot_by_hand(tmp_path):
                                                    "lr=0.01": [2.1, 2.12, 2.08], "lr=0.1": [nan, nan, nan]}, "optim.lr", {})
     (row,) = findings_rows("lr_sweep", group_settings(load_results(tmp_path / "lr")), {"untrained_loss": math.log(257)})
     assert row["verdict"] == "agree", row
-    assert row["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.1: diverged at step 100, 100, 100; "
+    assert row["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.1 (33x): diverged at step 100, 100, 100; "
                                "best beyond noise of every other rate")

@@ -137,12 +137,13 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     for x, s in high:
         steps = [r.get("metrics", {}).get("steps") for r in s.runs if r.get("status") == "diverged"]
         where = f" at step {', '.join(str(t) for t in steps if t is not None)}" if any(steps) else ""
-        parts.append(f"lr {format_value(x)}: {s.status}{where}")
+        loss = f" (val loss {_loss(s).text()})" if s.ok and _loss(s) else ""
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x): {s.status}{where}{loss}")
     interior = pts[0][0] < best_x < pts[-1][0]
     others = [st for x, _, st in ok if x != best_x]
     clear = all(resolved(best, st) for st in others)
     parts.append("best beyond noise of every other rate" if clear else "best within noise of another rate")
-    if interior and high and len(blown) == len(high):
+    if interior and high and all(x in {b for b, _ in blown} for x, _ in high if x <= 100 * best_x):
         return "; ".join(parts), AGREE
     return "; ".join(parts), UNRESOLVED if not high else DISAGREE
 
