@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from experiments.report import _plt, fmt, shrink_png, value
-from experiments.report.format import QUANTITIES
+from experiments.report.format import pct_change
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
@@ -36,7 +36,7 @@ def lines_by(rows: list[dict], x: str, y: str, fixed: tuple[str, ...]) -> dict[s
 def line_plot(lines: dict, xlabel: str, ylabel: str, path: Path, logx: bool = True) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for label, pts in sorted(lines.items()):
+    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         ax.plot(*zip(*pts), marker="o", label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -50,14 +50,20 @@ def line_plot(lines: dict, xlabel: str, ylabel: str, path: Path, logx: bool = Tr
     shrink_png(path)
 
 
-def growth(lines: dict, what: str, axis: str) -> list[str]:
+def growth(lines: dict, what: str, axis: str, show) -> list[str]:
+    """'LABEL: from T 64 to 1024 (16x) peak memory went 45.02x (14.9 MiB to 671 MiB).' per line; `show` formats a y."""
     out = []
-    for label, pts in sorted(lines.items()):
+    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         (x0, y0), (x1, y1) = pts[0], pts[-1]
         if y0 > 0:
             out.append(f"{label}: from {axis} {x0:g} to {x1:g} ({x1 / x0:g}x) {what} went {y1 / y0:.2f}x "
-                       f"({fmt(y0, 'g')} to {fmt(y1, 'g')}).")
+                       f"({show(y0)} to {show(y1)}).")
     return out
+
+
+def natural(label: str) -> list:
+    """Sort key that orders 'context=64' before 'context=128'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
 
 
 def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
@@ -66,7 +72,7 @@ def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
         return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
     line_plot(lines, "sequence length (tokens)", "peak memory (GB)", out / "memory_vs_context.png")
     return (["![memory vs sequence length](figures/memory_vs_context.png)", "", "Memory vs sequence length:", ""]
-            + [f"- {s}" for s in growth(lines, "peak memory", "T")] + [""])
+            + [f"- {s}" for s in growth(lines, "peak memory", "T", lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
 
 
 def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
@@ -78,33 +84,60 @@ def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
     note = ([] if "bfloat16" in dtypes else
             ["No bfloat16 row was measured here, so the mixed-precision line is **pending** (a GPU run adds it)."])
     return (["![throughput vs batch](figures/throughput_vs_batch.png)", "", *note, "Throughput vs batch:", ""]
-            + [f"- {s}" for s in growth(lines, "throughput", "B")] + [""])
+            + [f"- {s}" for s in growth(lines, "throughput", "B", lambda v: fmt(v, "count") + " tokens/s")] + [""])
+
+
+BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True), ("step_ms", "step time (ms)", True))
+
+
+def before_after_bars(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """technique -> {quantity: value}: the `optimizations` plan's before_after_* bench rows, else its training runs
+    (seeds and batch sizes averaged per technique)."""
+    plan = [r for r in runs if r.get("plan") == "optimizations" and r.get("status") == "ok"]
+    bars: dict[str, dict[str, list[float]]] = {}
+    for r in plan:
+        label = str((r.get("axes") or {}).get("technique") or re.sub(r"(_b\d+)?(-s\d+)?$", "", r["name"]))
+        if r["name"].startswith("before_after"):
+            for row in r.get("bench_rows") or []:
+                for q, _, _ in BEFORE_AFTER:
+                    if row.get("status") == "ok" and isinstance(row.get(q), (int, float)):
+                        bars.setdefault(label, {}).setdefault(q, []).append(float(row[q]))
+    if not bars:  # no bench before/after: the training runs' throughput, memory and step time
+        for r in plan:
+            label = str((r.get("axes") or {}).get("technique") or re.sub(r"(-s\d+)?$", "", r["name"]))
+            mem = value(r, "peak_memory") or value(r, "max_rss_bytes")
+            for q, v in (("tokens_per_s", value(r, "tokens_per_s")), ("memory_gb", mem and mem / 1e9),
+                         ("step_ms", (value(r, "step_time") or 0) * 1e3 or None)):
+                if r.get("kind") != "bench" and v is not None:
+                    bars.setdefault(label, {}).setdefault(q, []).append(v)
+    return {k: {q: statistics.mean(v) for q, v in qs.items()} for k, qs in bars.items()}
 
 
 def before_after(runs: list[dict], out: Path) -> list[str]:
-    """Bars per optimisation setting (seeds averaged): throughput, peak memory, validation loss."""
-    ok = [r for r in runs if r.get("plan") == "optimizations" and r.get("status") == "ok" and r.get("kind") != "bench"]
-    by: dict[str, list[dict]] = {}
-    for r in ok:
-        by.setdefault(re.sub(r"-s\d+$", "", r["name"]), []).append(r)
-    qs = [q for q in ("tokens_per_s", "peak_memory", "max_rss_bytes", "eval_loss") if any(value(r, q) for r in ok)][:3]
-    if len(by) < 2 or not qs:
+    bars = before_after_bars(runs)
+    qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
+    if len(bars) < 2 or not qs:
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
+    names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
     plt = _plt()
     fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
-    names = list(by)
-    for ax, q in zip(axs[0], qs):
-        vals = [statistics.mean([v for r in by[n] if (v := value(r, q)) is not None] or [float("nan")]) for n in names]
-        ax.bar(range(len(names)), vals, color=["#888" if i == 0 else "#3a7" for i in range(len(names))])
+    for ax, (q, title, lower) in zip(axs[0], qs):
+        ax.bar(range(len(names)), [bars[n].get(q, float("nan")) for n in names],
+               color=["#888" if i == 0 else "#3a7" for i in range(len(names))])
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
-        title, _, lower = QUANTITIES[q]
-        ax.set_title(f"{title} ({'lower' if lower else 'higher'} is better)", fontsize=9)
+        ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "before_after.png", dpi=80)
     plt.close(fig)
     shrink_png(out / "before_after.png")
-    return [f"![before and after](figures/before_after.png)", "",
-            f"Before/after: the `optimizations` plan's settings (grey: `{names[0]}`, the first in the plan), mean over seeds.", ""]
+    base, lines = bars[names[0]], []
+    for n in names[1:]:
+        parts = [f"{t} {p:+.0f}%" for q, t, _ in qs if (p := pct_change(bars[n].get(q), base.get(q))) is not None]
+        if parts:
+            lines.append(f"- {n}: " + ", ".join(parts))
+    return ["![before and after](figures/before_after.png)", "",
+            f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in %:", "",
+            *lines, ""]
 
 
 def required(runs: list[dict], out: Path) -> list[str]:

@@ -115,7 +115,8 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     for png in ("memory_vs_context", "throughput_vs_batch", "before_after"):
         assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
     # memory 0.5 GB x T/64 x B: 4x from T=64 to 256 at every batch
-    assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x" in md
+    assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x (477 MiB to 1.86 GiB)" in md
+    assert "- bf16: tokens/s +90%, peak memory (GB) -25%" in md
     extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
     assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
     assert "[lr_sweep/report.md](../results/lr_sweep/report.md), was written from runs whose records are not kept" in md
@@ -141,3 +142,22 @@ def test_findings_of_every_plan_in_one_table_with_the_tally(tmp_path):
     assert "3 published findings checked: 2 agree, 1 disagree." in text
     assert "| `ablations` | ablations claim 1 | s | m | disagree |" in text and "| `lr_sweep` | lr_sweep claim 0 |" in text
     assert "No plan report" in "\n".join(findings_section(tmp_path, ["model_size"]))
+
+
+def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
+    from experiments.figures import before_after_bars
+
+    def bench(tech, tps, mem):
+        return {"name": f"before_after_{tech}", "plan": "optimizations", "status": "ok", "kind": "bench", "axes": {"technique": tech},
+                "bench_rows": [{"status": "ok", "tokens_per_s": tps, "memory_gb": mem, "step_ms": 100.0}]}
+
+    def train(tech, seed, tps, rss):
+        return {"name": f"{tech}_b32-s{seed}", "plan": "optimizations", "status": "ok", "kind": "train",
+                "axes": {"technique": tech}, "max_rss_bytes": rss, "metrics": {"tokens_per_s": tps, "step_time": 0.5}}
+
+    runs = [train("float32", 0, 100.0, 2e9), train("float32", 1, 300.0, 4e9), train("remat", 0, 150.0, 1e9)]
+    assert before_after_bars(runs) == {"float32": {"tokens_per_s": 200.0, "memory_gb": 3.0, "step_ms": 500.0},
+                                       "remat": {"tokens_per_s": 150.0, "memory_gb": 1.0, "step_ms": 500.0}}
+    runs += [bench("float32", 1000.0, 8.0), bench("bfloat16", 2500.0, 5.0)]
+    assert before_after_bars(runs) == {"float32": {"tokens_per_s": 1000.0, "memory_gb": 8.0, "step_ms": 100.0},
+                                       "bfloat16": {"tokens_per_s": 2500.0, "memory_gb": 5.0, "step_ms": 100.0}}
