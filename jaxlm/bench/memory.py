@@ -164,8 +164,6 @@ def write_validation(text: str, out: Path) -> None:
 
 
 def validate_main(argv: list[str]) -> int:
-    import argparse
-
     from jaxlm import cli
 
     parser = cli.ArgumentParser(prog="python -m jaxlm.memory validate", formatter_class=cli.HelpFormatter,

@@ -1,0 +1,147 @@
+"""One command for a GPU: every GPU figure the curriculum asks for, inside one 9-minute call.
+
+    python -m experiments.gpu_campaign --dry-run          # the steps, their estimated H100 seconds, exit 0
+    python -m experiments.gpu_campaign                    # on a GPU: writes docs/results/gpu/
+    python -m experiments.gpu_campaign --smoke --out DIR  # every step at a tiny size (CPU is fine)
+
+Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
+ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
+remaining `--budget` is deferred with that reason; `--only NAME` runs chosen steps (e.g. the deferred ones in
+a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench); memory: the device's
+peak from its memory stats, next to jaxlm.memory's estimate. The steps live in experiments/gpu_steps.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
+
+from jaxlm import cli  # noqa: E402
+from jaxlm.files import atomic_write  # noqa: E402
+
+DEFAULT_OUT = "docs/results/gpu"
+STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
+
+
+def _steps():
+    from experiments import gpu_steps
+
+    return gpu_steps.STEPS
+
+
+def plan(steps, budget: float, only: list[str] | None, smoke: bool) -> list[tuple[object, float, str]]:
+    """(step, estimated seconds, "run" or the reason it is left out), in order."""
+    out, used = [], STARTUP_S
+    for step in steps:
+        est = step.estimate(smoke)
+        if only and step.name not in only:
+            out.append((step, est, "not chosen (--only)"))
+        elif used + est > budget and not smoke:
+            out.append((step, est, f"deferred: {used:.0f} s + {est:.0f} s > budget {budget:.0f} s "
+                                   f"(run it with --only {step.name})"))
+        else:
+            used += est
+            out.append((step, est, "run"))
+    return out
+
+
+def format_plan(rows, budget: float) -> str:
+    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what", f"{'startup':12s} {STARTUP_S:13.0f}  process start, "
+             "JAX import, device initialisation"]
+    total = STARTUP_S
+    for step, est, status in rows:
+        mark = "" if status == "run" else f"  [{status}]"
+        lines.append(f"{step.name:12s} {est:13.0f}  {step.title}{mark}")
+        total += est if status == "run" else 0
+    lines.append(f"{'total':12s} {total:13.0f}  of a {budget:.0f} s budget")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, results: dict, rows, meta: dict) -> None:
+    """report.md: every step's section, or the reason it has none; results.json: everything."""
+    from experiments import gpu_steps
+
+    parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
+             f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
+             f"warm-up steps. Memory: the device's peak bytes in use (its memory stats) unless a column says "
+             f"otherwise; estimates come from `python -m jaxlm.memory` and are labelled as such.", ""]
+    for step, est, status in rows:
+        parts += [f"## {step.title}", ""]
+        res = results.get(step.name)
+        if res is None:
+            parts += [f"Not run: {status if status != 'run' else 'the call ended before this step'}.", ""]
+        elif "error" in res:
+            parts += [f"Failed: {res['error']}", ""]
+        else:
+            parts += [gpu_steps.section(step.name, res), ""]
+    atomic_write(out / "report.md", "\n".join(parts))
+    atomic_write(out / "results.json", json.dumps({"meta": meta, "steps": results}, indent=1, default=str))
+
+
+def _earlier(out: Path, smoke: bool) -> dict:
+    """Step results of an earlier call into the same --out (kept unless rerun, so calls accumulate)."""
+    try:
+        data = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    same = isinstance(data, dict) and data.get("meta", {}).get("smoke") == smoke
+    return dict(data.get("steps", {})) if same else {}
+
+
+def run(args) -> int:
+    import jax
+
+    from experiments import gpu_steps
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = plan(_steps(), args.budget, args.only, args.smoke)
+    ctx = gpu_steps.Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
+    meta = {"command": "python -m experiments.gpu_campaign " + " ".join(args.argv), "device": ctx.device,
+            "jax": jax.__version__, "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke}
+    results = _earlier(out, args.smoke)
+    write_report(out, results, rows, meta)
+    for step, est, status in rows:
+        if status != "run":
+            continue
+        print(f"[{step.name}] {step.title} (estimated {est:.0f} s)", flush=True)
+        t0 = time.monotonic()
+        try:
+            results[step.name] = step.run(ctx)
+        except Exception as e:  # one failed step must not cost the others
+            results[step.name] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+        results[step.name]["seconds"] = time.monotonic() - t0
+        atomic_write(out / f"{step.name}.json", json.dumps(results[step.name], indent=1, default=str))
+        write_report(out, results, rows, meta)
+        print(f"[{step.name}] done in {results[step.name]['seconds']:.0f} s", flush=True)
+    print(f"wrote {out / 'report.md'}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.ArgumentParser(prog="python -m experiments.gpu_campaign", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
+    parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
+    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,
+                        help="seconds the whole call may take; steps that would not fit are deferred")
+    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="where report.md, results.json and STEP.json go")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    names = [s.name for s in _steps()]
+    unknown = [n for n in args.only or [] if n not in names]
+    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+    if args.dry_run:
+        print(format_plan(plan(_steps(), args.budget, args.only, args.smoke), args.budget))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
