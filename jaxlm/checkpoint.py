@@ -34,6 +34,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from jaxlm.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
 from jaxlm.errors import CheckpointError, ConfigError
 from jaxlm.files import atomic_write
+from jaxlm.lora import has_adapters
 from jaxlm.step import TrainState, build_model, split_model
 
 UNRESTORABLE = ".unrestorable"  # suffix of a checkpoint set aside because it does not restore
@@ -234,7 +235,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
         raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
-    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed))
+    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.quant.qat))
     graphdef, params, rest = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "rest": rest}
@@ -256,3 +257,35 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
 
         tokenizer = load_tokenizer_from_meta(run_dir / "tokenizer")
     return model, cfg, tokenizer
+
+
+def _shapes(state) -> dict[str, tuple]:
+    """{"layers/0/attn/q_proj/weight": shape} of an nnx.State."""
+    flat = jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in flat}
+
+
+def load_base_weights(path: str | Path, cfg: Config):
+    """The nnx.Param weights of the run at `path` (a run, or RUN/checkpoints/STEP), checked against the
+    model `cfg` builds: train.init_from. One CheckpointError line naming the first mismatch."""
+    from flax import nnx
+
+    model, saved, _ = restore_for_inference(path)
+    if has_adapters(model):
+        raise CheckpointError(f"train.init_from = {str(path)!r}: a LoRA run (lora.rank = {saved.lora.rank}); fold its "
+                              f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
+    loaded = nnx.state(model, nnx.Param)
+    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
+    have = _shapes(loaded)
+    for name, shape in want.items():
+        if name not in have:
+            raise CheckpointError(f"train.init_from = {str(path)!r}: has no weight {name} (its model differs: "
+                                  "compare its config.toml with model.*)")
+        if have[name] != shape:
+            raise CheckpointError(f"train.init_from = {str(path)!r}: {name} has shape {have[name]} there, this "
+                                  f"run's model.* needs {shape}")
+    extra = sorted(set(have) - set(want))
+    if extra:
+        raise CheckpointError(f"train.init_from = {str(path)!r}: has weights this run's model lacks ({extra[0]}, "
+                              f"{len(extra)} in all; compare its config.toml with model.*)")
+    return loaded

@@ -201,11 +201,15 @@ class TrainConfig:
     eval_every: int = opt(200, "evaluate on the validation split every this many steps (and at the end)")
     eval_batches: int = opt(20, "validation batches per evaluation")
     steps_per_call: int = opt(1, "optimizer steps per jitted call (a lax.scan); cut at eval/checkpoint/sample steps")
+    init_from: str | None = opt(None, "start from the weights of this run (or RUN/checkpoints/STEP) with a fresh "
+                                "optimizer and schedule: fine-tuning")
 
     def __post_init__(self):
         for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
+        _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
+               "must name a run directory or be unset")
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,52 @@ class ParallelConfig:
     process_id: int | None = opt(None, "this process's index")
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3", "lm_head")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters W + (alpha / rank) B A on frozen base weights (docs/peft.md); rank 0: off."""
+
+    rank: int = opt(0, "adapter rank r; 0 trains every parameter (no LoRA)")
+    alpha: float = opt(16.0, "adapter scale numerator: the update is (alpha / rank) B A")
+    targets: list[str] = opt(list(LORA_TARGETS[:7]), "the Linear layers that get adapters (attention "
+                             "projections and feed-forward matrices by default; also lm_head)")
+    dropout: float = opt(0.0, "dropout on the adapters' input, training only")
+    base: Literal["float32", "nf4", "int8"] = opt("float32", "storage of the frozen base weights of the targets: "
+                                                  "nf4 or int8 with blockwise absmax scales is QLoRA")
+    block_size: int = opt(64, "weights per absmax scale of the nf4 / int8 base (along the input axis)")
+
+    def __post_init__(self):
+        _check(self.rank >= 0, "rank", self.rank, "must be >= 1 (or 0 to turn LoRA off)")
+        _check(self.alpha > 0, "alpha", self.alpha, "must be > 0")
+        for t in self.targets:
+            _check(t in LORA_TARGETS, "targets", t, f"unknown target; known: {', '.join(LORA_TARGETS)}")
+        _check(bool(self.targets) or self.rank == 0, "targets", self.targets, "must name at least one layer")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _check(self.base == "float32" or self.rank > 0, "base", self.base, "a quantised base needs lora.rank >= 1")
+
+
+@dataclass(frozen=True)
+class QatConfig:
+    """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off."""
+
+    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of every Linear: 8 or 4")
+    activation_bits: int | None = opt(None, "dynamic per-token quantisation of every Linear's input: 8")
+
+    def __post_init__(self):
+        _check(self.weight_bits in (None, 4, 8), "weight_bits", self.weight_bits, "must be 4, 8 or unset")
+        _check(self.activation_bits in (None, 8), "activation_bits", self.activation_bits, "must be 8 or unset")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Quantisation of the model during training (post-training conversion: python -m jaxlm.quantize)."""
+
+    qat: QatConfig = field(default_factory=QatConfig)
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -265,10 +315,16 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
 
     def __post_init__(self):
         _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
+        qat = self.quant.qat.weight_bits or self.quant.qat.activation_bits
+        _check(not (qat and self.lora.rank), "quant.qat", "set", "QAT and LoRA in one run are not supported")
+        _check("lm_head" not in self.lora.targets or not self.model.tie_embeddings or not self.lora.rank,
+               "lora.targets", "lm_head", "the model ties its head to the embeddings (model.tie_embeddings)")
 
 
 # --------------------------------------------------------------------------- loading

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxlm import parallel
 from jaxlm.attention import cudnn_problem
-from jaxlm.checkpoint import read_run_config, saved_steps
+from jaxlm.checkpoint import find_run_dir, read_run_config, saved_steps
 from jaxlm.config import ComputeConfig, Config, ModelConfig, to_dict, toml_value
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.errors import ConfigError, CheckpointError, DataError
@@ -26,12 +26,13 @@ from jaxlm.files import writable_dir_problem
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
 # shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
 # compared by digest in `check_data`. Execution keys (compute.*, log.*, train.steps, ...) may differ.
-MUST_MATCH = ("model.", "train.seed")
+MUST_MATCH = ("model.", "train.seed", "lora.", "quant.")
 
 
 def preflight(cfg: Config) -> Path:
     """Validate `cfg` against this machine, the run directory and the data; returns the data directory."""
     check_run_dir(cfg)
+    check_init_from(cfg)
     start_distributed(cfg)
     check_devices(cfg)
     data_dir = prepare_data(cfg)
@@ -56,6 +57,26 @@ def check_run_dir(cfg: Config) -> None:
             f"{run_dir / 'checkpoints'} away")
     if (run_dir / "config.toml").is_file():
         check_compatible(read_run_config(run_dir), cfg, run_dir)
+
+
+# The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).
+WEIGHT_SHAPE_KEYS = ("vocab_size", "d_model", "num_layers", "d_ff", "ffn", "norm", "tie_embeddings")
+
+
+def check_init_from(cfg: Config) -> None:
+    """train.init_from names a run with a checkpoint whose weights fit this run's model (by its config)."""
+    if not cfg.train.init_from or saved_steps(cfg.train.out_dir):
+        return  # a resumed run restores its own checkpoint
+    run_dir, step = find_run_dir(cfg.train.init_from)
+    steps = saved_steps(run_dir)
+    if not steps or (step is not None and step not in steps):
+        raise CheckpointError(f"train.init_from = {cfg.train.init_from!r}: no such checkpoint (saved steps: "
+                              f"{', '.join(map(str, steps)) or 'none'})")
+    saved = read_run_config(run_dir).model
+    for key in WEIGHT_SHAPE_KEYS:
+        if getattr(saved, key) != getattr(cfg.model, key):
+            raise ConfigError(f"train.init_from = {cfg.train.init_from!r}: its model.{key} = "
+                              f"{toml_value(getattr(saved, key))}, this run's is {toml_value(getattr(cfg.model, key))}")
 
 
 def check_compatible(saved: Config, cfg: Config, run_dir: Path) -> None:

@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxlm.config import ComputeConfig, ModelConfig
+from jaxlm import lora as lora_lib
+from jaxlm import quant
+from jaxlm.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.model import TransformerLM, cross_entropy, token_accuracy
 
 
@@ -29,9 +31,9 @@ class TrainState:
     """Everything a train step reads and writes; a pytree, so it jits, shards and checkpoints as is."""
 
     step: jax.Array  # int32 scalar: optimizer updates done = the next global step
-    params: nnx.State  # the trainable nnx.Param leaves, float32
+    params: nnx.State  # the trainable leaves, float32: every nnx.Param, or only the LoRA adapters
     opt_state: Any  # optax state: clipping + AdamW moments, float32
-    rest: nnx.State  # every other model variable (RoPE tables, dropout RNG)
+    rest: nnx.State  # every other model variable (RoPE tables, dropout RNG, a LoRA run's frozen base)
 
     @classmethod
     def create(cls, model: nnx.Module, tx: optax.GradientTransformation) -> "TrainState":
@@ -47,19 +49,38 @@ class TrainState:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0) -> TransformerLM:
-    return TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
+                lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None):
+    """The LM, with the weights `base` (an nnx.State of its Params) when given, then its LoRA adapters
+    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set)."""
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+    if base is not None:
+        nnx.update(model, base)
+    if lora is not None:
+        lora_lib.apply(model, lora, nnx.Rngs(params=seed + 2, dropout=seed + 3))
+    if qat is not None:
+        quant.apply_qat(model, qat)
+    return model
 
 
 def split_model(model: nnx.Module):
-    """(graphdef, params, rest): the trainable nnx.Param leaves apart from every other variable."""
-    return nnx.split(model, nnx.Param, ...)
+    """(graphdef, params, rest): the trainable leaves apart from every other variable. Trainable are the
+    LoRA adapters when the model has any (the base is then frozen: no gradient, no optimizer state),
+    else every nnx.Param."""
+    trainable = nnx.LoRAParam if lora_lib.has_adapters(model) else nnx.Param
+    return nnx.split(model, trainable, ...)
 
 
-def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int):
-    """(graphdef, state-maker): call the maker under `jax.jit(..., out_shardings=...)` to build it sharded."""
-    graphdef, _, _ = split_model(nnx.eval_shape(lambda: build_model(model_cfg, compute, seed)))
-    return graphdef, lambda: TrainState.create(build_model(model_cfg, compute, seed), tx)
+def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int,
+               lora: LoraConfig | None = None, qat: QatConfig | None = None):
+    """(graphdef, state-maker): call the maker (optionally with base weights) under
+    `jax.jit(..., out_shardings=...)` to build the state sharded."""
+
+    def build(base=None):
+        return build_model(model_cfg, compute, seed, lora, qat, base)
+
+    graphdef, _, _ = split_model(nnx.eval_shape(build))
+    return graphdef, lambda base=None: TrainState.create(build(base), tx)
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1):
@@ -70,6 +91,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         # and nnx refuses to mutate Variables created outside the grad trace.
         rest = jax.tree.map(lambda v: v, rest)
         model = nnx.merge(graphdef, params, rest)
+        model.set_attributes(deterministic=False, raise_if_not_found=False)  # LoRA adapter dropout
         loss = cross_entropy(model(x, deterministic=False), y)
         _, _, rest = split_model(model)  # dropout RNG counters advance
         return loss, rest

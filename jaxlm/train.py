@@ -24,13 +24,14 @@ import jax
 import numpy as np
 
 from jaxlm import cli, flops, parallel
-from jaxlm.checkpoint import Checkpointer, write_run_files
+from jaxlm.checkpoint import Checkpointer, load_base_weights, write_run_files
 from jaxlm.config import Config
 from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import load_tokenizer_from_meta
 from jaxlm.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.errors import DataError, TrainingDiverged
 from jaxlm.host import tune_for_cpu_backend
+from jaxlm.lora import memory_summary
 from jaxlm.optim import make_optimizer
 from jaxlm.preflight import preflight
 from jaxlm.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
@@ -53,7 +54,7 @@ def build(cfg: Config, mesh) -> Built:
     """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
     parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed)
+    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.quant.qat)
     abstract = jax.eval_shape(make_state)
     shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -131,6 +132,7 @@ def start(cfg: Config) -> Loop:
         if lead:
             write_run_files(run_dir, cfg, data_dir)
         tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead, start_step=step)
+        report_memory(state, tracker, lead, fresh=step == 0)
     except BaseException:
         ckpt.close()
         raise
@@ -145,9 +147,13 @@ def start(cfg: Config) -> Loop:
 
 
 def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[TrainState, int]:
-    """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state."""
+    """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state
+    (with the weights of train.init_from when set: a fresh optimizer and schedule on them)."""
     if not (cfg.checkpoint.resume and ckpt.latest_step() is not None):
-        return jax.jit(built.make_state, out_shardings=built.shardings)(), 0
+        base = load_base_weights(cfg.train.init_from, cfg) if cfg.train.init_from else None
+        if base is not None:
+            print(f"initialised from the weights of {cfg.train.init_from}", file=sys.stderr)
+        return jax.jit(built.make_state, out_shardings=built.shardings)(base), 0
     state, meta = ckpt.restore(built.abstract)
     step = int(meta["data_step"])
     print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
@@ -155,6 +161,22 @@ def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[Trai
         print(f"the run in {cfg.train.out_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
               "raise train.steps to continue it, or choose another train.out_dir to start over", file=sys.stderr)
     return state, step
+
+
+def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) -> None:
+    """One line (and a metrics.jsonl row at step 0) on what is trained and what it costs in memory."""
+    m = memory_summary(state.params, state.opt_state, state.rest)
+    total = m["trainable_params"] + m["frozen_params"]
+    if fresh:
+        tracker.scalars(0, {f"params/{k}": v for k, v in m.items()}, "params")
+    if lead:
+        frozen = (f"; frozen weights {m['frozen_bytes'] / 2**20:.2f} MiB ({m['frozen_bytes_per_param']:.2f} bytes per "
+                  "parameter)") if m["frozen_params"] else ""
+        if m["quantised_bytes_per_param"]:
+            frozen += f", the quantised base {m['quantised_bytes_per_param']:.3f} bytes per parameter"
+        print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({100 * m['trainable_params'] / total:.2f} %)"
+              f"; gradients {m['grad_bytes'] / 2**20:.2f} MiB, optimizer state {m['optimizer_bytes'] / 2**20:.2f} MiB"
+              f"{frozen}", file=sys.stderr)
 
 
 def run_call(loop: Loop) -> None:

@@ -1,0 +1,168 @@
+"""Fine-tuning: train.init_from, LoRA (frozen base, zero step, merge), QLoRA storage, QAT and PTQ numerics."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxlm import lora, quant
+from jaxlm.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig, load_config
+from jaxlm.errors import CheckpointError, ConfigError
+from jaxlm.step import TrainState, build_model, make_train_step, split_model
+from tests.train_helpers import make_corpus, tiny_overrides
+
+CFG = ModelConfig(vocab_size=61, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 61)
+
+
+def _lora_model(**kw):
+    base = nnx.state(build_model(CFG, seed=3), nnx.Param)
+    return base, build_model(CFG, seed=3, lora=LoraConfig(rank=4, **kw), base=base)
+
+
+def test_lora_step_zero_is_the_base_model():
+    base, model = _lora_model()
+    plain = build_model(CFG, seed=3, base=base)
+    np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(plain(TOKENS)))
+
+
+def _train(model, steps=2):
+    tx = optax.adam(1e-2)
+    graphdef, _, _ = split_model(model)
+    state = TrainState.create(model, tx)
+    step = jax.jit(make_train_step(graphdef, tx, lambda s: 1e-2))
+    for _ in range(steps):
+        state, _ = step(state, TOKENS, jnp.roll(TOKENS, -1, axis=1))
+    return state
+
+
+def test_lora_trains_only_the_adapters():
+    _, model = _lora_model(dropout=0.1)
+    before = TrainState.create(model, optax.adam(1e-2))
+    after = _train(model)
+    names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(after.params)}
+    assert names and all(n.endswith(("lora_a", "lora_b")) for n in names)
+    n_trainable = sum(a.size for a in jax.tree.leaves(after.params))
+    assert sum(a.size for a in jax.tree.leaves(after.opt_state)) == 2 * n_trainable + 1  # mu, nu, count
+    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.rest, nnx.Param)),
+                    jax.tree.leaves(nnx.filter_state(after.rest, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the frozen base
+    assert not np.allclose(np.asarray(after.params["layers"][0]["attn"]["q_proj"]["lora_b"][...]), 0.0)
+    m = lora.memory_summary(after.params, after.opt_state, after.rest)
+    assert m["trainable_params"] == n_trainable and m["optimizer_bytes"] == 4 * (2 * n_trainable + 1)
+
+
+@pytest.mark.parametrize("base_kind", ["float32", "nf4"])
+def test_merge_equals_adapted(base_kind):
+    _, model = _lora_model(base=base_kind, block_size=16)
+    for _, layer in nnx.iter_graph(model):  # a nonzero update to fold in
+        if isinstance(layer, lora.LoRALinear):
+            layer.lora_b = nnx.LoRAParam(0.05 * jax.random.normal(jax.random.key(7), layer.lora_b.shape))
+    adapted = np.asarray(model(TOKENS))
+    lora.merge(model)
+    assert not lora.has_adapters(model)
+    np.testing.assert_allclose(np.asarray(model(TOKENS)), adapted, atol=1e-5, rtol=0)
+
+
+def test_nf4_and_int8_dequantisation_within_bound():
+    w = jax.random.normal(jax.random.key(0), (64, 256)) * 0.02
+    codes, scales = quant.quantize_blockwise(w, "nf4", 64)
+    assert codes.dtype == jnp.uint8 and codes.shape == (64, 4, 32)  # two 4-bit codes per byte
+    err = jnp.abs(quant.dequantize_blockwise(codes, scales, "nf4", w.shape) - w)
+    assert bool(jnp.all(err <= quant.nf4_error_bound(w, 64) * (1 + 1e-6)))
+    assert float(jnp.max(err)) > 0.3 * float(jnp.max(quant.nf4_error_bound(w, 64)))  # the bound is tight-ish
+    codes, scales = quant.quantize_blockwise(w, "int8", 64)
+    err = jnp.abs(quant.dequantize_blockwise(codes, scales, "int8", w.shape) - w)
+    assert bool(jnp.all(err <= jnp.repeat(scales[..., 0], 64, axis=1) / 254 * (1 + 1e-5)))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_ptq_round_trip_within_half_a_step(bits):
+    w = jax.random.normal(jax.random.key(2), (32, 48))
+    q = quant.quantize_weight(w, bits)
+    assert q.qvalue.dtype == {8: jnp.int8, 4: jnp.int4}[bits] and q.scale.shape == (32, 1)
+    err = jnp.abs(np.asarray(quant.dequantize_weight(q)) - w)
+    assert bool(jnp.all(err <= q.scale / 2 * (1 + 1e-5)))
+    top = int(jnp.max(jnp.abs(q.qvalue.astype(jnp.int32))))
+    assert 2 ** (bits - 1) - 1 <= top <= 2 ** (bits - 1)  # qwix: absmax maps to the edge of [-2^(b-1), 2^(b-1) - 1]
+
+
+def test_qat_off_equals_plain_training_and_gradients_pass_straight_through():
+    plain, qat = build_model(CFG, seed=3), build_model(CFG, seed=3, qat=QatConfig())
+    a, b = _train(plain), _train(qat)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    x = jax.random.normal(jax.random.key(3), (4, 8))
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: jnp.sum(quant.fake_quant(x, 4, (0,)) * 3.0))(x)), 3.0)
+    model = build_model(CFG, seed=3, qat=QatConfig(weight_bits=4, activation_bits=8))
+    assert isinstance(model.layers[0].attn.q_proj, quant.QATLinear)
+    diff = np.abs(np.asarray(model(TOKENS)) - np.asarray(plain(TOKENS)))
+    assert 0 < diff.max() < 2.0  # quantised, not broken
+
+
+@pytest.mark.parametrize("override, message", [
+    ("lora.rank=-1", "lora.rank = -1: must be >= 1"),
+    ('lora.targets=["q_proj", "qkv"]', "lora.targets = 'qkv': unknown target"),
+    ("quant.qat.weight_bits=3", "quant.qat.weight_bits = 3: must be 4, 8 or unset"),
+    ("quant.qat.activation_bits=4", "quant.qat.activation_bits = 4: must be 8 or unset"),
+    ('lora.base="nf4"', "a quantised base needs lora.rank >= 1"),
+    ('train.init_from=""', "train.init_from = '': must name a run directory"),
+])
+def test_bad_keys_are_one_line(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(None, [override])
+
+
+# --------------------------------------------------------------------------- through the trainer
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    from jaxlm.train import train
+
+    tmp = tmp_path_factory.mktemp("peft")
+    corpus = make_corpus(tmp / "corpus")
+    out = train(load_config(None, tiny_overrides(corpus, tmp / "base", **{"train.steps": 10})))
+    return corpus, tmp, out["val_loss"]
+
+
+def test_init_from_lora_and_merge(base_run):
+    from jaxlm.checkpoint import restore_for_inference
+    from jaxlm.lora.__main__ import merge_run
+    from jaxlm.train import train
+
+    corpus, tmp, base_val = base_run
+    cfg = load_config(None, tiny_overrides(corpus, tmp / "lora", **{
+        "train.steps": 3, "train.eval_every": 1, "train.init_from": f'"{tmp / "base"}"', "lora.rank": 4}))
+    train(cfg)
+    rows = [json.loads(l) for l in (tmp / "lora" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/loss"] for r in rows if r["kind"] == "eval"]
+    assert evals[0] == pytest.approx(base_val, abs=1e-6)  # lr(0) = 0: step 1 is the base model exactly
+    params = next(r for r in rows if r["kind"] == "params")
+    assert params["params/trainable_params"] < 0.15 * (params["params/trainable_params"] + params["params/frozen_params"])
+    assert merge_run(tmp / "lora", tmp / "merged") < 1e-5
+    adapted, _, _ = restore_for_inference(tmp / "lora")
+    merged, merged_cfg, tok = restore_for_inference(tmp / "merged")
+    assert merged_cfg.lora.rank == 0 and tok is not None and not lora.has_adapters(merged)
+    np.testing.assert_allclose(np.asarray(merged(TOKENS % 61)), np.asarray(adapted(TOKENS % 61)), atol=1e-5)
+    with pytest.raises(CheckpointError, match="a LoRA run .* python -m jaxlm.lora merge"):
+        train(load_config(None, tiny_overrides(corpus, tmp / "again", **{"train.init_from": f'"{tmp / "lora"}"'})))
+
+
+def test_init_from_mismatch_names_the_key(base_run):
+    from jaxlm.train import train
+
+    corpus, tmp, _ = base_run
+    cfg = load_config(None, tiny_overrides(corpus, tmp / "wide", **{
+        "model.d_model": 64, "train.init_from": f'"{tmp / "base"}"'}))
+    with pytest.raises(ConfigError, match=r"train.init_from = .*: its model.d_model = 32, this run's is 64"):
+        train(cfg)
+    assert not (tmp / "wide").exists()
+    with pytest.raises(CheckpointError, match="no config.toml"):
+        train(load_config(None, tiny_overrides(corpus, tmp / "x", **{"train.init_from": f'"{tmp / "nowhere"}"'})))
