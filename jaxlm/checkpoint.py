@@ -235,7 +235,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
         raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
-    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.quant.qat))
+    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
     graphdef, params, rest = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "rest": rest}

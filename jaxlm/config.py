@@ -288,7 +288,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class QatConfig:
-    """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off."""
+    """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
+    (post-training conversion: python -m jaxlm.quantize)."""
 
     weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of every Linear: 8 or 4")
     activation_bits: int | None = opt(None, "dynamic per-token quantisation of every Linear's input: 8")
@@ -296,13 +297,6 @@ class QatConfig:
     def __post_init__(self):
         _check(self.weight_bits in (None, 4, 8), "weight_bits", self.weight_bits, "must be 4, 8 or unset")
         _check(self.activation_bits in (None, 8), "activation_bits", self.activation_bits, "must be 8 or unset")
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """Quantisation of the model during training (post-training conversion: python -m jaxlm.quantize)."""
-
-    qat: QatConfig = field(default_factory=QatConfig)
 
 
 @dataclass(frozen=True)
@@ -316,13 +310,13 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    quant: QuantConfig = field(default_factory=QuantConfig)
+    qat: QatConfig = field(default_factory=QatConfig)
 
     def __post_init__(self):
         _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
-        qat = self.quant.qat.weight_bits or self.quant.qat.activation_bits
-        _check(not (qat and self.lora.rank), "quant.qat", "set", "QAT and LoRA in one run are not supported")
+        qat = self.qat.weight_bits or self.qat.activation_bits
+        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
         _check("lm_head" not in self.lora.targets or not self.model.tie_embeddings or not self.lora.rank,
                "lora.targets", "lm_head", "the model ties its head to the embeddings (model.tie_embeddings)")
 

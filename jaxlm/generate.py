@@ -103,7 +103,7 @@ def load_for_generation(path: str | Path, cfg: Config | None = None):
         raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
-                                                                  saved.lora, saved.quant.qat)))
+                                                                  saved.lora, saved.qat)))
         model = nnx.merge(graphdef, nnx.state(model))
     return model, tokenizer
 

@@ -26,7 +26,7 @@ from jaxlm.files import writable_dir_problem
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
 # shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
 # compared by digest in `check_data`. Execution keys (compute.*, log.*, train.steps, ...) may differ.
-MUST_MATCH = ("model.", "train.seed", "lora.", "quant.")
+MUST_MATCH = ("model.", "train.seed", "lora.", "qat.")
 
 
 def preflight(cfg: Config) -> Path:

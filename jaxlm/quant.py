@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import qwix
 from flax import nnx
 
@@ -23,12 +24,12 @@ from jaxlm.config import QatConfig
 from jaxlm.model import Linear
 
 # NF4 levels: the quantiles of N(0, 1) normalised to [-1, 1] with an exact 0 (QLoRA paper, appendix E).
-NF4 = jnp.array([
+NF4 = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
     0.7229568362236023, 1.0,
-], jnp.float32)
+], np.float32)  # numpy: importing this module must not start a JAX backend
 INT_BITS = {8: jnp.int8, 4: jnp.int4}
 
 
@@ -53,7 +54,7 @@ def quantize_blockwise(w: jax.Array, kind: str, block: int) -> tuple[jax.Array, 
     safe = jnp.where(absmax > 0, absmax, 1.0)
     if kind == "int8":
         return jnp.round(wb / safe * 127).astype(jnp.int8), absmax
-    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - NF4), axis=-1).astype(jnp.uint8)  # (O, nb, block)
+    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - jnp.asarray(NF4)), axis=-1).astype(jnp.uint8)  # (O, nb, block)
     return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax  # (O, nb, block/2)
 
 
@@ -63,13 +64,13 @@ def dequantize_blockwise(codes: jax.Array, scales: jax.Array, kind: str, shape: 
         wb = codes.astype(jnp.float32) / 127 * scales  # (O, nb, block)
     else:
         idx = jnp.stack((codes & 0xF, codes >> 4), axis=-1).reshape(*codes.shape[:-1], -1)  # (O, nb, block)
-        wb = NF4[idx] * scales
+        wb = jnp.asarray(NF4)[idx] * scales
     return wb.reshape(shape)
 
 
 def nf4_error_bound(w: jax.Array, block: int) -> jax.Array:
     """The largest error NF4 rounding can make on each weight: half the widest gap between levels, times its block's absmax."""
-    half_gap = jnp.max(jnp.diff(NF4)) / 2
+    half_gap = float(np.max(np.diff(NF4))) / 2
     absmax = jnp.max(jnp.abs(_blocks(w, block)), axis=-1, keepdims=True)  # (O, nb, 1)
     return jnp.broadcast_to(absmax * half_gap, _blocks(w, block).shape).reshape(w.shape)
 

@@ -54,7 +54,7 @@ def build(cfg: Config, mesh) -> Built:
     """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
     parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.quant.qat)
+    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.qat)
     abstract = jax.eval_shape(make_state)
     shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)

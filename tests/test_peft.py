@@ -109,8 +109,8 @@ def test_qat_off_equals_plain_training_and_gradients_pass_straight_through():
 @pytest.mark.parametrize("override, message", [
     ("lora.rank=-1", "lora.rank = -1: must be >= 1"),
     ('lora.targets=["q_proj", "qkv"]', "lora.targets = 'qkv': unknown target"),
-    ("quant.qat.weight_bits=3", "quant.qat.weight_bits = 3: must be 4, 8 or unset"),
-    ("quant.qat.activation_bits=4", "quant.qat.activation_bits = 4: must be 8 or unset"),
+    ("qat.weight_bits=3", "qat.weight_bits = 3: must be 4, 8 or unset"),
+    ("qat.activation_bits=4", "qat.activation_bits = 4: must be 8 or unset"),
     ('lora.base="nf4"', "a quantised base needs lora.rank >= 1"),
     ('train.init_from=""', "train.init_from = '': must name a run directory"),
 ])
