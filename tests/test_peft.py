@@ -166,3 +166,52 @@ def test_init_from_mismatch_names_the_key(base_run):
     assert not (tmp / "wide").exists()
     with pytest.raises(CheckpointError, match="no config.toml"):
         train(load_config(None, tiny_overrides(corpus, tmp / "x", **{"train.init_from": f'"{tmp / "nowhere"}"'})))
+
+
+def test_quantize_command(base_run, capsys):
+    from jaxlm.errors import UsageError
+    from jaxlm.quantize import main
+
+    _, tmp, base_val = base_run
+    assert main([str(tmp / "base"), "--bits", "8", "4", "--batches", "2", "--json", str(tmp / "q.json")]) == 0
+    rows = json.loads((tmp / "q.json").read_text())
+    assert [r["bits"] for r in rows] == [None, 8, 4]
+    assert abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.02 < 0.8 * rows[2]["val_loss"]
+    assert rows[0]["weight_bytes"] > rows[1]["weight_bytes"] > rows[2]["weight_bytes"]
+    with pytest.raises(UsageError, match="--bits 3: must be 4 or 8"):
+        main([str(tmp / "base"), "--bits", "3"])
+
+
+def test_lora_matches_torchref():
+    import torch
+
+    import torchref
+    from parity.convert import jax_to_torch, torch_config
+
+    _, model = _lora_model(alpha=8.0)
+    for _, layer in nnx.iter_graph(model):
+        if isinstance(layer, lora.LoRALinear):
+            layer.lora_b = nnx.LoRAParam(0.05 * jax.random.normal(jax.random.key(5), layer.lora_b.shape))
+    ref = torchref.apply_lora(torchref.TransformerLM(torch_config(CFG)), rank=4, alpha=8.0)
+    ref.load_state_dict(jax_to_torch(model), strict=False)
+    assert not any(k not in dict(ref.named_parameters()) for k in jax_to_torch(model) if "lora" in k)
+    x = torch.from_numpy(np.array(TOKENS)).long()
+    y = torch.roll(x, -1, dims=1)
+    logits = ref(x)
+    np.testing.assert_allclose(logits.detach().numpy(), np.asarray(model(TOKENS)), atol=2e-5, rtol=0)
+    torchref.cross_entropy(logits.reshape(-1, CFG.vocab_size), y.reshape(-1)).backward()
+    trainable = {n for n, p in ref.named_parameters() if p.requires_grad}
+    assert trainable == {n for n in jax_to_torch(model) if n.endswith(("lora_a", "lora_b"))}
+    graphdef, params, rest = split_model(model)
+
+    def loss(params):
+        from jaxlm.model import cross_entropy
+
+        return cross_entropy(nnx.merge(graphdef, params, rest)(TOKENS), jnp.roll(TOKENS, -1, axis=1))
+
+    grads = jax.grad(loss)(params)
+    for path, g in nnx.to_flat_state(grads):
+        name = ".".join(map(str, path))
+        np.testing.assert_allclose(np.asarray(g[...]), dict(ref.named_parameters())[name].grad.numpy(), atol=2e-6)
+    torchref.merge_lora(ref)
+    np.testing.assert_allclose(ref(x).detach().numpy(), logits.detach().numpy(), atol=1e-5)

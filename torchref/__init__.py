@@ -4,6 +4,7 @@ It depends on PyTorch alone, so it can check an implementation without sharing i
 
 from torchref.checkpoint import load_checkpoint, save_checkpoint
 from torchref.data import get_batch
+from torchref.lora import LoRALinear, apply_lora, merge_lora
 from torchref.model import (
     Embedding,
     Linear,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from experiments.plan import format_value
 from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from experiments.report.peft import study_extras
 from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
@@ -128,7 +129,9 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps). "
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
-    lines += ["## Measured", ""] + [f"- {s}" for s in sentences_for(runs, train_runs, brows, cfg)] + [""]
+    study_findings, study_lines = study_extras(cfg, runs)  # the peft / quantization studies' own tables
+    lines += ["## Measured", ""] + [f"- {s}" for s in sentences_for(runs, train_runs, brows, cfg) + study_findings]
+    lines += [""] + study_lines
     if train_runs:
         lines += training_section(train_runs, cfg, out)
     if brows:
@@ -175,6 +178,8 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
         write_json(dest / src.name / RESULT, _portable(r, prefixes))
         if (src / "metrics.jsonl").is_file():
             shutil.copyfile(src / "metrics.jsonl", dest / src.name / "metrics.jsonl")
+        if (src / "quantize.json").is_file():
+            shutil.copyfile(src / "quantize.json", dest / src.name / "quantize.json")
         bench = read_json(src / "bench.json", default=None)
         if bench is not None:
             write_json(dest / src.name / "bench.json", _portable(bench, prefixes))
