@@ -42,7 +42,8 @@ TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
-DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b", re.IGNORECASE)
+# The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
+DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------- environment

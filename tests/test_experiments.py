@@ -490,3 +490,11 @@ def test_lr_sweet_spot_by_hand(tmp_path):
     assert row["verdict"] == "agree", row
     assert row["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.1 (33x): diverged at step 100, 100, 100; "
                                "best beyond noise of every other rate")
+
+
+def test_the_trainers_divergence_line_is_recognised():
+    from experiments.run import DIVERGED_RE
+
+    line = "error: loss 5.549072742462158, parameter norm nan at step 41 (grad_norm nan, lr 29.9); stopped without saving"
+    assert DIVERGED_RE.search(line) and DIVERGED_RE.search("training diverged: loss is nan at step 3")
+    assert not DIVERGED_RE.search("error: loss 5.5 at step 41; data.batch_size must divide by grad_accum")
