@@ -498,3 +498,14 @@ def test_the_trainers_divergence_line_is_recognised():
     line = "error: loss 5.549072742462158, parameter norm nan at step 41 (grad_norm nan, lr 29.9); stopped without saving"
     assert DIVERGED_RE.search(line) and DIVERGED_RE.search("training diverged: loss is nan at step 3")
     assert not DIVERGED_RE.search("error: loss 5.5 at step 41; data.batch_size must divide by grad_accum")
+
+
+@pytest.mark.parametrize("plan", sorted(p.parent.name for p in (REPO / "docs" / "results").glob("*/records")))
+def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatch):
+    """Each committed CPU report is what `python -m experiments.report docs/results/PLAN/records` writes."""
+    monkeypatch.chdir(REPO)
+    committed = REPO / "docs" / "results" / plan
+    rebuilt = write_report(committed / "records", tmp_path / plan)
+    assert rebuilt.read_text() == (committed / "report.md").read_text()
+    if (committed / "findings.json").exists():
+        assert json.loads((tmp_path / plan / "findings.json").read_text()) == json.loads((committed / "findings.json").read_text())
