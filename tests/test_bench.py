@@ -224,3 +224,16 @@ def test_experiments_bench_runs_call_the_model_command(tmp_path):
     assert main(argv[3:]) == 0
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert [(r["status"], r["context"], r["batch"]) for r in rows] == [("ok", 16, 1)]
+
+
+def test_compiled_matmuls_count_remat_and_show_bfloat16_through_float32_on_cpu():
+    cfg = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=32)
+
+    def matmuls(compute):
+        return jax_side.compiled_matmuls(jax_side.compile_step(jax_side.build_step("train_step", cfg, compute, 2, 32)))
+
+    plain = matmuls(ComputeConfig())
+    # By hand: per layer q, k, v, output, QK^T, PV, w1, w3, w2 (9) plus the head; backward two per forward dot.
+    assert plain == {"hlo_dots": 3 * (9 * 2 + 1), "matmul_dtypes": ["f32"]}
+    assert matmuls(ComputeConfig(remat="full"))["hlo_dots"] > plain["hlo_dots"]  # the recomputation, compiled
+    assert matmuls(ComputeConfig(dtype="bfloat16"))["matmul_dtypes"] == ["f32"]  # XLA:CPU: bfloat16 through float32

@@ -27,8 +27,11 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
 ]
 # Row fields that are measurements (everything else identifies the setting).
 BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
-                  "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch"}
+                  "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch",
+                  "hlo_dots", "matmul_dtypes"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
+# What a row's memory_gb is, by its memory_source: a measured device peak, or XLA's compiled estimate.
+MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compiled memory estimate (memory_analysis)"}
 
 
 def bench_rows(runs: list[dict]) -> list[dict]:
@@ -84,8 +87,9 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
                 by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[key(r)]))
         for (label, mode), pairs in by_label.items():
             phrases = []
+            sources = {r.get("memory_source") for pair in pairs for r in pair}
             for q, title in BENCH_COMPARED.items():
-                NAMES.setdefault(q, title)
+                NAMES[q] = MEMORY_TITLES.get(next(iter(sources)), title) if q == "memory_gb" and len(sources) == 1 else title
                 changes = [(p, "") for r, b in pairs
                            if isinstance(bench_value(r, q), (int, float)) and isinstance(bench_value(b, q), (int, float))
                            and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
@@ -116,7 +120,8 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
             k = dict(key)
             parts = []
             if a.get("memory_gb") and b.get("memory_gb"):
-                parts.append(f"memory grew {b['memory_gb'] / a['memory_gb']:.1f}x ({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
+                what = MEMORY_TITLES.get(b.get("memory_source"), "memory")
+                parts.append(f"{what} grew {b['memory_gb'] / a['memory_gb']:.1f}x ({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
             if a.get("tokens_per_s") and b.get("tokens_per_s"):
                 parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x ({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
             if parts:

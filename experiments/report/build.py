@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from experiments.plan import format_value
+from experiments.report import backend
 from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
 from experiments.report.peft import study_extras
 from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
@@ -130,8 +131,9 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
     study_findings, study_lines = study_extras(cfg, runs)  # the peft / quantization studies' own tables
-    lines += ["## Measured", ""] + [f"- {s}" for s in sentences_for(runs, train_runs, brows, cfg) + study_findings]
-    lines += [""] + study_lines
+    measured = backend.annotate(sentences_for(runs, train_runs, brows, cfg), backend.is_cpu(runs)) + study_findings
+    lines += ["## Measured", ""] + [f"- {s}" for s in measured]
+    lines += [""] + study_lines + backend.section(runs, brows)
     if train_runs:
         lines += training_section(train_runs, cfg, out)
     if brows:

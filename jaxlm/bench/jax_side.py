@@ -10,6 +10,7 @@ so a benchmark row measures exactly what `python -m jaxlm.train` runs.
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -94,6 +95,21 @@ def compiled_flops(compiled) -> float | None:
     return float(cost["flops"]) if cost and "flops" in cost else None
 
 
+# A matmul in compiled HLO text: an XLA dot (inside fusions too) or a cuBLAS call; group 1 is its output dtype.
+_MATMUL = re.compile(r"= \(?(\w+)\[[^\]]*\](?:\{[^}]*\})? (?:dot\(|custom-call\(.*custom_call_target=\"__cublas)")
+
+
+def compiled_matmuls(compiled) -> dict:
+    """What the backend will run, read from the compiled executable: the number of matmuls (remat's
+    recomputation shows as more of them) and their output dtypes (bfloat16 computed through float32 shows as f32)."""
+    try:
+        text = compiled.as_text()
+    except Exception:
+        return {}
+    dtypes = _MATMUL.findall(text or "")
+    return {"hlo_dots": len(dtypes), "matmul_dtypes": sorted(set(dtypes))}
+
+
 def compile_step(step: Step):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers.*")
@@ -109,6 +125,7 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     estimate = compiled_memory_bytes(compiled)
     row["estimate_gb"] = estimate / 1e9 if estimate is not None else None
     row["xla_flops"] = compiled_flops(compiled)
+    row.update(compiled_matmuls(compiled))
     if opts.memory_limit_gb is not None and estimate is not None and estimate > opts.memory_limit_gb * 1e9:
         row["status"] = "OOM"
         row["memory_source"] = "memory_analysis"
