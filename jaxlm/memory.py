@@ -5,16 +5,16 @@
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
-+ the AdamW update's temporaries + activations. Activations are, per layer, the
-tensors the backward pass needs (counted below by component), plus the working
-set of the one layer being differentiated and the output head's logits.
++ activations. Activations are, per layer, the tensors the backward pass needs
+(counted below by component), the output head's logits, and under remat the
+working set of the one block being rebuilt.
 
 The per-component tensor counts are those of jaxlm's own forward (jaxlm.model,
 jaxlm.attention "xla"): which tensors `jax.grad` saves, less what XLA fuses away,
 calibrated against `compiled.memory_analysis()` of the real train step on CPU at
 float32 without remat (the table in docs/memory.md gives the error of each row).
-The CPU backend is faithful there, but not for remat (XLA:CPU removes the
-recomputation) nor for bfloat16 (it computes through float32): those settings
+The CPU backend is faithful there, but not for remat (XLA:CPU's compiled memory
+barely moves under it) nor for bfloat16 (it computes through float32): those settings
 follow the policies' definitions and are estimates to check against a GPU's
 measured peak. cudnn attention keeps no T x T tensor, only a log-sum-exp per row.
 """
