@@ -161,3 +161,13 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
     runs += [bench("float32", 1000.0, 8.0), bench("bfloat16", 2500.0, 5.0)]
     assert before_after_bars(runs) == {"float32": {"tokens_per_s": 1000.0, "memory_gb": 8.0, "step_ms": 100.0},
                                        "bfloat16": {"tokens_per_s": 2500.0, "memory_gb": 5.0, "step_ms": 100.0}}
+
+
+def test_gpu_campaign_report_is_included(tmp_path):
+    from experiments.written_report import gpu_section
+
+    (tmp_path / "results" / "gpu").mkdir(parents=True)
+    (tmp_path / "results" / "gpu" / "report.md").write_text("# GPU campaign\n\n## Attention\n\n![a](attention.png)\n")
+    text = "\n".join(gpu_section([], tmp_path / "results", tmp_path / "report"))
+    assert "#### GPU campaign" in text and "##### Attention" in text and "![a](../results/gpu/attention.png)" in text
+    assert "**Pending**" in "\n".join(gpu_section([], tmp_path / "nothing", tmp_path / "report"))
