@@ -486,10 +486,11 @@ def test_lr_sweet_spot_by_hand(tmp_path):
     nan = float("nan")
     fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.001": [2.2, 2.25, 2.15], "lr=0.003": [2.0, 2.02, 1.98],
                                                    "lr=0.01": [2.1, 2.12, 2.08], "lr=0.1": [nan, nan, nan]}, "optim.lr", {})
-    (row,) = findings_rows("lr_sweep", group_settings(load_results(tmp_path / "lr")), {"untrained_loss": math.log(257)})
-    assert row["verdict"] == "agree", row
-    assert row["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.1 (33x): diverged at step 100, 100, 100; "
-                               "best beyond noise of every other rate")
+    sweet, diverge = findings_rows("lr_sweep", group_settings(load_results(tmp_path / "lr")), {"untrained_loss": math.log(257)})
+    assert sweet["verdict"] == "agree", sweet
+    assert sweet["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.001: 2.200 ± 0.050, lr 0.01: 2.100 ± 0.020; "
+                                 "best beyond noise of every other rate")
+    assert diverge["verdict"] == "agree" and diverge["measured"] == "lr 0.1 (33x the best): diverged by step 100, 100, 100"
 
 
 def test_the_trainers_divergence_line_is_recognised():

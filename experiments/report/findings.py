@@ -38,7 +38,8 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)", "similar:post_norm"),
     Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
     Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
-    Finding("lr_sweep", "a sweet spot; rates 10-100x higher diverge", "best near 1e-3; 10-100x higher diverges, visibly early", "lr_sweet_spot"),
+    Finding("lr_sweep", "a learning-rate sweet spot", "best near 1e-3, worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training", "lr_diverge"),
     Finding("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps", "batch_equal_steps"),
     Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
     Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
@@ -124,28 +125,52 @@ def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
     return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))), key=lambda t: t[0])
 
 
-def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    """Best rate (lowest mean loss) inside the sweep, and every rate >= 10x the best diverged or far worse."""
+def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
     pts = _numeric(settings, "optim.lr")
     ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
-    if not ok:
+    return pts, (min(ok, key=lambda t: t[2].mean) if ok else None), ok
+
+
+def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """The best rate (lowest mean loss) lies inside the sweep and beats every other completed rate beyond noise."""
+    pts, best, ok = _best_lr(settings)
+    if best is None:
         return "no completed rate", UNRESOLVED
-    best_x, best_s, best = min(ok, key=lambda t: t[2].mean)
-    high = [(x, s) for x, s in pts if x >= 10 * best_x]
-    parts = [f"best lr {format_value(best_x)} (val loss {best.text()})"]
-    blown = [(x, s) for x, s in high if not s.ok or (_loss(s) and _loss(s).mean > ctx.get("untrained_loss", math.inf))]
-    for x, s in high:
-        steps = [r.get("metrics", {}).get("steps") for r in s.runs if r.get("status") == "diverged"]
-        where = f" at step {', '.join(str(t) for t in steps if t is not None)}" if any(steps) else ""
-        loss = f" (val loss {_loss(s).text()})" if s.ok and _loss(s) else ""
-        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x): {s.status}{where}{loss}")
+    best_x, _, st = best
+    others = [(x, o) for x, _, o in ok if x != best_x]
+    text = f"best lr {format_value(best_x)} (val loss {st.text()}); " + ", ".join(f"lr {format_value(x)}: {o.text()}" for x, o in others)
     interior = pts[0][0] < best_x < pts[-1][0]
-    others = [st for x, _, st in ok if x != best_x]
-    clear = all(resolved(best, st) for st in others)
-    parts.append("best beyond noise of every other rate" if clear else "best within noise of another rate")
-    if interior and high and all(x in {b for b, _ in blown} for x, _ in high if x <= 100 * best_x):
-        return "; ".join(parts), AGREE
-    return "; ".join(parts), UNRESOLVED if not high else DISAGREE
+    clear = all(resolved(st, o) for _, o in others)
+    text += "; best beyond noise of every other rate" if clear else "; best within noise of another rate"
+    return text, AGREE if interior and clear else UNRESOLVED
+
+
+def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """Every rate 10-100x the best diverged (non-finite, or ended above the untrained loss ln V): agree."""
+    pts, best, _ = _best_lr(settings)
+    if best is None:
+        return "no completed rate", UNRESOLVED
+    best_x = best[0]
+    parts, in_range, blown = [], 0, 0
+    for x, s in pts:
+        if x < 10 * best_x:
+            continue
+        diverged = [r for r in s.runs if r.get("status") == "diverged"]
+        st = _loss(s)
+        bad = len(diverged) == len(s.runs) or (st is not None and st.mean > ctx.get("untrained_loss", math.inf))
+        if x <= 100 * best_x:
+            in_range, blown = in_range + 1, blown + bad
+        where = ""
+        if diverged:
+            steps = [str(r.get("metrics", {}).get("steps", "?")) for r in diverged]
+            planned = (diverged[0].get("config") or {}).get("train", {}).get("steps")
+            where = f" by step {', '.join(steps)}" + (f" of {planned}" if planned else "")
+        loss = f" (val loss {st.text()})" if st is not None and s.ok else ""
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {s.status}{where}{loss}")
+    if not parts:
+        return "no rate 10x or more above the best", UNRESOLVED
+    verdict = UNRESOLVED if not in_range else AGREE if blown == in_range else DISAGREE
+    return "; ".join(parts), verdict
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -222,6 +247,7 @@ CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
     "worse:silu": lambda s, c: check_worse(s, "silu", c),
     "similar:post_norm": lambda s, c: check_similar(s, "post_norm", c),
     "lr_sweet_spot": check_lr,
+    "lr_diverge": check_lr_diverge,
     "batch_equal_steps": check_batch_steps,
     "batch_erratic": check_batch_erratic,
     "batch_step_time": check_batch_time,

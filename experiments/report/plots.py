@@ -80,6 +80,7 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
     for by in bys:
         fig, axs = plt.subplots(len(chunks), 2, figsize=(11, 4 * len(chunks)), squeeze=False)
         for row, chunk in zip(axs, chunks):
+            tops = setting_tops(chunk)
             for k, setting in enumerate(chunk):
                 chosen, label = _curve_runs(setting)
                 for ax, q in zip(row, ("train_loss", "eval_loss")):
@@ -90,11 +91,13 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
                     ax.plot(xs, mean, label=label, **style)
                     if len(chosen) > 1:
                         ax.fill_between(xs, lo, hi, color=COLOURS[k], alpha=0.15, lw=0)
-                    if not setting.ok:  # diverged: mark where the loss was last finite
-                        ax.plot(xs[-1], mean[-1], "x", color=COLOURS[k], ms=10, mew=2)
-            _finish_curve_axes(row, setting_tops(chunk), by, plt)
-            if row[1].get_legend_handles_labels()[0]:
-                row[1].legend(loc="upper right", fontsize=7)
+                    if not setting.ok:  # diverged: a cross where the loss was last finite, kept inside the axes
+                        ax.plot(xs[-1], min(mean[-1], _top(tops[q])), "x", color=COLOURS[k], ms=10, mew=2, label=label)
+            _finish_curve_axes(row, tops, by, plt)
+            handles = dict(zip(*reversed(row[0].get_legend_handles_labels())))
+            handles.update(zip(*reversed(row[1].get_legend_handles_labels())))
+            if handles:
+                row[1].legend(list(handles.values()), list(handles), loc="upper right", fontsize=7)
         fig.suptitle("seed mean, band: min to max over seeds; x: last finite point of a diverged run", fontsize=8)
         fig.tight_layout()
         name = f"curves_by_{by}.png"
@@ -118,11 +121,19 @@ def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
     return out
 
 
+def _top(values: list[float]) -> float:
+    """The top of a loss axis: the completed runs' highest value (at most 3 above their lowest), plus a margin."""
+    if not values:
+        return math.inf
+    lo, hi = min(values), max(values)
+    return min(hi, lo + 3.0) + 0.05 * (hi - lo) + 1e-9
+
+
 def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
     for ax, q, title in zip(row, ("train_loss", "eval_loss"), ("training loss", "validation loss")):
         if tops[q]:
             lo, hi = min(tops[q]), max(tops[q])
-            ax.set_ylim(lo - 0.05 * (hi - lo), min(hi, lo + 3.0) + 0.05 * (hi - lo) + 1e-9)
+            ax.set_ylim(lo - 0.05 * (hi - lo), _top(tops[q]))
         ax.set_xlabel(X_LABELS[by])
         ax.set_ylabel("loss (nats per token)")
         ax.set_title(f"{title} by {X_LABELS[by].split(' (')[0]}")
