@@ -269,7 +269,8 @@ def to_html(markdown_text: str, base: Path) -> str:
             return m.group(0)
         return f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"'
 
-    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code", "toc"])
+    markdown_text = markdown_text.replace("<details>", '<details markdown="1">')  # tables inside render too
+    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code", "toc", "md_in_html"])
     body = re.sub(r'src="([^"]+\.png)"', inline, body)
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"

@@ -171,3 +171,10 @@ def test_gpu_campaign_report_is_included(tmp_path):
     text = "\n".join(gpu_section([], tmp_path / "results", tmp_path / "report"))
     assert "#### GPU campaign" in text and "##### Attention" in text and "![a](../results/gpu/attention.png)" in text
     assert "**Pending**" in "\n".join(gpu_section([], tmp_path / "nothing", tmp_path / "report"))
+
+
+def test_html_renders_tables_inside_details(tmp_path):
+    from experiments.written_report import to_html
+
+    html = to_html("# t\n\n<details><summary>Every run</summary>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n</details>\n", tmp_path)
+    assert "<summary>Every run</summary>" in html and "<td>1</td>" in html
