@@ -70,8 +70,11 @@ def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
     lines = lines_by(rows, "context", "memory_gb", (*SETTING, "batch"))
     if not lines:
         return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
-    line_plot(lines, "sequence length (tokens)", "peak memory (GB)", out / "memory_vs_context.png")
-    return (["![memory vs sequence length](figures/memory_vs_context.png)", "", "Memory vs sequence length:", ""]
+    sources = sorted({str(r["memory_source"]) for r in rows if r.get("memory_gb") is not None and r.get("memory_source")})
+    named = f" ({', '.join(sources)})" if sources else ""
+    line_plot(lines, "sequence length (tokens)", f"peak memory (GB){named}", out / "memory_vs_context.png")
+    return (["![memory vs sequence length](figures/memory_vs_context.png)", "",
+             f"Memory vs sequence length, memory as the benchmark measured it{named}:", ""]
             + [f"- {s}" for s in growth(lines, "peak memory", "T", lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
 
 
