@@ -259,7 +259,7 @@ class ParallelConfig:
     process_id: int | None = opt(None, "this process's index")
 
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3", "lm_head")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
 
 
 @dataclass(frozen=True)
@@ -268,8 +268,8 @@ class LoraConfig:
 
     rank: int = opt(0, "adapter rank r; 0 trains every parameter (no LoRA)")
     alpha: float = opt(16.0, "adapter scale numerator: the update is (alpha / rank) B A")
-    targets: list[str] = opt(list(LORA_TARGETS[:7]), "the Linear layers that get adapters (attention "
-                             "projections and feed-forward matrices by default; also lm_head)")
+    targets: list[str] = opt(list(LORA_TARGETS), "the Linear layers of every block that get adapters: "
+                             "attention projections and feed-forward matrices")
     dropout: float = opt(0.0, "dropout on the adapters' input, training only")
     base: Literal["float32", "nf4", "int8"] = opt("float32", "storage of the frozen base weights of the targets: "
                                                   "nf4 or int8 with blockwise absmax scales is QLoRA")
@@ -291,8 +291,8 @@ class QatConfig:
     """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
     (post-training conversion: python -m jaxlm.quantize)."""
 
-    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of every Linear: 8 or 4")
-    activation_bits: int | None = opt(None, "dynamic per-token quantisation of every Linear's input: 8")
+    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
+    activation_bits: int | None = opt(None, "dynamic per-token quantisation of the blocks' Linear inputs: 8")
 
     def __post_init__(self):
         _check(self.weight_bits in (None, 4, 8), "weight_bits", self.weight_bits, "must be 4, 8 or unset")
@@ -317,8 +317,6 @@ class Config:
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
         _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
-        _check("lm_head" not in self.lora.targets or not self.model.tie_embeddings or not self.lora.rank,
-               "lora.targets", "lm_head", "the model ties its head to the embeddings (model.tie_embeddings)")
 
 
 # --------------------------------------------------------------------------- loading

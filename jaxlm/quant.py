@@ -116,19 +116,18 @@ class QATLinear(nnx.Module):
 
 
 def linear_slots(model: nnx.Module):
-    """(parent module, attribute name) of every Linear-like layer: attention, feed-forward, untied head."""
+    """(parent module, attribute name) of the blocks' Linear layers (attention, feed-forward). The output
+    head is not one: the model reads its weight directly (it may be tied), so it stays float32."""
     for block in model.layers:
         for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
             yield block.attn, name
         for name in ("w1", "w2", "w3"):
             if hasattr(block.ffn, name):
                 yield block.ffn, name
-    if hasattr(model, "lm_head"):
-        yield model, "lm_head"
 
 
 def apply_qat(model: nnx.Module, cfg: QatConfig) -> None:
-    """Swap every Linear for a QATLinear in place (parameter paths unchanged); nothing when QAT is off."""
+    """Swap every block Linear for a QATLinear in place (parameter paths unchanged); nothing when QAT is off."""
     if not (cfg.weight_bits or cfg.activation_bits):
         return
     for parent, name in linear_slots(model):

@@ -2,11 +2,11 @@
 
     python -m jaxlm.quantize RUN_DIR [RUN_DIR ...] [--bits 8 4] [--batches N] [--json FILE]
 
-For each run: the model as trained, then every Linear weight (attention, feed-forward,
-untied head) converted to symmetric per-output-channel int8 / int4 (`jaxlm.quant`), each
+For each run: the model as trained, then the blocks' Linear weights (attention and
+feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm.quant`), each
 with its validation loss (the run's val.bin, its batch shape) and its weight bytes (integer
-weights at their bit width plus a float32 scale per output channel; embeddings and norms
-stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
+weights at their bit width plus a float32 scale per output channel; embeddings, norms and
+the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
 float run and QAT runs, this one table is the float / PTQ / QAT comparison.
 """
 

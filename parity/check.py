@@ -34,14 +34,14 @@ from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
 from jaxlm import cli  # noqa: E402
-from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig  # noqa: E402
+from jaxlm.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfig  # noqa: E402
 from jaxlm.errors import UsageError  # noqa: E402
 from jaxlm.files import write_json, writable_dir_problem  # noqa: E402
 from jaxlm.host import tune_for_cpu_backend  # noqa: E402
 from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
 from jaxlm.optim import make_optimizer  # noqa: E402
 from jaxlm.preflight import check_attention  # noqa: E402
-from jaxlm.step import TrainState, make_train_step, split_model  # noqa: E402
+from jaxlm.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
 from parity.convert import jax_to_torch, torch_config, torch_to_jax  # noqa: E402
 
 # Thresholds by compute dtype. float32 ones come from the issue; bfloat16 ones are
@@ -63,6 +63,7 @@ class Setup:
     seq: int
     seed: int
     device: str
+    lora: LoraConfig = LoraConfig()  # rank > 0: both models get adapters (B drawn nonzero), only they train
 
 
 def corpus_tokens(vocab_size: int) -> np.ndarray:
@@ -88,7 +89,14 @@ def lr_at(step: int, optim: OptimConfig, total: int) -> float:
 def build_pair(setup: Setup) -> tuple[torch.nn.Module, TransformerLM]:
     torch.manual_seed(setup.seed)
     ref = torchref.TransformerLM(torch_config(setup.model)).to(setup.device)
-    model = TransformerLM(setup.model, setup.compute, rngs=nnx.Rngs(setup.seed))
+    lo = setup.lora
+    if lo.rank:
+        torchref.apply_lora(ref, lo.rank, lo.alpha, lo.targets, lo.dropout)
+        for name, p in ref.named_parameters():
+            if name.endswith("lora_b"):  # zero B would hide the adapters from the comparison
+                torch.nn.init.normal_(p, std=0.02)
+    model = (build_model(setup.model, setup.compute, setup.seed, lo) if lo.rank
+             else TransformerLM(setup.model, setup.compute, rngs=nnx.Rngs(setup.seed)))
     torch_to_jax({k: v.cpu() for k, v in ref.state_dict().items()}, model)
     return ref, model
 
@@ -113,6 +121,8 @@ def compare_forward(setup: Setup) -> dict[str, float | bool]:
     grad_j = {k: v for k, v in _flat_grads(grads).items()}
     grad_rel = 0.0
     for name, p in ref.named_parameters():
+        if not p.requires_grad:  # a LoRA run's frozen base
+            continue
         gt = p.grad.detach().cpu().double().numpy()
         gj = grad_j[name]
         grad_rel = max(grad_rel, float(np.abs(gj - gt).max() / max(np.abs(gt).max(), 1e-30)))
@@ -136,7 +146,8 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
     o = setup.optim
     data = batches(setup, steps)
 
-    opt_t = torchref.AdamW(ref.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    trainable = [p for p in ref.parameters() if p.requires_grad]
+    opt_t = torchref.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
     tx, schedule = make_optimizer(o, steps)
     graphdef, _, _ = split_model(model)
     state = TrainState.create(model, tx)
@@ -151,7 +162,7 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
         opt_t.zero_grad()
         loss_t.backward()
         if o.grad_clip > 0:
-            torchref.clip_grad_norm(ref.parameters(), o.grad_clip)
+            torchref.clip_grad_norm(trainable, o.grad_clip)
         opt_t.step()
         losses_t.append(loss_t.item())
         state, metrics = step_j(state, jnp.asarray(x_np, jnp.int32), jnp.asarray(y_np, jnp.int32))
@@ -195,7 +206,7 @@ def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
     problem = writable_dir_problem(Path(args.json).absolute().parent) if args.json else None
     if problem:
         raise UsageError(f"--json {args.json}: cannot be written: {problem}")
-    return Setup(cfg.model, cfg.compute, cfg.optim, args.batch, seq, args.seed, args.device), args
+    return Setup(cfg.model, cfg.compute, cfg.optim, args.batch, seq, args.seed, args.device, cfg.lora), args
 
 
 def main(argv=None) -> int:
@@ -206,7 +217,10 @@ def main(argv=None) -> int:
     print(
         f"parity.check: d_model={m.d_model} layers={m.num_layers} heads={m.num_heads} vocab={m.vocab_size} "
         f"norm={m.norm} rope={m.rope} ffn={m.ffn} tied={m.tie_embeddings} window={m.window} "
-        f"dtype={c.dtype} attention={c.attention}; batch={setup.batch} seq={setup.seq}; "
+        f"dtype={c.dtype} attention={c.attention}"
+        + (f" lora rank={setup.lora.rank} alpha={setup.lora.alpha} targets={','.join(setup.lora.targets)}"
+           if setup.lora.rank else "")
+        + f"; batch={setup.batch} seq={setup.seq}; "
         f"jax on {jax.devices()[0].device_kind}, torch on {setup.device}"
     )
     results = compare_forward(setup)

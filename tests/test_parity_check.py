@@ -38,3 +38,13 @@ def test_bfloat16_is_reported_against_float32_reference(tmp_path):
 def test_bad_override_names_the_key(capsys):
     assert cli.run(check.main, ["--set", "model.d_modle=3"]) == 2
     assert "model.d_modle" in capsys.readouterr().err
+
+
+def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
+    out = tmp_path / "parity.json"
+    assert check.main(["--set", "lora.rank=4", "--set", "model.num_layers=1", "--steps", "5", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    for key, limit in check.THRESHOLDS["float32"].items():
+        assert figures[key] <= limit, key
+    assert figures["train_loss_last_jax"] < figures["train_loss_first"]
+    assert "lora rank=4" in capsys.readouterr().out

@@ -46,8 +46,6 @@ def _slots(model: nn.Module, targets):
             for name in names:
                 if name in targets and hasattr(parent, name):
                     yield parent, name
-    if "lm_head" in targets and hasattr(model, "lm_head"):
-        yield model, "lm_head"
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: float, targets=ATTENTION + FEED_FORWARD, dropout: float = 0.0):
@@ -61,7 +59,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets=ATTENTION + FE
 
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight (in place); returns the model."""
-    for parent, name in list(_slots(model, ATTENTION + FEED_FORWARD + ("lm_head",))):
+    for parent, name in list(_slots(model, ATTENTION + FEED_FORWARD)):
         layer = getattr(parent, name)
         if isinstance(layer, LoRALinear):
             setattr(parent, name, layer.merged())
