@@ -152,9 +152,7 @@ def flops_observations() -> list[str]:
 def memory_terms(m: ModelConfig, t: int, compute: ComputeConfig) -> tuple[dict[str, float], float]:
     """(bytes that do not depend on the batch, by part; activation bytes per sequence). The estimate is linear in B."""
     est = memory.estimate(m, 1, t, compute)
-    fixed = {"params": est.state["parameters (float32)"], "grads": est.state["gradients (float32)"],
-             "optimizer": est.state["AdamW moments m, v (float32)"]}
-    return fixed, est.activation_total
+    return dict(est.state), est.activation_total
 
 
 def max_batch(fixed: float, per_seq: float, memory: float) -> int:
@@ -167,7 +165,8 @@ def memory_section(names: list[str], device: Device) -> list[str]:
            f"with P parameters, batch B and a the bytes each sequence keeps for the backward pass (jaxlm.memory's "
            f"activation model: per layer the norm output, the residual, q, k, v, the attention scores and "
            f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits and their gradient). "
-           f"Largest batch in {device.memory_bytes / 1e9:g} GB ({device.name}) = floor((memory - 16P) / a).", ""]
+           f"In bfloat16 the weights' bfloat16 copies add 2P. "
+           f"Largest batch in {device.memory_bytes / 1e9:g} GB ({device.name}) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
         for n in names:
@@ -176,13 +175,12 @@ def memory_section(names: list[str], device: Device) -> list[str]:
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
                          str(max_batch(sum(fixed.values()), per_seq, device.memory_bytes))])
-        out += [f"### {label}", ""] + table(["model", "context", "16P (params, grads, moments)", "peak memory",
+        out += [f"### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
                                               f"largest B in {device.memory_bytes / 1e9:g} GB"], rows)
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, ComputeConfig())
     out += [f"For `gpt2-xl` in float32 the expression is **{per_seq / 1e9:.4g} GB · batch_size + "
-            f"{sum(fixed.values()) / 1e9:.4g} GB**: parameters {fixed['params'] / 1e9:.4g} GB, gradients "
-            f"{fixed['grads'] / 1e9:.4g} GB, moments {fixed['optimizer'] / 1e9:.4g} GB.", ""]
+            f"{sum(fixed.values()) / 1e9:.4g} GB**: " + ", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()) + ".", ""]
     return out
 
 
