@@ -200,7 +200,8 @@ def learning_curve(out: Path) -> list[str]:
     if not page.is_file():
         return ["The learning-curve page of a single run is not in this directory: `python -m experiments.report RUN_DIR "
                 f"--out {out}/learning_curve` adds it.", ""]
-    return demote(page.read_text(), 2, "learning_curve/") + [""]
+    lines = demote(page.read_text(), 2, "learning_curve/")
+    return [lines[0].replace("### Training run", "### Learning curve and sample: training run", 1), *lines[1:], ""]
 
 
 def gpu_section(runs: list[dict], root: Path, out: Path) -> list[str]:

@@ -120,7 +120,7 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
     assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
     assert "[lr_sweep/report.md](../results/lr_sweep/report.md), was written from runs whose records are not kept" in md
-    assert "### Training run `x`\n\n![curves](learning_curve/curves_by_step.png)" in md[studies:]
+    assert "### Learning curve and sample: training run `x`\n\n![curves](learning_curve/curves_by_step.png)" in md[studies:]
     assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan whose name contains `parallel`" in md
     assert md.count("data:image") == 0 and html.count("data:image/png;base64,") >= 3 and "<table>" in html
     assert '<img alt="before and after" src="data:image/png;base64,' in html
