@@ -94,6 +94,10 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
                     if not setting.ok:  # diverged: a cross where the loss was last finite, kept inside the axes
                         ax.plot(xs[-1], min(mean[-1], _top(tops[q])), "x", color=COLOURS[k], ms=10, mew=2, label=label)
             _finish_curve_axes(row, tops, by, plt)
+            ends = [line.get_xdata()[-1] for line in row[0].get_lines() if len(line.get_xdata())]
+            if by == "tokens" and ends and min(ends) > 0 and max(ends) / min(ends) > 8:  # budgets 8x apart: log scale
+                for ax in row:
+                    ax.set_xscale("log")
             handles = dict(zip(*reversed(row[0].get_legend_handles_labels())))
             handles.update(zip(*reversed(row[1].get_legend_handles_labels())))
             if handles:
