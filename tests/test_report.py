@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -46,15 +45,10 @@ def test_single_run_page_has_curves_numbers_and_a_256_token_sample(tiny_run, tmp
 
 
 def test_fluency_measures_repetition():
-    looped = [1, 2] * 10
-    lines = fluency_of(looped, "a b c d " * 5)
-    assert lines[0].startswith("11% of its 19 token bigrams") and "occurs 5 times" in lines[1]
-
-
-def fluency_of(tokens, text):
     from experiments.run_report import fluency
 
-    return fluency(tokens, text)
+    lines = fluency([1, 2] * 10, "a b c d " * 5)
+    assert lines[0].startswith("11% of its 19 token bigrams") and "occurs 5 times" in lines[1]
 
 
 def test_single_run_options_are_checked(tiny_run, capsys):
