@@ -315,6 +315,21 @@ INVOCATIONS = {
         ("--set train.out_dir=\"{bad_config_run}\"", 2, "config.toml"),
         ("--set train.out_dir=\"{run}\" --set data.dir=\"{bpe_data}\" --set data.tokenizer=\"{bpe}\"", 2,
          "trained with 'bytes'"),
+        ("--set train.init_from=\"{tmp}/missing\"", 2, "missing"),
+        ("--set train.init_from=\"{run}\" --set model.d_model=64", 2, "its model.d_model = 32, this run's is 64"),
+        ("--set lora.rank=-1", 2, "lora.rank"),
+        ("--set lora.targets=[\"qkv\"]", 2, "qkv"),
+        ("--set qat.weight_bits=3", 2, "qat.weight_bits"),
+    ],
+    "lora": [
+        ("merge {run} --out {tmp}/merged", 2, "not a LoRA run"),
+        ("merge {tmp}/missing --out {tmp}/merged2", 2, "missing"),
+        ("merge {run} --out {file}", 2, "a_file"),
+    ],
+    "quantize": [
+        ("{run} --bits 3", 2, "--bits 3"),
+        ("{tmp}/missing", 2, "missing"),
+        ("{run} --batches 0", 2, "--batches"),
     ],
     "data": [
         ("", 2, "COMMAND"),
@@ -360,7 +375,7 @@ INVOCATIONS = {
     ],
 }
 MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.generate", "bench": "jaxlm.bench",
-           "parity": "parity.check", "experiments": None}
+           "parity": "parity.check", "experiments": None, "lora": "jaxlm.lora", "quantize": "jaxlm.quantize"}
 
 
 def test_the_table_covers_every_cli_with_30_rows():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jaxlm import cli
 from jaxlm.errors import UsageError
+from jaxlm.files import writable_dir_problem
 
 
 def merge_run(src: str | Path, out: str | Path) -> float:
@@ -31,8 +32,9 @@ def merge_run(src: str | Path, out: str | Path) -> float:
     from jaxlm.step import TrainState
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: exists and is not empty; choose a new directory")
+    problem = writable_dir_problem(out)
+    if problem or (out.is_dir() and any(out.iterdir())):
+        raise UsageError(f"--out {out}: {problem or 'exists and is not empty'}; choose a new directory")
     run_dir, step = find_run_dir(src)
     model, cfg, _ = restore_for_inference(src)
     if not lora.has_adapters(model):
