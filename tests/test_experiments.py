@@ -358,8 +358,9 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
 
     report = write_report(plan_dir, tmp_path / "report")
     text = report.read_text()
+    runs_table = text[text.index("## Runs"):]
     for name, r in results.items():
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}`"))
+        row = next(line for line in runs_table.splitlines() if line.startswith(f"| `{name}`"))
         assert f"{r['metrics']['eval_loss']:.3f}" in row and f"{r['metrics']['eval_ppl']:.2f}" in row
     base, other = results["w32"]["metrics"]["eval_ppl"], results["w48"]["metrics"]["eval_ppl"]
     change = 100 * (other - base) / base
