@@ -110,6 +110,8 @@ class ComputeConfig:
         "xla", "attention kernel: xla (einsums), cudnn (fused, NVIDIA GPU, bfloat16), auto (cudnn where it can run)")
     remat: Literal["none", "full", "dots_saveable", "offload"] = opt(
         "none", "rematerialisation policy per block: recompute activations in the backward pass to save memory")
+    scan_layers: bool = opt(
+        False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
 
     def __post_init__(self):
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
@@ -250,13 +252,33 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Data parallelism over all devices; `fsdp` also shards parameters and optimizer state."""
+    """The device mesh (data x fsdp x tensor x pipeline) and multi-process start-up; see docs/parallelism.md."""
 
-    fsdp: bool = opt(False, "shard parameters and optimizer state over the devices (ZeRO-3 style)")
+    data: int = opt(-1, "data-parallel mesh axis size (-1: the devices the other axes leave)")
+    fsdp: int | bool = opt(1, "FSDP mesh axis size: parameters, gradients and optimizer state sharded over it "
+                              "(-1: the devices the other axes leave)")
+    tensor: int = opt(1, "tensor-parallel mesh axis size: heads and d_ff split over it (Megatron style)")
+    pipeline: int = opt(1, "pipeline mesh axis size: the layers split into this many stages")
+    microbatches: int = opt(1, "micro-batches per step run through the pipeline (GPipe)")
     distributed: bool = opt(False, "call jax.distributed.initialize() (Slurm, environment, or the fields below)")
     coordinator: str | None = opt(None, "coordinator address host:port for several processes")
     num_processes: int | None = opt(None, "number of processes")
     process_id: int | None = opt(None, "this process's index")
+
+    def __post_init__(self):
+        if self.fsdp is False:  # the old boolean's off: the same as an fsdp axis of size 1
+            object.__setattr__(self, "fsdp", 1)
+        _check(self.fsdp is not True, "parallel.fsdp", self.fsdp,
+               "now the size of the fsdp mesh axis; for the old `fsdp = true` set parallel.fsdp = -1 and "
+               "parallel.data = 1 (see parallel.data, parallel.tensor, parallel.pipeline)")
+        sizes = {k: getattr(self, k) for k in MESH_AXES}
+        for k, v in sizes.items():
+            _check(v == -1 or v >= 1, f"parallel.{k}", v, "must be >= 1, or -1 for the devices the other axes leave")
+        _check(list(sizes.values()).count(-1) <= 1, "parallel", sizes, "at most one mesh axis may be -1")
+        _check(self.microbatches >= 1, "parallel.microbatches", self.microbatches, "must be >= 1")
+
+
+MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")

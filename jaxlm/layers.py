@@ -1,7 +1,8 @@
 """The building blocks of the Transformer LM (docs/spec.md), each a small Flax NNX module.
 
 Weights are stored (d_out, d_in) like torch, with no biases, so parity's conversion is a
-table of names. `Precision` is the bf16 policy: parameters float32, cast to the compute
+table of names. Each parameter carries the logical names of its axes (``logical=``), which
+`jaxlm/parallel.py`'s rules table maps to mesh axes. `Precision` is the bf16 policy: parameters float32, cast to the compute
 dtype at use inside `Linear` and `Embedding`; RMSNorm and RoPE compute in float32.
 
 Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
@@ -19,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlm.config import ComputeConfig
+from jaxlm.parallel import constrain
 
 # --------------------------------------------------------------------------- precision
 
@@ -53,9 +55,11 @@ class Buffer(nnx.Variable):
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 
-    def __init__(self, d_in: int, d_out: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
+                 rngs: nnx.Rngs):
         std = math.sqrt(2.0 / (d_in + d_out))
-        self.weight = nnx.Param(truncated_normal(rngs.params(), (d_out, d_in), std, precision.param))
+        w = truncated_normal(rngs.params(), (d_out, d_in), std, precision.param)
+        self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/parallel.py
         self.precision = precision
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -67,7 +71,8 @@ class Embedding(nnx.Module):
     """Token id -> row of `weight` (vocab, d_model)."""
 
     def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        self.weight = nnx.Param(truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param))
+        w = truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param)
+        self.weight = nnx.Param(w, logical=("vocab", "embed"))
         self.precision = precision
 
     def __call__(self, ids: jax.Array) -> jax.Array:
@@ -78,7 +83,7 @@ class RMSNorm(nnx.Module):
     """x / sqrt(mean(x^2) + eps) * weight, in float32, cast back to x's dtype."""
 
     def __init__(self, d_model: int, eps: float = 1e-5):
-        self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32))
+        self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32), logical=("norm",))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -118,23 +123,24 @@ class SwiGLU(nnx.Module):
     """w2(silu(w1 x) * w3 x)."""
 
     def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        self.w1 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
-        self.w2 = Linear(d_ff, d_model, precision=precision, rngs=rngs)
-        self.w3 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
+        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
+        self.w3 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.w2(silu(self.w1(x)) * self.w3(x))  # (..., F) -> (..., D)
+        h = constrain(silu(self.w1(x)) * self.w3(x), "batch", "seq", "mlp")  # (B, T, F)
+        return self.w2(h)  # (B, T, D)
 
 
 class SiLUFFN(nnx.Module):
     """The ablation's ungated feed-forward: w2(silu(w1 x)) (no w3)."""
 
     def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        self.w1 = Linear(d_model, d_ff, precision=precision, rngs=rngs)
-        self.w2 = Linear(d_ff, d_model, precision=precision, rngs=rngs)
+        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.w2(silu(self.w1(x)))  # (..., F) -> (..., D)
+        return self.w2(constrain(silu(self.w1(x)), "batch", "seq", "mlp"))  # (B, T, F) -> (B, T, D)
 
 
 FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN}

@@ -20,6 +20,10 @@ once from ``compute.dtype`` in `TransformerLM.__init__` and handed to every laye
 Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
 ``compute.remat`` names a `jax.checkpoint` policy that wraps every block.
 
+Layer layout: unrolled (``layers/0/...``, a Python loop) or, with ``compute.scan_layers``,
+stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/stack.py`),
+through a GPipe schedule when the mesh has a pipeline axis.
+
 Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
 """
 
@@ -33,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlm import stack
 from jaxlm.attention import attention
 from jaxlm.config import ComputeConfig, ModelConfig
 from jaxlm.layers import (
@@ -45,6 +50,7 @@ from jaxlm.layers import (
     apply_rope,
     dropout,
 )
+from jaxlm.parallel import constrain
 
 # --------------------------------------------------------------------------- remat policies
 
@@ -71,10 +77,10 @@ class CausalSelfAttention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
         d = cfg.d_model
-        self.q_proj = Linear(d, d, precision=precision, rngs=rngs)
-        self.k_proj = Linear(d, d, precision=precision, rngs=rngs)
-        self.v_proj = Linear(d, d, precision=precision, rngs=rngs)
-        self.output_proj = Linear(d, d, precision=precision, rngs=rngs)
+        self.q_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.k_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.v_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.output_proj = Linear(d, d, axes=("embed", "heads"), precision=precision, rngs=rngs)
         self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, implementation
         self.dropout_rate = cfg.dropout
 
@@ -82,9 +88,10 @@ class CausalSelfAttention(nnx.Module):
         """x (B, T, D) -> q, k, v, each (B, T, N, H), RoPE applied to q and k."""
         B, T, D = x.shape
         N = self.num_heads
-        q = self.q_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
-        k = self.k_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
-        v = self.v_proj(x).reshape(B, T, N, D // N)  # (B, T, N, H)
+        names = ("batch", "seq", "heads", "head_dim")
+        q = constrain(self.q_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        k = constrain(self.k_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        v = constrain(self.v_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
@@ -192,24 +199,25 @@ class TransformerBlock(nnx.Module):
 
 
 def _block_forward(block: TransformerBlock, x, rope, dropout_key):
-    return block(x, rope, dropout_key)
+    return constrain(block(x, rope, dropout_key), "batch", "seq", "embed")  # (B, T, D)
 
 
 class TransformerLM(nnx.Module):
     """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding)."""
 
-    def __init__(self, cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), *, rngs: nnx.Rngs,
+                 microbatches: int = 1):
         self.cfg, self.compute = cfg, compute
+        self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
         precision = Precision.from_config(compute)
         self.precision = precision
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
-        self.layers = nnx.List(
-            [TransformerBlock(cfg, compute.attention, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)]
-        )
+        blocks = [TransformerBlock(cfg, compute.attention, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)]
+        self.layers = stack.stack(blocks) if compute.scan_layers else nnx.List(blocks)  # same numbers either way
         if cfg.norm != "none":
             self.ln_final = RMSNorm(cfg.d_model, cfg.eps)
         if not cfg.tie_embeddings:
-            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, precision=precision, rngs=rngs)
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, axes=("vocab", "embed"), precision=precision, rngs=rngs)
         if cfg.rope:
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
         # One dropout stream, forked after every parameter is drawn, so the initial
@@ -227,17 +235,24 @@ class TransformerLM(nnx.Module):
         T = tokens.shape[-1]
         if T > self.cfg.context_length:
             raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
-        x = self.token_embeddings(tokens)  # (B, T, D)
+        x = constrain(self.token_embeddings(tokens), "batch", "seq", "embed")  # (B, T, D)
         rope = None
         if self.cfg.rope:
             rope = self.rope(jnp.arange(T) if positions is None else positions)  # 2 x (B or -, T, H/2)
-        keys = [None] * len(self.layers)
+        keys = None
         if not deterministic and self.dropout_rngs is not None:
-            keys = list(jax.random.split(self.dropout_rngs(), len(self.layers)))
+            keys = jax.random.split(self.dropout_rngs(), self.cfg.num_layers)  # (L,) keys
         policy = REMAT_POLICIES[self.compute.remat]  # the one place remat is applied
+        if self.compute.scan_layers:  # remat inside the scanned body: per layer, as unrolled
+            fn, policy = (lambda b, h, k: (_block_forward(b, h, rope, k), None)), None if policy is None else policy()
+            if stack.pipeline_stages() > 1:
+                x = stack.pipeline(self.layers, fn, x, keys, policy, microbatches=self.microbatches)  # (B, T, D)
+            else:
+                x, _ = stack.scan(self.layers, fn, x, keys, policy)  # (B, T, D)
+            return self._head(x)
         block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
-        for block, key in zip(self.layers, keys):
-            x = block_fwd(block, x, rope, key)  # (B, T, D)
+        for i, block in enumerate(self.layers):
+            x = block_fwd(block, x, rope, None if keys is None else keys[i])  # (B, T, D)
         return self._head(x)
 
     def _head(self, x: jax.Array) -> jax.Array:
@@ -245,7 +260,8 @@ class TransformerLM(nnx.Module):
         if self.cfg.norm != "none":
             x = self.ln_final(x)
         head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        return jnp.einsum("BTD,VD->BTV", x, self.precision.cast(head[...]))  # (B, T, V)
+        logits = jnp.einsum("BTD,VD->BTV", x, self.precision.cast(head[...]))  # (B, T, V)
+        return constrain(logits, "batch", "seq", "vocab")
 
     # ----------------------------------------------------------------------- KV cache (generation)
 
@@ -256,7 +272,7 @@ class TransformerLM(nnx.Module):
             raise ValueError(f"cache length {length} must be in 1 ... context_length {self.cfg.context_length}")
         shape = (batch, length, self.cfg.num_heads, self.cfg.head_dim)  # (B, S, N, H)
         dtype = self.precision.compute
-        layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
+        layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.cfg.num_layers))
         return KVCache(layers)
 
     def extend(self, tokens: jax.Array, cache: "KVCache", start: jax.Array) -> tuple[jax.Array, "KVCache"]:
@@ -282,6 +298,10 @@ class TransformerLM(nnx.Module):
         visible = visible[:, None]  # (B, 1, T, S): broadcast over heads
         x = self.token_embeddings(tokens)  # (B, T, D)
         rope = self.rope(positions) if self.cfg.rope else None  # 2 x (B, T, H/2)
+        if self.compute.scan_layers:
+            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B, S, N, H)
+            x, kv = stack.scan(self.layers, lambda b, h, c: b.extend(h, rope, c, start, visible), x, kv)
+            return self._head(x), KVCache(tuple((kv[0][i], kv[1][i]) for i in range(self.cfg.num_layers)))
         layers = []
         for block, kv in zip(self.layers, cache.layers):
             x, kv = block.extend(x, rope, kv, start, visible)  # (B, T, D)

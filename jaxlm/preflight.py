@@ -26,7 +26,7 @@ from jaxlm.files import writable_dir_problem
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
 # shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
 # compared by digest in `check_data`. Execution keys (compute.*, log.*, train.steps, ...) may differ.
-MUST_MATCH = ("model.", "train.seed", "lora.", "qat.")
+MUST_MATCH = ("model.", "train.seed", "lora.", "qat.", "compute.scan_layers")
 
 
 def preflight(cfg: Config) -> Path:
@@ -115,7 +115,11 @@ def start_distributed(cfg: Config) -> None:
 def check_devices(cfg: Config) -> None:
     """The attention kernel runs on this backend; the batch divides over the devices and processes."""
     check_attention(cfg.model, cfg.compute)
-    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, parallel.make_mesh())
+    mesh = parallel.make_mesh(cfg=cfg.parallel)
+    parallel.check_model(cfg.model, mesh)
+    parallel.check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches,
+                            cfg.data.batch_size // cfg.train.grad_accum, mesh)
+    parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
 
 
 def check_attention(m: ModelConfig, c: ComputeConfig) -> None:

@@ -50,10 +50,11 @@ class TrainState:
 
 
 def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
-                lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None):
+                lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None,
+                microbatches: int = 1):
     """The LM, with the weights `base` (an nnx.State of its Params) when given, then its LoRA adapters
-    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set)."""
-    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
+    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set). `microbatches`: GPipe's, on a pipeline mesh."""
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1), microbatches=microbatches)
     if base is not None:
         nnx.update(model, base)
     if lora is not None:
@@ -72,12 +73,12 @@ def split_model(model: nnx.Module):
 
 
 def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int,
-               lora: LoraConfig | None = None, qat: QatConfig | None = None):
+               lora: LoraConfig | None = None, qat: QatConfig | None = None, microbatches: int = 1):
     """(graphdef, state-maker): call the maker (optionally with base weights) under
     `jax.jit(..., out_shardings=...)` to build the state sharded."""
 
     def build(base=None):
-        return build_model(model_cfg, compute, seed, lora, qat, base)
+        return build_model(model_cfg, compute, seed, lora, qat, base, microbatches)
 
     graphdef, _, _ = split_model(nnx.eval_shape(build))
     return graphdef, lambda base=None: TrainState.create(build(base), tx)

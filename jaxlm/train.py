@@ -53,17 +53,25 @@ class Built(NamedTuple):
 def build(cfg: Config, mesh) -> Built:
     """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
     parallel.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
+    parallel.check_model(cfg.model, mesh)
+    parallel.check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches,
+                            cfg.data.batch_size // cfg.train.grad_accum, mesh)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.qat)
+    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.qat,
+                                      cfg.parallel.microbatches)
     abstract = jax.eval_shape(make_state)
-    shardings = parallel.state_shardings(abstract, mesh, cfg.parallel.fsdp)
+    shardings = parallel.state_shardings(abstract, mesh)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     bsh, ssh, rep = parallel.batch_sharding(mesh), parallel.stacked_batch_sharding(mesh), parallel.replicated(mesh)
     train_step = make_train_step(graphdef, tx, schedule, cfg.train.grad_accum)
-    step_fn = jax.jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
-    multi_fn = jax.jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh),
-                       out_shardings=(shardings, rep), donate_argnums=0)
-    eval_fn = jax.jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh), out_shardings=rep)
+
+    def jit(fn, **kw):
+        return parallel.on_mesh(jax.jit(fn, **kw), mesh)
+
+    step_fn = jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
+    multi_fn = jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep),
+                   donate_argnums=0)
+    eval_fn = jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh), out_shardings=rep)
     return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
 
 
@@ -123,7 +131,7 @@ def start(cfg: Config) -> Loop:
     """Preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
     data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
     tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-    mesh = parallel.make_mesh()
+    mesh = parallel.make_mesh(cfg=cfg.parallel)
     built = build(cfg, mesh)
     run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
     ckpt = Checkpointer(run_dir, cfg.checkpoint)

@@ -5,7 +5,9 @@ is "." <-> "/" in the parameter path and nothing else: no transposes, no
 reshapes. A tied head (`cfg.tie_embeddings`) has no `lm_head` in JAX; torch's
 `state_dict()` lists `lm_head.weight` as the same tensor as
 `token_embeddings.weight`, so `jax_to_torch` emits both keys (one tensor) and
-`torch_to_jax` checks they agree.
+`torch_to_jax` checks they agree. Scanned layers (``compute.scan_layers``) hold every
+block's weight in one array with a leading layers axis (``layers/attn/q_proj/weight``,
+(L, d_out, d_in)): slice i is torch's ``layers.i.attn.q_proj.weight``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ def torch_name(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
+def _stacked(path: tuple) -> bool:
+    """A scanned model's layer weight: ('layers', 'attn', ...) rather than ('layers', 0, 'attn', ...)."""
+    return path[0] == "layers" and not isinstance(path[1], int)
+
+
+def _names(path: tuple, shape: tuple) -> list[str]:
+    """The torch keys one JAX parameter holds: one, or L for a stacked layer weight."""
+    if _stacked(path):
+        return [torch_name(("layers", i, *path[1:])) for i in range(shape[0])]
+    return [torch_name(path)]
+
+
 def _tied(model) -> bool:
     return bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
 
@@ -52,7 +66,7 @@ def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.
     Values are cast to each JAX parameter's dtype (float32).
     """
     flat = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    expected = {torch_name(path) for path, _ in flat}
+    expected = {n for path, var in flat for n in _names(path, tuple(var.shape))}
     extra = set(state_dict) - expected
     if _tied(model) and "lm_head.weight" in extra:
         extra.discard("lm_head.weight")
@@ -65,10 +79,10 @@ def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.
         raise KeyError(f"state dict does not match the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
     new = []
     for path, var in flat:
-        name = torch_name(path)
-        value = _to_numpy(state_dict[name])
+        names = _names(path, tuple(var.shape))
+        value = np.stack([_to_numpy(state_dict[n]) for n in names]) if _stacked(path) else _to_numpy(state_dict[names[0]])
         if value.shape != tuple(var.shape):
-            raise ValueError(f"{name}: torch shape {tuple(value.shape)} != jax shape {tuple(var.shape)}")
+            raise ValueError(f"{torch_name(path)}: torch shape {tuple(value.shape)} != jax shape {tuple(var.shape)}")
         new.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))
     nnx.update(model, nnx.from_flat_state(new))
     return model
@@ -81,7 +95,8 @@ def jax_to_torch(model: nnx.Module) -> dict[str, torch.Tensor]:
         value = np.asarray(var[...])
         if value.dtype != np.float32:
             value = value.astype(np.float32)
-        out[torch_name(path)] = torch.from_numpy(np.array(value, copy=True))
+        for name, v in zip(_names(path, value.shape), value if _stacked(path) else [value]):
+            out[name] = torch.from_numpy(np.array(v, copy=True))
     if _tied(model):
         out["lm_head.weight"] = out["token_embeddings.weight"]
     return out

@@ -292,6 +292,51 @@ def test_dropout_train_only_and_reproducible():
     np.testing.assert_allclose(nnx.jit(lambda m: m(tok, deterministic=False))(rem), t1, atol=1e-5)
 
 
+def _flat_layers(model, grads_or_model, num_layers):
+    """{(layer, path): array} of the block parameters, unrolled or stacked alike."""
+    out = {}
+    for path, v in nnx.to_flat_state(nnx.state(grads_or_model, nnx.Param)):
+        if path[0] != "layers":
+            out[path] = np.asarray(v[...])
+        elif isinstance(path[1], int):
+            out[(path[1],) + path[2:]] = np.asarray(v[...])
+        else:
+            out.update({(i,) + path[1:]: np.asarray(v[...][i]) for i in range(num_layers)})
+    return out
+
+
+@pytest.mark.parametrize("remat, dropout", [("none", 0.0), ("full", 0.0), ("dots_saveable", 0.2)])
+def test_scanned_layers_match_unrolled(remat, dropout):
+    """compute.scan_layers: the same initial numbers (stacked on a layers axis), loss and gradients (float32)."""
+    cfg, tok = small_cfg(num_layers=3, dropout=dropout), tokens(seq=T + 1)
+    models = [TransformerLM(cfg, ComputeConfig(remat=remat, scan_layers=s), rngs=nnx.Rngs(0)) for s in (False, True)]
+    assert models[1].layers.attn.q_proj.weight.shape == (3, D, D)
+    p0, p1 = (_flat_layers(m, m, 3) for m in models)
+    assert p0.keys() == p1.keys() and all(np.array_equal(p0[k], p1[k]) for k in p0)
+
+    def loss(m):
+        return lm_loss(m, tok[:, :-1], tok[:, 1:], deterministic=False)
+
+    (l0, g0), (l1, g1) = (nnx.jit(nnx.value_and_grad(loss))(m) for m in models)
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    g0, g1 = _flat_layers(models[0], g0, 3), _flat_layers(models[1], g1, 3)
+    for k in g0:
+        np.testing.assert_allclose(g1[k], g0[k], atol=1e-6, err_msg=str(k))
+
+
+def test_scanned_layers_kv_cache_matches_unrolled():
+    cfg, tok = small_cfg(num_layers=3), tokens(seq=8)
+    outs = []
+    for scan in (False, True):
+        model = TransformerLM(cfg, ComputeConfig(scan_layers=scan), rngs=nnx.Rngs(0))
+        cache = model.init_cache(2, 12)
+        logits, cache = model.extend(tok[:, :6], cache, jnp.zeros(2, jnp.int32))
+        step, cache = model.extend(tok[:, 6:7], cache, jnp.full(2, 6, jnp.int32))
+        outs.append((logits, step, cache.layers[2][0]))
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- names, shapes, init
 
 

@@ -79,30 +79,79 @@ def max_param_diff(a, b) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def loss_and_grads(cfg, mesh, seed_data: int = 0):
+    """The loss and parameter gradients of `cfg`'s initial model on one fixed random batch, on `mesh`."""
+    import jax
+    from flax import nnx
+
+    from jaxlm import parallel
+    from jaxlm.model import cross_entropy
+    from jaxlm.train import build
+
+    b = build(cfg, mesh)
+    state = jax.jit(b.make_state, out_shardings=b.shardings)()
+    tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
+    x, y = (parallel.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
+
+    def loss(params, x, y):
+        return cross_entropy(nnx.merge(b.graphdef, params, state.rest)(x), y)
+
+    bsh = parallel.batch_sharding(mesh)
+    fn = parallel.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
+    value, grads = fn(state.params, x, y)
+    return float(value), jax.tree.map(np.asarray, jax.device_get(grads))
+
+
+def max_rel_diff(a, b) -> float:
+    """max over leaves of max|a - b| / max|b|."""
+    import jax
+
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# name -> parallel.* (and compute.*) overrides, each run on 8 simulated devices against one device
+LAYOUTS = {
+    "dp": {"parallel.data": 8},
+    "fsdp": {"parallel.data": 1, "parallel.fsdp": 8},
+    "fsdp_dp": {"parallel.data": 2, "parallel.fsdp": 4},
+    "tp": {"parallel.data": 1, "parallel.tensor": 8, "model.num_heads": 8},
+    "tp_dp": {"parallel.data": 2, "parallel.tensor": 4},
+    "tp_fsdp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4},
+    "scan_fsdp_tp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4, "compute.scan_layers": "true"},
+    "accum_dp": {"parallel.data": 8, "train.grad_accum": 2},
+    "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,
+           "compute.scan_layers": "true"},
+    "pp_dp": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true"},
+}
+
+
 def _devices_main():
-    """8 simulated devices: data parallel and FSDP equal one device on the same global batch."""
+    """8 simulated devices: each layout gives one device's loss and gradients, and its 20-step losses."""
     import jax
 
     from jaxlm import parallel
     from jaxlm.config import load_config
-
-    assert jax.device_count() == 8, jax.devices()
-    cfg = load_config(None, tiny_overrides("/unused", "/unused", **{"data.batch_size": 16}))
-    one, p1 = run_steps(cfg, parallel.make_mesh(jax.devices()[:1]), 4)
-    dp, p8 = run_steps(cfg, parallel.make_mesh(), 4)
-    fcfg = load_config(None, tiny_overrides("/unused", "/unused", **{"data.batch_size": 16, "parallel.fsdp": "true"}))
-    fs, pf = run_steps(fcfg, parallel.make_mesh(), 4)
-    acc_cfg = load_config(None, tiny_overrides("/unused", "/unused", **{"data.batch_size": 16, "train.grad_accum": 2}))
-    acc, pa = run_steps(acc_cfg, parallel.make_mesh(), 4)
-    # FSDP really shards: some parameter is split over the 8 devices.
     from jaxlm.train import build
 
-    shard_specs = {str(s.spec) for s in jax.tree.leaves(build(fcfg, parallel.make_mesh()).shardings.params)}
-    print(json.dumps({
-        "one": one.tolist(), "dp": dp.tolist(), "fsdp": fs.tolist(), "accum": acc.tolist(),
-        "dp_param_diff": max_param_diff(p1, p8), "fsdp_param_diff": max_param_diff(p1, pf),
-        "accum_param_diff": max_param_diff(p1, pa), "fsdp_specs": sorted(shard_specs),
-    }))
+    assert jax.device_count() == 8, jax.devices()
+    names = sys.argv[2:] or list(LAYOUTS)
+    base = {"data.batch_size": 16, "model.num_heads": 4, "model.d_ff": 64}
+    out = {}
+    for name in names:
+        extra = {**base, **LAYOUTS[name]}
+        single = {k: v for k, v in extra.items() if not k.startswith("parallel.")}
+        cfg1 = load_config(None, tiny_overrides("/unused", "/unused", **single))
+        cfg8 = load_config(None, tiny_overrides("/unused", "/unused", **extra))
+        mesh1, mesh8 = parallel.make_mesh(jax.devices()[:1]), parallel.make_mesh(cfg=cfg8.parallel)
+        l1, g1 = loss_and_grads(cfg1, mesh1)
+        l8, g8 = loss_and_grads(cfg8, mesh8)
+        t1, _ = run_steps(cfg1, mesh1, 20)
+        t8, _ = run_steps(cfg8, mesh8, 20)
+        specs = {str(s.spec) for s in jax.tree.leaves(build(cfg8, mesh8).shardings.params)}
+        out[name] = {"loss_rel": abs(l8 - l1) / abs(l1), "grad_rel": max_rel_diff(g8, g1),
+                     "traj_rel": float(np.max(np.abs(t8 - t1) / np.abs(t1))), "specs": sorted(specs)}
+        print(name, out[name], file=sys.stderr, flush=True)
+    print(json.dumps(out))
 
 
 def _slow_train_main():

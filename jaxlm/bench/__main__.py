@@ -18,6 +18,7 @@ COMMANDS = {  # name: (module with add_args(parser) and main(args), one line of 
     "data": ("jaxlm.bench.data", "BPE training, GPT-2 encoding through prepare, loader batches/s"),
     "decode": ("jaxlm.bench.decode", "generation tokens/s with and without the KV cache"),
     "nanogpt": ("jaxlm.bench.nanogpt", "the nanoGPT CPU recipe as a plain torchref training loop"),
+    "parallel": ("jaxlm.bench.parallel", "the train step on a device mesh: per-device memory, collectives, step time"),
     "plot": ("jaxlm.bench.plots", "PNG figures from a saved `model --json` file"),
 }
 DESCRIPTION = """Every benchmark behind one command (docs/benchmarks.md); `python -m jaxlm.bench WHAT --help`

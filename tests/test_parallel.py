@@ -1,0 +1,85 @@
+"""The mesh sizes, the logical-axis rules and the HLO collective count (one device; the 8-device
+equivalence runs in tests/test_train.py)."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxlm import parallel
+from jaxlm.bench.parallel import collectives, parse_layout
+from jaxlm.config import ModelConfig, ParallelConfig, load_config
+from jaxlm.errors import ConfigError, UsageError
+
+
+@pytest.mark.parametrize("kw, n, expected", [
+    ({}, 8, dict(data=8, fsdp=1, tensor=1, pipeline=1)),
+    (dict(tensor=4), 8, dict(data=2, fsdp=1, tensor=4, pipeline=1)),
+    (dict(data=1, fsdp=-1), 8, dict(data=1, fsdp=8, tensor=1, pipeline=1)),
+    (dict(data=2, fsdp=2, tensor=2), 8, dict(data=2, fsdp=2, tensor=2, pipeline=1)),
+])
+def test_mesh_shape_resolves_the_free_axis(kw, n, expected):
+    assert parallel.mesh_shape(ParallelConfig(**kw), n) == expected
+
+
+@pytest.mark.parametrize("kw, n, match", [
+    (dict(data=2, tensor=2), 8, r"parallel.data = 2, parallel.fsdp = 1, parallel.tensor = 2.*4 devices but there are 8"),
+    (dict(tensor=3), 8, r"parallel.tensor = 3.*do not divide the 8 devices"),
+])
+def test_mesh_shape_errors_name_the_keys(kw, n, match):
+    with pytest.raises(ConfigError, match=match):
+        parallel.mesh_shape(ParallelConfig(**kw), n)
+
+
+def test_config_checks_and_the_old_fsdp_flag():
+    with pytest.raises(ConfigError, match=r"parallel.fsdp = True: now the size of the fsdp mesh axis.*parallel.fsdp = -1"):
+        load_config(None, ["parallel.fsdp=true"])
+    assert load_config(None, ["parallel.fsdp=false"]).parallel.fsdp == 1  # old configs' "off" still reads
+    with pytest.raises(ConfigError, match="at most one mesh axis may be -1"):
+        load_config(None, ["parallel.fsdp=-1"])  # data is -1 by default
+    with pytest.raises(ConfigError, match=r"parallel.tensor = 0: must be >= 1"):
+        load_config(None, ["parallel.tensor=0"])
+
+
+def test_tensor_parallel_divisibility_is_checked():
+    mesh = parallel.make_mesh(jax.devices()[:1])
+    parallel.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), mesh)
+
+    class FakeMesh:
+        shape = {"tensor": 8, "pipeline": 1}
+
+    with pytest.raises(ConfigError, match=r"model.num_heads = 4: does not divide over parallel.tensor = 8"):
+        parallel.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), FakeMesh())
+    with pytest.raises(ConfigError, match=r"model.d_ff = 100: does not divide over parallel.tensor = 8"):
+        parallel.check_model(ModelConfig(num_heads=8, d_model=64, d_ff=100), FakeMesh())
+
+
+def test_rules_table_maps_logical_axes():
+    sizes = dict(data=2, fsdp=2, tensor=2, pipeline=1)
+    assert parallel.logical_spec(("heads", "embed"), (64, 32), sizes) == P("tensor", "fsdp")
+    assert parallel.logical_spec(("layers", "embed", "mlp"), (3, 32, 64), sizes) == P(None, "fsdp", "tensor")
+    assert parallel.logical_spec(("vocab", "embed"), (257, 32), sizes) == P(None, "fsdp")  # 257 does not divide
+    assert parallel.logical_spec(("norm",), (32,), sizes) == P(None)
+    act = parallel.logical_spec(("batch", "seq", "embed"), (8, 16, 32), sizes, activation=True)
+    assert act == P(("data", "fsdp"), None, None)  # activations keep embed whole; the batch splits over both
+
+
+def test_collectives_read_from_hlo():
+    hlo = """
+  %all-reduce.1 = f32[128,256]{1,0} all-reduce(f32[128,256]{1,0} %x), replica_groups={{0,1}}
+  %ag = (bf16[4,8]{1,0}, f32[2]{0}) all-gather-start(bf16[2,8]{1,0} %y, f32[1]{0} %z), dimensions={0}
+  %cp = s32[10]{0} collective-permute(s32[10]{0} %w), source_target_pairs={{0,1}}
+  %add = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b)
+"""
+    c = collectives(hlo)
+    assert c["all-reduce"] == {"count": 1, "bytes": 128 * 256 * 4}
+    assert c["all-gather"] == {"count": 1, "bytes": 4 * 8 * 2 + 2 * 4}
+    assert c["collective-permute"] == {"count": 1, "bytes": 40}
+    assert c["reduce-scatter"]["count"] == 0
+
+
+def test_parse_layout():
+    assert parse_layout("tensor=4,data=2") == dict(data=2, fsdp=1, tensor=4, pipeline=1)
+    with pytest.raises(UsageError, match="--layout 'model=2'"):
+        parse_layout("model=2")
