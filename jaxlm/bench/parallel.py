@@ -7,7 +7,8 @@ this device's shard of the train state plus its batch rows; temporaries; outputs
 aliased to the donated state), the per-device parameter + optimizer bytes from the
 state's shardings, and the collectives in the compiled HLO (static count and result
 bytes of all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all; an
-op inside a loop body, e.g. the scanned layers, counts once).
+op inside a loop body, e.g. the scanned layers, counts once), and for pipelines the
+analytic GPipe bubble fraction (P - 1) / (M + P - 1).
 
     python -m jaxlm.bench parallel --devices 8 --preset large --context 256 --batch 8 --compile-only \\
         --layout data=8 fsdp=8 tensor=4,data=2
@@ -80,6 +81,7 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
     import numpy as np
 
     from jaxlm import parallel
+    from jaxlm.stack import bubble_fraction
     from jaxlm.train import build
 
     mesh = parallel.make_mesh(cfg=cfg.parallel)
@@ -96,6 +98,8 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
         row.update(argument_mb=m.argument_size_in_bytes / 2**20, temp_mb=m.temp_size_in_bytes / 2**20,
                    output_mb=m.output_size_in_bytes / 2**20, alias_mb=m.alias_size_in_bytes / 2**20)
     row["collectives"] = collectives(compiled.as_text())
+    if mesh.shape["pipeline"] > 1:
+        row["bubble"] = bubble_fraction(mesh.shape["pipeline"], cfg.parallel.microbatches)
     if not compile_only:
         state = jax.jit(b.make_state, out_shardings=b.shardings)()
         tok = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (B, T + 1)).astype(np.int32)
@@ -129,7 +133,8 @@ def _row_line(r: dict) -> str:
     step = f"{r['step_ms']:9.1f} ms/step" if "step_ms" in r else "    (compile only)"
     return (f"{r['layout']:<22} scan={str(r['scan_layers']):<5} compile {r['compile_s']:6.1f} s {step}  state/device "
             f"{r['state_mb_per_device']:9.1f} MiB  args {r.get('argument_mb', float('nan')):9.1f} MiB  temp "
-            f"{r.get('temp_mb', float('nan')):9.1f} MiB  {coll or 'no collectives'}")
+            f"{r.get('temp_mb', float('nan')):9.1f} MiB  {coll or 'no collectives'}"
+            + (f"  bubble {r['bubble']:.2f} (analytic)" if "bubble" in r else ""))
 
 
 def main(args: argparse.Namespace) -> int:
