@@ -2,8 +2,9 @@
 
 Weights are stored (d_out, d_in) like torch, with no biases, so parity's conversion is a
 table of names. Each parameter carries the logical names of its axes (``logical=``), which
-`jaxlm/parallel.py`'s rules table maps to mesh axes. `Precision` is the bf16 policy: parameters float32, cast to the compute
-dtype at use inside `Linear` and `Embedding`; RMSNorm and RoPE compute in float32.
+`jaxlm/parallel.py`'s rules table maps to mesh axes. `Precision` is the bf16 policy: parameters
+float32, cast to the compute dtype at use inside `Linear` and `Embedding`; RMSNorm and RoPE
+compute in float32.
 
 Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
 """
