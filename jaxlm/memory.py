@@ -227,7 +227,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--attention", choices=("xla", "cudnn"), help="default: compute.attention")
     s.add_argument("--mode", choices=MODES, default="train_step", help="which step")
     s.add_argument("--devices", type=cli.bounded(int, 1), default=1,
-                   help="devices the batch is split over (parallel.fsdp also shards the state)")
+                   help="devices the batch is split over (parallel.fsdp other than 1 also shards the state)")
     d = parser.add_argument_group("the device (for the largest batch)")
     where = d.add_mutually_exclusive_group()
     where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory")
@@ -246,7 +246,7 @@ def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh]:
         compute = dataclasses.replace(cfg.compute, **chosen)
     except Exception as e:  # e.g. cudnn at float32: the config's one-line reason
         raise UsageError(str(e)) from None
-    return model, compute, context, args.batch or cfg.data.batch_size, Mesh(args.devices, cfg.parallel.fsdp)
+    return model, compute, context, args.batch or cfg.data.batch_size, Mesh(args.devices, cfg.parallel.fsdp != 1)
 
 
 def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, mode: str, mesh: Mesh,
