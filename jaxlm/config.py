@@ -339,6 +339,8 @@ class Config:
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
         _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
+        _check(not ((qat or self.lora.rank) and self.compute.scan_layers), "compute.scan_layers", True,
+               "LoRA (lora.rank) and QAT (qat.*) replace the blocks' layers one by one; set it to false with them")
 
 
 # --------------------------------------------------------------------------- loading

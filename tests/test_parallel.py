@@ -40,6 +40,8 @@ def test_config_checks_and_the_old_fsdp_flag():
         load_config(None, ["parallel.fsdp=-1"])  # data is -1 by default
     with pytest.raises(ConfigError, match=r"parallel.tensor = 0: must be >= 1"):
         load_config(None, ["parallel.tensor=0"])
+    with pytest.raises(ConfigError, match=r"compute.scan_layers = True: LoRA"):
+        load_config(None, ["compute.scan_layers=true", "lora.rank=4"])
 
 
 def test_tensor_parallel_divisibility_is_checked():
