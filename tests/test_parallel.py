@@ -85,3 +85,13 @@ def test_parse_layout():
     assert parse_layout("tensor=4,data=2") == dict(data=2, fsdp=1, tensor=4, pipeline=1)
     with pytest.raises(UsageError, match="--layout 'model=2'"):
         parse_layout("model=2")
+
+
+def test_resume_keeps_the_layer_layout(tmp_path):
+    """A checkpoint restores in the layout it was saved in: changing compute.scan_layers on resume is refused."""
+    from jaxlm.errors import CheckpointError
+    from jaxlm.preflight import check_compatible
+
+    saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
+    with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):
+        check_compatible(saved, now, tmp_path)
