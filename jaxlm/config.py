@@ -255,8 +255,7 @@ class ParallelConfig:
     """The device mesh (data x fsdp x tensor x pipeline) and multi-process start-up; see docs/parallelism.md."""
 
     data: int = opt(-1, "data-parallel mesh axis size (-1: the devices the other axes leave)")
-    fsdp: int | bool = opt(1, "FSDP mesh axis size: parameters, gradients and optimizer state sharded over it "
-                              "(-1: the devices the other axes leave)")
+    fsdp: int | bool = opt(1, "FSDP mesh axis size: parameters, gradients, optimizer state sharded over it (-1: rest)")
     tensor: int = opt(1, "tensor-parallel mesh axis size: heads and d_ff split over it (Megatron style)")
     pipeline: int = opt(1, "pipeline mesh axis size: the layers split into this many stages")
     microbatches: int = opt(1, "micro-batches per step run through the pipeline (GPipe)")
@@ -268,9 +267,8 @@ class ParallelConfig:
     def __post_init__(self):
         if self.fsdp is False:  # the old boolean's off: the same as an fsdp axis of size 1
             object.__setattr__(self, "fsdp", 1)
-        _check(self.fsdp is not True, "parallel.fsdp", self.fsdp,
-               "now the size of the fsdp mesh axis; for the old `fsdp = true` set parallel.fsdp = -1 and "
-               "parallel.data = 1 (see parallel.data, parallel.tensor, parallel.pipeline)")
+        _check(self.fsdp is not True, "parallel.fsdp", self.fsdp, "now the size of the fsdp mesh axis; for the old "
+               "`fsdp = true` set parallel.fsdp = -1 and parallel.data = 1 (see parallel.data, tensor, pipeline)")
         sizes = {k: getattr(self, k) for k in MESH_AXES}
         for k, v in sizes.items():
             _check(v == -1 or v >= 1, f"parallel.{k}", v, "must be >= 1, or -1 for the devices the other axes leave")
