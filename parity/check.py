@@ -42,7 +42,7 @@ from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
 from jaxlm.optim import make_optimizer  # noqa: E402
 from jaxlm.preflight import check_attention  # noqa: E402
 from jaxlm.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
-from parity.convert import jax_to_torch, torch_config, torch_to_jax  # noqa: E402
+from parity.convert import jax_to_torch, torch_config, torch_named, torch_to_jax  # noqa: E402
 
 # Thresholds by compute dtype. float32 ones come from the issue; bfloat16 ones are
 # set a few times above what bfloat16's 8-bit mantissa gives on the default config.
@@ -118,7 +118,7 @@ def compare_forward(setup: Setup) -> dict[str, float | bool]:
     (loss_j, logits_j), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     lt = logits_t.detach().cpu().double().numpy()
     lj = np.asarray(logits_j, dtype=np.float64)
-    grad_j = {k: v for k, v in _flat_grads(grads).items()}
+    grad_j = _flat_grads(grads)
     grad_rel = 0.0
     for name, p in ref.named_parameters():
         if not p.requires_grad:  # a LoRA run's frozen base
@@ -137,7 +137,7 @@ def compare_forward(setup: Setup) -> dict[str, float | bool]:
 
 
 def _flat_grads(grads) -> dict[str, np.ndarray]:
-    return {".".join(str(p) for p in path): np.asarray(v[...], dtype=np.float64) for path, v in nnx.to_flat_state(grads)}
+    return {name: np.asarray(v, dtype=np.float64) for name, v in torch_named(grads).items()}
 
 
 def compare_training(setup: Setup, steps: int) -> dict[str, float]:

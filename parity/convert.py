@@ -88,15 +88,20 @@ def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.
     return model
 
 
+def torch_named(state: nnx.State) -> dict[str, np.ndarray]:
+    """Parameters (or their gradients) keyed by torch names; a stacked layer weight splits per layer."""
+    out: dict[str, np.ndarray] = {}
+    for path, var in nnx.to_flat_state(state):
+        value = np.asarray(var[...])
+        for name, v in zip(_names(path, value.shape), value if _stacked(path) else [value]):
+            out[name] = v
+    return out
+
+
 def jax_to_torch(model: nnx.Module) -> dict[str, torch.Tensor]:
     """The model's parameters as a torchref `state_dict` (float32 CPU tensors, exact copies)."""
-    out: dict[str, torch.Tensor] = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        value = np.asarray(var[...])
-        if value.dtype != np.float32:
-            value = value.astype(np.float32)
-        for name, v in zip(_names(path, value.shape), value if _stacked(path) else [value]):
-            out[name] = torch.from_numpy(np.array(v, copy=True))
+    out = {name: torch.from_numpy(np.array(v, dtype=np.float32, copy=True))
+           for name, v in torch_named(nnx.state(model, nnx.Param)).items()}
     if _tied(model):
         out["lm_head.weight"] = out["token_embeddings.weight"]
     return out

@@ -47,3 +47,13 @@ def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
     for key, limit in check.THRESHOLDS["float32"].items():
         assert figures[key] <= limit, key
     assert "lora rank=4" in capsys.readouterr().out
+
+
+def test_scanned_layers_pass_the_float32_thresholds(tmp_path):
+    """The stacked layout's gradients are compared per layer under torch's names."""
+    out = tmp_path / "scan.json"
+    assert check.main(["--set", "compute.scan_layers=true", "--steps", "5", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["compute"]["scan_layers"] is True
+    for key, limit in check.THRESHOLDS["float32"].items():
+        assert figures[key] <= limit, key
