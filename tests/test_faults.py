@@ -136,7 +136,7 @@ def test_kill_9_at_random_points_resumes_bit_identically(corpus, reference, tmp_
     _check_equal_to_reference(tmp_path / "run", reference, f"seed {seed}, killed after steps {points}")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_kill_9_many_times(corpus, reference, tmp_path):
     seed = random.SystemRandom().randrange(1 << 30)
     points = _kill_and_resume(corpus, tmp_path / "run", kills=8, seed=seed)

@@ -153,7 +153,7 @@ def test_mesh_layouts_on_8_devices_equal_one_device():
     _check_layouts(FAST_LAYOUTS)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
     """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages)."""
     _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
