@@ -91,17 +91,11 @@ ATTN_CONTEXTS, ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = (128, 256, 
 
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
-    import jax
-    import numpy as np
+    """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
+    from jaxlm.bench.breakdown import time_calls
 
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(1e3 * (time.perf_counter() - t))
-    return float(np.mean(times)), float(np.std(times))
+    mean, std = time_calls(fn, args, warmup, steps)
+    return 1e3 * mean, 1e3 * std
 
 
 def _rel(a, b) -> float:

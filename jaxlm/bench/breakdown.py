@@ -26,15 +26,16 @@ from jaxlm.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
 from jaxlm.model import CausalSelfAttention, cross_entropy
 
 
-def _time(compiled, args, warmup: int, steps: int) -> float:
+def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:
+    """Mean and std seconds of `fn(*args)` over `steps` calls after `warmup`, each waited for."""
     for _ in range(warmup):
-        jax.block_until_ready(compiled(*args))
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
+        jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t)
-    return float(np.mean(times))
+    return float(np.mean(times)), float(np.std(times))
 
 
 class _Head(nnx.Module):
@@ -77,8 +78,8 @@ def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, co
 
         fwd = jax.jit(f).lower(params, x).compile()
         fwd_bwd = jax.jit(jax.value_and_grad(f, argnums=(0, 1))).lower(params, x).compile()
-        t_f = _time(fwd, (params, x), warmup, steps) * layers
-        t_fb = _time(fwd_bwd, (params, x), warmup, steps) * layers
+        t_f = time_calls(fwd, (params, x), warmup, steps)[0] * layers
+        t_fb = time_calls(fwd_bwd, (params, x), warmup, steps)[0] * layers
         out["components"][name] = {
             "forward_s": t_f, "backward_s": max(t_fb - t_f, 0.0), "flops_forward": batch * analytic[name],
         }
