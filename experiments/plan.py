@@ -70,7 +70,7 @@ SPEC_KEYS = {
     "config",  # train: base config TOML
     "set",  # train / bench: dotted config overrides (`--set section.key=value`)
     "args",  # bench / command: CLI arguments {flag: value}
-    "argv",  # command: the program and its arguments; {run_dir} and {python} are substituted
+    "argv",  # command: the program and its arguments; {run_dir} and {python} are substituted, {seed} runs it per seed
     "requires",  # "gpu": skipped (with the reason recorded) where no GPU is present
     "reason",  # why the requirement exists, shown when skipped
     "tokens",  # train: token budget; sets train.steps = round(tokens / (batch_size * context_length))
@@ -79,7 +79,9 @@ SPEC_KEYS = {
     "axes",  # explicit {axis: value} labels for the report (grid runs get them automatically)
     "note",  # free text carried into result.json
 }
-ENTRY_KEYS = SPEC_KEYS | {"name", "grid", "sizes", "only_sizes"}
+# `seeded = false` keeps a train run out of the plan's seeds (one run, e.g. the pre-training that
+# every seeded fine-tune starts from).
+ENTRY_KEYS = SPEC_KEYS | {"name", "grid", "sizes", "only_sizes", "seeded"}
 AXIS_TABLE_KEYS = (SPEC_KEYS - {"axes"}) | {"label"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
 
@@ -329,6 +331,43 @@ def _normalise_sets(data: dict) -> dict:
     return out
 
 
+def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], where: str) -> list[RunSpec]:
+    """One [[runs]] entry at one size: no run (not in `only_sizes`), one run, or one per grid point."""
+    _check_keys(entry, ENTRY_KEYS, where)
+    if "name" not in entry or not isinstance(entry["name"], str):
+        raise PlanError(f"{where}: every run needs a 'name' (a template like 'lr{{optim.lr}}' for a grid)")
+    only = entry.get("only_sizes")
+    if only is not None:
+        if not isinstance(only, list) or any(s not in sizes for s in only):
+            raise PlanError(f"{where}.only_sizes: expected a list drawn from {', '.join(sizes)}, got {only!r}")
+        if size not in only:
+            return []
+    if not isinstance(entry.get("seeded", True), bool):
+        raise PlanError(f"{where}.seeded: expected true or false, got {entry['seeded']!r}")
+    own_sizes = entry.get("sizes", {})
+    _check_keys(own_sizes, set(sizes), f"{where}.sizes")
+    fields = _normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
+    grid = entry.get("grid")
+    if size in own_sizes:
+        own = _check_keys(own_sizes[size], SPEC_KEYS | {"grid"}, f"{where}.sizes.{size}")
+        if "grid" in own:
+            grid = merge(grid or {}, own["grid"])
+        fields = merge(fields, _normalise({k: v for k, v in own.items() if k != "grid"}, f"{where}.sizes.{size}"))
+    fields = merge(base, fields)
+    if grid is None:
+        return [_to_spec(_expand_name(entry["name"], {}, where), fields, where)]
+    runs = []
+    for point in _grid_points(grid, where):
+        labels = {axis: label for axis, label, _ in point}
+        point_fields = fields
+        for _, _, f in point:
+            point_fields = merge(point_fields, f)
+        point_fields = merge(point_fields, {"axes": labels})
+        name = _expand_name(entry["name"], labels, where)
+        runs.append(_to_spec(name, point_fields, f"{where} -> {name}"))
+    return runs
+
+
 def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     """Parse a plan file and expand it for one size (default: the plan's `default_size`, else the first size)."""
     path = resolve_plan_path(plan)
@@ -358,40 +397,19 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
 
     base = merge(defaults, size_fields)
     runs: list[RunSpec] = []
+    unseeded: set[str] = set()
     for i, entry in enumerate(entries):
         where = f"{path}: runs[{i}]" + (f" ({entry['name']})" if isinstance(entry, dict) and "name" in entry else "")
-        _check_keys(entry, ENTRY_KEYS, where)
-        if "name" not in entry or not isinstance(entry["name"], str):
-            raise PlanError(f"{where}: every run needs a 'name' (a template like 'lr{{optim.lr}}' for a grid)")
-        only = entry.get("only_sizes")
-        if only is not None:
-            if not isinstance(only, list) or any(s not in sizes for s in only):
-                raise PlanError(f"{where}.only_sizes: expected a list drawn from {', '.join(sizes)}, got {only!r}")
-            if size not in only:
-                continue
-        own_sizes = entry.get("sizes", {})
-        _check_keys(own_sizes, set(sizes), f"{where}.sizes")
-        fields = _normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
-        grid = entry.get("grid")
-        if size in own_sizes:
-            own = _check_keys(own_sizes[size], SPEC_KEYS | {"grid"}, f"{where}.sizes.{size}")
-            if "grid" in own:
-                grid = merge(grid or {}, own["grid"])
-            fields = merge(fields, _normalise({k: v for k, v in own.items() if k != "grid"}, f"{where}.sizes.{size}"))
-        fields = merge(base, fields)
-        if grid is None:
-            runs.append(_to_spec(_expand_name(entry["name"], {}, where), fields, where))
-            continue
-        for point in _grid_points(grid, where):
-            labels = {axis: label for axis, label, _ in point}
-            point_fields = fields
-            for _, _, f in point:
-                point_fields = merge(point_fields, f)
-            point_fields = merge(point_fields, {"axes": labels})
-            name = _expand_name(entry["name"], labels, where)
-            runs.append(_to_spec(name, point_fields, f"{where} -> {name}"))
+        expanded = _expand_entry(entry, base, size, sizes, where)
+        runs += expanded
+        if entry.get("seeded") is False:
+            unseeded |= {r.name for r in expanded}
 
-    runs = with_seeds(runs, _seeds(meta.get("seeds"), f"{path}: [plan].seeds"))
+    seeds = _seeds(meta.get("seeds"), f"{path}: [plan].seeds")
+    for r in runs if not seeds else []:
+        if any("{seed}" in a for a in r.argv):
+            raise PlanError(f"{path}: run '{r.name}': its argv names {{seed}} but the plan has no [plan].seeds")
+    runs = with_seeds(runs, seeds, unseeded)
     seen: dict[str, int] = {}
     for r in runs:
         seen[r.name] = seen.get(r.name, 0) + 1
@@ -418,18 +436,23 @@ def _seeds(seeds: Any, where: str) -> list[int] | None:
     return seeds
 
 
-def with_seeds(runs: list[RunSpec], seeds: list[int] | None) -> list[RunSpec]:
+def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str] = frozenset()) -> list[RunSpec]:
     """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis.
 
     Seed-major order (every setting at the first seed, then the next seed), so a plan cut short
-    still compares every setting. Other kinds (benchmarks, commands) run once, in the first pass."""
+    still compares every setting. A command whose argv names `{seed}` runs once per seed too, after
+    that seed's training runs (e.g. evaluating them); other runs (benchmarks, commands, `unseeded`
+    train runs) run once, in the first pass."""
     if not seeds:
         return runs
     out = []
     for i, seed in enumerate(seeds):
         for r in runs:
-            if r.kind == "train":
+            if r.kind == "train" and r.name not in unseeded:
                 out.append(dataclasses.replace(r, name=f"{r.name}-s{seed}", set={**r.set, SEED_KEY: seed}, axes={**r.axes, SEED_AXIS: seed}))
+            elif r.kind == "command" and any("{seed}" in a for a in r.argv):
+                argv = [a.replace("{seed}", str(seed)) for a in r.argv]
+                out.append(dataclasses.replace(r, name=f"{r.name}-s{seed}", argv=argv, axes={**r.axes, SEED_AXIS: seed}))
             elif i == 0:
                 out.append(r)
     return out

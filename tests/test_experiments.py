@@ -130,9 +130,43 @@ def test_seeds_expand_train_runs_seed_major(tmp_path):
     assert len({r.hash for r in runs}) == 5
 
 
+def test_unseeded_runs_and_per_seed_commands(tmp_path):
+    """`seeded = false` runs a train run once; a command naming {seed} runs after each seed's training runs."""
+    plan = write(
+        tmp_path / "p.toml",
+        """
+        [plan]
+        seeds = [0, 1]
+        [defaults]
+        kind = "train"
+        config = "experiments/configs/quickstart.toml"
+        [[runs]]
+        name = "pretrain"
+        seeded = false
+        [[runs]]
+        name = "tune"
+        set = { "train.init_from" = "runs/p/pretrain" }
+        [[runs]]
+        name = "eval"
+        kind = "command"
+        argv = ["{python}", "-c", "pass", "{run_dir}/../tune-s{seed}"]
+        [[runs]]
+        name = "once"
+        kind = "command"
+        argv = ["{python}", "-c", "pass"]
+        """,
+    )
+    runs = load_plan(plan).runs
+    assert [r.name for r in runs] == ["pretrain", "tune-s0", "eval-s0", "once", "tune-s1", "eval-s1"]
+    assert "train.seed" not in runs[0].set and runs[0].axes == {}
+    assert runs[5].argv[-1] == "{run_dir}/../tune-s1" and runs[5].axes == {"seed": 1}
+
+
 @pytest.mark.parametrize(
     "body, needle",
     [
+        ("[[runs]]\nname = 'a'\nkind = 'command'\nargv = ['x', '{seed}']", "'a': its argv names {seed} but the plan has no [plan].seeds"),
+        ("[plan]\nseeds = [0]\n[[runs]]\nname = 'a'\nkind = 'bench'\nseeded = 'no'", "runs[0] (a).seeded: expected true or false"),
         ("[defaults]\nkind = 'train'\nbogus = 1\n[[runs]]\nname = 'a'", "[defaults]: unknown key 'bogus'"),
         ("[[runs]]\nname = 'a'\nkind = 'train'\nconfig = 'x.toml'\nsett = {}", "runs[0] (a): unknown key 'sett'"),
         ("[[runs]]\nname = 'a'\nkind = 'trian'", "runs[0] (a).kind: 'trian' is not one of"),
@@ -511,3 +545,40 @@ def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatc
     assert rebuilt.read_text() == (committed / "report.md").read_text()
     if (committed / "findings.json").exists():
         assert json.loads((tmp_path / plan / "findings.json").read_text()) == json.loads((committed / "findings.json").read_text())
+
+
+def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
+    """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± std over its seeds (checked by hand)."""
+    from experiments.report.peft import peft, quantization
+
+    runs = []
+    for seed, (f32, int4, qat4) in enumerate([(1.90, 1.92, 1.93), (1.91, 1.93, 1.95), (1.92, 1.94, 1.94)]):
+        d = tmp_path / f"ptq-s{seed}"
+        d.mkdir()
+        rows = [{"run": f"float32-s{seed}", "trained": "float32", "weights": "as trained (float32)", "bits": None, "val_loss": f32, "weight_bytes": 1000},
+                {"run": f"float32-s{seed}", "trained": "float32", "weights": "int4 (PTQ)", "bits": 4, "val_loss": int4, "weight_bytes": 250},
+                {"run": f"qat_w4a8-s{seed}", "trained": "qat w4a8", "weights": "int4 (PTQ)", "bits": 4, "val_loss": qat4, "weight_bytes": 250}]
+        (d / "quantize.json").write_text(json.dumps(rows))
+        runs.append({"name": f"ptq-s{seed}", "_dir": str(d)})
+    findings, lines = quantization(runs)
+    text = "\n".join(lines)
+    assert "| float32 | float32 | int4 (PTQ) | 3 | 1.9300 ± 0.0100 | 250 |" in text
+    assert "| qat_w4a8 | qat w4a8 | int4 (PTQ) | 3 | 1.9400 ± 0.0100 | 250 |" in text
+    # QAT 1.94 vs PTQ 1.93: difference 0.01, standard error sqrt(2 * 0.01^2 / 3) = 0.0082 -> within twice of it
+    assert any("At int4" in f and "did not recover 0.0100 of loss (within noise)" in f for f in findings), findings
+
+    tuned = []
+    for name, losses, rank in (("full", [2.0, 2.1, 2.2], 0), ("lora_r8", [2.3, 2.3, 2.3], 8)):
+        for seed, loss in enumerate(losses):
+            d = tmp_path / f"{name}-s{seed}"
+            d.mkdir()
+            trainable = 100 if not rank else 10
+            (d / "metrics.jsonl").write_text(json.dumps({"kind": "params", "params/trainable_params": trainable,
+                                                         "params/frozen_params": 100 - trainable, "params/grad_bytes": 4 * trainable,
+                                                         "params/optimizer_bytes": 8 * trainable, "params/frozen_bytes": 4 * (100 - trainable)}) + "\n")
+            tuned.append({"name": f"{name}-s{seed}", "_dir": str(d), "metrics": {"eval_loss": loss},
+                          "config": {"train": {"init_from": "x"}, "lora": {"rank": rank}}})
+    findings, lines = peft(tuned)
+    assert "| lora_r8 | LoRA rank 8 | 3 | 10 | 10.00 % |" in "\n".join(lines)
+    assert findings == ["LoRA rank 8 trained 10.00 % of the parameters with 10.0 % of full fine-tuning's gradient + optimizer-state "
+                        "memory: validation loss 2.3000 ± 0.0000 against 2.1000 ± 0.1000 (+9.5%, beyond noise) for full fine-tuning."]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from experiments.report.format import fmt, table
+from experiments.report.seeds import SEED_SUFFIX, Stats, compare_phrase, resolved
 
 MIB = 2**20
 
@@ -39,70 +40,96 @@ def _label(run: dict) -> str:
     return f"{kind} rank {lora['rank']}" + (f" ({lora['base']} base)" if kind == "QLoRA" else "")
 
 
+def _by_setting(items: list, name_of) -> dict[str, list]:
+    """Items grouped by their run's name without the seed suffix, in first-seen order."""
+    out: dict[str, list] = {}
+    for it in items:
+        out.setdefault(SEED_SUFFIX.sub("", name_of(it)), []).append(it)
+    return out
+
+
 def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
-    """(findings, lines of the fine-tuning table) over the runs that started from another run's weights."""
+    """(findings, lines of the fine-tuning table) over the runs that started from another run's weights,
+    one row per method (mean ± std of the validation loss over its seeds)."""
     tuned = [(r, params_row(r)) for r in runs if ((r.get("config") or {}).get("train") or {}).get("init_from")]
     tuned = [(r, p) for r, p in tuned if p and _loss(r) is not None]
     if not tuned:
         return [], []
+    groups = _by_setting(tuned, lambda rp: rp[0]["name"])
+    loss = {name: Stats.of([_loss(r) for r, _ in g]) for name, g in groups.items()}
+    full = next((name for name, g in groups.items() if not (g[0][0]["config"].get("lora") or {}).get("rank")), None)
     rows, findings = [], []
-    full = next(((r, p) for r, p in tuned if not (r["config"].get("lora") or {}).get("rank")), None)
-    for r, p in tuned:
+    for name, g in groups.items():
+        r, p = g[0]  # trainable / frozen counts and bytes are the same at every seed
         total = p["trainable_params"] + p["frozen_params"]
         state = p["grad_bytes"] + p["optimizer_bytes"]
         per = p.get("quantised_bytes_per_param") or p.get("frozen_bytes_per_param") or 0
-        step = (r.get("metrics") or {}).get("step_time")
-        rows.append([r["name"], _label(r), f"{int(p['trainable_params']):,}", f"{100 * p['trainable_params'] / total:.2f} %",
+        step = Stats.of([t for r_, _ in g if (t := (r_.get("metrics") or {}).get("step_time"))])
+        rows.append([name, _label(r), str(len(g)), f"{int(p['trainable_params']):,}", f"{100 * p['trainable_params'] / total:.2f} %",
                      f"{state / MIB:.3f}", f"{p['frozen_bytes'] / MIB:.3f}", fmt(per, ".3f") if per else "-",
-                     fmt(step * 1e3, ".1f") if step else "-", fmt(_loss(r), ".4f")])
-        if full is not None and r is not full[0]:
-            fp = full[1]
+                     fmt(step.mean * 1e3, ".1f") if step else "-", loss[name].text(4)])
+        if full is not None and name != full:
+            fp = groups[full][0][1]
             findings.append(
                 f"{_label(r)} trained {100 * p['trainable_params'] / total:.2f} % of the parameters with "
                 f"{100 * state / (fp['grad_bytes'] + fp['optimizer_bytes']):.1f} % of full fine-tuning's gradient + "
-                f"optimizer-state memory and reached validation loss {_loss(r):.4f} "
-                f"({_loss(r) - _loss(full[0]):+.4f} against full fine-tuning's {_loss(full[0]):.4f}).")
+                f"optimizer-state memory: {compare_phrase(loss[name], loss[full], digits=4)} for full fine-tuning.")
         if p.get("quantised_bytes_per_param"):
             findings.append(f"{_label(r)} stored its quantised frozen weights at {p['quantised_bytes_per_param']:.3f} "
                             f"bytes per parameter (float32: 4), {p['frozen_bytes'] / MIB:.3f} MiB of frozen weights "
                             "in all (embeddings and norms stay float32).")
-    headers = ["run", "method", "trainable", "share", "grad + opt MiB", "frozen MiB", "bytes / quantised param",
+    headers = ["setting", "method", "seeds", "trainable", "share", "grad + opt MiB", "frozen MiB", "bytes / quantised param",
                "step ms", "val loss"]
     return findings, ["## Fine-tuning cost", "", table(headers, rows), "",
-                      "Gradients: one float32 per trainable parameter; optimizer state: AdamW's two moments and its "
-                      "step count; frozen: the parameters outside the trainable set, in the bytes they are stored in.", ""]
+                      "Val loss: mean ± sample standard deviation over the seeds. Gradients: one float32 per trainable "
+                      "parameter; optimizer state: AdamW's two moments and its step count; frozen: the parameters "
+                      "outside the trainable set, in the bytes they are stored in.", ""]
+
+
+def quantize_rows(runs: list[dict]) -> list[dict]:
+    """Every `python -m jaxlm.quantize` row of the plan (one quantize.json per seed's command run)."""
+    rows = []
+    for r in runs:
+        path = Path(r.get("_dir", "")) / "quantize.json"
+        if path.is_file():
+            rows += json.loads(path.read_text())
+    return rows
 
 
 def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
-    """(findings, lines of the PTQ / QAT table) from the quantize run's quantize.json."""
-    path = next((Path(r["_dir"]) / "quantize.json" for r in runs if (Path(r.get("_dir", "")) / "quantize.json").is_file()), None)
-    if path is None:
+    """(findings, lines of the PTQ / QAT table): each trained model and conversion, mean ± std over seeds."""
+    rows = quantize_rows(runs)
+    if not rows:
         return [], []
-    rows = json.loads(path.read_text())
-    by = {(r["run"], r["bits"]): r for r in rows}
-    base = next((r for r in rows if r["trained"] == "float32" and r["bits"] is None), None)
+    groups = _by_setting(rows, lambda q: q["run"])
+    cells = {}  # (setting, bits) -> (first row, Stats of its validation loss over seeds)
+    for name, g in groups.items():
+        for bits in dict.fromkeys(q["bits"] for q in g):
+            same = [q for q in g if q["bits"] == bits]
+            cells[(name, bits)] = (same[0], Stats.of([q["val_loss"] for q in same]))
+    base = next(((q, st) for (name, bits), (q, st) in cells.items() if q["trained"] == "float32" and bits is None), None)
     findings = []
-    for r in rows:
-        if base is None or r is base:
+    for (name, bits), (q, st) in cells.items():
+        if base is None or q is base[0]:
             continue
-        findings.append(f"{r['run']} with {r['weights']} weights: validation loss {r['val_loss']:.4f} "
-                        f"({r['val_loss'] - base['val_loss']:+.4f} against float32), weights "
-                        f"{base['weight_bytes'] / r['weight_bytes']:.2f}x smaller than float32's."
-                        if r["bits"] else f"{r['run']} as trained: validation loss {r['val_loss']:.4f} "
-                        f"({r['val_loss'] - base['val_loss']:+.4f} against float32).")
+        what = f"{name} with {q['weights']} weights" if bits else f"{name} as trained"
+        size = f"; weights {base[0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's" if bits else ""
+        findings.append(f"{what}: {compare_phrase(st, base[1], digits=4)} for float32{size}.")
     for bits in (8, 4):
-        ptq = by.get((base["run"], bits)) if base else None
-        qat = [r for r in rows if r["bits"] == bits and r["trained"] != "float32" and f"w{bits}" in r["trained"]]
+        ptq = next((c for (name, b), c in cells.items() if b == bits and c[0]["trained"] == "float32"), None)
+        qat = next(((name, c) for (name, b), c in cells.items() if b == bits and f"w{bits}" in c[0]["trained"]), None)
         if ptq and qat:
-            findings.append(f"At int{bits}, QAT then conversion ({qat[0]['run']}) reached {qat[0]['val_loss']:.4f}, "
-                            f"PTQ of the float32 model {ptq['val_loss']:.4f}: QAT "
-                            f"{'recovered' if qat[0]['val_loss'] < ptq['val_loss'] else 'did not recover'} "
-                            f"{abs(ptq['val_loss'] - qat[0]['val_loss']):.4f} of loss.")
-    lines = ["## Float32, PTQ and QAT", "",
-             table(["run", "trained", "weights", "val loss", "weight bytes"],
-                   [[r["run"], r["trained"], r["weights"], f"{r['val_loss']:.4f}", f"{r['weight_bytes']:,}"] for r in rows]),
-             ""]
-    return findings, lines
+            verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(qat[1][1], ptq[1])]
+            better = "recovered" if qat[1][1].mean < ptq[1].mean else "did not recover"
+            findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {qat[1][1].text(4)}, PTQ of the "
+                            f"float32 model {ptq[1].text(4)}: QAT {better} {abs(ptq[1].mean - qat[1][1].mean):.4f} of loss "
+                            f"({verdict}).")
+    table_rows = [[name, q["trained"], q["weights"], str(st.n), st.text(4), f"{q['weight_bytes']:,}"]
+                  for (name, _), (q, st) in cells.items()]
+    return findings, ["## Float32, PTQ and QAT", "",
+                      table(["run", "trained", "weights", "seeds", "val loss", "weight bytes"], table_rows), "",
+                      "Val loss: mean ± sample standard deviation over the seeds, each evaluated on the same "
+                      "validation batches.", ""]
 
 
 def study_extras(report_cfg: dict, runs: list[dict]) -> tuple[list[str], list[str]]:
