@@ -267,13 +267,19 @@ def _shapes(state) -> dict[str, tuple]:
 
 def load_base_weights(path: str | Path, cfg: Config):
     """The nnx.Param weights of the run at `path` (a run, or RUN/checkpoints/STEP), checked against the
-    model `cfg` builds: train.init_from. One CheckpointError line naming the first mismatch."""
+    model `cfg` builds: train.init_from. Either layer layout loads into either (compute.scan_layers).
+    One CheckpointError line naming the first mismatch."""
     from flax import nnx
 
     model, saved, _ = restore_for_inference(path)
     if has_adapters(model):
         raise CheckpointError(f"train.init_from = {str(path)!r}: a LoRA run (lora.rank = {saved.lora.rank}); fold its "
                               f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
+    if saved.compute.scan_layers != cfg.compute.scan_layers:  # the other layer layout: same numbers, restacked
+        from jaxlm import stack
+
+        layers = model.layers
+        model.layers = stack.stack(list(layers)) if cfg.compute.scan_layers else nnx.List(stack.unstack(layers, saved.model.num_layers))
     loaded = nnx.state(model, nnx.Param)
     want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
     have = _shapes(loaded)

@@ -155,6 +155,25 @@ def test_init_from_lora_and_merge(base_run):
         train(load_config(None, tiny_overrides(corpus, tmp / "again", **{"train.init_from": f'"{tmp / "lora"}"'})))
 
 
+def test_init_from_across_layer_layouts(base_run):
+    """Unrolled weights start a scanned run and back: the first evaluation (lr 0) is the base model's."""
+    from jaxlm.checkpoint import load_base_weights, restore_for_inference
+    from jaxlm.train import train
+
+    corpus, tmp, base_val = base_run
+    scanned = {"train.steps": 2, "train.eval_every": 1, "compute.scan_layers": "true"}
+    cfg = load_config(None, tiny_overrides(corpus, tmp / "scanned", **scanned, **{"train.init_from": f'"{tmp / "base"}"'}))
+    train(cfg)
+    rows = [json.loads(l) for l in (tmp / "scanned" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/loss"] for r in rows if r["kind"] == "eval"][0] == pytest.approx(base_val, abs=1e-6)
+    back = load_config(None, tiny_overrides(corpus, tmp / "unrolled", **{"train.init_from": f'"{tmp / "scanned"}"'}))
+    weights = load_base_weights(tmp / "scanned", back)
+    model, _, _ = restore_for_inference(tmp / "scanned")
+    stacked = np.asarray(model.layers.attn.q_proj.weight[...])  # (L, d_out, d_in)
+    for i in range(back.model.num_layers):
+        np.testing.assert_array_equal(np.asarray(weights["layers"][i]["attn"]["q_proj"]["weight"][...]), stacked[i])
+
+
 def test_init_from_mismatch_names_the_key(base_run):
     from jaxlm.train import train
 
