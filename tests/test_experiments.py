@@ -582,3 +582,28 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
     assert "| lora_r8 | LoRA rank 8 | 3 | 10 | 10.00 % |" in "\n".join(lines)
     assert findings == ["LoRA rank 8 trained 10.00 % of the parameters with 10.0 % of full fine-tuning's gradient + optimizer-state "
                         "memory: validation loss 2.3000 ± 0.0000 against 2.1000 ± 0.1000 (+9.5%, beyond noise) for full fine-tuning."]
+
+
+def test_parallel_table_shares_and_bubble(tmp_path):
+    """The parallelism table divides each layout's per-device state by the replicated layout's, and states the
+    measured bubble beside GPipe's formula (hand-checked numbers)."""
+    from experiments.report.parallel import parallel
+
+    none = {"count": 0, "bytes": 0}
+    rows = {"mem": [{"layout": "data=8", "scan_layers": True, "compile_s": 2.0, "state_mb_per_device": 800.0, "collectives": {"all-reduce": {"count": 2, "bytes": 2**21}}},
+                    {"layout": "fsdp=8", "scan_layers": True, "compile_s": 2.5, "state_mb_per_device": 100.0, "collectives": {"all-gather": {"count": 16, "bytes": 2**20}, "all-reduce": none}}],
+            "bubble": [{"layout": "data=2,pipeline=4", "scan_layers": True, "compile_s": 3.0, "state_mb_per_device": 1.0, "collectives": {},
+                        "step_ms": 40.0, "tokens_per_s": 100.0, "bubble": 0.6, "microbatches": 2, "bubble_measured": 0.75,
+                        "reference_layout": "data=8", "reference_step_ms": 10.0}]}
+    runs = []
+    for name, rs in rows.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(json.dumps({"rows": rs}))
+        runs.append({"name": name, "_dir": str(tmp_path / name)})
+    findings, lines = parallel(runs, tmp_path)
+    assert findings == ["mem: fsdp=8 holds 0.125 of the replicated (data=8) per-device parameters + optimizer state (100 vs 800 MiB, "
+                        "compiled program's shardings).",
+                        "bubble: data=2,pipeline=4 with 2 micro-batches lost 75 % of its step time against data=8 (analytic GPipe bubble 60 %)."]
+    text = "\n".join(lines)
+    assert "| `mem` | fsdp=8 | yes | 2.5 | 100.0 | 0.125 | – | – | – | all-gather 16 (1.0 MiB) | - |" in text
+    assert "M=2: 0.60 / 0.75" in text and (tmp_path / "parallel_memory.png").is_file() and (tmp_path / "pipeline_bubble.png").is_file()

@@ -95,3 +95,25 @@ def test_resume_keeps_the_layer_layout(tmp_path):
     saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
     with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):
         check_compatible(saved, now, tmp_path)
+
+
+def test_bench_parallel_measures_the_pipeline_bubble(tmp_path):
+    """One row per micro-batch count: the analytic bubble (P-1)/(M+P-1) and the measured one against the
+    same 4 devices without a pipeline (timed once, shared by the rows)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    tiny = ["model.vocab_size=64", "model.d_model=32", "model.d_ff=64", "model.num_layers=2", "model.num_heads=2",
+            "compute.scan_layers=true"]
+    cmd = [sys.executable, "-m", "jaxlm.bench", "parallel", "--devices", "4", "--batch", "8", "--context", "16",
+           "--steps", "1", "--layout", "pipeline=2,data=2", "--microbatches", "1", "4", "--json", str(out)]
+    r = subprocess.run(cmd + sum((["--set", o] for o in tiny), []), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["microbatches"], x["bubble"]) for x in rows] == [(1, 0.5), (4, 0.2)]
+    assert {x["reference_layout"] for x in rows} == {"data=4"} and len({x["reference_step_ms"] for x in rows}) == 1
+    for x in rows:
+        assert x["bubble_measured"] == pytest.approx(1 - x["reference_step_ms"] / x["step_ms"])
+        assert x["collectives"]["collective-permute"]["count"] >= 1

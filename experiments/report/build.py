@@ -10,7 +10,8 @@ from pathlib import Path
 from experiments.plan import format_value
 from experiments.report import backend
 from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
-from experiments.report.peft import study_extras
+from experiments.report.parallel import parallel
+from experiments.report.peft import peft, quantization
 from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
@@ -67,7 +68,8 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path) -> list[str]:
                       "with the same other settings.", ""]
     lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are medians of "
               "the logged steps after the first.", ""]
-    for p in plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time")))):
+    curves = plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time")))) if any(r.get("metrics") for r in train_runs) else []
+    for p in curves:
         lines += [f"![{p}]({p})", ""]
     if cfg.get("x"):
         p = plot_vs_axis(train_runs, cfg["x"], cfg.get("y", ["eval_loss", "eval_acc"]), bool(cfg.get("logx")), out)
@@ -107,6 +109,17 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
     return out
 
 
+def study_extras(cfg: dict, runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
+    """(findings, lines) of the studies with their own tables: [report] peft / quantization / parallel = true."""
+    findings, lines = [], []
+    for key, fn in (("peft", peft), ("quantization", quantization), ("parallel", lambda rs: parallel(rs, out))):
+        if cfg.get(key):
+            f, l = fn(runs)
+            findings += f
+            lines += l
+    return findings, lines
+
+
 def write_report(plan_dir: Path, out: Path | None = None, records: bool = False) -> Path:
     """The report in OUT/report.md (with its plots and findings.json); `records` also copies the runs' records to OUT/records."""
     plan_dir = Path(plan_dir)
@@ -130,7 +143,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps). "
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
-    study_findings, study_lines = study_extras(cfg, runs)  # the peft / quantization studies' own tables
+    study_findings, study_lines = study_extras(cfg, runs, out)
     measured = backend.annotate(sentences_for(runs, train_runs, brows, cfg), backend.is_cpu(runs)) + study_findings
     lines += ["## Measured", ""] + [f"- {s}" for s in measured]
     lines += [""] + study_lines + backend.section(runs, brows)

@@ -130,13 +130,3 @@ def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
                       table(["run", "trained", "weights", "seeds", "val loss", "weight bytes"], table_rows), "",
                       "Val loss: mean ± sample standard deviation over the seeds, each evaluated on the same "
                       "validation batches.", ""]
-
-
-def study_extras(report_cfg: dict, runs: list[dict]) -> tuple[list[str], list[str]]:
-    findings, lines = [], []
-    for key, fn in (("peft", peft), ("quantization", quantization)):
-        if report_cfg.get(key):
-            f, l = fn(runs)
-            findings += f
-            lines += l
-    return findings, lines

@@ -8,7 +8,12 @@ aliased to the donated state), the per-device parameter + optimizer bytes from t
 state's shardings, and the collectives in the compiled HLO (static count and result
 bytes of all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all; an
 op inside a loop body, e.g. the scanned layers, counts once), and for pipelines the
-analytic GPipe bubble fraction (P - 1) / (M + P - 1).
+GPipe bubble fraction, analytic ((P - 1) / (M + P - 1)) and, when the step runs, measured: the
+step time lost against the same devices without a pipeline, 1 - t(data x P) / t(pipeline P).
+Without a pipeline a device runs its batch rows through all L layers, which is the same work as
+M ticks of L/P layers on B/M rows, so the difference is the M + P - 1 - M idle ticks (on
+simulated CPU devices, which share the host's cores, the ticks where a stage has no
+micro-batch yet still compute on zeros, so the bubble shows as that wasted work).
 
     python -m jaxlm.bench parallel --devices 8 --preset large --context 256 --batch 8 --compile-only \\
         --layout data=8 fsdp=8 tensor=4,data=2
@@ -99,7 +104,8 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
                    output_mb=m.output_size_in_bytes / 2**20, alias_mb=m.alias_size_in_bytes / 2**20)
     row["collectives"] = collectives(compiled.as_text())
     if mesh.shape["pipeline"] > 1:
-        row["bubble"] = bubble_fraction(mesh.shape["pipeline"], cfg.parallel.microbatches)
+        row.update(bubble=bubble_fraction(mesh.shape["pipeline"], cfg.parallel.microbatches),
+                   microbatches=cfg.parallel.microbatches)
     if not compile_only:
         state = jax.jit(b.make_state, out_shardings=b.shardings)()
         tok = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (B, T + 1)).astype(np.int32)
@@ -124,6 +130,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", metavar="T", type=int, help="sequence length (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, help="global batch (default: data.batch_size)")
     p.add_argument("--steps", metavar="N", type=int, default=3, help="timed steps per row, after one warm-up")
+    p.add_argument("--microbatches", metavar="M", type=int, nargs="+",
+                   help="pipeline layouts: one row per number of micro-batches (default: parallel.microbatches)")
     p.add_argument("--compile-only", action="store_true", help="compile and read memory; run nothing")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
 
@@ -134,7 +142,17 @@ def _row_line(r: dict) -> str:
     return (f"{r['layout']:<22} scan={str(r['scan_layers']):<5} compile {r['compile_s']:6.1f} s {step}  state/device "
             f"{r['state_mb_per_device']:9.1f} MiB  args {r.get('argument_mb', float('nan')):9.1f} MiB  temp "
             f"{r.get('temp_mb', float('nan')):9.1f} MiB  {coll or 'no collectives'}"
-            + (f"  bubble {r['bubble']:.2f} (analytic)" if "bubble" in r else ""))
+            + (f"  M={r['microbatches']} bubble {r['bubble']:.2f} (analytic)" if "bubble" in r else "")
+            + (f" {r['bubble_measured']:.2f} (measured against {r['reference_layout']})" if "bubble_measured" in r else ""))
+
+
+def _unpipelined(args: argparse.Namespace, over: list[str], cfg) -> dict:
+    """The bubble's reference row: the same devices and batch with the pipeline axis folded into data."""
+    p = cfg.parallel
+    data = p.data * p.pipeline if p.data > 0 else -1  # -1: the rest of the devices, now including the stages'
+    ref = load_config(args.config, [*over, "parallel.pipeline=1", f"parallel.data={data}", "parallel.microbatches=1"],
+                      preset=args.preset)
+    return measure(ref, ref.model.context_length, args.steps, compile_only=False)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -146,13 +164,20 @@ def main(args: argparse.Namespace) -> int:
     if args.context:
         extra.append(f"model.context_length={args.context}")
     layouts = [parse_layout(t) for t in args.layout] if args.layout else [{}]
-    rows = []
+    rows, refs = [], {}
     for sizes in layouts:  # a layout wins over --set parallel.*
-        over = [f"parallel.{k}={v}" for k, v in sizes.items()]
-        cfg = load_config(args.config, [*extra, *args.overrides, *over], preset=args.preset)
-        row = measure(cfg, cfg.model.context_length, args.steps, args.compile_only)
-        print(_row_line(row), flush=True)
-        rows.append(row)
+        over = [*extra, *args.overrides, *(f"parallel.{k}={v}" for k, v in sizes.items())]
+        cfg = load_config(args.config, over, preset=args.preset)
+        micro = args.microbatches if args.microbatches and cfg.parallel.pipeline > 1 else [cfg.parallel.microbatches]
+        for m in micro:
+            cfg = load_config(args.config, [*over, f"parallel.microbatches={m}"], preset=args.preset)
+            row = measure(cfg, cfg.model.context_length, args.steps, args.compile_only)
+            if "bubble" in row and "step_ms" in row:
+                ref = refs.get(row["layout"]) or refs.setdefault(row["layout"], _unpipelined(args, over, cfg))
+                row.update(bubble_measured=1 - ref["step_ms"] / row["step_ms"], reference_layout=ref["layout"],
+                           reference_step_ms=ref["step_ms"])
+            print(_row_line(row), flush=True)
+            rows.append(row)
     if args.json:
         print(f"wrote {write_json(args.json, {'rows': rows})}")
     return 0
