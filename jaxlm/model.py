@@ -18,7 +18,8 @@ once from ``compute.dtype`` in `TransformerLM.__init__` and handed to every laye
     float32 and cast back.
 
 Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
-``compute.remat`` names a `jax.checkpoint` policy that wraps every block.
+``compute.remat`` names a `jax.checkpoint` policy that wraps every block (scanned, "none"
+keeps the matmul outputs: `SCAN_NONE`).
 
 Layer layout: unrolled (``layers/0/...``, a Python loop) or, with ``compute.scan_layers``,
 stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/stack.py`),
@@ -70,6 +71,12 @@ REMAT_POLICIES: dict[str, Callable[[], Any] | None] = {
     "dots_saveable": lambda: jax.checkpoint_policies.dots_saveable,
     "offload": _offload_policy,
 }
+
+
+# "none" inside a scan: keep the matmul outputs, recompute the elementwise rest in the backward.
+# Unrolled, XLA fuses that cheap work into the backward itself; a scan would store every
+# intermediate per layer instead (on CPU, small preset at batch 4 x 256: 10 % slower, +25 % temporaries).
+SCAN_NONE = REMAT_POLICIES["dots_saveable"]
 
 
 class CausalSelfAttention(nnx.Module):
@@ -244,7 +251,7 @@ class TransformerLM(nnx.Module):
             keys = jax.random.split(self.dropout_rngs(), self.cfg.num_layers)  # (L,) keys
         policy = REMAT_POLICIES[self.compute.remat]  # the one place remat is applied
         if self.compute.scan_layers:  # remat inside the scanned body: per layer, as unrolled
-            fn, policy = (lambda b, h, k: (_block_forward(b, h, rope, k), None)), None if policy is None else policy()
+            fn, policy = (lambda b, h, k: (_block_forward(b, h, rope, k), None)), (policy or SCAN_NONE)()
             if stack.pipeline_stages() > 1:
                 x = stack.pipeline(self.layers, fn, x, keys, policy, microbatches=self.microbatches)  # (B, T, D)
             else:
