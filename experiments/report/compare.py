@@ -72,10 +72,11 @@ def status_sentences(runs: list[dict]) -> list[str]:
     for r in runs:
         counts.setdefault(r.get("status", "?"), []).append(r["name"])
     out = [f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
+    same: dict[tuple[str, str], list[str]] = {}  # (status, reason) -> runs: one line for a skipped technique's seeds
     for r in runs:
         if r.get("status") in ("diverged", "failed", "skipped"):
-            out.append(f"`{r['name']}` {r['status']}: {r.get('reason') or 'no reason recorded'}.")
-    return out
+            same.setdefault((r["status"], r.get("reason") or "no reason recorded"), []).append(f"`{r['name']}`")
+    return out + [f"{', '.join(names)} {status}: {reason}." for (status, reason), names in same.items()]
 
 
 def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
