@@ -607,3 +607,28 @@ def test_parallel_table_shares_and_bubble(tmp_path):
     text = "\n".join(lines)
     assert "| `mem` | fsdp=8 | yes | 2.5 | 100.0 | 0.125 | – | – | – | all-gather 16 (1.0 MiB) | - |" in text
     assert "M=2: 0.60 / 0.75" in text and (tmp_path / "parallel_memory.png").is_file() and (tmp_path / "pipeline_bubble.png").is_file()
+
+
+def test_peft_quantization_and_remat_findings_by_hand():
+    """The fine-tuning, quantisation and remat rows of the findings table, on hand-made seed losses."""
+    from experiments.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
+    from experiments.report.seeds import Setting
+
+    def setting(name, losses, **axes):
+        return Setting(name, axes, [{"name": f"{name}-s{i}", "status": "ok", "metrics": {"eval_loss": v}} for i, v in enumerate(losses)])
+
+    peft = [setting("full", [2.00, 2.01, 1.99]), setting("lora_r8", [2.10, 2.11, 2.09]),
+            setting("lora_r16", [2.05, 2.06, 2.04]), setting("qlora_r16", [2.05, 2.07, 2.04])]
+    # LoRA r8: +5 % of full's 2.00, 10 standard errors away -> beyond SMALL (2 %) and noise: disagree
+    assert CHECKS["lora_close"](peft, {})[1] == DISAGREE
+    assert CHECKS["lora_ranks"](peft, {}) == ("r8: 2.100 ± 0.010, r16: 2.050 ± 0.010; range 2.4% of the loss", DISAGREE)
+    assert CHECKS["qlora_matches"](peft, {})[1] == AGREE  # 2.0533 vs 2.05: within noise
+    rows = [{"trained": t, "bits": b, "val_loss": v} for t, b, vs in (
+        ("float32", None, [1.90, 1.91, 1.92]), ("float32", 8, [1.90, 1.91, 1.92]), ("float32", 4, [1.95, 1.96, 1.97]),
+        ("qat w4a8", 4, [1.92, 1.93, 1.94])) for v in vs]
+    assert CHECKS["ptq8_lossless"]([], {"quantize_rows": rows})[1] == AGREE
+    text, verdict = CHECKS["qat_recovers"]([], {"quantize_rows": rows})
+    assert verdict == AGREE and "1.930 ± 0.010 vs int4 PTQ of float32 1.960 ± 0.010" in text  # 0.03 > 2 x 0.0082
+    assert CHECKS["qat_recovers"]([], {"quantize_rows": rows[:9]})[1] == UNRESOLVED  # no QAT model: not run
+    remat = [setting("float32_b32", [2.0, 2.1], technique="float32", b=32), setting("remat_b32", [2.0, 2.1], technique="remat", b=32)]
+    assert CHECKS["similar:remat"](remat, {})[1] == AGREE

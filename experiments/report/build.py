@@ -11,7 +11,7 @@ from experiments.plan import format_value
 from experiments.report import backend
 from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
 from experiments.report.parallel import parallel
-from experiments.report.peft import peft, quantization
+from experiments.report.peft import peft, quantization, quantize_rows
 from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
@@ -51,7 +51,7 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
 def context(runs: list[dict], brows: list[dict]) -> dict:
     """What the findings' checks need beyond the settings: bench rows and the untrained model's loss (ln V)."""
     vocab = next(((r.get("config") or {}).get("model", {}).get("vocab_size") for r in runs if r.get("config")), None)
-    return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf}
+    return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf, "quantize_rows": quantize_rows(runs)}
 
 
 def training_section(train_runs: list[dict], cfg: dict, out: Path) -> list[str]:
@@ -140,7 +140,8 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     rows = findings_rows(name, group_settings(train_runs), context(train_runs, brows))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
-                  "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps). "
+                  "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps), or the "
+                  "paper the row names where they do not cover the topic. "
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
     study_findings, study_lines = study_extras(cfg, runs, out)

@@ -48,6 +48,14 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
     Finding("profiling", "peak memory grows faster than linearly with context", "faster than linear in context (attention matrices)", "memory_context"),
     Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
+    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
+    Finding("optimizations", "rematerialisation changes memory and time, not the loss", "by design: the backward recomputes the same forward", "similar:remat"),
+    # Fine-tuning and quantisation: the methods' own papers, as the curriculum's reports do not cover them.
+    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters", "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
+    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
+    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base", "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
+    Finding("quantization", "int8 weight PTQ is about lossless", "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)", "ptq8_lossless"),
+    Finding("quantization", "QAT recovers what 4-bit PTQ loses", "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
 )
 
 
@@ -113,12 +121,19 @@ def _worse_at_evals(var: Setting, base: Setting) -> str:
 
 
 def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    """Within noise of the baseline, or within SMALL of it: agree; further apart: disagree."""
-    a, b = _loss(_by_name(settings, variant)), _loss(_by_name(settings, "baseline"))
+    return _similar_pair(settings, variant, "baseline")
+
+
+def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str) -> tuple[str, str]:
+    """Within noise, or within SMALL of each other: agree; further apart: disagree."""
     if a is None or b is None:
         return "not run", UNRESOLVED
-    close = not resolved(a, b) or abs(a.mean - b.mean) <= SMALL * b.mean
-    return _versus(a, b, variant, "baseline"), AGREE if close else DISAGREE
+    close = resolved(a, b) is False or abs(a.mean - b.mean) <= SMALL * b.mean  # one seed: by SMALL alone
+    return _versus(a, b, a_name, b_name), AGREE if close else DISAGREE
+
+
+def _similar_pair(settings: list[Setting], a_name: str, b_name: str) -> tuple[str, str]:
+    return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name)
 
 
 def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
@@ -241,7 +256,49 @@ def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
     return "see the mixed-precision sentences above", UNRESOLVED
 
 
+def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(int(s.name.split("_r")[1]), st) for s in settings if s.name.startswith("lora_r") and (st := _loss(s))]
+    if len(pts) < 2:
+        return "fewer than two ranks", UNRESOLVED
+    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
+    text = ", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
+    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+
+
+def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
+    """Seed statistics of the validation loss of `trained` models evaluated at `bits` (None: as trained)."""
+    return Stats.of([q["val_loss"] for q in ctx.get("quantize_rows", []) if q["trained"] == trained and q["bits"] == bits])
+
+
+def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    a, b = _quantized(ctx, "qat w4a8", 4), _quantized(ctx, "float32", 4)
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    text = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32")
+    if not resolved(a, b):
+        return text, UNRESOLVED
+    return text, AGREE if a.mean < b.mean else DISAGREE
+
+
+def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """Every remat setting's loss within noise of float32 at the same batch."""
+    bases = baseline_of(settings, {"technique": "float32"})
+    pairs = [(s, bases[s.name]) for s in settings if s.axes.get("technique") == "remat" and s.name in bases]
+    pairs = [(a, b) for s, base in pairs if (a := _loss(s)) and (b := _loss(base))]
+    if not pairs:
+        return "not run", UNRESOLVED
+    same = all(resolved(a, b) is False or a.mean == b.mean for a, b in pairs)
+    text = "; ".join(f"{a.text()} vs {b.text()}" for a, b in pairs) + " (remat vs float32, val loss by batch)"
+    return text, AGREE if same else DISAGREE
+
+
 CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
+    "similar:remat": check_remat,
+    "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full"),
+    "lora_ranks": check_lora_ranks,
+    "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16"),
+    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ", "float32"),
+    "qat_recovers": check_qat,
     "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
     "worse:nope": lambda s, c: check_worse(s, "nope", c),
     "worse:silu": lambda s, c: check_worse(s, "silu", c),
