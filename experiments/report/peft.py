@@ -5,10 +5,12 @@ trainer writes to metrics.jsonl at step 0), and the `python -m jaxlm.quantize` r
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 from experiments.report.format import fmt, table
-from experiments.report.seeds import SEED_SUFFIX, Stats, compare_phrase, resolved
+from experiments.report.seeds import NOISE_SE, SEED_SUFFIX, Stats, compare_phrase
 
 MIB = 2**20
 
@@ -96,36 +98,47 @@ def quantize_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def paired_phrase(a: dict[str, float], b: dict[str, float]) -> str:
+    """'+0.0149 ± 0.0012 (paired by seed, beyond noise)': the mean of a - b over the seeds both have,
+    ± its sample standard deviation; beyond noise when the mean exceeds twice its standard error.
+    Each seed's models share their initialisation and data order, so pairing removes that spread."""
+    diffs = [a[k] - b[k] for k in a if k in b]
+    if len(diffs) < 2:
+        return f"{diffs[0]:+.4f} (one seed: noise unknown)" if diffs else "no common seed"
+    d, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    verdict = "beyond noise" if abs(d) > NOISE_SE * sd / math.sqrt(len(diffs)) else "within noise"
+    return f"{d:+.4f} ± {sd:.4f} (paired by seed, {verdict})"
+
+
 def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
-    """(findings, lines of the PTQ / QAT table): each trained model and conversion, mean ± std over seeds."""
+    """(findings, lines of the PTQ / QAT table): each trained model and conversion, mean ± std over seeds,
+    compared with float32 and PTQ by seed-paired differences."""
     rows = quantize_rows(runs)
     if not rows:
         return [], []
-    groups = _by_setting(rows, lambda q: q["run"])
-    cells = {}  # (setting, bits) -> (first row, Stats of its validation loss over seeds)
-    for name, g in groups.items():
-        for bits in dict.fromkeys(q["bits"] for q in g):
-            same = [q for q in g if q["bits"] == bits]
-            cells[(name, bits)] = (same[0], Stats.of([q["val_loss"] for q in same]))
-    base = next(((q, st) for (name, bits), (q, st) in cells.items() if q["trained"] == "float32" and bits is None), None)
+    cells: dict[tuple[str, int | None], tuple[dict, dict[str, float]]] = {}  # (setting, bits) -> (a row, {seed: loss})
+    for q in rows:
+        seed = (SEED_SUFFIX.search(q["run"]) or [""])[0]
+        cells.setdefault((SEED_SUFFIX.sub("", q["run"]), q["bits"]), (q, {}))[1][seed] = q["val_loss"]
+    stats = {k: Stats.of(list(v.values())) for k, (_, v) in cells.items()}
+    base = next((k for k, (q, _) in cells.items() if q["trained"] == "float32" and k[1] is None), None)
     findings = []
-    for (name, bits), (q, st) in cells.items():
-        if base is None or q is base[0]:
+    for k, (q, losses) in cells.items():
+        if base is None or k == base:
             continue
-        what = f"{name} with {q['weights']} weights" if bits else f"{name} as trained"
-        size = f"; weights {base[0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's" if bits else ""
-        findings.append(f"{what}: {compare_phrase(st, base[1], digits=4)} for float32{size}.")
+        what = f"{k[0]} with {q['weights']} weights" if k[1] else f"{k[0]} as trained"
+        size = f"; weights {cells[base][0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's" if k[1] else ""
+        findings.append(f"{what}: validation loss {stats[k].text(4)}, {paired_phrase(losses, cells[base][1])} "
+                        f"against float32{size}.")
     for bits in (8, 4):
-        ptq = next((c for (name, b), c in cells.items() if b == bits and c[0]["trained"] == "float32"), None)
-        qat = next(((name, c) for (name, b), c in cells.items() if b == bits and f"w{bits}" in c[0]["trained"]), None)
+        ptq = next((k for k, (q, _) in cells.items() if k[1] == bits and q["trained"] == "float32"), None)
+        qat = next((k for k, (q, _) in cells.items() if k[1] == bits and f"w{bits}" in q["trained"]), None)
         if ptq and qat:
-            verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(qat[1][1], ptq[1])]
-            better = "recovered" if qat[1][1].mean < ptq[1].mean else "did not recover"
-            findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {qat[1][1].text(4)}, PTQ of the "
-                            f"float32 model {ptq[1].text(4)}: QAT {better} {abs(ptq[1].mean - qat[1][1].mean):.4f} of loss "
-                            f"({verdict}).")
-    table_rows = [[name, q["trained"], q["weights"], str(st.n), st.text(4), f"{q['weight_bytes']:,}"]
-                  for (name, _), (q, st) in cells.items()]
+            better = "below" if stats[qat].mean < stats[ptq].mean else "above"
+            findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {stats[qat].text(4)}, {better} PTQ of "
+                            f"the float32 model ({stats[ptq].text(4)}): {paired_phrase(cells[qat][1], cells[ptq][1])}.")
+    table_rows = [[k[0], q["trained"], q["weights"], str(stats[k].n), stats[k].text(4), f"{q['weight_bytes']:,}"]
+                  for k, (q, _) in cells.items()]
     return findings, ["## Float32, PTQ and QAT", "",
                       table(["run", "trained", "weights", "seeds", "val loss", "weight bytes"], table_rows), "",
                       "Val loss: mean ± sample standard deviation over the seeds, each evaluated on the same "
