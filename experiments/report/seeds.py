@@ -4,6 +4,7 @@ standard error (the seed-to-seed standard deviations of the two settings, Welch'
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 import statistics
@@ -157,6 +158,17 @@ def _delta_cell(s: Setting, bases: dict[str, Setting]) -> str:
     return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
 
 
+def _data(s: Setting) -> tuple[str, str]:
+    """What a setting's validation loss is measured on: its runs' data.source and data.dir."""
+    data = ((s.runs[0].get("config") or {}).get("data") or {}) if s.runs else {}
+    return str(data.get("source")), str(data.get("dir"))
+
+
+def _most_common_data(settings: list[Setting]) -> tuple[str, str] | None:
+    counts = collections.Counter(_data(s) for s in settings)
+    return counts.most_common(1)[0][0] if counts else None
+
+
 def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | None) -> list[str]:
     """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
     out = []
@@ -173,7 +185,9 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | 
         if ta and tb and tb.mean:
             extra = f"; median step time {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% (a shared machine: indicative only)"
         out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base)}{extra}.")
-    ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
+    same_data = _most_common_data(settings)  # losses on other validation data (peft's pre-training) do not rank
+    ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and _data(s) == same_data
+                     and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
     if ranked:
         best, s = ranked[0]
         line = f"Lowest mean validation loss: `{s.name}`, {best.text()}"
