@@ -61,7 +61,7 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
                 findings.append(f"{name}: {r['layout']} ran {r['tokens_per_s']:.0f} tokens/s against one device's "
                                 f"{single['tokens_per_s']:.0f} ({r['tokens_per_s'] / single['tokens_per_s']:.2f}x).")
             if "bubble_measured" in r:
-                findings.append(f"{name}: {r['layout']} with {r['microbatches']} micro-batches lost "
+                findings.append(f"{name}: {r['layout']} with {r['microbatches']} micro-batch{'es' * (r['microbatches'] != 1)} lost "
                                 f"{100 * r['bubble_measured']:.0f} % of its step time against {r['reference_layout']} "
                                 f"(analytic GPipe bubble {100 * r['bubble']:.0f} %).")
     headers = ["run", "layout", "scanned", "compile s", "state MiB / device", "of replicated", "temp MiB", "step ms",
