@@ -580,7 +580,8 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
             (d / "metrics.jsonl").write_text(json.dumps({"kind": "params", "params/trainable_params": trainable,
                                                          "params/frozen_params": 100 - trainable, "params/grad_bytes": 4 * trainable,
                                                          "params/optimizer_bytes": 8 * trainable, "params/frozen_bytes": 4 * (100 - trainable)}) + "\n")
-            tuned.append({"name": f"{name}-s{seed}", "_dir": str(d), "metrics": {"eval_loss": loss},
+            axes = {"method": "lora", "lora.rank": rank, "seed": seed} if rank else {"method": "full", "seed": seed}
+            tuned.append({"name": f"{name}-s{seed}", "_dir": str(d), "metrics": {"eval_loss": loss}, "axes": axes,
                           "config": {"train": {"init_from": "x"}, "lora": {"rank": rank}}})
     findings, lines = peft(tuned)
     assert "| lora_r8 | LoRA rank 8 | 3 | 10 | 10.00 % |" in "\n".join(lines)

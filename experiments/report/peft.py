@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from experiments.report.format import fmt, table
-from experiments.report.seeds import NOISE_SE, SEED_SUFFIX, Stats, compare_phrase
+from experiments.report.seeds import NOISE_SE, SEED_SUFFIX, Stats, compare_phrase, group_settings
 
 MIB = 2**20
 
@@ -42,14 +42,6 @@ def _label(run: dict) -> str:
     return f"{kind} rank {lora['rank']}" + (f" ({lora['base']} base)" if kind == "QLoRA" else "")
 
 
-def _by_setting(items: list, name_of) -> dict[str, list]:
-    """Items grouped by their run's name without the seed suffix, in first-seen order."""
-    out: dict[str, list] = {}
-    for it in items:
-        out.setdefault(SEED_SUFFIX.sub("", name_of(it)), []).append(it)
-    return out
-
-
 def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
     """(findings, lines of the fine-tuning table) over the runs that started from another run's weights,
     one row per method (mean ± std of the validation loss over its seeds)."""
@@ -57,7 +49,8 @@ def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
     tuned = [(r, p) for r, p in tuned if p and _loss(r) is not None]
     if not tuned:
         return [], []
-    groups = _by_setting(tuned, lambda rp: rp[0]["name"])
+    params = {r["name"]: p for r, p in tuned}
+    groups = {s.name: [(r, params[r["name"]]) for r in s.runs] for s in group_settings([r for r, _ in tuned])}
     loss = {name: Stats.of([_loss(r) for r, _ in g]) for name, g in groups.items()}
     full = next((name for name, g in groups.items() if not (g[0][0]["config"].get("lora") or {}).get("rank")), None)
     rows, findings = [], []
