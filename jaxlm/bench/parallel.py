@@ -173,7 +173,9 @@ def main(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, [*over, f"parallel.microbatches={m}"], preset=args.preset)
             row = measure(cfg, cfg.model.context_length, args.steps, args.compile_only)
             if "bubble" in row and "step_ms" in row:
-                ref = refs.get(row["layout"]) or refs.setdefault(row["layout"], _unpipelined(args, over, cfg))
+                if row["layout"] not in refs:  # one reference per layout, shared by its micro-batch counts
+                    refs[row["layout"]] = _unpipelined(args, over, cfg)
+                ref = refs[row["layout"]]
                 row.update(bubble_measured=1 - ref["step_ms"] / row["step_ms"], reference_layout=ref["layout"],
                            reference_step_ms=ref["step_ms"])
             print(_row_line(row), flush=True)
