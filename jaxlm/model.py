@@ -49,6 +49,7 @@ from jaxlm.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rope,
+    dense,
     dropout,
 )
 from jaxlm.parallel import constrain
@@ -267,7 +268,7 @@ class TransformerLM(nnx.Module):
         if self.cfg.norm != "none":
             x = self.ln_final(x)
         head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        logits = jnp.einsum("BTD,VD->BTV", x, self.precision.cast(head[...]))  # (B, T, V)
+        logits = dense(x, self.precision.cast(head[...]))  # (B, T, V)
         return constrain(logits, "batch", "seq", "vocab")
 
     # ----------------------------------------------------------------------- KV cache (generation)

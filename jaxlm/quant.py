@@ -21,6 +21,7 @@ import qwix
 from flax import nnx
 
 from jaxlm.config import QatConfig
+from jaxlm.layers import dense
 from jaxlm.model import Linear
 
 # NF4 levels: the quantiles of N(0, 1) normalised to [-1, 1] with an exact 0 (QLoRA paper, appendix E).
@@ -112,7 +113,7 @@ class QATLinear(nnx.Module):
         x = self.precision.cast(x)  # (..., I)
         if self.activation_bits:
             x = fake_quant(x, self.activation_bits, tuple(range(x.ndim - 1)))
-        return jnp.einsum("...i,oi->...o", x, self.precision.cast(w))  # (..., O)
+        return dense(x, self.precision.cast(w))  # (..., O)
 
 
 def linear_slots(model: nnx.Module):

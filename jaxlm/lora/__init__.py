@@ -26,6 +26,7 @@ from flax import nnx
 
 from jaxlm import quant
 from jaxlm.config import LoraConfig
+from jaxlm.layers import dense
 from jaxlm.model import Linear
 
 
@@ -59,10 +60,10 @@ class LoRALinear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cast = self.precision.cast
         x = cast(x)  # (..., I)
-        y = jnp.einsum("...i,oi->...o", x, cast(jax.lax.stop_gradient(self.base_weight())))  # (..., O)
+        y = dense(x, cast(jax.lax.stop_gradient(self.base_weight())))  # (..., O)
         xd = self.dropout(x) if self.dropout is not None else x
-        h = jnp.einsum("...i,ri->...r", xd, cast(self.lora_a[...]))  # (..., r)
-        return y + self.scale * jnp.einsum("...r,or->...o", h, cast(self.lora_b[...]))  # (..., O)
+        h = dense(xd, cast(self.lora_a[...]))  # (..., r)
+        return y + self.scale * dense(h, cast(self.lora_b[...]))  # (..., O)
 
 
 def _slots(model: nnx.Module, targets) -> list:
