@@ -6,8 +6,8 @@ import json
 import platform
 import subprocess
 import sys
-from importlib import metadata
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Callable
 
 from experiments.plan import RunSpec

@@ -18,14 +18,20 @@ import itertools
 import math
 import textwrap
 from dataclasses import dataclass
-
 from pathlib import Path
 from typing import Callable
 
 from experiments.device import Device, unmet_requirement
-from experiments.plan import Plan, RunSpec, bench_overrides, load_plan, plan_names, train_overrides
-from jaxlm.config import Config, load_config
-from jaxlm.flops import step_flops
+from experiments.plan import (
+    Plan,
+    RunSpec,
+    bench_overrides,
+    load_plan,
+    plan_names,
+    train_overrides,
+)
+from jaxlm.analysis.flops import step_flops
+from jaxlm.core.config import Config, load_config
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.report import _plt, fmt, shrink_png, value
-from experiments.report.format import pct_change
+from experiments.report.format import fmt, pct_change, value
+from experiments.report.plots import _plt, shrink_png
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 

@@ -8,7 +8,7 @@ Steps run most important first; each writes its JSON (`STEP.json`) and the whole
 ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
 remaining `--budget` is deferred with that reason; `--only NAME` runs chosen steps (e.g. the deferred ones in
 a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench); memory: the device's
-peak from its memory stats, next to jaxlm.memory's estimate. The steps live in experiments/gpu_steps.py.
+peak from its memory stats, next to jaxlm.memory's estimate. The steps live in experiments/gpu_steps.py and gpu_profile.py.
 """
 
 from __future__ import annotations
@@ -22,16 +22,44 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
 
 from jaxlm import cli  # noqa: E402
-from jaxlm.files import atomic_write  # noqa: E402
+from jaxlm.core.files import atomic_write  # noqa: E402
 
 DEFAULT_OUT = "docs/results/gpu"
 STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
 
 
-def _steps():
-    from experiments import gpu_steps
+def steps():
+    """The steps, most important first (imported on use: they load JAX)."""
+    from experiments.gpu_profile import estimate_profile, run_profile
+    from experiments.gpu_steps import (
+        TARGET_VAL_LOSS,
+        Step,
+        estimate_attention,
+        estimate_max_batch,
+        estimate_shakespeare,
+        estimate_techniques,
+        run_attention,
+        run_max_batch,
+        run_shakespeare,
+        run_techniques,
+        table_estimate,
+        table_run,
+    )
 
-    return gpu_steps.STEPS
+    return (
+        Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
+             estimate_attention, run_attention),
+        Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", table_estimate("bfloat16"),
+             table_run("bfloat16")),
+        Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
+             estimate_techniques, run_techniques),
+        Step("max_batch", "Largest batch per technique at context 1024 (`small`)", estimate_max_batch, run_max_batch),
+        Step("profile", "Where the time goes: op-level summary from a profiler trace", estimate_profile, run_profile),
+        Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {TARGET_VAL_LOSS}", estimate_shakespeare,
+             run_shakespeare),
+        Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", table_estimate("float32"),
+             table_run("float32")),
+    )
 
 
 def plan(steps, budget: float, only: list[str] | None, smoke: bool) -> list[tuple[object, float, str]]:
@@ -64,7 +92,7 @@ def format_plan(rows, budget: float) -> str:
 
 def write_report(out: Path, results: dict, rows, meta: dict) -> None:
     """report.md: every step's section, or the reason it has none; results.json: everything."""
-    from experiments import gpu_steps
+    from experiments import gpu_report
 
     parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
              f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
@@ -78,7 +106,7 @@ def write_report(out: Path, results: dict, rows, meta: dict) -> None:
         elif "error" in res:
             parts += [f"Failed: {res['error']}", ""]
         else:
-            parts += [gpu_steps.section(step.name, res), ""]
+            parts += [gpu_report.section(step.name, res), ""]
     atomic_write(out / "report.md", "\n".join(parts))
     atomic_write(out / "results.json", json.dumps({"meta": meta, "steps": results}, indent=1, default=str))
 
@@ -100,7 +128,7 @@ def run(args) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = plan(_steps(), args.budget, args.only, args.smoke)
+    rows = plan(steps(), args.budget, args.only, args.smoke)
     ctx = gpu_steps.Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
     meta = {"command": "python -m experiments.gpu_campaign " + " ".join(args.argv), "device": ctx.device,
             "jax": jax.__version__, "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke}
@@ -134,11 +162,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=DEFAULT_OUT, help="where report.md, results.json and STEP.json go")
     args = parser.parse_args(argv)
     args.argv = argv
-    names = [s.name for s in _steps()]
+    names = [s.name for s in steps()]
     unknown = [n for n in args.only or [] if n not in names]
     cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
     if args.dry_run:
-        print(format_plan(plan(_steps(), args.budget, args.only, args.smoke), args.budget))
+        print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
         return 0
     return run(args)
 

@@ -1,7 +1,7 @@
-"""The GPU campaign's steps (experiments/gpu_campaign.py), most important first.
+"""The GPU campaign's measuring steps (the order is `STEPS` in experiments/gpu_campaign.py).
 
-Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate and a Markdown
-section. Sizes shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU;
+Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
+section is in experiments/gpu_report.py. Sizes shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU;
 cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
 layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
 bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from jaxlm import flops, memory
-from jaxlm.config import ModelConfig
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ModelConfig
 
 H100 = {"bfloat16": 989e12, "float32": 67e12}
 MFU_GUESS = 0.4
@@ -105,11 +105,11 @@ def _rel(a, b) -> float:
     return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
 
-def _attention_fns(impl: str, window: int | None):
+def attention_fns(impl: str, window: int | None):
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.attention import attention
+    from jaxlm.nn.attention import attention
 
     fwd = jax.jit(lambda q, k, v: attention(q, k, v, implementation=impl, causal=True, window=window))
     loss = lambda q, k, v, ct: jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
@@ -126,7 +126,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     keys = jax.random.split(jax.random.key(T), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
     q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    ref_fwd, ref_bwd = _attention_fns("xla", window)
+    ref_fwd, ref_bwd = attention_fns("xla", window)
     up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
     ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
     rows = []
@@ -136,7 +136,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
             continue
         try:
-            fwd, bwd = _attention_fns(impl, window)
+            fwd, bwd = attention_fns(impl, window)
             row["out_rel_err"] = _rel(fwd(q16, k16, v16), ref_out)
             row["grad_rel_err"] = max(_rel(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
             row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
@@ -180,7 +180,7 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
     return rows
 
 
-def _table_run(dtype: str):
+def table_run(dtype: str):
     def run(ctx: Context) -> dict:
         from jaxlm.bench import core
 
@@ -197,7 +197,7 @@ def _table_run(dtype: str):
     return run
 
 
-def _table_estimate(dtype: str):
+def table_estimate(dtype: str):
     def est(smoke: bool) -> float:
         if smoke:
             return 10.0
@@ -298,16 +298,6 @@ def estimate_max_batch(smoke: bool) -> float:
 
 # --------------------------------------------------------------------------- 5. profile, 6. shakespeare
 
-def run_profile(ctx: Context) -> dict:
-    from experiments import gpu_report
-
-    return gpu_report.profile_summary(ctx)
-
-
-def estimate_profile(smoke: bool) -> float:
-    return 8.0 if smoke else 40.0
-
-
 def run_shakespeare(ctx: Context) -> dict:
     """The shakespeare GPU recipe (experiments/plans/_shakespeare.toml, size gpu) as a `jaxlm.train`
     subprocess; time to the first evaluation with validation loss <= 1.47."""
@@ -361,25 +351,3 @@ def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
         plot_results([r for r in rows if r.get("status") == "ok"], ctx.out / prefix)
     except Exception as e:  # a missing plotting extra must not cost the table
         print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)
-
-
-STEPS = (
-    Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
-         estimate_attention, run_attention),
-    Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", _table_estimate("bfloat16"),
-         _table_run("bfloat16")),
-    Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
-         estimate_techniques, run_techniques),
-    Step("max_batch", "Largest batch per technique at context 1024 (`small`)", estimate_max_batch, run_max_batch),
-    Step("profile", "Where the time goes: op-level summary from a profiler trace", estimate_profile, run_profile),
-    Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {TARGET_VAL_LOSS}", estimate_shakespeare,
-         run_shakespeare),
-    Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", _table_estimate("float32"),
-         _table_run("float32")),
-)
-
-
-def section(name: str, res: dict) -> str:
-    from experiments import gpu_report
-
-    return gpu_report.section(name, res)

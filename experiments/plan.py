@@ -43,13 +43,13 @@ import itertools
 import json
 import math
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-import tomllib
 
-from jaxlm.config import load_config, to_dict, toml_value
-from jaxlm.errors import ConfigError
+from jaxlm.core.config import load_config, to_dict, toml_value
+from jaxlm.core.errors import ConfigError
 
 
 class PlanError(ConfigError):

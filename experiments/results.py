@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from jaxlm.files import read_json
+from jaxlm.core.files import read_json
 
 RESULT = "result.json"
 DONE_STATUSES = ("ok", "diverged", "skipped")  # a run with one of these is complete; "failed" is retried

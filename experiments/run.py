@@ -24,9 +24,29 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from experiments.device import Device, detect_device, software_versions, unmet_requirement
-from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
-from experiments.plan import Plan, PlanError, RunSpec, bench_overrides, load_plan, plan_names, resolved_train_config, train_overrides
+from experiments.device import (
+    Device,
+    detect_device,
+    software_versions,
+    unmet_requirement,
+)
+from experiments.estimate import (
+    THROUGHPUT,
+    estimate_seconds,
+    format_seconds,
+    list_plans,
+    plan_estimate,
+)
+from experiments.plan import (
+    Plan,
+    PlanError,
+    RunSpec,
+    bench_overrides,
+    load_plan,
+    plan_names,
+    resolved_train_config,
+    train_overrides,
+)
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -36,7 +56,7 @@ from experiments.results import (
     summarise_train,
 )
 from jaxlm import cli
-from jaxlm.files import read_json, write_json
+from jaxlm.core.files import read_json, write_json
 
 TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"
@@ -112,9 +132,9 @@ BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
 def validate(plan: Plan, plan_dir: Path) -> None:
     """Resolve every train run's config and data now, so a bad override or a missing corpus fails
     before hours of runs, naming the run."""
+    from jaxlm.core.errors import UserError
     from jaxlm.data.corpora import resolve_sources
     from jaxlm.data.prepare import META
-    from jaxlm.errors import UserError
 
     for spec in plan.runs:
         if spec.kind != "train":
@@ -191,8 +211,8 @@ def collect(spec: RunSpec, run_dir: Path) -> dict:
         if cfg and "metrics" in out:
             m = out["metrics"]
             try:
-                from jaxlm.config import ModelConfig, from_dict
-                from jaxlm.flops import param_counts
+                from jaxlm.analysis.flops import param_counts
+                from jaxlm.core.config import ModelConfig, from_dict
 
                 counts = param_counts(from_dict(ModelConfig, cfg["model"]))
                 m["params"] = counts["total"]

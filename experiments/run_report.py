@@ -15,8 +15,8 @@ from pathlib import Path
 
 from experiments.results import read_metrics, summarise_train
 from jaxlm import cli
-from jaxlm.errors import CheckpointError, DataError, UsageError
-from jaxlm.files import writable_dir_problem
+from jaxlm.core.errors import CheckpointError, DataError, UsageError
+from jaxlm.core.files import writable_dir_problem
 
 SAMPLE_TOKENS = 256
 
@@ -50,9 +50,12 @@ def fluency(tokens: list[int], text: str) -> list[str]:
 
 def sample(run_dir: Path, prompt: str | None, args: argparse.Namespace) -> tuple[list[str], str]:
     """(Markdown lines, the decoding line) for a sample from the run's latest checkpoint."""
-    from jaxlm.checkpoint import read_run_config, saved_steps
-    from jaxlm.decode import Generator, SamplingParams, encode_prompt
-    from jaxlm.generate import load_for_generation
+    from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
+    from jaxlm.training.checkpoint import (
+        load_for_generation,
+        read_run_config,
+        saved_steps,
+    )
 
     model, tok = load_for_generation(run_dir)
     text_prompt = prompt if prompt is not None else read_run_config(run_dir).log.sample_prompt
@@ -72,8 +75,8 @@ def sample(run_dir: Path, prompt: str | None, args: argparse.Namespace) -> tuple
 
 
 def run_summary(run_dir: Path, records: list[dict]) -> list[str]:
-    from jaxlm.config import load_config
-    from jaxlm.flops import param_counts
+    from jaxlm.analysis.flops import param_counts
+    from jaxlm.core.config import load_config
 
     cfg = load_config(run_dir / "config.toml")
     m, s = cfg.model, summarise_train(records)
@@ -90,7 +93,7 @@ def run_summary(run_dir: Path, records: list[dict]) -> list[str]:
 
 
 def write_run_report(run_dir: Path, out: Path | None, args: argparse.Namespace) -> Path:
-    from experiments.report import plot_curves, shrink_png
+    from experiments.report.plots import plot_curves, shrink_png
 
     run_dir = Path(run_dir)
     out = Path(out) if out else run_dir / "report"

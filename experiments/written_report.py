@@ -21,10 +21,11 @@ from pathlib import Path
 
 from experiments import figures
 from experiments.plan import plan_names
-from experiments.report import load_results, write_report
-from jaxlm.errors import DataError
-from jaxlm.extras import require
-from jaxlm.files import read_json, writable_dir_problem
+from experiments.report.build import write_report
+from experiments.results import load_results
+from jaxlm.core.errors import DataError
+from jaxlm.core.extras import require
+from jaxlm.core.files import read_json, writable_dir_problem
 
 TECHNIQUES_DIR = Path(__file__).resolve().parents[1] / "docs" / "techniques"
 TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "scanned-layers", "data-parallel",
@@ -90,8 +91,8 @@ def plan_part(root: Path, plan: str, out: Path, levels: int = 2) -> tuple[list[s
 
 
 def setup_section(runs: list[dict]) -> list[str]:
-    from jaxlm.config import ModelConfig, from_dict
-    from jaxlm.flops import param_counts
+    from jaxlm.analysis.flops import param_counts
+    from jaxlm.core.config import ModelConfig, from_dict
 
     data, models, hosts, versions = {}, {}, set(), {}
     for r in runs:

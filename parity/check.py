@@ -23,7 +23,7 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch may share the GPU
 
-from jaxlm.extras import exit_unless_installed  # noqa: E402
+from jaxlm.core.extras import exit_unless_installed  # noqa: E402
 
 exit_unless_installed("torch")
 import jax  # noqa: E402
@@ -34,14 +34,14 @@ from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
 from jaxlm import cli  # noqa: E402
-from jaxlm.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfig  # noqa: E402
-from jaxlm.errors import UsageError  # noqa: E402
-from jaxlm.files import write_json, writable_dir_problem  # noqa: E402
-from jaxlm.host import tune_for_cpu_backend  # noqa: E402
-from jaxlm.model import TransformerLM, cross_entropy  # noqa: E402
-from jaxlm.optim import make_optimizer  # noqa: E402
-from jaxlm.preflight import check_attention  # noqa: E402
-from jaxlm.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
+from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfig  # noqa: E402
+from jaxlm.core.errors import UsageError  # noqa: E402
+from jaxlm.core.files import writable_dir_problem, write_json  # noqa: E402
+from jaxlm.core.host import tune_for_cpu_backend  # noqa: E402
+from jaxlm.nn.model import TransformerLM, cross_entropy  # noqa: E402
+from jaxlm.training.optim import make_optimizer  # noqa: E402
+from jaxlm.training.preflight import check_attention  # noqa: E402
+from jaxlm.training.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
 from parity.convert import jax_to_torch, torch_config, torch_named, torch_to_jax  # noqa: E402
 
 # Thresholds by compute dtype. float32 ones come from the issue; bfloat16 ones are

@@ -20,7 +20,7 @@ import torch
 from flax import nnx
 
 import torchref
-from jaxlm.config import ModelConfig
+from jaxlm.core.config import ModelConfig
 
 # jaxlm ModelConfig field -> torchref ModelConfig field: the architecture, name for name.
 CONFIG_FIELDS = {f.name: f.name for f in dataclasses.fields(ModelConfig)}

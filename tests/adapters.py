@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 import torchref
-from torchref import ModelConfig
 from jaxlm.data.bpe import train_bpe
 from jaxlm.data.tokenizer import Tokenizer
+from torchref import ModelConfig
 
 
 def run_linear(d_in: int, d_out: int, weights: Tensor, in_features: Tensor) -> Tensor:

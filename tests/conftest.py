@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from jaxlm.core.errors import DataError
 from jaxlm.data.corpora import corpus_files
-from jaxlm.errors import DataError
 
 # The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
 # threads and the other pytest-xdist worker (a 1 s test took 70 s that way).

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from jaxlm import answers, cli, flops, memory
-from jaxlm.config import ComputeConfig
+from experiments import answers
+from jaxlm import cli
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ComputeConfig
 
 # GPT-2 XL under docs/spec.md's architecture: d 1600, 48 layers, 25 heads, d_ff 6400, vocab 50257, untied.
 D, L, F, V, T = 1600, 48, 6400, 50257, 1024

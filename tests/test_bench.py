@@ -12,11 +12,15 @@ import torch
 from flax import nnx
 
 import torchref
-from jaxlm import cli, flops
+from jaxlm import cli
+from jaxlm.analysis import flops
 from jaxlm.bench import core, jax_side
-from jaxlm.bench.__main__ import COMMANDS, main
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.model import TransformerLM, count_params
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.model import TransformerLM, count_params
+from parity.bench import (  # jaxlm.bench's commands with the torch side added
+    COMMANDS,
+    main,
+)
 from parity.convert import torch_config
 from tests.train_helpers import make_corpus, tiny_overrides
 
@@ -147,7 +151,7 @@ def test_find_max_batch_against_the_memory_limit_estimate():
 
 def test_breakdown_and_memory_profile(tmp_path):
     from jaxlm.bench.breakdown import component_breakdown
-    from jaxlm.bench.memory import memory_profile
+    from jaxlm.bench.memory_profile import memory_profile
 
     res = component_breakdown(TINY_CFG, ComputeConfig(), 2, 16, warmup=1, steps=1)
     comps = res["components"]
@@ -237,3 +241,16 @@ def test_compiled_matmuls_count_remat_and_show_bfloat16_through_float32_on_cpu()
     assert plain == {"hlo_dots": 3 * (9 * 2 + 1), "matmul_dtypes": ["f32"]}
     assert matmuls(ComputeConfig(remat="full"))["hlo_dots"] > plain["hlo_dots"]  # the recomputation, compiled
     assert matmuls(ComputeConfig(dtype="bfloat16"))["matmul_dtypes"] == ["f32"]  # XLA:CPU: bfloat16 through float32
+
+
+def test_jaxlm_bench_alone_asks_for_parity_bench_for_torch_rows(capsys):
+    from jaxlm.cli import bench
+
+    saved = core.SIDES.pop("torch", None)  # as in a process that never imported parity.bench
+    try:
+        assert cli.run(bench.main, ["model", *TINY, "--framework", "both", "--context", "8", "--batch", "1"]) == 2
+    finally:
+        if saved:
+            core.SIDES["torch"] = saved
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "python -m parity.bench model" in err[0], err

@@ -7,7 +7,14 @@ import pytest
 import regex
 
 from jaxlm.data import bpe
-from jaxlm.data.bpe import GPT2_PATTERN, DataError, load_vocab_merges, save_vocab_merges, str_to_token, train_bpe
+from jaxlm.data.bpe import (
+    GPT2_PATTERN,
+    DataError,
+    load_vocab_merges,
+    save_vocab_merges,
+    str_to_token,
+    train_bpe,
+)
 
 EOT = "<|endoftext|>"
 
@@ -115,7 +122,7 @@ def test_errors_name_the_file(tmp_path):
 
 
 def test_cli_train_bpe(tmp_path, cs336, capsys):
-    from jaxlm.data.__main__ import main
+    from jaxlm.cli.data import main
 
     assert main(["train-bpe", "--input", str(cs336 / "corpus.en"), "--vocab-size", "500", "--out", str(tmp_path)]) == 0
     assert "vocab 500" in capsys.readouterr().out

@@ -9,7 +9,17 @@ import tomllib
 
 import pytest
 
-from jaxlm.config import PRESETS, ComputeConfig, Config, ConfigError, ModelConfig, dumps_toml, help_config, load_config, to_dict
+from jaxlm.core.config import (
+    PRESETS,
+    ComputeConfig,
+    Config,
+    ConfigError,
+    ModelConfig,
+    dumps_toml,
+    help_config,
+    load_config,
+    to_dict,
+)
 from tests.train_helpers import ROOT
 
 QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.toml"

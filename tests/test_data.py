@@ -11,13 +11,18 @@ from http.server import HTTPServer, SimpleHTTPRequestHandler
 import numpy as np
 import pytest
 
-from jaxlm.config import DataConfig
+from jaxlm.core.config import DataConfig
 from jaxlm.data import corpora
 from jaxlm.data import prepare as prepmod
 from jaxlm.data.bpe import DataError, save_vocab_merges, train_bpe
 from jaxlm.data.loader import eval_batches, get_batch, step_offsets, train_batches
-from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, prepare, read_meta, tokens
-from jaxlm.data.tokenizer import load_tokenizer
+from jaxlm.data.prepare import (
+    ensure_prepared,
+    load_tokenizer_from_meta,
+    prepare,
+    read_meta,
+    tokens,
+)
 
 EOT = "<|endoftext|>"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

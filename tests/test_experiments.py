@@ -19,9 +19,9 @@ import pytest
 
 from experiments.estimate import THROUGHPUT, bench_seconds, plan_seconds
 from experiments.plan import PlanError, load_plan, plan_names
-from experiments.report import write_report
+from experiments.report.build import write_report
 from experiments.run import Device, run_plan
-from jaxlm.config import toml_value
+from jaxlm.core.config import toml_value
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Device("cpu", "cpu", 1)
@@ -206,7 +206,7 @@ def test_bad_config_override_fails_before_running(tmp_path):
 
 
 def test_toml_values_round_trip():
-    from jaxlm.config import parse_override
+    from jaxlm.core.config import parse_override
 
     for v in (3, 1e-3, True, "bfloat16", "a \"quoted\" path", [1, 2], ["x.txt"]):
         assert parse_override(f"a.b={toml_value(v)}")[1] == v

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from jaxlm import cli
-from jaxlm.config import load_config
-from jaxlm.errors import CheckpointError, DataError
+from jaxlm.core.config import load_config
+from jaxlm.core.errors import CheckpointError, DataError
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
 # One worker runs this module, so its trained fixtures (corpus, reference run, broken inputs) are built once.
@@ -60,7 +60,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     """The uninterrupted 30-step run every interrupted one must reproduce."""
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     run = tmp_path_factory.mktemp("reference") / "run"
     train(load_config(None, tiny_overrides(corpus, run, **RUN)))
@@ -112,7 +112,7 @@ def _kill_and_resume(corpus, run: Path, kills: int, seed: int) -> list[int]:
 
 
 def _check_equal_to_reference(run: Path, reference: Path, why: str) -> None:
-    from jaxlm.checkpoint import restore_for_inference
+    from jaxlm.training.checkpoint import restore_for_inference
 
     for kind in ("train", "eval"):
         got, want = _rows(run, kind), _rows(reference, kind)
@@ -121,9 +121,8 @@ def _check_equal_to_reference(run: Path, reference: Path, why: str) -> None:
         assert [r[key] for r in got] == [r[key] for r in want], f"{why}: {kind} losses differ"
     assert not list((run / "checkpoints").glob("*orbax-checkpoint-tmp*")), why
     (a, _, _), (b, _, _) = restore_for_inference(run), restore_for_inference(reference)
-    from flax import nnx
-
     import jax
+    from flax import nnx
 
     pa, pb = jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))
     assert all(np.array_equal(x, y) for x, y in zip(pa, pb)), f"{why}: final parameters differ"
@@ -155,8 +154,8 @@ def _truncate_checkpoint(step_dir: Path) -> None:
 
 
 def test_truncated_latest_checkpoint_falls_back(corpus, reference, tmp_path, capfd):
-    from jaxlm.checkpoint import restore_for_inference
-    from jaxlm.train import train
+    from jaxlm.training.checkpoint import restore_for_inference
+    from jaxlm.training.loop import train
 
     run = tmp_path / "run"
     train(load_config(None, tiny_overrides(corpus, run, **{**RUN, "train.steps": 21})))  # checkpoints 18, 21
@@ -174,7 +173,9 @@ def test_truncated_latest_checkpoint_falls_back(corpus, reference, tmp_path, cap
     _check_equal_to_reference(run, reference, "resumed from 18 after 21 was truncated")
 
     # TensorBoard's own reader (RustBoard, the default, preempts per series by itself)
-    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator,
+    )
 
     events = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0})
     events.Reload()
@@ -183,8 +184,8 @@ def test_truncated_latest_checkpoint_falls_back(corpus, reference, tmp_path, cap
 
 
 def test_no_checkpoint_that_restores_is_one_line(corpus, files, tmp_path):
-    from jaxlm.checkpoint import restore_for_inference
-    from jaxlm.train import train
+    from jaxlm.training.checkpoint import restore_for_inference
+    from jaxlm.training.loop import train
 
     run = tmp_path / "run"
     shutil.copytree(files["corrupt"], run)  # checkpoints 2 and 4, both truncated
@@ -197,7 +198,7 @@ def test_no_checkpoint_that_restores_is_one_line(corpus, files, tmp_path):
 
 
 def test_generate_on_a_run_without_checkpoints_creates_nothing(corpus, tmp_path):
-    from jaxlm.checkpoint import restore_for_inference
+    from jaxlm.training.checkpoint import restore_for_inference
 
     run = tmp_path / "run"
     run.mkdir()
@@ -233,7 +234,7 @@ def test_failed_prepare_keeps_good_data(tmp_path):
 
 
 def test_out_of_range_token_file_is_refused_naming_it(corpus, tmp_path):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     data = tmp_path / "data"
     shutil.copytree(corpus, data)
@@ -387,7 +388,7 @@ def files(corpus, tmp_path_factory) -> dict[str, str]:
     """The broken inputs the table refers to, and a small trained run (checkpoints 2 and 4)."""
     from jaxlm.data.bpe import train_and_save
     from jaxlm.data.prepare import prepare
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     d = tmp_path_factory.mktemp("bad_inputs")
     run = d / "run"

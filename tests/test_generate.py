@@ -16,10 +16,17 @@ from flax import nnx
 
 import torchref
 from jaxlm import cli
-from jaxlm.config import ModelConfig, load_config
-from jaxlm.decode import Generator, SamplingParams, StreamDecoder, filter_logits, sampling_probs
-from jaxlm.generate import build_parser, load_for_generation, main, run_config
-from jaxlm.model import TransformerLM
+from jaxlm.cli.generate import build_parser, main, run_config
+from jaxlm.core.config import ModelConfig, load_config
+from jaxlm.nn.decode import (
+    Generator,
+    SamplingParams,
+    StreamDecoder,
+    filter_logits,
+    sampling_probs,
+)
+from jaxlm.nn.model import TransformerLM
+from jaxlm.training.checkpoint import load_for_generation
 from parity.convert import torch_config, torch_to_jax
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 from torchref.generate import filter_logits as torch_filter_logits
@@ -244,7 +251,7 @@ def test_stream_decoder_holds_partial_utf8():
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     base = tmp_path_factory.mktemp("gen_run")
     corpus = make_corpus(base / "corpus")

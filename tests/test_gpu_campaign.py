@@ -5,18 +5,18 @@ import re
 
 import pytest
 
-from experiments import gpu_campaign, gpu_steps
+from experiments import gpu_campaign
 from jaxlm import cli
 
 
 def test_dry_run_lists_every_step_with_seconds_within_the_budget(capsys):
     assert cli.run(gpu_campaign.main, ["--dry-run"]) == 0
     out = capsys.readouterr().out
-    for step in gpu_steps.STEPS:
+    for step in gpu_campaign.steps():
         assert re.search(rf"^{step.name}\s+\d+\s", out, re.M), step.name
     total = float(re.search(r"^total\s+(\d+)", out, re.M).group(1))
     assert total <= 540
-    planned = gpu_campaign.plan(gpu_steps.STEPS, 540, None, False)
+    planned = gpu_campaign.plan(gpu_campaign.steps(), 540, None, False)
     assert gpu_campaign.STARTUP_S + sum(est for _, est, status in planned if status == "run") <= 540
     assert planned[0][0].name == "attention" and planned[0][2] == "run"  # the most important step is never deferred
 
@@ -36,7 +36,7 @@ def smoke(tmp_path_factory, tinyshakespeare):
 def test_smoke_runs_every_step_and_writes_report_and_json(smoke):
     report = (smoke / "report.md").read_text()
     results = json.loads((smoke / "results.json").read_text())["steps"]
-    for step in gpu_steps.STEPS:
+    for step in gpu_campaign.steps():
         assert f"## {step.title}" in report
         assert "error" not in results[step.name], results[step.name]
         assert (smoke / f"{step.name}.json").exists()

@@ -7,7 +7,7 @@ import pytest
 
 PROBE = """
 import sys, numpy as np, psutil
-from jaxlm.host import keep_large_allocations_in_heap
+from jaxlm.core.host import keep_large_allocations_in_heap
 applied = keep_large_allocations_in_heap() if sys.argv[1] == "tuned" else False
 proc = psutil.Process()
 before = proc.memory_info().rss

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxlm import extras
-from jaxlm.errors import MissingExtra, UserError
+from jaxlm.core import extras
+from jaxlm.core.errors import MissingExtra, UserError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,9 +23,19 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras():
     assert any(d.startswith("jaxlm[") and all(e in d for e in ("torch", "plots", "profile")) for d in opt["test"])
 
 
-def test_core_modules_import_neither_torch_nor_matplotlib():
-    code = ("import sys, jaxlm.train, jaxlm.generate, jaxlm.checkpoint, jaxlm.tracking, jaxlm.data.prepare, "
-            "jaxlm.data.loader, jaxlm.data.corpora, jaxlm.bench, experiments.run; "
+def test_the_library_imports_neither_its_reference_nor_its_lab():
+    """Every jaxlm module imported: torch, torchref, parity and experiments stay out."""
+    code = ("import importlib, pkgutil, sys, jaxlm\n"
+            "for m in pkgutil.walk_packages(jaxlm.__path__, 'jaxlm.'):\n"
+            "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
+            "print(sorted(m for m in ('torch', 'torchref', 'parity', 'experiments') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
+    assert out.stdout.strip() == "[]"
+
+
+def test_core_commands_import_neither_plots_nor_profiler():
+    code = ("import sys, jaxlm.cli.train, jaxlm.cli.generate, jaxlm.training.checkpoint, jaxlm.data.prepare, "
+            "jaxlm.data.loader, jaxlm.cli.bench, experiments.run; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'xprof') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
     assert out.stdout.strip() == "[]"

@@ -4,10 +4,12 @@ import json
 
 import pytest
 
-from jaxlm import cli, memory
-from jaxlm.bench import memory as bench_memory
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.flops import param_counts
+from jaxlm import cli
+from jaxlm.analysis import memory
+from jaxlm.analysis.flops import param_counts
+from jaxlm.bench import memory_profile as bench_memory
+from jaxlm.cli import memory as memory_cli
+from jaxlm.core.config import ComputeConfig, ModelConfig
 
 
 @pytest.mark.parametrize("shape", [(256, 4, 4, 1000, 128, 4), (256, 2, 4, 1000, 128, 4)])
@@ -51,11 +53,11 @@ def test_largest_batch_is_the_last_that_fits():
 
 def test_cli_prints_the_breakdown_and_largest_batch(capsys):
     argv = ["--preset", "large", "--context", "1024", "--batch", "4", "--dtype", "bfloat16", "--device", "h100-80gb"]
-    assert cli.run(memory.main, argv) == 0
+    assert cli.run(memory_cli.main, argv) == 0
     out = capsys.readouterr().out
     for text in ("AdamW moments", "attention scores/probs", "ffn hidden", "predicted peak", "largest batch that fits"):
         assert text in out
-    assert cli.run(memory.main, [*argv, "--json"]) == 0
+    assert cli.run(memory_cli.main, [*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["largest_batch"] == memory.largest_batch(ModelConfig.from_name("large"), 1024,
                                                       memory.DEVICES["h100-80gb"] * memory.DEFAULT_USABLE,
@@ -65,21 +67,21 @@ def test_cli_prints_the_breakdown_and_largest_batch(capsys):
 @pytest.mark.parametrize("argv", [["--memory", "lots"], ["--attention", "cudnn", "--dtype", "float32"],
                                   ["--device", "h100-80gb", "--memory", "1GB"], ["--batch", "0"]])
 def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
-    assert cli.run(memory.main, argv) == 2
+    assert cli.run(memory_cli.main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
 
 
 def test_parse_size():
-    assert memory.parse_size("24GiB") == 24 * 2**30
-    assert memory.parse_size("80GB") == 80e9
-    assert memory.parse_size("512 MiB") == 512 * 2**20
+    assert memory_cli.parse_size("24GiB") == 24 * 2**30
+    assert memory_cli.parse_size("80GB") == 80e9
+    assert memory_cli.parse_size("512 MiB") == 512 * 2**20
 
 
 def test_validate_writes_the_table_between_markers(tmp_path):
     out = tmp_path / "memory.md"
     out.write_text(f"# Memory\n\nbefore\n\n{bench_memory.MARK_BEGIN}\nold\n{bench_memory.MARK_END}\n\nafter\n")
-    assert cli.run(memory.main, ["validate", "--rows", "1", "--out", str(out)]) == 0
+    assert cli.run(memory_cli.main, ["validate", "--rows", "1", "--out", str(out)]) == 0
     text = out.read_text()
     assert "before" in text and "after" in text and "old" not in text
     assert "| 256 | 4 | 4 | 1000 | 128 | 4 |" in text

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlm.attention import attention, cudnn_supported, visibility_mask
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.model import (
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.attention import attention, cudnn_supported, visibility_mask
+from jaxlm.nn.model import (
     REMAT_POLICIES,
     RotaryEmbedding,
     TransformerLM,

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from jaxlm.config import OptimConfig
-from jaxlm.optim import make_schedule
+from jaxlm.core.config import OptimConfig
+from jaxlm.training.optim import make_schedule
 
 
 def spec_lr(t: int, lr_max: float, lr_min: float, t_w: int, t_c: int) -> float:

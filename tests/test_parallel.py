@@ -7,10 +7,10 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxlm import parallel
-from jaxlm.bench.parallel import collectives, parse_layout
-from jaxlm.config import ModelConfig, ParallelConfig, load_config
-from jaxlm.errors import ConfigError, UsageError
+from jaxlm.bench.layouts import collectives, parse_layout
+from jaxlm.core import sharding
+from jaxlm.core.config import ModelConfig, ParallelConfig, load_config
+from jaxlm.core.errors import ConfigError, UsageError
 
 
 @pytest.mark.parametrize("kw, n, expected", [
@@ -20,7 +20,7 @@ from jaxlm.errors import ConfigError, UsageError
     (dict(data=2, fsdp=2, tensor=2), 8, dict(data=2, fsdp=2, tensor=2, pipeline=1)),
 ])
 def test_mesh_shape_resolves_the_free_axis(kw, n, expected):
-    assert parallel.mesh_shape(ParallelConfig(**kw), n) == expected
+    assert sharding.mesh_shape(ParallelConfig(**kw), n) == expected
 
 
 @pytest.mark.parametrize("kw, n, match", [
@@ -29,7 +29,7 @@ def test_mesh_shape_resolves_the_free_axis(kw, n, expected):
 ])
 def test_mesh_shape_errors_name_the_keys(kw, n, match):
     with pytest.raises(ConfigError, match=match):
-        parallel.mesh_shape(ParallelConfig(**kw), n)
+        sharding.mesh_shape(ParallelConfig(**kw), n)
 
 
 def test_config_checks_and_the_old_fsdp_flag():
@@ -45,25 +45,25 @@ def test_config_checks_and_the_old_fsdp_flag():
 
 
 def test_tensor_parallel_divisibility_is_checked():
-    mesh = parallel.make_mesh(jax.devices()[:1])
-    parallel.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), mesh)
+    mesh = sharding.make_mesh(jax.devices()[:1])
+    sharding.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), mesh)
 
     class FakeMesh:
         shape = {"tensor": 8, "pipeline": 1}
 
     with pytest.raises(ConfigError, match=r"model.num_heads = 4: does not divide over parallel.tensor = 8"):
-        parallel.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), FakeMesh())
+        sharding.check_model(ModelConfig(num_heads=4, d_model=64, d_ff=96), FakeMesh())
     with pytest.raises(ConfigError, match=r"model.d_ff = 100: does not divide over parallel.tensor = 8"):
-        parallel.check_model(ModelConfig(num_heads=8, d_model=64, d_ff=100), FakeMesh())
+        sharding.check_model(ModelConfig(num_heads=8, d_model=64, d_ff=100), FakeMesh())
 
 
 def test_rules_table_maps_logical_axes():
     sizes = dict(data=2, fsdp=2, tensor=2, pipeline=1)
-    assert parallel.logical_spec(("heads", "embed"), (64, 32), sizes) == P("tensor", "fsdp")
-    assert parallel.logical_spec(("layers", "embed", "mlp"), (3, 32, 64), sizes) == P(None, "fsdp", "tensor")
-    assert parallel.logical_spec(("vocab", "embed"), (257, 32), sizes) == P(None, "fsdp")  # 257 does not divide
-    assert parallel.logical_spec(("norm",), (32,), sizes) == P(None)
-    act = parallel.logical_spec(("batch", "seq", "embed"), (8, 16, 32), sizes, activation=True)
+    assert sharding.logical_spec(("heads", "embed"), (64, 32), sizes) == P("tensor", "fsdp")
+    assert sharding.logical_spec(("layers", "embed", "mlp"), (3, 32, 64), sizes) == P(None, "fsdp", "tensor")
+    assert sharding.logical_spec(("vocab", "embed"), (257, 32), sizes) == P(None, "fsdp")  # 257 does not divide
+    assert sharding.logical_spec(("norm",), (32,), sizes) == P(None)
+    act = sharding.logical_spec(("batch", "seq", "embed"), (8, 16, 32), sizes, activation=True)
     assert act == P(("data", "fsdp"), None, None)  # activations keep embed whole; the batch splits over both
 
 
@@ -89,8 +89,8 @@ def test_parse_layout():
 
 def test_resume_keeps_the_layer_layout(tmp_path):
     """A checkpoint restores in the layout it was saved in: changing compute.scan_layers on resume is refused."""
-    from jaxlm.errors import CheckpointError
-    from jaxlm.preflight import check_compatible
+    from jaxlm.core.errors import CheckpointError
+    from jaxlm.training.preflight import check_compatible
 
     saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
     with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,8 +9,8 @@ import torch
 from flax import nnx
 
 import torchref
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.model import TransformerLM, cross_entropy
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.model import TransformerLM, cross_entropy
 from parity.convert import jax_to_torch, torch_config, torch_to_jax
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16

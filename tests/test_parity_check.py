@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from jaxlm import cli
 from parity import check
 

@@ -11,10 +11,15 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxlm import lora, quant
-from jaxlm.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig, load_config
-from jaxlm.errors import CheckpointError, ConfigError
-from jaxlm.step import TrainState, build_model, make_train_step, split_model
+from jaxlm.core.config import (
+    LoraConfig,
+    ModelConfig,
+    QatConfig,
+    load_config,
+)
+from jaxlm.core.errors import CheckpointError, ConfigError
+from jaxlm.nn import lora, quant
+from jaxlm.training.step import TrainState, build_model, make_train_step, split_model
 from tests.train_helpers import make_corpus, tiny_overrides
 
 CFG = ModelConfig(vocab_size=61, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
@@ -124,7 +129,7 @@ def test_bad_keys_are_one_line(override, message):
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     tmp = tmp_path_factory.mktemp("peft")
     corpus = make_corpus(tmp / "corpus")
@@ -133,9 +138,9 @@ def base_run(tmp_path_factory):
 
 
 def test_init_from_lora_and_merge(base_run):
-    from jaxlm.checkpoint import restore_for_inference
-    from jaxlm.lora.__main__ import merge_run
-    from jaxlm.train import train
+    from jaxlm.cli.lora import merge_run
+    from jaxlm.training.checkpoint import restore_for_inference
+    from jaxlm.training.loop import train
 
     corpus, tmp, base_val = base_run
     cfg = load_config(None, tiny_overrides(corpus, tmp / "lora", **{
@@ -157,8 +162,8 @@ def test_init_from_lora_and_merge(base_run):
 
 def test_init_from_across_layer_layouts(base_run):
     """Unrolled weights start a scanned run and back: the first evaluation (lr 0) is the base model's."""
-    from jaxlm.checkpoint import load_base_weights, restore_for_inference
-    from jaxlm.train import train
+    from jaxlm.training.checkpoint import load_base_weights, restore_for_inference
+    from jaxlm.training.loop import train
 
     corpus, tmp, base_val = base_run
     scanned = {"train.steps": 2, "train.eval_every": 1, "compute.scan_layers": "true"}
@@ -175,7 +180,7 @@ def test_init_from_across_layer_layouts(base_run):
 
 
 def test_init_from_mismatch_names_the_key(base_run):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     corpus, tmp, _ = base_run
     cfg = load_config(None, tiny_overrides(corpus, tmp / "wide", **{
@@ -188,8 +193,8 @@ def test_init_from_mismatch_names_the_key(base_run):
 
 
 def test_quantize_command(base_run, capsys):
-    from jaxlm.errors import UsageError
-    from jaxlm.quantize import main
+    from jaxlm.cli.quantize import main
+    from jaxlm.core.errors import UsageError
 
     _, tmp, base_val = base_run
     assert main([str(tmp / "base"), "--bits", "8", "4", "--batches", "2", "--json", str(tmp / "q.json")]) == 0
@@ -224,7 +229,7 @@ def test_lora_matches_torchref():
     graphdef, params, rest = split_model(model)
 
     def loss(params):
-        from jaxlm.model import cross_entropy
+        from jaxlm.nn.model import cross_entropy
 
         return cross_entropy(nnx.merge(graphdef, params, rest)(TOKENS), jnp.roll(TOKENS, -1, axis=1))
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from experiments import report
+from experiments.report import __main__ as report
 from experiments.results import read_metrics, summarise_train
 from jaxlm import cli
-from jaxlm.config import load_config
+from jaxlm.core.config import load_config
 from tests.train_helpers import make_corpus, tiny_overrides
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     tmp = tmp_path_factory.mktemp("run")
     train(load_config(None, tiny_overrides(make_corpus(tmp / "data"), tmp / "run")))
@@ -25,8 +25,8 @@ def tiny_run(tmp_path_factory) -> Path:
 
 def test_single_run_page_has_curves_numbers_and_a_256_token_sample(tiny_run, tmp_path):
     from experiments.run_report import fluency
-    from jaxlm.decode import Generator, SamplingParams, encode_prompt
-    from jaxlm.generate import load_for_generation
+    from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
+    from jaxlm.training.checkpoint import load_for_generation
 
     out = tmp_path / "page"
     assert cli.run(report.main, [str(tiny_run), "--out", str(out)]) == 0
@@ -99,8 +99,8 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
              "## 5. Extras", "## 6. Training studies", "## 7. Findings against the curriculum", "## 8. Limitations"]
     assert [md.index(h) for h in heads] == sorted(md.index(h) for h in heads)
     assert "| tiny/input.txt | bytes | 123,456 | 7,890 | optimizations |" in md
-    from jaxlm.config import ModelConfig
-    from jaxlm.flops import param_counts
+    from jaxlm.analysis.flops import param_counts
+    from jaxlm.core.config import ModelConfig
 
     n = param_counts(ModelConfig(vocab_size=257, context_length=32, d_model=32, num_layers=2, num_heads=2, d_ff=64))["total"]
     assert f"| 32 | 2 | 2 | 64 | 257 | 32 | {n:,} | optimizations |" in md

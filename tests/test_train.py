@@ -19,10 +19,18 @@ import jax
 import numpy as np
 import pytest
 
-from jaxlm import parallel
-from jaxlm.config import load_config
-from jaxlm.train import steps_in_call
-from tests.train_helpers import LAYOUTS, ROOT, losses, make_corpus, max_param_diff, run_steps, tiny_overrides
+from jaxlm.core import sharding
+from jaxlm.core.config import load_config
+from jaxlm.training.loop import steps_in_call
+from tests.train_helpers import (
+    LAYOUTS,
+    ROOT,
+    losses,
+    make_corpus,
+    max_param_diff,
+    run_steps,
+    tiny_overrides,
+)
 
 PY = sys.executable
 
@@ -47,7 +55,7 @@ def _env(**extra):
 
 
 def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30}))
     ls = losses(tmp_path / "run")
@@ -61,7 +69,7 @@ def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
 
 
 def test_resume_continues_exactly(corpus, tmp_path):
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
     train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
@@ -74,9 +82,9 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
 
 def test_restore_for_inference(corpus, tmp_path):
-    from jaxlm.checkpoint import restore_for_inference
-    from jaxlm.model import cross_entropy
-    from jaxlm.train import train
+    from jaxlm.nn.model import cross_entropy
+    from jaxlm.training.checkpoint import restore_for_inference
+    from jaxlm.training.loop import train
 
     train(tiny(corpus, tmp_path / "run", **{"train.steps": 10}))
     model, cfg, tok = restore_for_inference(tmp_path / "run")
@@ -88,13 +96,13 @@ def test_restore_for_inference(corpus, tmp_path):
 
 
 def test_nan_stops_without_saving_bad_state(corpus, tmp_path):
-    from jaxlm.train import TrainingDiverged, train
+    from jaxlm.training.loop import TrainingDiverged, train
 
     cfg = tiny(corpus, tmp_path / "run", **{"optim.lr": 1e30, "optim.min_lr": 0.0, "optim.warmup_steps": 3,
                                             "optim.grad_clip": 0.0, "checkpoint.every": 1})
     with pytest.raises(TrainingDiverged, match="last good checkpoint"):
         train(cfg)
-    from jaxlm.checkpoint import restore_for_inference
+    from jaxlm.training.checkpoint import restore_for_inference
 
     # Step 1 ran at lr 0 (warmup) and was saved; step 2's update blew up and was not.
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
@@ -108,7 +116,7 @@ def test_nan_stops_without_saving_bad_state(corpus, tmp_path):
 
 
 def test_accumulation_equals_big_batch(corpus):
-    mesh = parallel.make_mesh(jax.devices()[:1])
+    mesh = sharding.make_mesh(jax.devices()[:1])
     big, pb = run_steps(tiny(corpus, "/unused"), mesh, 3)
     acc, pa = run_steps(tiny(corpus, "/unused", **{"train.grad_accum": 4}), mesh, 3)
     np.testing.assert_allclose(acc, big, atol=1e-5)
@@ -121,7 +129,7 @@ def test_accumulation_equals_big_batch(corpus):
 )
 def test_precision_and_remat_match_float32(corpus, variant, tol):
     """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
-    mesh = parallel.make_mesh(jax.devices()[:1])
+    mesh = sharding.make_mesh(jax.devices()[:1])
     ref, _ = run_steps(tiny(corpus, "/unused"), mesh, 6)
     got, _ = run_steps(tiny(corpus, "/unused", **variant), mesh, 6)
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
@@ -269,7 +277,7 @@ def _tensorboard_profile_runs(logdir: Path) -> list[str]:
 
 def test_steps_per_call_matches_one_step_per_call(corpus, tmp_path):
     """Scanning several steps per jitted call (cut at eval/checkpoint steps) follows the same trajectory."""
-    from jaxlm.train import train
+    from jaxlm.training.loop import train
 
     train(tiny(corpus, tmp_path / "one", **{"train.steps": 12, "train.eval_every": 6}))
     train(tiny(corpus, tmp_path / "many", **{"train.steps": 12, "train.eval_every": 6, "train.steps_per_call": 4}))
@@ -293,7 +301,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
     assert proc.returncode == 0, err[-3000:]
     steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(steps) == 1 and steps[0] >= 3 and "SIGTERM" in out + err
-    from jaxlm.checkpoint import Checkpointer
-    from jaxlm.config import CheckpointConfig
+    from jaxlm.core.config import CheckpointConfig
+    from jaxlm.training.checkpoint import Checkpointer
 
     assert Checkpointer(run, CheckpointConfig()).latest_step() == steps[0]

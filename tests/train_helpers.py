@@ -34,7 +34,7 @@ def make_corpus(data_dir: Path) -> Path:
     """Tokenise ~60 kB of Python's docs with the byte tokenizer into data_dir (train/val/meta)."""
     import pydoc_data.topics
 
-    from jaxlm.config import DataConfig
+    from jaxlm.core.config import DataConfig
     from jaxlm.data.prepare import ensure_prepared
 
     text = "\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))[:60000]
@@ -57,8 +57,8 @@ def run_steps(cfg, mesh, n: int, seed_data: int = 0):
     """n train steps of `cfg` on `mesh` with fixed random batches; returns (losses, final params as numpy)."""
     import jax
 
-    from jaxlm import parallel
-    from jaxlm.train import build
+    from jaxlm.core import sharding
+    from jaxlm.training.loop import build
 
     b = build(cfg, mesh)
     state = jax.jit(b.make_state, out_shardings=b.shardings)()
@@ -66,7 +66,7 @@ def run_steps(cfg, mesh, n: int, seed_data: int = 0):
     out = []
     for _ in range(n):
         tok = rng.integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1)).astype(np.int32)
-        x, y = parallel.global_batch(tok[:, :-1], mesh), parallel.global_batch(tok[:, 1:], mesh)
+        x, y = sharding.global_batch(tok[:, :-1], mesh), sharding.global_batch(tok[:, 1:], mesh)
         state, m = b.step_fn(state, x, y)
         out.append(float(m["loss"]))
     params = jax.tree.map(np.asarray, jax.device_get(state.params))
@@ -84,20 +84,20 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     import jax
     from flax import nnx
 
-    from jaxlm import parallel
-    from jaxlm.model import cross_entropy
-    from jaxlm.train import build
+    from jaxlm.core import sharding
+    from jaxlm.nn.model import cross_entropy
+    from jaxlm.training.loop import build
 
     b = build(cfg, mesh)
     state = jax.jit(b.make_state, out_shardings=b.shardings)()
     tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
-    x, y = (parallel.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
+    x, y = (sharding.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
 
     def loss(params, x, y):
         return cross_entropy(nnx.merge(b.graphdef, params, state.rest)(x), y)
 
-    bsh = parallel.batch_sharding(mesh)
-    fn = parallel.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
+    bsh = sharding.batch_sharding(mesh)
+    fn = sharding.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
     value, grads = fn(state.params, x, y)
     return float(value), jax.tree.map(np.asarray, jax.device_get(grads))
 
@@ -129,9 +129,9 @@ def _devices_main():
     """8 simulated devices: each layout gives one device's loss and gradients, and its 20-step losses."""
     import jax
 
-    from jaxlm import parallel
-    from jaxlm.config import load_config
-    from jaxlm.train import build
+    from jaxlm.core import sharding
+    from jaxlm.core.config import load_config
+    from jaxlm.training.loop import build
 
     assert jax.device_count() == 8, jax.devices()
     names = sys.argv[2:] or list(LAYOUTS)
@@ -142,7 +142,7 @@ def _devices_main():
         single = {k: v for k, v in extra.items() if not k.startswith("parallel.")}
         cfg1 = load_config(None, tiny_overrides("/unused", "/unused", **single))
         cfg8 = load_config(None, tiny_overrides("/unused", "/unused", **extra))
-        mesh1, mesh8 = parallel.make_mesh(jax.devices()[:1]), parallel.make_mesh(cfg=cfg8.parallel)
+        mesh1, mesh8 = sharding.make_mesh(jax.devices()[:1]), sharding.make_mesh(cfg=cfg8.parallel)
         l1, g1 = loss_and_grads(cfg1, mesh1)
         l8, g8 = loss_and_grads(cfg8, mesh8)
         t1, _ = run_steps(cfg1, mesh1, 20)
@@ -157,16 +157,18 @@ def _devices_main():
 def _slow_train_main():
     import time
 
-    from jaxlm import cli, train
+    from jaxlm import cli
+    from jaxlm.cli import train as command
+    from jaxlm.training import loop
 
-    delay, run_call = float(sys.argv[2]), train.run_call
+    delay, run_call = float(sys.argv[2]), loop.run_call
 
-    def slow(loop):
+    def slow(state):
         time.sleep(delay)
-        run_call(loop)
+        run_call(state)
 
-    train.run_call = slow
-    sys.exit(cli.run(train.main, sys.argv[3:]))
+    loop.run_call = slow
+    sys.exit(cli.run(command.main, sys.argv[3:]))
 
 
 if __name__ == "__main__":

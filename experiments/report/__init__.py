@@ -20,10 +20,3 @@ Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise
 `compare` (per-run comparisons), `bench` (bench rows, memory fits), `findings` (the
 published findings and their checks), `plots`, `build` (the report itself).
 """
-
-from experiments.report.build import main, write_report
-from experiments.report.format import fmt, value
-from experiments.report.plots import _plt, plot_curves, shrink_png
-from experiments.results import load_results
-
-__all__ = ["_plt", "fmt", "load_results", "main", "plot_curves", "shrink_png", "value", "write_report"]

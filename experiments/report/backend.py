@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from experiments.report.format import fmt, table
-from jaxlm.errors import UserError
+from jaxlm.core.errors import UserError
 
 SECTION = "What this backend can show"
 DEVICE = "h100-80gb"
@@ -66,7 +66,7 @@ def annotate(sentences: list[str], cpu: bool) -> list[str]:
 
 def _bench_config(run: dict, row: dict):
     from jaxlm.bench.core import Setting
-    from jaxlm.config import load_config
+    from jaxlm.core.config import load_config
 
     spec = run.get("spec") or {}
     overrides = [f"{k}={_toml(v)}" for k, v in (spec.get("set") or {}).items()]
@@ -83,7 +83,7 @@ def _toml(v) -> str:
 
 
 def _estimate_row(label: str, cfg, compute, batch: int, context: int, mode: str, measured: str) -> list:
-    from jaxlm import memory
+    from jaxlm.analysis import memory
 
     est = memory.estimate(cfg, batch, context, compute, mode).total
     cap = memory.DEVICES[DEVICE] * memory.DEFAULT_USABLE
@@ -93,8 +93,8 @@ def _estimate_row(label: str, cfg, compute, batch: int, context: int, mode: str,
 
 def estimate_table(runs: list[dict], brows: list[dict]) -> str | None:
     """Each CPU-measured row beside jaxlm.memory's estimate for an 80 GB H100 (an estimate, not measured)."""
-    from jaxlm import memory
-    from jaxlm.config import ComputeConfig, ModelConfig
+    from jaxlm.analysis import memory
+    from jaxlm.core.config import ComputeConfig, ModelConfig
 
     rows = []
     by_name = {r["name"]: r for r in runs}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from experiments.report.format import NAMES, fmt, pct_change, table
 from experiments.report.compare import change_phrase, describe_changes
+from experiments.report.format import NAMES, fmt, pct_change, table
 
 # Bench row fields shown in the table (jaxlm.bench.core.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [

@@ -9,18 +9,35 @@ from pathlib import Path
 
 from experiments.plan import format_value
 from experiments.report import backend
-from experiments.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from experiments.report.bench import (
+    bench_rows,
+    bench_scaling_sentences,
+    bench_sentences,
+    bench_table,
+    max_batch_table,
+)
+from experiments.report.compare import (
+    comparison_sentences,
+    status_sentences,
+    sweep_sentences,
+    train_table,
+)
+from experiments.report.findings import findings_rows, findings_table
 from experiments.report.parallel import parallel
 from experiments.report.peft import peft, quantization, quantize_rows
-from experiments.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
-from experiments.report.findings import findings_rows, findings_table
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
-from experiments.report.seeds import (NOISE_SE, baseline_of, equal_token_sentences, group_settings, is_seeded, seed_sentences,
-                                      settings_table)
+from experiments.report.seeds import (
+    NOISE_SE,
+    baseline_of,
+    equal_token_sentences,
+    group_settings,
+    is_seeded,
+    seed_sentences,
+    settings_table,
+)
 from experiments.results import RESULT, load_results
-from jaxlm import cli
-from jaxlm.errors import DataError, UsageError
-from jaxlm.files import read_json, write_json, writable_dir_problem
+from jaxlm.core.errors import DataError
+from jaxlm.core.files import read_json, writable_dir_problem, write_json
 
 SPREAD_NOTE = (f"Values are the mean ± the sample standard deviation over seeds; a difference is *beyond noise* when the "
                f"difference of the means exceeds {NOISE_SE:g} standard errors (from the two settings' seed spreads, Welch's form; "
@@ -199,32 +216,3 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
         bench = read_json(src / "bench.json", default=None)
         if bench is not None:
             write_json(dest / src.name / "bench.json", _portable(bench, prefixes))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from experiments import run_report
-
-    p = cli.ArgumentParser(prog="python -m experiments.report", formatter_class=cli.HelpFormatter,
-                           description="Markdown report (findings, tables, plots) for a plan's runs, "
-                           "or the learning curves and a sample of one training run")
-    p.add_argument("plan_dir", nargs="?", help="the plan's run directory (runs/PLAN), its committed records "
-                   "(docs/results/PLAN/records), or one training run (metrics.jsonl + config.toml)")
-    p.add_argument("--all", metavar="ROOT", help="one written report (Markdown + HTML) from every plan under ROOT (runs/ or docs/results)")
-    p.add_argument("--out", help="output directory (default: PLAN_DIR/report; with --all: required)")
-    p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, bench.json) to OUT/records")
-    run_report.add_args(p)
-    args = p.parse_args(argv)
-    out = Path(args.out) if args.out else None
-    if args.all:
-        from experiments.written_report import write_all
-
-        cli.check_option(args.plan_dir is None and out is not None, "--all", args.all, "takes --out DIR and no PLAN_DIR")
-        path = write_all(Path(args.all), out)
-    elif args.plan_dir is None:
-        raise UsageError("python -m experiments.report: give PLAN_DIR, a run directory, or --all ROOT --out DIR")
-    elif run_report.is_run_dir(Path(args.plan_dir)):
-        path = run_report.write_run_report(Path(args.plan_dir), out, args)
-    else:
-        path = write_report(Path(args.plan_dir), out, args.records)
-    print(path)
-    return 0

@@ -7,8 +7,20 @@ import statistics
 from typing import Any
 
 from experiments.plan import format_value
-from experiments.report.format import (COMPARED, NAMES, QUANTITIES, axis_label, fmt, fmt_pct, pct_change, table, value,
-                                       x_value, xfmt)
+from experiments.report.format import (
+    COMPARED,
+    NAMES,
+    QUANTITIES,
+    axis_label,
+    fmt,
+    fmt_pct,
+    pct_change,
+    table,
+    value,
+    x_value,
+    xfmt,
+)
+
 
 def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
     """label on `axis` -> [(run, its baseline run)], matching on every other axis."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.report.format import table
-from jaxlm.files import read_json
+from jaxlm.core.files import read_json
 
 
 def parallel_rows(runs: list[dict]) -> list[dict]:

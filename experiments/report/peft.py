@@ -10,7 +10,13 @@ import statistics
 from pathlib import Path
 
 from experiments.report.format import fmt, table
-from experiments.report.seeds import NOISE_SE, SEED_SUFFIX, Stats, compare_phrase, group_settings
+from experiments.report.seeds import (
+    NOISE_SE,
+    SEED_SUFFIX,
+    Stats,
+    compare_phrase,
+    group_settings,
+)
 
 MIB = 2**20
 

@@ -9,7 +9,7 @@ from experiments.plan import format_value
 from experiments.report.format import QUANTITIES, x_value
 from experiments.report.seeds import Setting, group_settings
 from experiments.results import read_metrics, series
-from jaxlm.extras import require
+from jaxlm.core.extras import require
 
 
 def _plt():

@@ -14,7 +14,18 @@ Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).
 """
 
-from jaxlm.bench.core import COLUMNS, Options, Setting, find_max_batch, format_table, read_rows, run_one, run_sweep, write_csv, write_rows
+from jaxlm.bench.core import (
+    COLUMNS,
+    Options,
+    Setting,
+    find_max_batch,
+    format_table,
+    read_rows,
+    run_one,
+    run_sweep,
+    write_csv,
+    write_rows,
+)
 
 
 def plot_results(rows, out_dir):

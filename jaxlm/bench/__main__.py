@@ -1,45 +1,9 @@
-"""Every benchmark behind one command: `python -m jaxlm.bench WHAT [options]`; WHAT is listed in COMMANDS."""
+"""`python -m jaxlm.bench` (the command lives in jaxlm/cli/bench.py)."""
 
-from __future__ import annotations
-
-import argparse
-import importlib
-import os
 import sys
 
-# Before JAX is imported anywhere: allocate GPU memory on demand so torch can share the
-# device and memory_stats() peaks reflect what the step used, not a 75 % preallocation.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-from jaxlm import cli  # noqa: E402
-
-COMMANDS = {  # name: (module with add_args(parser) and main(args), one line of help)
-    "model": ("jaxlm.bench.sweep", "time, FLOPs, MFU and memory of model steps; torchref side by side"),
-    "data": ("jaxlm.bench.data", "BPE training, GPT-2 encoding through prepare, loader batches/s"),
-    "decode": ("jaxlm.bench.decode", "generation tokens/s with and without the KV cache"),
-    "nanogpt": ("jaxlm.bench.nanogpt", "the nanoGPT CPU recipe as a plain torchref training loop"),
-    "parallel": ("jaxlm.bench.parallel", "the train step on a device mesh: per-device memory, collectives, step time"),
-    "plot": ("jaxlm.bench.plots", "PNG figures from a saved `model --json` file"),
-}
-DESCRIPTION = """Every benchmark behind one command (docs/benchmarks.md); `python -m jaxlm.bench WHAT --help`
-lists WHAT's options. The commands that build a model take the common config flags (--config, --preset, --set)."""
-
-
-def main(argv=None) -> int:
-    """Only the chosen command's module is imported (and with it only the frameworks it needs)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="python -m jaxlm.bench", description=DESCRIPTION,
-                                     formatter_class=cli.HelpFormatter)
-    commands = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
-    chosen = None
-    for name, (module, help) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help, description=help, formatter_class=cli.HelpFormatter)
-        if argv and argv[0] == name:
-            chosen = importlib.import_module(module)
-            chosen.add_args(sub)
-    args = parser.parse_args(argv)  # exits on --help and on a WHAT that is not in COMMANDS
-    return chosen.main(args)
-
+from jaxlm import cli
+from jaxlm.cli.bench import main
 
 if __name__ == "__main__":
     sys.exit(cli.run(main))

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm import flops
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
-from jaxlm.model import CausalSelfAttention, cross_entropy
+from jaxlm.analysis import flops
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
+from jaxlm.nn.model import CausalSelfAttention, cross_entropy
 
 
 def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:

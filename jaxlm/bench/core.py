@@ -4,8 +4,9 @@ A *setting* is everything about a run except its shape: framework, mode,
 dtype, attention, remat, torch.compile. A sweep runs every setting at every
 (context, batch) in the product of the lists it was given; each run becomes one
 row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep
-never stops half way. The framework-specific work lives in `jax_side` and
-`torch_side`; this module imports neither framework at import time.
+never stops half way. The framework-specific work lives in the modules of `SIDES`:
+`jax_side` here, and the PyTorch side that `python -m parity.bench` registers
+(jaxlm never imports torch); this module imports no framework at import time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gc
+import importlib
 import itertools
 import json
 import math
@@ -22,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from jaxlm import flops, memory
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.extras import require
-from jaxlm.files import atomic_write
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.errors import UsageError
+from jaxlm.core.files import atomic_write
 
 FRAMEWORKS = ("jax", "torch")
 
@@ -144,7 +146,7 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
                    attention=setting.attention, remat=setting.remat, context=context, batch=batch,
                    status="invalid", error=str(e).splitlines()[0][:200])
         return row
-    side = _side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
+    side = framework_side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
     try:
         device_kind = side.device_kind()
         side.measure(setting, cfg, compute, batch, context, opts, row)
@@ -168,17 +170,15 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _side(framework: str):
-    if framework == "jax":
-        from jaxlm.bench import jax_side
+SIDES = {"jax": "jaxlm.bench.jax_side"}  # framework -> module; `python -m parity.bench` adds "torch"
 
-        return jax_side
-    if framework == "torch":
-        require("torch")
-        from jaxlm.bench import torch_side
 
-        return torch_side
-    raise ValueError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
+def framework_side(framework: str):
+    """The module that measures one framework's rows (build_step, run/time, memory)."""
+    if framework not in SIDES:
+        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench model ...` "
+                         "(the torch extra); `python -m jaxlm.bench` measures jax only")
+    return importlib.import_module(SIDES[framework])
 
 
 def run_sweep(

@@ -14,8 +14,8 @@ import dataclasses
 import time
 
 from jaxlm import cli
-from jaxlm.config import ComputeConfig, ModelConfig
-from jaxlm.files import write_json
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.files import write_json
 
 MODES = ("cache", "no-cache")
 
@@ -27,8 +27,8 @@ def bench(cfg: ModelConfig, compute: ComputeConfig, *, batch: int, prompt_tokens
     import numpy as np
     from flax import nnx
 
-    from jaxlm.decode import Generator, SamplingParams
-    from jaxlm.model import TransformerLM
+    from jaxlm.nn.decode import Generator, SamplingParams
+    from jaxlm.nn.model import TransformerLM
 
     gen = Generator(TransformerLM(cfg, compute, rngs=nnx.Rngs(seed)))
     prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(batch, prompt_tokens)).tolist()
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = full.model
     if cfg.context_length < args.prompt_tokens + args.new_tokens:
         cfg = dataclasses.replace(cfg, context_length=args.prompt_tokens + args.new_tokens)
-    from jaxlm.host import tune_for_cpu_backend
+    from jaxlm.core.host import tune_for_cpu_backend
 
     tune_for_cpu_backend()
     modes = MODES if args.mode == "both" else (args.mode,)

@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.config import ComputeConfig, ModelConfig, OptimConfig
-from jaxlm.model import TransformerLM, cross_entropy
-from jaxlm.optim import make_optimizer
-from jaxlm.step import TrainState, make_train_step, split_model
-from jaxlm.tracking import peak_memory_bytes
+from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
+from jaxlm.nn.model import TransformerLM, cross_entropy
+from jaxlm.training.optim import make_optimizer
+from jaxlm.training.step import TrainState, make_train_step, split_model
+from jaxlm.training.tracking import peak_memory_bytes
 
 
 def device_kind() -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from jaxlm.extras import require
+from jaxlm.core.extras import require
 
 require("matplotlib").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -147,7 +147,7 @@ def add_args(p) -> None:
 
 def main(args) -> int:
     from jaxlm.bench.core import read_rows
-    from jaxlm.errors import DataError
+    from jaxlm.core.errors import DataError
 
     try:
         rows = read_rows(args.results)

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
+import sys
 import typing
 from pathlib import Path
 
 from jaxlm import cli
+from jaxlm.analysis.flops import MODES
 from jaxlm.bench import core  # imports no framework
-from jaxlm.config import ComputeConfig, Config
-from jaxlm.errors import UserError
-from jaxlm.flops import MODES
+from jaxlm.core.config import ComputeConfig, Config
+from jaxlm.core.errors import UserError
 
 COMPUTE_CHOICES = {name: typing.get_args(tp) for name, tp in typing.get_type_hints(ComputeConfig).items()}
 
@@ -104,9 +104,8 @@ def set_cpu_threads(n: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} " \
                               f"intra_op_parallelism_threads={n}".strip()
     os.environ["OMP_NUM_THREADS"] = str(n)
-    if importlib.util.find_spec("torch") is not None:  # optional: the torch extra
-        import torch  # noqa: PLC0415 (torch does not initialise JAX)
-
+    torch = sys.modules.get("torch")  # loaded when parity.bench added the torch side
+    if torch is not None:
         torch.set_num_threads(n)
 
 
@@ -149,7 +148,7 @@ def extras(args, settings, base, meta: dict) -> None:
                 print(f"\ncomponent breakdown ({jax_settings[0].dtype}, T={context}, B={batch}):")
                 print(format_breakdown(comp))
     if args.memory_profile:
-        from jaxlm.bench.memory import memory_profile
+        from jaxlm.bench.memory_profile import memory_profile
 
         for path in memory_profile(*jax_settings[0].configs(base, args.context[0]), args.batch[0], args.context[0],
                                    args.memory_profile, torch_too=args.framework in ("torch", "both")):
@@ -173,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
     check_args(args, cfg)
     if args.threads:
         set_cpu_threads(args.threads)
-    from jaxlm.host import tune_for_cpu_backend
+    from jaxlm.core.host import tune_for_cpu_backend
 
     tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
     base = cfg.model

@@ -10,6 +10,6 @@ One module per concept; `bpe` and `tokenizer` import neither jax nor grain:
 - `python -m jaxlm.data {prepare,train-bpe,list,download,bench}`; see docs/data.md
 """
 
-from jaxlm.errors import DataError
+from jaxlm.core.errors import DataError
 
 __all__ = ["DataError"]

@@ -32,8 +32,8 @@ from typing import Iterable, Sequence
 
 import regex
 
-from jaxlm.errors import DataError
-from jaxlm.files import atomic_write, writable_dir_problem
+from jaxlm.core.errors import DataError
+from jaxlm.core.files import atomic_write, writable_dir_problem
 
 # GPT-2's pre-tokenisation pattern (docs/spec.md#tokenizer) (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

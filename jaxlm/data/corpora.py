@@ -25,8 +25,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxlm.errors import DataError
-from jaxlm.files import atomic_path
+from jaxlm.core.errors import DataError
+from jaxlm.core.files import atomic_path
 from jaxlm.data.bpe import _bar
 
 

@@ -20,7 +20,7 @@ from typing import Iterator
 import grain
 import numpy as np
 
-from jaxlm.errors import DataError
+from jaxlm.core.errors import DataError
 from jaxlm.data.prepare import read_meta
 
 

@@ -28,8 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.errors import DataError
-from jaxlm.files import atomic_write, writable_dir_problem
+from jaxlm.core.errors import DataError
+from jaxlm.core.files import atomic_write, writable_dir_problem
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
 from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer

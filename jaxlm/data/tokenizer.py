@@ -30,9 +30,9 @@ from typing import Iterable, Iterator, Sequence
 
 import tiktoken
 
+from jaxlm.core.errors import DataError
 from jaxlm.data.bpe import GPT2_PATTERN, load_vocab_merges, special_split_re
 from jaxlm.data.corpora import data_root
-from jaxlm.errors import DataError
 
 EOT = "<|endoftext|>"
 # encode_iterable encodes its buffer once it holds this many characters.

@@ -1,0 +1,170 @@
+"""What every command shares: the `--config/--preset/--set` flags and the error boundary.
+
+    parser = cli.ArgumentParser(...); cli.add_config_args(parser)
+    cfg = cli.load_config_from_args(parser.parse_args(argv))
+    sys.exit(cli.run(main))
+
+`run` turns a `UserError` into one line, ``error: <culprit>: <what>; <what to do>``
+on stderr, and its exit code (2: bad input, 1: runtime failure); any other
+exception into one line saying where its full traceback was written (exit 1);
+Ctrl-C into exit 130. ``--debug`` or ``JAXLM_DEBUG=1`` shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator
+
+from jaxlm.core.config import PRESETS, Config, help_config, load_config
+from jaxlm.core.errors import InternalError, UsageError, UserError
+
+TRACEBACK_FILE = "error.log"  # in the run directory, when the command has one
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one `error:` line (through `run`) instead of usage + message."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Read (and removed from argv) by `run`; listed here so that --help shows it.
+        self.add_argument("--debug", action="store_true", help="print tracebacks instead of one-line errors "
+                          "(also JAXLM_DEBUG=1)")
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}; see --help")
+
+
+def bounded(kind: type = int, low=None, high=None, open_low: bool = False, open_high: bool = False):
+    """An argparse `type=` for `kind` values in [low, high] (open ends with open_low / open_high)."""
+    rule = " and ".join(([f"{'>' if open_low else '>='} {low}"] if low is not None else [])
+                        + ([f"{'<' if open_high else '<='} {high}"] if high is not None else []))
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        too_low = low is not None and (value <= low if open_low else value < low)
+        too_high = high is not None and (value >= high if open_high else value > high)
+        if too_low or too_high or value != value:  # NaN fails every comparison
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    return convert
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` keeps the description's line breaks and shows every option's default, except where there
+    is none to show (None, False, []) or the help text names it already (what stands in for None)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == [] or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _HelpConfig(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(help_config(Config))
+        parser.exit()
+
+
+def add_config_args(parser: argparse.ArgumentParser, base: str = "none") -> None:
+    """--config FILE, --preset NAME, --set SECTION.KEY=VALUE (repeatable), --help-config; `base` says which
+    config stands in when --config is absent."""
+    g = parser.add_argument_group("configuration (the same flags on every command)")
+    g.add_argument("--config", metavar="FILE",
+                   help=f"TOML config (see --help-config); defaults fill missing keys (default: {base})")
+    g.add_argument("--preset", metavar="NAME",
+                   help=f"a named model size over the config: {', '.join(PRESETS)} (default: none)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one key, the value read as TOML (3, 1e-3, true, [1, 2], \"text\"); repeatable")
+    g.add_argument("--help-config", action=_HelpConfig, help="list every config key with its type, default and doc")
+
+
+def load_config_from_args(args: argparse.Namespace, extra: list[str] = (), path: str | Path | None = None) -> Config:
+    """The config the flags describe; `path` (e.g. a run's config.toml) stands in when --config is absent."""
+    return load_config(args.config or path, [*extra, *args.overrides], preset=args.preset)
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def write_traceback(run_dir: str | Path | None = None) -> Path | None:
+    """Append the exception being handled to RUN/error.log (else a new temp file); its path, or None."""
+    text = (f"--- {datetime.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}: "
+            f"{' '.join(sys.argv)}\n{traceback.format_exc()}\n")
+    if run_dir is not None and Path(run_dir).is_dir():
+        try:
+            with open(Path(run_dir) / TRACEBACK_FILE, "a") as f:
+                f.write(text)
+            return Path(run_dir) / TRACEBACK_FILE
+        except OSError:
+            pass
+    try:
+        fd, name = tempfile.mkstemp(prefix="jaxlm-", suffix="-traceback.log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return Path(name)
+    except OSError:
+        return None
+
+
+def _unexpected(e: BaseException, run_dir: str | Path | None = None) -> str:
+    """The one line for an exception that is not a UserError, after saving its traceback."""
+    path = write_traceback(run_dir)
+    where = f"full traceback in {path}" if path else "no traceback file could be written"
+    first = _one_line(e)[:300] or "(no message)"
+    return f"unexpected {type(e).__name__}: {first}; {where} (rerun with --debug to print it)"
+
+
+@contextlib.contextmanager
+def traceback_in(run_dir: str | Path) -> Iterator[None]:
+    """Inside the block, an unexpected exception's traceback goes to RUN/error.log (when RUN exists)
+    and it leaves as an InternalError whose one line says so; UserErrors pass through untouched."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # with --debug, `run` re-raises this and Python prints both tracebacks
+        raise InternalError(_unexpected(e, run_dir)) from e
+
+
+def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
+    """Call `main(argv)` behind the error boundary (see the module docstring); returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("JAXLM_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        return 130
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:
+        if debug:
+            raise
+        print(f"error: {_unexpected(e)}", file=sys.stderr)
+        return 1
+
+
+def check_option(ok: bool, flag: str, value, rule: str) -> None:
+    """Stop with one line naming the option unless `ok` (for rules that span options; single ranges: `bounded`)."""
+    if not ok:
+        raise UsageError(f"{flag} {value}: {rule}")

@@ -1,0 +1,38 @@
+"""Every benchmark behind one command: `python -m jaxlm.bench WHAT [options]`; WHAT is listed in COMMANDS."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+# Before JAX is imported anywhere: allocate GPU memory on demand so torch can share the
+# device and memory_stats() peaks reflect what the step used, not a 75 % preallocation.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+from jaxlm import cli  # noqa: E402
+
+COMMANDS = {  # name: (module with add_args(parser) and main(args), one line of help)
+    "model": ("jaxlm.bench.sweep", "time, FLOPs, MFU and memory of model steps"),
+    "data": ("jaxlm.bench.data", "BPE training, GPT-2 encoding through prepare, loader batches/s"),
+    "decode": ("jaxlm.bench.decode", "generation tokens/s with and without the KV cache"),
+    "parallel": ("jaxlm.bench.layouts", "the train step on a device mesh: per-device memory, collectives, step time"),
+    "plot": ("jaxlm.bench.plots", "PNG figures from a saved `model --json` file"),
+}
+DESCRIPTION = """Every benchmark behind one command (docs/benchmarks.md); `python -m jaxlm.bench WHAT --help`
+lists WHAT's options. The commands that build a model take the common config flags (--config, --preset, --set)."""
+
+
+def main(argv=None, commands: dict = COMMANDS, prog: str = "python -m jaxlm.bench") -> int:
+    """Only the chosen command's module is imported (and with it only the frameworks it needs)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = cli.ArgumentParser(prog=prog, description=DESCRIPTION, formatter_class=cli.HelpFormatter)
+    subparsers = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
+    chosen = None
+    for name, (module, help) in commands.items():
+        sub = subparsers.add_parser(name, help=help, description=help, formatter_class=cli.HelpFormatter)
+        if argv and argv[0] == name:
+            chosen = importlib.import_module(module)
+            chosen.add_args(sub)
+    args = parser.parse_args(argv)  # exits on --help and on a WHAT that is not in COMMANDS
+    return chosen.main(args)

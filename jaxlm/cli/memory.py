@@ -1,0 +1,127 @@
+"""`python -m jaxlm.memory`: one step's memory per device and the largest batch that fits (jaxlm.analysis.memory).
+
+    python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
+    python -m jaxlm.memory validate --out docs/memory.md   # estimate vs XLA's memory_analysis() on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+
+from jaxlm import cli
+from jaxlm.analysis.flops import MODES, param_counts
+from jaxlm.analysis.memory import (
+    DEFAULT_USABLE,
+    DEVICES,
+    ComputeConfig,
+    Mesh,
+    ModelConfig,
+    estimate,
+    largest_batch,
+)
+from jaxlm.core.errors import UsageError
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_size(text: str) -> float:
+    """'24GiB', '80GB', '512 MiB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected a size such as 24GiB or 80GB, got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def si(x: float) -> str:
+    return f"{x / 1e9:.2f} GB" if x >= 1e8 else f"{x / 1e6:.1f} MB"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    cli.add_config_args(parser)
+    s = parser.add_argument_group("the step")
+    s.add_argument("--context", type=cli.bounded(int, 1), help="sequence length (default: model.context_length)")
+    s.add_argument("--batch", type=cli.bounded(int, 1), help="global batch in sequences (default: data.batch_size)")
+    s.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: compute.dtype)")
+    s.add_argument("--remat", choices=("none", "full", "dots_saveable", "offload"), help="default: compute.remat")
+    s.add_argument("--attention", choices=("xla", "cudnn"), help="default: compute.attention")
+    s.add_argument("--mode", choices=MODES, default="train_step", help="which step")
+    s.add_argument("--devices", type=cli.bounded(int, 1), default=1,
+                   help="devices the batch is split over (parallel.fsdp other than 1 also shards the state)")
+    d = parser.add_argument_group("the device (for the largest batch)")
+    where = d.add_mutually_exclusive_group()
+    where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory")
+    where.add_argument("--memory", type=parse_size, metavar="SIZE", help="memory per device, e.g. 24GiB or 80GB")
+    d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True), default=DEFAULT_USABLE,
+                   help="share of the device's memory a step may plan for")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON instead of a table")
+
+
+def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh]:
+    cfg = cli.load_config_from_args(args)
+    context = args.context or cfg.model.context_length
+    model = dataclasses.replace(cfg.model, context_length=max(context, cfg.model.context_length))
+    chosen = {k: getattr(args, k) for k in ("dtype", "remat", "attention") if getattr(args, k)}
+    try:
+        compute = dataclasses.replace(cfg.compute, **chosen)
+    except Exception as e:  # e.g. cudnn at float32: the config's one-line reason
+        raise UsageError(str(e)) from None
+    return model, compute, context, args.batch or cfg.data.batch_size, Mesh(args.devices, cfg.parallel.fsdp != 1)
+
+
+def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, mode: str, mesh: Mesh,
+           capacity: float | None, usable: float, device: str | None) -> dict:
+    est = estimate(cfg, batch, context, compute, mode, mesh)
+    out = {"parameters": param_counts(cfg)["total"], "mode": mode, "context": context, "batch": batch,
+           "batch_per_device": est.batch_per_device, "devices": mesh.devices, "fsdp": mesh.fsdp,
+           "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
+           "state_bytes": est.state, "activation_bytes": est.activations, "peak_bytes": est.total}
+    if capacity is not None:
+        out.update(device=device, capacity_bytes=capacity, usable=usable, fits=est.total <= capacity * usable,
+                   largest_batch=largest_batch(cfg, context, capacity * usable, compute, mode, mesh))
+    return out
+
+
+def format_report(r: dict, cfg: ModelConfig) -> str:
+    lines = [f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, "
+             f"vocab {cfg.vocab_size}: {r['parameters'] / 1e6:.1f}M parameters",
+             f"step: {r['mode']}, batch {r['batch']} ({r['batch_per_device']} per device on {r['devices']} "
+             f"device{'s' if r['devices'] > 1 else ''}{', FSDP' if r['fsdp'] else ''}), context {r['context']}, "
+             f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}", "",
+             f"{'estimated bytes per device':40s} {'':>10s}"]
+    lines += [f"  {k:38s} {si(v):>10s}" for k, v in r["state_bytes"].items()]
+    acts = r["activation_bytes"]
+    lines.append(f"  {'activations':38s} {si(sum(acts.values())):>10s}")
+    lines += [f"    {k:36s} {si(v):>10s}" for k, v in acts.items() if v]
+    lines += [f"  {'predicted peak':38s} {si(r['peak_bytes']):>10s}"]
+    if "capacity_bytes" in r:
+        name = r["device"] or "the given memory"
+        lines += ["", f"{name}: {si(r['capacity_bytes'])}, of which {100 * r['usable']:.0f}% usable "
+                      f"({si(r['capacity_bytes'] * r['usable'])}): batch {r['batch']} "
+                      f"{'fits' if r['fits'] else 'does NOT fit'}",
+                  f"largest batch that fits: {r['largest_batch']} (global, at context {r['context']})"]
+    return "\n".join(lines)
+
+
+DESCRIPTION = """Estimate the memory of one train step per device (parameters, gradients, AdamW moments,
+activations by component) and the largest batch that fits a device (docs/memory.md).
+`python -m jaxlm.memory validate` compares the estimate with XLA's compiled memory_analysis() on CPU."""
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "validate":
+        from jaxlm.bench import memory_profile as bench_memory
+
+        return bench_memory.validate_main(argv[1:])
+    parser = cli.ArgumentParser(prog="python -m jaxlm.memory", description=DESCRIPTION,
+                                formatter_class=cli.HelpFormatter)
+    add_args(parser)
+    args = parser.parse_args(argv)
+    cfg, compute, context, batch, mesh = _configs(args)
+    capacity = DEVICES[args.device] if args.device else args.memory
+    r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device)
+    print(json.dumps(r, indent=1) if args.json else format_report(r, cfg))
+    return 0

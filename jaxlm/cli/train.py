@@ -1,0 +1,30 @@
+"""`python -m jaxlm.train`: train a Transformer LM from a config (the loop is jaxlm.training.loop).
+
+    python -m jaxlm.train --config experiments/configs/quickstart.toml [--preset NAME] [--set section.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from jaxlm import cli
+from jaxlm.training.loop import train
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = cli.ArgumentParser(prog="python -m jaxlm.train", description="Train a Transformer LM.")
+    cli.add_config_args(ap)
+    ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                    help="continue from the run directory's newest checkpoint (default: checkpoint.resume)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    extra = [] if args.resume is None else [f"checkpoint.resume={'true' if args.resume else 'false'}"]
+    cfg = cli.load_config_from_args(args, extra)
+    with cli.traceback_in(cfg.train.out_dir):
+        summary = train(cfg)
+    val = "not evaluated in this invocation" if summary["val_loss"] is None else f"{summary['val_loss']:.4f}"
+    print(f"done: step {summary['step']}, val loss {val}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
+    return 0

@@ -1,0 +1,400 @@
+"""One typed configuration tree, loaded from TOML with presets and dotted `--set` overrides.
+
+Every section is a frozen dataclass validated on construction. Errors name the
+key and the value (``optim.lr = -1.0: must be > 0``) and say where the value
+came from (the TOML file or the `--set` flag). Every field carries a one-line
+doc, printed by ``--help-config``. This module declares the tree; the generic machinery
+(coercion, overrides, TOML in and out) is `jaxlm/core/typedconfig.py`. Nothing heavy is imported.
+
+`ModelConfig` is the architecture alone (what function the network computes);
+`ComputeConfig` is how jaxlm executes it (dtype, attention kernel, remat).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from jaxlm.core.errors import ConfigError
+from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
+    apply_overrides,
+    check_override,
+    copy_tree,
+    dumps_toml,
+    from_dict,
+    help_config,
+    merge_trees,
+    parse_override,
+    read_toml,
+    to_dict,
+    toml_value,
+)
+
+
+def opt(default: Any, doc: str):
+    """A dataclass field with a one-line doc (shown by --help-config)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+def _check(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: {rule}")
+
+
+def default_d_ff(d_model: int, ffn: str) -> int:
+    """SwiGLU: about 8/3 d_model rounded to a multiple of 64; SiLU: 4 d_model (same parameter count)."""
+    if ffn == "silu":
+        return 4 * d_model
+    return max(64, int(round(8 * d_model / 3 / 64)) * 64)
+
+
+# --------------------------------------------------------------------------- model and compute
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The Transformer LM's architecture (docs/spec.md): what it computes, not how."""
+
+    vocab_size: int = opt(10000, "number of token ids; at least the tokenizer's vocabulary")
+    context_length: int = opt(256, "longest sequence the model accepts (RoPE table length)")
+    d_model: int = opt(512, "width of the residual stream")
+    num_layers: int = opt(4, "number of Transformer blocks")
+    num_heads: int = opt(16, "attention heads; must divide d_model")
+    d_ff: int | None = opt(None, "feed-forward width; unset: 8/3 d_model rounded to 64 (swiglu), 4 d_model (silu)")
+    rope_theta: float = opt(10000.0, "RoPE base frequency")
+    norm: Literal["pre", "post", "none"] = opt("pre", "RMSNorm placement: pre-norm, post-norm, or no norms (ablation)")
+    rope: bool = opt(True, "rotary position embeddings on queries and keys; false = NoPE (ablation)")
+    ffn: Literal["swiglu", "silu"] = opt("swiglu", "gated SwiGLU or the ungated SiLU feed-forward (ablation)")
+    tie_embeddings: bool = opt(False, "share the output projection with the token embeddings")
+    dropout: float = opt(0.0, "dropout on attention probabilities and residual branches, training only")
+    eps: float = opt(1e-5, "RMSNorm epsilon")
+    window: int | None = opt(None, "sliding-window attention: each query sees itself and at most this many previous keys")
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", default_d_ff(self.d_model, self.ffn))
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
+        _check(self.d_model % self.num_heads == 0, "d_model", self.d_model,
+               f"must be divisible by num_heads ({self.num_heads})")
+        _check(not (self.rope and self.head_dim % 2), "num_heads", self.num_heads,
+               f"RoPE needs an even head size, got d_model / num_heads = {self.head_dim}")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.window is None or self.window >= 1, "window", self.window, "must be >= 1 or unset")
+        _check(self.rope_theta > 0 and self.eps > 0, "rope_theta" if self.rope_theta <= 0 else "eps",
+               self.rope_theta if self.rope_theta <= 0 else self.eps, "must be > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "ModelConfig":
+        """The model of preset `name` (`small`, `gpt2-xl`, ...), with field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name].get("model", {}), **overrides})
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How jaxlm executes the model; none of this changes the function it computes (beyond rounding)."""
+
+    dtype: Literal["float32", "bfloat16"] = opt(
+        "float32", "compute dtype of matmuls and activations; parameters, norms, softmax and loss stay float32")
+    attention: Literal["xla", "cudnn", "auto"] = opt(
+        "xla", "attention kernel: xla (einsums), cudnn (fused, NVIDIA GPU, bfloat16), auto (cudnn where it can run)")
+    remat: Literal["none", "full", "dots_saveable", "offload"] = opt(
+        "none", "rematerialisation policy per block: recompute activations in the backward pass to save memory")
+    scan_layers: bool = opt(
+        False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
+
+    def __post_init__(self):
+        _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
+               "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
+
+
+# --------------------------------------------------------------------------- presets
+
+_SIZES = {  # d_model, d_ff, num_layers, num_heads
+    "small": (768, 3072, 12, 12),
+    "medium": (1024, 4096, 24, 16),
+    "large": (1280, 5120, 36, 20),
+    "xl": (1600, 6400, 48, 25),
+    "2.7B": (2560, 10240, 32, 32),
+}
+
+
+def _preset(d_model, d_ff, num_layers, num_heads, vocab_size=10000, context_length=1024) -> dict:
+    return {"model": dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model, d_ff=d_ff,
+                          num_layers=num_layers, num_heads=num_heads)}
+
+
+# Named model sizes, usable by every command as `--preset NAME`: the curriculum's profiling sizes
+# (vocab 10000) and GPT-2's (vocab 50257, untied here as in docs/spec.md).
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tinystories-17M": _preset(512, 1344, 4, 16, context_length=256),
+    **{name: _preset(*dims) for name, dims in _SIZES.items()},
+    **{f"gpt2-{name}": _preset(*_SIZES[name], vocab_size=50257) for name in ("small", "medium", "large", "xl")},
+}
+
+
+# --------------------------------------------------------------------------- training run
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where tokens come from: `dir` holds train.bin / val.bin + meta.json (see docs/data.md)."""
+
+    dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
+    source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
+                            "text files, or \"pydoc\" (Python's bundled docs)")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
+    val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
+    batch_size: int = opt(16, "global batch in sequences per optimizer step")
+    num_workers: int = opt(0, "grain worker processes for loading (0: in the main process)")
+    prefetch: int = opt(2, "batches prepared ahead of the step")
+
+    def __post_init__(self):
+        _check(self.dir.strip() != "", "dir", self.dir, "must name a directory")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "must be in (0, 1)")
+        _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be >= 0")
+        _check(self.prefetch >= 1, "prefetch", self.prefetch, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay (docs/spec.md) and global-norm clipping."""
+
+    lr: float = opt(1e-3, "peak learning rate, reached after warmup")
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine and after it")
+    warmup_steps: int = opt(100, "linear warmup from 0 to lr over this many steps")
+    cosine_steps: int | None = opt(None, "step at which the cosine reaches min_lr; unset: train.steps")
+    beta1: float = opt(0.9, "AdamW first-moment decay")
+    beta2: float = opt(0.95, "AdamW second-moment decay")
+    eps: float = opt(1e-8, "AdamW epsilon, added to sqrt(v)")
+    weight_decay: float = opt(0.1, "decoupled weight decay (times lr)")
+    grad_clip: float = opt(1.0, "clip the global gradient L2 norm to this; 0 disables clipping")
+
+    def __post_init__(self):
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
+        _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
+        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        for name in ("beta1", "beta2"):
+            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
+        for name in ("eps", "weight_decay", "grad_clip"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The run: how long, where it is written, how often it is evaluated."""
+
+    steps: int = opt(1000, "optimizer steps of the whole run")
+    grad_accum: int = opt(1, "micro-batches per step; data.batch_size must divide by it")
+    seed: int = opt(0, "seeds the initial parameters, the data order and dropout")
+    out_dir: str = opt("runs/quickstart", "run directory: config, checkpoints, metrics, TensorBoard events")
+    eval_every: int = opt(200, "evaluate on the validation split every this many steps (and at the end)")
+    eval_batches: int = opt(20, "validation batches per evaluation")
+    steps_per_call: int = opt(1, "optimizer steps per jitted call (a lax.scan); cut at eval/checkpoint/sample steps")
+    init_from: str | None = opt(None, "start from the weights of this run (or RUN/checkpoints/STEP) with a fresh "
+                                "optimizer and schedule: fine-tuning")
+
+    def __post_init__(self):
+        for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
+        _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
+               "must name a run directory or be unset")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What the run reports, and when."""
+
+    every: int = opt(10, "log training metrics every this many steps")
+    tensorboard: bool = opt(True, "write TensorBoard event files to RUN/tb")
+    profile_steps: list[int] = opt([], "[first, last] global steps to trace with the XLA profiler; empty: none")
+    sample_every: int = opt(0, "print a text sample every this many steps; 0: only at the end")
+    sample_tokens: int = opt(200, "tokens per sample")
+    sample_prompt: str = opt("The ", "prompt of the samples")
+    sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
+    progress: bool = opt(True, "show a progress bar")
+    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.flops has no entry")
+
+    def __post_init__(self):
+        _check(self.every >= 1, "every", self.every, "must be >= 1")
+        for name in ("sample_every", "sample_tokens", "sample_temperature"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        p = self.profile_steps
+        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p, "must be [first, last] with first <= last")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When checkpoints are written and which are kept."""
+
+    every: int = opt(500, "save every this many steps (and at the end, and on SIGTERM)")
+    keep: int = opt(2, "keep the newest this many checkpoints")
+    keep_best: bool = opt(False, "also keep the checkpoint with the lowest validation loss")
+    resume: bool = opt(True, "continue from the run directory's newest checkpoint when there is one")
+
+    def __post_init__(self):
+        _check(self.every >= 1, "every", self.every, "must be >= 1")
+        _check(self.keep >= 1, "keep", self.keep, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The device mesh (data x fsdp x tensor x pipeline) and multi-process start-up; see docs/parallelism.md."""
+
+    data: int = opt(-1, "data-parallel mesh axis size (-1: the devices the other axes leave)")
+    fsdp: int | bool = opt(1, "FSDP mesh axis size: parameters, gradients, optimizer state sharded over it (-1: rest)")
+    tensor: int = opt(1, "tensor-parallel mesh axis size: heads and d_ff split over it (Megatron style)")
+    pipeline: int = opt(1, "pipeline mesh axis size: the layers split into this many stages")
+    microbatches: int = opt(1, "micro-batches per step run through the pipeline (GPipe)")
+    distributed: bool = opt(False, "call jax.distributed.initialize() (Slurm, environment, or the fields below)")
+    coordinator: str | None = opt(None, "coordinator address host:port for several processes")
+    num_processes: int | None = opt(None, "number of processes")
+    process_id: int | None = opt(None, "this process's index")
+
+    def __post_init__(self):
+        if self.fsdp is False:  # the old boolean's off: the same as an fsdp axis of size 1
+            object.__setattr__(self, "fsdp", 1)
+        _check(self.fsdp is not True, "parallel.fsdp", self.fsdp, "now the size of the fsdp mesh axis; for the old "
+               "`fsdp = true` set parallel.fsdp = -1 and parallel.data = 1 (see parallel.data, tensor, pipeline)")
+        sizes = {k: getattr(self, k) for k in MESH_AXES}
+        for k, v in sizes.items():
+            _check(v == -1 or v >= 1, f"parallel.{k}", v, "must be >= 1, or -1 for the devices the other axes leave")
+        _check(list(sizes.values()).count(-1) <= 1, "parallel", sizes, "at most one mesh axis may be -1")
+        _check(self.microbatches >= 1, "parallel.microbatches", self.microbatches, "must be >= 1")
+
+
+MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters W + (alpha / rank) B A on frozen base weights (docs/peft.md); rank 0: off."""
+
+    rank: int = opt(0, "adapter rank r; 0 trains every parameter (no LoRA)")
+    alpha: float = opt(16.0, "adapter scale numerator: the update is (alpha / rank) B A")
+    targets: list[str] = opt(list(LORA_TARGETS), "the Linear layers of every block that get adapters: "
+                             "attention projections and feed-forward matrices")
+    dropout: float = opt(0.0, "dropout on the adapters' input, training only")
+    base: Literal["float32", "nf4", "int8"] = opt("float32", "storage of the frozen base weights of the targets: "
+                                                  "nf4 or int8 with blockwise absmax scales is QLoRA")
+    block_size: int = opt(64, "weights per absmax scale of the nf4 / int8 base (along the input axis)")
+
+    def __post_init__(self):
+        _check(self.rank >= 0, "rank", self.rank, "must be >= 1 (or 0 to turn LoRA off)")
+        _check(self.alpha > 0, "alpha", self.alpha, "must be > 0")
+        for t in self.targets:
+            _check(t in LORA_TARGETS, "targets", t, f"unknown target; known: {', '.join(LORA_TARGETS)}")
+        _check(bool(self.targets) or self.rank == 0, "targets", self.targets, "must name at least one layer")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _check(self.base == "float32" or self.rank > 0, "base", self.base, "a quantised base needs lora.rank >= 1")
+
+
+@dataclass(frozen=True)
+class QatConfig:
+    """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
+    (post-training conversion: python -m jaxlm.quantize)."""
+
+    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
+    activation_bits: int | None = opt(None, "dynamic per-token quantisation of the blocks' Linear inputs: 8")
+
+    def __post_init__(self):
+        _check(self.weight_bits in (None, 4, 8), "weight_bits", self.weight_bits, "must be 4, 8 or unset")
+        _check(self.activation_bits in (None, 8), "activation_bits", self.activation_bits, "must be 8 or unset")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    qat: QatConfig = field(default_factory=QatConfig)
+
+    def __post_init__(self):
+        _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
+               f"must be divisible by train.grad_accum ({self.train.grad_accum})")
+        qat = self.qat.weight_bits or self.qat.activation_bits
+        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
+        _check(not ((qat or self.lora.rank) and self.compute.scan_layers), "compute.scan_layers", True,
+               "LoRA (lora.rank) and QAT (qat.*) replace the blocks' layers one by one; set it to false with them")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+_MOVED_TO_COMPUTE = ("dtype", "attention", "remat")
+
+
+def _migrate(data: dict, where: str) -> dict:
+    """Move the old `model.dtype/attention/remat` keys to [compute], with a deprecation line."""
+    model = data.get("model")
+    if not isinstance(model, dict) or not any(k in model for k in _MOVED_TO_COMPUTE):
+        return data
+    data = copy_tree(data)
+    for k in _MOVED_TO_COMPUTE:
+        if k in data["model"]:
+            data.setdefault("compute", {}).setdefault(k, data["model"].pop(k))
+            print(f"warning: {where}: model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
+    return data
+
+
+def _migrate_override(text: str) -> str:
+    key = text.split("=", 1)[0].strip()
+    for k in _MOVED_TO_COMPUTE:
+        if key == f"model.{k}":
+            print(f"warning: --set model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
+            return f"compute.{k}=" + text.split("=", 1)[1]
+    return text
+
+
+def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
+    """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
+    data = _migrate(read_toml(path), str(path)) if path is not None else {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
+        data = merge_trees(data, PRESETS[preset])
+    overrides = [_migrate_override(t) for t in overrides]
+    for text in overrides:
+        try:
+            check_override(cls, *parse_override(text))
+        except ConfigError as e:
+            raise ConfigError(f"--set {text}: {e}") from None
+    try:
+        return from_dict(cls, apply_overrides(data, overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{_blame(str(e), path, overrides)}: {e}") from None
+
+
+def _blame(message: str, path, overrides: list[str]) -> str:
+    """The --set flag that set the failing key, else the file (with the flags of the same section)."""
+    keys = [t.split("=", 1)[0].strip() for t in overrides]
+    exact = [t for t, k in zip(overrides, keys) if message.startswith(k + " ")]
+    if exact:
+        return f"--set {exact[-1]}"
+    section = message.split(".", 1)[0]
+    near = [t for t, k in zip(overrides, keys) if k.split(".", 1)[0] == section]
+    where = str(path) if path is not None else "defaults"
+    return where + "".join(f" with --set {t}" for t in near)

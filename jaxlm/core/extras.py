@@ -1,0 +1,38 @@
+"""Optional dependencies (pyproject extras), imported only where they are needed.
+
+The core install trains, generates, checkpoints and logs without them; a command
+that needs one fails in one line naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from jaxlm.core.errors import MissingExtra
+
+# top-level module -> the extra that installs it
+EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile"}
+
+
+def missing_message(module: str) -> str:
+    extra = EXTRAS[module.split(".")[0]]
+    cpu = " (CPU-only torch: see the README)" if extra == "torch" else ""
+    return f"{module} is not installed; it comes with the '{extra}' extra: pip install -e '.[{extra}]'{cpu}"
+
+
+def require(module: str) -> ModuleType:
+    """`importlib.import_module(module)`, or MissingExtra naming the extra when it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module.split(".")[0]:
+            raise
+        raise MissingExtra(missing_message(module)) from None
+
+
+def exit_unless_installed(module: str) -> None:
+    """For a command whose module needs `module` at import time: exit in one line instead of a traceback."""
+    if importlib.util.find_spec(module) is None:
+        raise SystemExit(f"error: {missing_message(module)}")

@@ -1,0 +1,188 @@
+"""Trees of frozen dataclasses from nested dicts and TOML: typed coercion, unknown keys named with a
+close match, dotted `key=value` overrides, TOML out (tomli-w) and a `--help-config` listing.
+
+Generic on purpose: `jaxlm/core/config.py` declares the tree; this module knows nothing of its sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from jaxlm.core.errors import ConfigError
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting only where lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table of settings, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key} = {value!r}: not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} = {value!r}: expected a list")
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return origin(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"{key} = {value!r}: expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _unknown_key(key: str, names: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], names, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return ConfigError(f"unknown key '{key}'; {hint}valid keys here: {', '.join(names)}")
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    """Build dataclass `cls` from a (nested) dict, rejecting unknown keys by name."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            raise _unknown_key(prefix + k, names)
+    kwargs = {k: _coerce(hints[k], v, prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(prefix) else prefix + msg) from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (['a', 'b'], value); the value is read as TOML, else taken as a string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def check_override(cls, path: list[str], value: Any) -> None:
+    """Raise ConfigError if `path` is not a key of `cls` or `value` has the wrong type for it."""
+    hints, prefix = typing.get_type_hints(cls), ""
+    for i, part in enumerate(path):
+        names = list(hints)
+        if part not in hints:
+            raise _unknown_key(prefix + part, names)
+        tp = hints[part]
+        if i < len(path) - 1:
+            if not dataclasses.is_dataclass(tp):
+                raise ConfigError(f"'{prefix + part}' is a value, not a section")
+            hints, prefix = typing.get_type_hints(tp), prefix + part + "."
+        elif not dataclasses.is_dataclass(tp):
+            _coerce(tp, value, prefix + part)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = copy_tree(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return data
+
+
+def copy_tree(d):
+    return {k: copy_tree(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def merge_trees(base: dict, top: dict) -> dict:
+    out = copy_tree(base)
+    for k, v in top.items():
+        out[k] = merge_trees(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    """The config as nested dicts, without unset (None) values: what config.toml holds."""
+
+    def clean(d):
+        return {k: clean(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    return clean(dataclasses.asdict(cfg))
+
+
+def dumps_toml(data: dict) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(data)
+
+
+def toml_value(value: Any) -> str:
+    """One value as TOML text (what `--set key=VALUE` reads back to the same value); lists on one line."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    return dumps_toml({"v": value})[len("v = "):].strip()
+
+
+def help_config(cls, prefix: str = "") -> str:
+    """Every key of the tree with its type, default and doc, one line each."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"\n[{prefix}{f.name}]  {(tp.__doc__ or '').strip().splitlines()[0]}")
+            lines.append(help_config(tp, prefix + f.name + "."))
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "unset" if default is None else toml_value(default)
+        lines.append(f"  {prefix}{f.name} = {shown}  ({_type_name(tp)})  {f.metadata.get('doc', '')}")
+    return "\n".join(lines).lstrip("\n")
+
+
+def _type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(map(repr, args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("unset" if a is type(None) else _type_name(a) for a in args)
+    if origin in (list, tuple):
+        return f"list of {_type_name(args[0])}" if args else "list"
+    return getattr(tp, "__name__", str(tp))

@@ -1,0 +1,166 @@
+"""The building blocks of the Transformer LM (docs/spec.md), each a small Flax NNX module.
+
+Weights are stored (d_out, d_in) like torch, with no biases, so parity's conversion is a
+table of names. Each parameter carries the logical names of its axes (``logical=``), which
+`jaxlm/core/sharding.py`'s rules table maps to mesh axes. `Precision` is the bf16 policy: parameters
+float32, cast to the compute dtype at use inside `Linear` and `Embedding`; RMSNorm and RoPE
+compute in float32.
+
+Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlm.core.config import ComputeConfig
+from jaxlm.core.sharding import constrain
+
+# --------------------------------------------------------------------------- precision
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Parameters live in `param` dtype; `cast` moves them (and activations) to `compute` at use."""
+
+    compute: Any = jnp.float32
+    param: Any = jnp.float32
+
+    def cast(self, x: jax.Array) -> jax.Array:
+        return x.astype(self.compute)
+
+    @classmethod
+    def from_config(cls, compute: ComputeConfig) -> "Precision":
+        return cls(compute=jnp.dtype(compute.dtype))
+
+
+def truncated_normal(key: jax.Array, shape: tuple[int, ...], std: float, dtype=jnp.float32) -> jax.Array:
+    """Normal(0, std) cut at +-3 std (the init of docs/spec.md, torch's trunc_normal_(std, -3std, 3std))."""
+    return std * jax.random.truncated_normal(key, -3.0, 3.0, shape, dtype)
+
+
+class Buffer(nnx.Variable):
+    """A non-trainable constant (RoPE tables): in the model state, not in nnx.Param."""
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x (..., I) @ w.T for w stored (O, I) -> (..., O), the leading axes flattened to one token axis.
+
+    Why flatten: the weight gradient then contracts one token axis, which XLA:CPU's dot reads in
+    place; with (B, T) both contracted it first writes the activation gradient transposed, which
+    cost about 10 % of a CPU train step (more with scanned layers, whose fused slices slow that copy).
+    """
+    y = jnp.einsum("ki,oi->ko", x.reshape(-1, x.shape[-1]), w)  # (B*T, O)
+    return y.reshape(*x.shape[:-1], w.shape[0])  # (..., O)
+
+
+class Linear(nnx.Module):
+    """y = x @ W.T with W stored (d_out, d_in), no bias."""
+
+    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
+                 rngs: nnx.Rngs):
+        std = math.sqrt(2.0 / (d_in + d_out))
+        w = truncated_normal(rngs.params(), (d_out, d_in), std, precision.param)
+        self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/core/sharding.py
+        self.precision = precision
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.precision.cast(self.weight[...])  # (out, in)
+        return dense(self.precision.cast(x), w)  # (..., out)
+
+
+class Embedding(nnx.Module):
+    """Token id -> row of `weight` (vocab, d_model)."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        w = truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param)
+        self.weight = nnx.Param(w, logical=("vocab", "embed"))
+        self.precision = precision
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return self.precision.cast(jnp.take(self.weight[...], ids, axis=0))  # (..., D)
+
+
+class RMSNorm(nnx.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, in float32, cast back to x's dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        self.weight = nnx.Param(jnp.ones((d_model,), jnp.float32), logical=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)  # (..., D)
+        rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)  # (..., 1)
+        return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class RotaryEmbedding(nnx.Module):
+    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0):
+        inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (H/2,)
+        angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # (max_len, H/2)
+        self.cos = Buffer(jnp.asarray(np.cos(angles), jnp.float32))  # (max_len, H/2)
+        self.sin = Buffer(jnp.asarray(np.sin(angles), jnp.float32))  # (max_len, H/2)
+
+    def __call__(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """positions (..., T) int -> (cos, sin), each (..., T, H/2) float32."""
+        return self.cos[...][positions], self.sin[...][positions]
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate (x[2k], x[2k+1]) in place. x (B, T, N, H); cos, sin (B or 1, T, H/2) or (T, H/2)."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # (..., T, 1, H/2): broadcast over heads
+    x32 = x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // 2, 2)  # (B, T, N, H/2, 2)
+    x0, x1 = x32[..., 0], x32[..., 1]  # (B, T, N, H/2)
+    out = jnp.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), axis=-1)  # (B, T, N, H/2, 2)
+    return out.reshape(x.shape).astype(x.dtype)  # (B, T, N, H)
+
+
+def silu(x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(x)
+
+
+class SwiGLU(nnx.Module):
+    """w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
+        self.w3 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = constrain(silu(self.w1(x)) * self.w3(x), "batch", "seq", "mlp")  # (B, T, F)
+        return self.w2(h)  # (B, T, D)
+
+
+class SiLUFFN(nnx.Module):
+    """The ablation's ungated feed-forward: w2(silu(w1 x)) (no w3)."""
+
+    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.w2(constrain(silu(self.w1(x)), "batch", "seq", "mlp"))  # (B, T, F) -> (B, T, D)
+
+
+FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN}
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; the identity when `key` is None (evaluation) or rate == 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)

@@ -1,0 +1,363 @@
+"""The Transformer LM of docs/spec.md in Flax NNX: attention, blocks, the LM, its KV cache, the loss.
+
+Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
+``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
+and there are no biases, so conversion (parity/convert.py) is a table of names.
+The layers it is built from (Linear, Embedding, RMSNorm, RoPE, the FFNs) are in
+`jaxlm/nn/layers.py`.
+
+`ModelConfig` fixes what the network computes; `ComputeConfig` how it runs.
+
+Precision policy (the one place it is decided: `Precision` in `jaxlm/nn/layers.py`, built
+once from ``compute.dtype`` in `TransformerLM.__init__` and handed to every layer):
+  * parameters are stored in float32;
+  * `Precision.cast` converts parameters and activations to the compute dtype
+    (``compute.dtype``) at use, inside `Linear` and `Embedding`; the residual stream
+    runs in the compute dtype;
+  * RMSNorm, RoPE rotations, the attention softmax and the loss compute in
+    float32 and cast back.
+
+Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
+``compute.remat`` names a `jax.checkpoint` policy that wraps every block (scanned, "none"
+keeps the matmul outputs: `SCAN_NONE`).
+
+Layer layout: unrolled (``layers/0/...``, a Python loop) or, with ``compute.scan_layers``,
+stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/scan.py`),
+through a GPipe schedule when the mesh has a pipeline axis.
+
+Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.sharding import constrain
+from jaxlm.nn import pipeline, scan
+from jaxlm.nn.attention import attention
+from jaxlm.nn.layers import (
+    FFNS,
+    Embedding,
+    Linear,
+    Precision,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rope,
+    dense,
+    dropout,
+)
+
+# --------------------------------------------------------------------------- remat policies
+
+
+def _offload_policy():
+    # Save matmul outputs to pinned host memory instead of recomputing them.
+    # Works on GPU/TPU backends that expose a "pinned_host" memory kind; the CPU
+    # backend also exposes one (tested), so this runs everywhere JAX 0.10+ does.
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+# name -> jax.checkpoint policy factory (None: no remat at all). "full" saves
+# nothing and recomputes each block's forward in the backward pass.
+REMAT_POLICIES: dict[str, Callable[[], Any] | None] = {
+    "none": None,
+    "full": lambda: jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": lambda: jax.checkpoint_policies.dots_saveable,
+    "offload": _offload_policy,
+}
+
+
+# "none" inside a scan: keep the matmul outputs, recompute the elementwise rest in the backward.
+# Unrolled, XLA fuses that cheap work into the backward itself; a scan would store every
+# intermediate per layer instead (on CPU, small preset at batch 4 x 256: 5-8 % slower, temporaries 2411 vs 1266 MiB).
+SCAN_NONE = REMAT_POLICIES["dots_saveable"]
+
+
+class CausalSelfAttention(nnx.Module):
+    """Multi-head causal self-attention; RoPE on q and k when the caller passes tables."""
+
+    def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.q_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.k_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.v_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
+        self.output_proj = Linear(d, d, axes=("embed", "heads"), precision=precision, rngs=rngs)
+        self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, implementation
+        self.dropout_rate = cfg.dropout
+
+    def _qkv(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x (B, T, D) -> q, k, v, each (B, T, N, H), RoPE applied to q and k."""
+        B, T, D = x.shape
+        N = self.num_heads
+        names = ("batch", "seq", "heads", "head_dim")
+        q = constrain(self.q_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        k = constrain(self.k_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        v = constrain(self.v_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def __call__(
+        self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, dropout_key: jax.Array | None = None
+    ) -> jax.Array:
+        """x (B, T, D) -> (B, T, D). rope: (cos, sin) for the T positions; dropout_key: training only."""
+        B, T, D = x.shape
+        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
+        train = dropout_key is not None and self.dropout_rate > 0.0
+        out = attention(
+            q,
+            k,
+            v,
+            implementation=self.implementation,
+            causal=True,
+            window=self.window,
+            dropout_rate=self.dropout_rate if train else 0.0,
+            dropout_rng=dropout_key if train else None,
+        )  # (B, T, N, H)
+        return self.output_proj(out.reshape(B, T, D))  # (B, T, D)
+
+    def extend(
+        self, x: jax.Array, rope, kv: tuple[jax.Array, jax.Array], start: jax.Array, visible: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Attention of T new tokens per row against a key/value cache (evaluation only).
+
+        x (B, T, D): the new tokens; kv: (k, v) buffers (B, S, N, H); start (B,) int:
+        row b's new keys go to cache slots start[b] ... start[b]+T-1; visible
+        (B, 1, T, S) bool: which cache slots each new query may attend (built by
+        `TransformerLM.extend`, causal + window already folded in).
+        Returns the output (B, T, D) and the updated buffers.
+        """
+        B, T, D = x.shape
+        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
+        k_buf, v_buf = kv
+        k_buf = _write_rows(k_buf, k.astype(k_buf.dtype), start)  # (B, S, N, H)
+        v_buf = _write_rows(v_buf, v.astype(v_buf.dtype), start)  # (B, S, N, H)
+        out = attention(q, k_buf, v_buf, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
+        return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
+
+
+def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """buf (B, S, ...) with new (B, T, ...) written at slots start[b] ... start[b]+T-1 of each row b.
+
+    `lax.dynamic_update_slice` clamps a start that would run past S; callers keep
+    start[b] + T <= S (generation stops at the cache's end).
+    """
+
+    def one(row, upd, s):  # (S, ...), (T, ...), ()
+        return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
+
+    return jax.vmap(one)(buf, new, start)
+
+
+class TransformerBlock(nnx.Module):
+    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
+
+    def __init__(self, cfg: ModelConfig, attention: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
+        self.norm = cfg.norm
+        if cfg.norm != "none":
+            self.ln1 = RMSNorm(cfg.d_model, cfg.eps)
+            self.ln2 = RMSNorm(cfg.d_model, cfg.eps)
+        self.attn = CausalSelfAttention(cfg, attention, precision=precision, rngs=rngs)
+        self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs)
+        self.dropout_rate = cfg.dropout
+
+    def __call__(self, x: jax.Array, rope=None, dropout_key: jax.Array | None = None) -> jax.Array:
+        """x (B, T, D) -> (B, T, D). dropout_key None: evaluation (no dropout anywhere)."""
+        k_probs = k_attn = k_ffn = None
+        if dropout_key is not None:
+            k_probs, k_attn, k_ffn = jax.random.split(dropout_key, 3)
+
+        def attn(y):
+            return dropout(self.attn(y, rope, k_probs), self.dropout_rate, k_attn)
+
+        def ffn(y):
+            return dropout(self.ffn(y), self.dropout_rate, k_ffn)
+
+        return self._residual(x, attn, ffn)
+
+    def extend(self, x: jax.Array, rope, kv, start: jax.Array, visible: jax.Array):
+        """The block on T new tokens per row with a KV cache: (out (B, T, D), updated kv). Evaluation only."""
+        new_kv = []
+
+        def attn(y):  # called exactly once by _residual
+            out, updated = self.attn.extend(y, rope, kv, start, visible)
+            new_kv.append(updated)
+            return out
+
+        out = self._residual(x, attn, self.ffn)
+        return out, new_kv[0]
+
+    def _residual(self, x: jax.Array, attn: Callable, ffn: Callable) -> jax.Array:
+        """The norm placement around the two branches, shared by the full and the cached forward."""
+        if self.norm == "pre":
+            h = x + attn(self.ln1(x))  # (B, T, D)
+            return h + ffn(self.ln2(h))  # (B, T, D)
+        if self.norm == "post":
+            h = self.ln1(x + attn(x))  # (B, T, D)
+            return self.ln2(h + ffn(h))  # (B, T, D)
+        h = x + attn(x)
+        return h + ffn(h)
+
+
+def _block_forward(block: TransformerBlock, x, rope, dropout_key):
+    return constrain(block(x, rope, dropout_key), "batch", "seq", "embed")  # (B, T, D)
+
+
+class TransformerLM(nnx.Module):
+    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding)."""
+
+    def __init__(self, cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), *, rngs: nnx.Rngs,
+                 microbatches: int = 1):
+        self.cfg, self.compute = cfg, compute
+        self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
+        precision = Precision.from_config(compute)
+        self.precision = precision
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
+        blocks = [TransformerBlock(cfg, compute.attention, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)]
+        self.layers = scan.stack(blocks) if compute.scan_layers else nnx.List(blocks)  # same numbers either way
+        if cfg.norm != "none":
+            self.ln_final = RMSNorm(cfg.d_model, cfg.eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = Linear(cfg.d_model, cfg.vocab_size, axes=("vocab", "embed"), precision=precision, rngs=rngs)
+        if cfg.rope:
+            self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+        # One dropout stream, forked after every parameter is drawn, so the initial
+        # parameters do not depend on cfg.dropout. None when dropout is off.
+        self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
+        if compute.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {compute.remat!r}; known: {', '.join(REMAT_POLICIES)}")
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+        """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
+
+        positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
+        deterministic=False turns dropout on (training).
+        """
+        T = tokens.shape[-1]
+        if T > self.cfg.context_length:
+            raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
+        x = constrain(self.token_embeddings(tokens), "batch", "seq", "embed")  # (B, T, D)
+        rope = None
+        if self.cfg.rope:
+            rope = self.rope(jnp.arange(T) if positions is None else positions)  # 2 x (B or -, T, H/2)
+        keys = None
+        if not deterministic and self.dropout_rngs is not None:
+            keys = jax.random.split(self.dropout_rngs(), self.cfg.num_layers)  # (L,) keys
+        policy = REMAT_POLICIES[self.compute.remat]  # the one place remat is applied
+        if self.compute.scan_layers:  # remat inside the scanned body: per layer, as unrolled
+            fn, policy = (lambda b, h, k: (_block_forward(b, h, rope, k), None)), (policy or SCAN_NONE)()
+            if pipeline.pipeline_stages() > 1:
+                x = pipeline.pipeline(self.layers, fn, x, keys, policy, microbatches=self.microbatches)  # (B, T, D)
+            else:
+                x, _ = scan.scan(self.layers, fn, x, keys, policy)  # (B, T, D)
+            return self._head(x)
+        block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
+        for i, block in enumerate(self.layers):
+            x = block_fwd(block, x, rope, None if keys is None else keys[i])  # (B, T, D)
+        return self._head(x)
+
+    def _head(self, x: jax.Array) -> jax.Array:
+        """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""
+        if self.cfg.norm != "none":
+            x = self.ln_final(x)
+        head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
+        logits = dense(x, self.precision.cast(head[...]))  # (B, T, V)
+        return constrain(logits, "batch", "seq", "vocab")
+
+    # ----------------------------------------------------------------------- KV cache (generation)
+
+    def init_cache(self, batch: int, length: int | None = None) -> "KVCache":
+        """Zeroed key/value buffers for `batch` rows of `length` slots (default: context_length)."""
+        length = self.cfg.context_length if length is None else length
+        if not 0 < length <= self.cfg.context_length:
+            raise ValueError(f"cache length {length} must be in 1 ... context_length {self.cfg.context_length}")
+        shape = (batch, length, self.cfg.num_heads, self.cfg.head_dim)  # (B, S, N, H)
+        dtype = self.precision.compute
+        layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.cfg.num_layers))
+        return KVCache(layers)
+
+    def extend(self, tokens: jax.Array, cache: "KVCache", start: jax.Array) -> tuple[jax.Array, "KVCache"]:
+        """Run T new tokens per row on top of a KV cache (evaluation only, no dropout).
+
+        tokens (B, T) int; start (B,) int: row b's tokens sit at positions
+        start[b] ... start[b]+T-1, which are also their cache slots (so RoPE
+        positions continue from what the cache holds). Row b's query at position
+        p attends cache slots 0 ... p (and only the last `window` + 1 with a
+        sliding window); slots past p may hold stale or padding values and are
+        masked. A prefill is `extend(prompt, cache, zeros)`, a decode step
+        `extend(last_token[:, None], cache, lengths)`.
+        Returns logits (B, T, V) and the cache with the new keys/values written.
+        """
+        B, T = tokens.shape
+        S = cache.length
+        start = jnp.asarray(start, jnp.int32)
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # (B, T)
+        slots = jnp.arange(S, dtype=jnp.int32)  # (S,)
+        visible = slots[None, None, :] <= positions[:, :, None]  # (B, T, S)
+        if self.cfg.window is not None:
+            visible &= slots[None, None, :] >= positions[:, :, None] - self.cfg.window
+        visible = visible[:, None]  # (B, 1, T, S): broadcast over heads
+        x = self.token_embeddings(tokens)  # (B, T, D)
+        rope = self.rope(positions) if self.cfg.rope else None  # 2 x (B, T, H/2)
+        if self.compute.scan_layers:
+            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B, S, N, H)
+            x, kv = scan.scan(self.layers, lambda b, h, c: b.extend(h, rope, c, start, visible), x, kv)
+            return self._head(x), KVCache(tuple((kv[0][i], kv[1][i]) for i in range(self.cfg.num_layers)))
+        layers = []
+        for block, kv in zip(self.layers, cache.layers):
+            x, kv = block.extend(x, rope, kv, start, visible)  # (B, T, D)
+            layers.append(kv)
+        return self._head(x), KVCache(tuple(layers))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B, S, N, H).
+
+    A plain pytree (no positions inside): the caller tracks each row's length and
+    passes it as `start` to `TransformerLM.extend`. Keys are stored after RoPE.
+    """
+
+    layers: tuple[tuple[jax.Array, jax.Array], ...]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0][0].shape[1]
+
+
+# --------------------------------------------------------------------------- loss and metrics
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
+    logits = logits.astype(jnp.float32)  # (..., V)
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
+    lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[..., 0]  # (...,)
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # (...,)
+    return jnp.mean(lse - target_logit)
+
+
+def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean of argmax(logits) == target, float32."""
+    return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """Float32 mean cross-entropy of the model's next-token predictions."""
+    return cross_entropy(model(tokens, deterministic=deterministic), targets)
+
+
+def count_params(model: nnx.Module, *, non_embedding: bool = False) -> int:
+    """Number of trainable parameters (nnx.Param leaves); a tied head counts once."""
+    n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    if non_embedding and hasattr(model, "token_embeddings"):
+        n -= int(np.prod(model.token_embeddings.weight.shape))
+    return n

@@ -1,0 +1,322 @@
+"""Checkpoints with orbax: the train state, the data position and the run's identity.
+
+Run directory layout (everything `jaxlm.generate` needs, no flags):
+
+    RUN/config.toml              the resolved config (`load_config(RUN/config.toml)` rebuilds it)
+    RUN/tokenizer/              the token files' meta.json (names the tokenizer) + its vocab/merges copy
+    RUN/checkpoints/<step>/state the train state: step, params, optimizer state, model RNG
+    RUN/checkpoints/<step>/meta  JSON: step, data position, seed, val loss if known
+
+The data loader's batch of global step s is a pure function of (seed, s), so the
+data position is the step itself. Orbax writes each step to a temporary directory
+and renames it when complete, so a killed run leaves its last complete checkpoint
+usable (and the orphaned temporary directory, removed when the run restarts).
+Saving is asynchronous; `close()` waits for it. Restores go against an abstract
+target (shapes, dtypes, shardings), never into plain dicts, and take the newest
+checkpoint that restores cleanly: a damaged newer one is named in a warning and
+skipped, never deleted.
+
+PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
+from jaxlm.core.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
+from jaxlm.core.errors import CheckpointError, ConfigError
+from jaxlm.core.files import atomic_write
+from jaxlm.nn.lora import has_adapters
+from jaxlm.training.step import TrainState, build_model, split_model
+
+UNRESTORABLE = ".unrestorable"  # suffix of a checkpoint set aside because it does not restore
+
+
+def _is_key(x) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def to_savable(state):
+    """Typed PRNG keys -> uint32 key data (orbax stores plain arrays)."""
+    return jax.tree.map(lambda a: jax.random.key_data(a) if _is_key(a) else a, state)
+
+
+def abstract_savable(abstract_state):
+    """The shape/dtype/sharding target matching `to_savable(state)` for a `jax.eval_shape`d state."""
+
+    def one(a):
+        sharding = getattr(a, "sharding", None)
+        if _is_key(a):
+            data = jax.eval_shape(jax.random.key_data, a)
+            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_replicated_like(sharding))
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+
+    return jax.tree.map(one, abstract_state)
+
+
+def _replicated_like(sharding):
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return sharding
+
+
+def from_savable(saved, like):
+    """Inverse of `to_savable`, guided by a state (or abstract state) with typed keys."""
+    return jax.tree.map(lambda s, l: jax.random.wrap_key_data(s) if _is_key(l) else s, saved, like)
+
+
+class Checkpointer:
+    """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy."""
+
+    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
+        self.dir = Path(run_dir).absolute() / "checkpoints"
+        policies = [pp.LatestN(n=cfg.keep)]
+        if cfg.keep_best:
+            policies.append(
+                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)
+            )
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
+            enable_async_checkpointing=True,
+            create=True,
+            cleanup_tmp_directories=True,  # what a killed save left behind
+        )
+        self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, state: TrainState, meta: dict, val_loss: float | None = None) -> None:
+        step = int(meta["step"])
+        if step in self.manager.all_steps():
+            return
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(to_savable(state.as_dict())), meta=ocp.args.JsonSave(meta)
+            ),
+            metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
+            force=True,
+        )
+
+    def restore(self, abstract_state: TrainState) -> tuple[TrainState, dict]:
+        """The newest checkpoint that restores cleanly. Newer ones that do not are renamed
+        STEP.unrestorable (kept for inspection, out of the way of the steps saved again)."""
+        target = abstract_state.as_dict()
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore())
+        step, out, failed = restore_newest(self.dir, self.manager.all_steps(), lambda s: self.manager.restore(s, args=args))
+        if failed:
+            self._set_aside(failed)
+        return TrainState(**from_savable(out["state"], target)), dict(out["meta"])
+
+    def _set_aside(self, steps: list[int]) -> None:
+        if jax.process_index() == 0:
+            for step in steps:
+                dest, n = self.dir / f"{step}{UNRESTORABLE}", 1
+                while dest.exists():
+                    dest, n = self.dir / f"{step}{UNRESTORABLE}.{n}", n + 1
+                os.replace(self.dir / str(step), dest)
+                print(f"warning: {self.dir / str(step)} moved to {dest}", file=sys.stderr)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("unrestorable checkpoints set aside")
+        self.manager.reload()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def saved_steps(run_dir: str | Path) -> list[int]:
+    """The steps of RUN/checkpoints, oldest first (orbax names a finished checkpoint by its step alone)."""
+    d = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) if d.is_dir() else []
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    """The exception's first sentence: TensorStore appends a page of its spec to the first line."""
+    line = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
+    return f"{type(e).__name__}: {line.split('. See ')[0][:limit]}"
+
+
+def _mute_failed_read_aftermath() -> None:
+    """When a restore fails, orbax's other pending reads of that checkpoint fail too, during and after
+    it, one page of traceback each, through `sys.unraisablehook` and the asyncio logger: drop those
+    (the failure itself is reported by `restore_newest`)."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    previous = sys.unraisablehook
+    if getattr(previous, "jaxlm_mute", False):
+        return
+
+    def hook(u):
+        code = getattr(u.object, "cr_code", None)
+        from_orbax = code is not None and "orbax" in code.co_filename
+        loop_closed = isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+        if not (from_orbax or loop_closed):
+            previous(u)
+
+    hook.jaxlm_mute = True
+    sys.unraisablehook = hook
+
+
+def restore_newest(directory: Path, steps, restore_one: Callable[[int], Any]) -> tuple[int, Any, list[int]]:
+    """(step, restore_one(step), newer steps that failed) for the newest of `steps` that restores;
+    each failure is a warning line. One CheckpointError line when none restores."""
+    failed, error = [], None
+    _mute_failed_read_aftermath()
+    for step in sorted(steps, reverse=True):
+        try:
+            return step, restore_one(step), failed
+        except Exception as e:  # orbax and TensorStore raise many kinds for a damaged checkpoint
+            failed.append(step)
+            error = error or e
+            print(f"warning: {directory}/{step} does not restore ({_first_line(e)}); skipped", file=sys.stderr)
+    tried = ", ".join(map(str, failed)) or "none saved"
+    raise CheckpointError(f"{directory}: no checkpoint restores (steps tried: {tried}; newest failed with "
+                          f"{_first_line(error) if error else 'nothing to restore'}); check that the config matches "
+                          "the run's config.toml, or move the directory away to start again")
+
+
+def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
+    """RUN/config.toml (resolved) and RUN/tokenizer/meta.json (from the token files), each written atomically."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / "config.toml", dumps_toml(to_dict(cfg)))
+    meta = Path(data_dir) / "meta.json"
+    if meta.is_file():
+        (run_dir / "tokenizer").mkdir(exist_ok=True)
+        for name in ["meta.json", *json.loads(meta.read_text()).get("tokenizer_files", [])]:
+            atomic_write(run_dir / "tokenizer" / name, (Path(data_dir) / name).read_bytes())
+
+
+def find_run_dir(path: str | Path) -> tuple[Path, int | None]:
+    """A run dir, its checkpoints dir, or one step's dir -> (run dir, step or None for latest)."""
+    path = Path(path).absolute()
+    for candidate, step in ((path, None), (path.parent, None), (path.parent.parent, path.name)):
+        if (candidate / "config.toml").is_file():
+            return candidate, int(step) if step is not None and str(step).isdigit() else None
+    raise CheckpointError(f"{path}: no config.toml here or in its parents, so not a jaxlm run directory")
+
+
+def read_run_config(run_dir: str | Path) -> Config:
+    """RUN/config.toml as a Config; a CheckpointError naming the file when it cannot be read."""
+    path = Path(run_dir) / "config.toml"
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: the run's saved config cannot be read ({e})") from None
+
+
+def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
+    """(model, cfg, tokenizer) from a run directory (or a checkpoint inside one), on the default device.
+
+    Only the parameters and model variables are read, not the optimizer state; the newest
+    checkpoint that restores is taken (unless a step is named). Creates and changes nothing.
+    `tokenizer` is None when the run has no tokenizer/meta.json.
+    """
+    from flax import nnx
+
+    run_dir, found_step = find_run_dir(run_or_ckpt_dir)
+    step = step if step is not None else found_step
+    cfg = read_run_config(run_dir)
+    ckpt_dir, steps = run_dir / "checkpoints", saved_steps(run_dir)
+    if not steps:
+        raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
+    if step is not None and step not in steps:
+        raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
+    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
+    graphdef, params, rest = split_model(abstract)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {"params": params, "rest": rest}
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
+    saved = abstract_savable(target)
+    args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=saved, restore_args=ocp.checkpoint_utils.construct_restore_args(saved), partial_restore=True))
+    manager = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=False),
+                                    item_names=("state", "meta"))
+    try:
+        _, out, _ = restore_newest(ckpt_dir, steps if step is None else [step], lambda s: manager.restore(s, args=args))
+    finally:
+        manager.close()
+    restored = from_savable(out["state"], target)
+    model = nnx.merge(graphdef, restored["params"], restored["rest"])
+    tokenizer = None
+    if (run_dir / "tokenizer" / "meta.json").is_file():
+        from jaxlm.data.prepare import load_tokenizer_from_meta
+
+        tokenizer = load_tokenizer_from_meta(run_dir / "tokenizer")
+    return model, cfg, tokenizer
+
+
+def _shapes(state) -> dict[str, tuple]:
+    """{"layers/0/attn/q_proj/weight": shape} of an nnx.State."""
+    flat = jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in flat}
+
+
+def load_base_weights(path: str | Path, cfg: Config):
+    """The nnx.Param weights of the run at `path` (a run, or RUN/checkpoints/STEP), checked against the
+    model `cfg` builds: train.init_from. Either layer layout loads into either (compute.scan_layers).
+    One CheckpointError line naming the first mismatch."""
+    from flax import nnx
+
+    model, saved, _ = restore_for_inference(path)
+    if has_adapters(model):
+        raise CheckpointError(f"train.init_from = {str(path)!r}: a LoRA run (lora.rank = {saved.lora.rank}); fold its "
+                              f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
+    if saved.compute.scan_layers != cfg.compute.scan_layers:  # the other layer layout: same numbers, restacked
+        from jaxlm.nn import scan
+
+        layers = model.layers
+        model.layers = scan.stack(list(layers)) if cfg.compute.scan_layers else nnx.List(scan.unstack(layers, saved.model.num_layers))
+    loaded = nnx.state(model, nnx.Param)
+    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
+    have = _shapes(loaded)
+    for name, shape in want.items():
+        if name not in have:
+            raise CheckpointError(f"train.init_from = {str(path)!r}: has no weight {name} (its model differs: "
+                                  "compare its config.toml with model.*)")
+        if have[name] != shape:
+            raise CheckpointError(f"train.init_from = {str(path)!r}: {name} has shape {have[name]} there, this "
+                                  f"run's model.* needs {shape}")
+    extra = sorted(set(have) - set(want))
+    if extra:
+        raise CheckpointError(f"train.init_from = {str(path)!r}: has weights this run's model lacks ({extra[0]}, "
+                              f"{len(extra)} in all; compare its config.toml with model.*)")
+    return loaded
+
+
+def load_for_generation(path: str | Path, cfg: Config | None = None):
+    """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
+    import jax
+    from flax import nnx
+
+    from jaxlm.training.step import build_model
+
+    if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
+                          "devices; use 'xla' or 'auto'")
+    try:
+        model, saved, tokenizer = restore_for_inference(path)
+    except CheckpointError:
+        raise
+    except Exception as e:  # orbax / config / missing-file errors all mean "cannot restore this path"
+        raise CheckpointError(f"{path}: cannot restore a checkpoint: {type(e).__name__}: {e}") from e
+    if tokenizer is None:
+        raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
+    if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
+                                                                  saved.lora, saved.qat)))
+        model = nnx.merge(graphdef, nnx.state(model))
+    return model, tokenizer

@@ -1,0 +1,357 @@
+"""The training loop: build the run, train, evaluate, sample and checkpoint (the command is jaxlm/cli/train.py).
+
+    python -m jaxlm.train --config experiments/configs/quickstart.toml [--preset NAME] [--set section.key=value ...]
+
+Each call runs `steps_in_call` optimizer steps in one jitted, donated function
+(the batch of global step s is a pure function of (seed, s)); the previous
+call's metrics are then checked (a non-finite loss stops the run without
+saving) and logged, and evaluation, sampling and checkpoints follow their
+schedules. SIGTERM / SIGINT finish the current call, save and exit.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxlm.analysis import flops
+from jaxlm.core import sharding
+from jaxlm.core.config import Config
+from jaxlm.core.errors import DataError, TrainingDiverged
+from jaxlm.core.host import tune_for_cpu_backend
+from jaxlm.data.loader import eval_batches, train_batches
+from jaxlm.data.prepare import load_tokenizer_from_meta
+from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
+from jaxlm.nn.lora import memory_summary
+from jaxlm.training.checkpoint import Checkpointer, load_base_weights, write_run_files
+from jaxlm.training.optim import make_optimizer
+from jaxlm.training.preflight import preflight
+from jaxlm.training.step import (
+    TrainState,
+    init_state,
+    make_eval_step,
+    make_multi_step,
+    make_train_step,
+)
+from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
+
+
+class Built(NamedTuple):
+    """Everything compiled for a run on one mesh."""
+
+    graphdef: Any
+    make_state: Callable  # () -> a fresh TrainState (call under jit with out_shardings)
+    shardings: TrainState  # a NamedSharding per state leaf
+    abstract: TrainState  # ShapeDtypeStructs (with shardings): the restore target
+    step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
+    multi_fn: Callable  # jitted, donated (state, xs, ys) -> (state, metrics stacked): n steps in one call
+    eval_fn: Callable  # jitted (state, x, y) -> {"loss", "accuracy"}
+
+
+def build(cfg: Config, mesh) -> Built:
+    """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
+    sharding.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
+    sharding.check_model(cfg.model, mesh)
+    sharding.check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches,
+                            cfg.data.batch_size // cfg.train.grad_accum, mesh)
+    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.qat,
+                                      cfg.parallel.microbatches)
+    abstract = jax.eval_shape(make_state)
+    shardings = sharding.state_shardings(abstract, mesh)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    bsh, ssh, rep = sharding.batch_sharding(mesh), sharding.stacked_batch_sharding(mesh), sharding.replicated(mesh)
+    train_step = make_train_step(graphdef, tx, schedule, cfg.train.grad_accum)
+
+    def jit(fn, **kw):
+        return sharding.on_mesh(jax.jit(fn, **kw), mesh)
+
+    step_fn = jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
+    multi_fn = jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep),
+                   donate_argnums=0)
+    eval_fn = jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh), out_shardings=rep)
+    return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
+
+
+def steps_in_call(step: int, cfg: Config) -> int:
+    """Optimizer steps in the jitted call that starts at global step `step`: up to train.steps_per_call,
+    cut so that every eval, checkpoint and sample step ends a call, and the profiled steps run one per call."""
+    n = min(cfg.train.steps_per_call - step % cfg.train.steps_per_call, cfg.train.steps - step)
+    for every in (cfg.train.eval_every, cfg.checkpoint.every, cfg.log.sample_every):
+        if every:
+            n = min(n, every - step % every)
+    if cfg.log.profile_steps:
+        first, last = cfg.log.profile_steps
+        n = min(n, first - step) if step < first else (1 if step <= last else n)
+    return n
+
+
+@dataclass
+class Window:
+    """Training metrics since the last log line."""
+
+    losses: list[float] = field(default_factory=list)
+    t0: float = field(default_factory=time.time)
+
+
+@dataclass
+class Loop:
+    """What the loop carries from one call to the next; the functions below read and update it."""
+
+    cfg: Config
+    mesh: Any
+    built: Built
+    state: TrainState
+    step: int  # optimizer steps done
+    data_dir: Path
+    tokenizer: Any
+    batches: Any
+    ckpt: Checkpointer
+    tracker: Tracker
+    profiler: Profiler
+    bar: Any
+    lead: bool  # process 0: the one that writes and prints
+    pending: list = field(default_factory=list)  # (first step, n, device metrics) not yet checked
+    window: Window = field(default_factory=Window)
+    train_loss: float | None = None
+    eval_step: int | None = None
+    eval_loss: float | None = None
+
+    def close(self) -> None:
+        self.bar.close()
+        self.batches.close()
+        self.profiler.close()
+        self.ckpt.close()
+        self.tracker.close()
+
+
+def start(cfg: Config) -> Loop:
+    """Preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
+    data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
+    tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
+    mesh = sharding.make_mesh(cfg=cfg.parallel)
+    built = build(cfg, mesh)
+    run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
+    ckpt = Checkpointer(run_dir, cfg.checkpoint)
+    try:
+        state, step = restore_or_init(cfg, built, ckpt)
+        if lead:
+            write_run_files(run_dir, cfg, data_dir)
+        tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead, start_step=step)
+        report_memory(state, tracker, lead, fresh=step == 0)
+    except BaseException:
+        ckpt.close()
+        raise
+    batches = train_batches(data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.train.seed, start_step=step,
+                            process_index=jax.process_index(), process_count=jax.process_count(),
+                            num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch)
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead), dynamic_ncols=True)
+    return Loop(cfg, mesh, built, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
+                Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead)
+
+
+def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[TrainState, int]:
+    """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state
+    (with the weights of train.init_from when set: a fresh optimizer and schedule on them)."""
+    if not (cfg.checkpoint.resume and ckpt.latest_step() is not None):
+        base = load_base_weights(cfg.train.init_from, cfg) if cfg.train.init_from else None
+        if base is not None:
+            print(f"initialised from the weights of {cfg.train.init_from}", file=sys.stderr)
+        return jax.jit(built.make_state, out_shardings=built.shardings)(base), 0
+    state, meta = ckpt.restore(built.abstract)
+    step = int(meta["data_step"])
+    print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
+    if step >= cfg.train.steps:
+        print(f"the run in {cfg.train.out_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
+              "raise train.steps to continue it, or choose another train.out_dir to start over", file=sys.stderr)
+    return state, step
+
+
+def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) -> None:
+    """One line (and a metrics.jsonl row at step 0) on what is trained and what it costs in memory."""
+    m = memory_summary(state.params, state.opt_state, state.rest)
+    total = m["trainable_params"] + m["frozen_params"]
+    if fresh:
+        tracker.scalars(0, {f"params/{k}": v for k, v in m.items()}, "params")
+    if lead:
+        frozen = (f"; frozen weights {m['frozen_bytes'] / 2**20:.2f} MiB ({m['frozen_bytes_per_param']:.2f} bytes per "
+                  "parameter)") if m["frozen_params"] else ""
+        if m["quantised_bytes_per_param"]:
+            frozen += f", the quantised base {m['quantised_bytes_per_param']:.3f} bytes per parameter"
+        print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({100 * m['trainable_params'] / total:.2f} %)"
+              f"; gradients {m['grad_bytes'] / 2**20:.2f} MiB, optimizer state {m['optimizer_bytes'] / 2**20:.2f} MiB"
+              f"{frozen}", file=sys.stderr)
+
+
+def run_call(loop: Loop) -> None:
+    """One jitted call of `steps_in_call` steps; its metrics stay on the device until `drain`."""
+    n = steps_in_call(loop.step, loop.cfg)
+    xs, ys = zip(*(next(loop.batches) for _ in range(n)))
+    b, mesh = loop.built, loop.mesh
+    loop.profiler.before_step(loop.step)
+    with loop.profiler.annotation(loop.step):
+        if n == 1:
+            loop.state, metrics = b.step_fn(loop.state, sharding.global_batch(xs[0], mesh),
+                                            sharding.global_batch(ys[0], mesh))
+        else:
+            loop.state, metrics = b.multi_fn(loop.state, sharding.global_batch(np.stack(xs), mesh, stacked=True),
+                                             sharding.global_batch(np.stack(ys), mesh, stacked=True))
+    loop.profiler.after_step(loop.step, loop.state)
+    drain(loop)  # the previous call's metrics: one call stays in flight
+    loop.pending.append((loop.step, n, metrics))
+    loop.step += n
+    loop.bar.update(n)
+
+
+def drain(loop: Loop) -> None:
+    """Fetch the queued metrics, stop on a non-finite loss, log at log steps."""
+    while loop.pending:
+        first, n, metrics = loop.pending.pop(0)
+        stacked = jax.device_get(metrics)
+        for i in range(n):
+            log_step(loop, first + i + 1, {k: float(v[i] if n > 1 else v) for k, v in stacked.items()})
+
+
+def log_step(loop: Loop, done: int, m: dict[str, float]) -> None:
+    """Check one step's metrics and add them to the log window; write the window at log steps."""
+    if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
+        last = loop.ckpt.latest_step()
+        where = f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None else "no checkpoint was written"
+        raise TrainingDiverged(f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} "
+                               f"(grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopped without saving, {where}; "
+                               "lower optim.lr or check the data")
+    loop.window.losses.append(m["loss"])
+    loop.train_loss = m["loss"]
+    cfg = loop.cfg
+    if done % cfg.log.every and done != cfg.train.steps:
+        return
+    B, T = cfg.data.batch_size, cfg.model.context_length
+    dt, k = time.time() - loop.window.t0, len(loop.window.losses)
+    tok_s = k * B * T / max(dt, 1e-9)
+    device = jax.devices()[0].device_kind
+    values = {
+        "train/loss": float(np.mean(loop.window.losses)), "train/grad_norm": m["grad_norm"],
+        "train/param_norm": m["param_norm"], "train/lr": m["lr"], "perf/tokens_per_s": tok_s,
+        "perf/step_time_s": dt / k, "perf/peak_memory_bytes": peak_memory_bytes(),
+        "perf/mfu": flops.mfu(tok_s, cfg.model, T, device, jax.device_count(), cfg.compute.dtype, cfg.log.peak_flops),
+    }
+    loop.tracker.scalars(done, values, "train")
+    loop.bar.set_postfix(loss=f"{values['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}")
+    loop.window = Window()
+
+
+def evaluate(loop: Loop) -> dict[str, float]:
+    """Mean loss and accuracy over the first train.eval_batches batches of val.bin, and perplexity."""
+    cfg, mesh = loop.cfg, loop.mesh
+    B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
+    totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
+    for x, y in eval_batches(loop.data_dir, "val", B, T, max_batches=cfg.train.eval_batches, drop_last=True,
+                             process_index=jax.process_index(), process_count=jax.process_count()):
+        out = loop.built.eval_fn(loop.state, sharding.global_batch(x, mesh), sharding.global_batch(y, mesh))
+        for k, v in jax.device_get(out).items():
+            totals[k] += float(v)
+        n += 1
+    if n == 0:
+        raise DataError(f"{loop.data_dir}/val.bin: shorter than one batch of {B} x {T} tokens")
+    loss = totals["loss"] / n
+    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["accuracy"] / n}
+
+
+def evaluate_and_log(loop: Loop) -> None:
+    drain(loop)
+    ev = evaluate(loop)
+    loop.eval_step, loop.eval_loss = loop.step, ev["eval/loss"]
+    loop.tracker.scalars(loop.step, ev, "eval")
+    if loop.lead:
+        loop.bar.write(f"step {loop.step}: val loss {ev['eval/loss']:.4f}, ppl {ev['eval/perplexity']:.2f}, "
+                       f"acc {ev['eval/accuracy']:.3f}")
+
+
+def save(loop: Loop) -> None:
+    """Checkpoint the state after the pending metrics proved it finite (with the val loss if just measured)."""
+    drain(loop)
+    val = loop.eval_loss if loop.eval_step == loop.step else None
+    loop.ckpt.save(loop.state, {"step": loop.step, "data_step": loop.step, "seed": loop.cfg.train.seed}, val_loss=val)
+
+
+def write_sample(loop: Loop) -> str:
+    """A text sample from the current weights (the decoding Generator, sliding past the context), logged."""
+    cfg, tok = loop.cfg, loop.tokenizer
+    out = Generator(loop.state.model(loop.built.graphdef)).generate(
+        [encode_prompt(tok, cfg.log.sample_prompt)], cfg.log.sample_tokens,
+        SamplingParams(temperature=cfg.log.sample_temperature), seed=cfg.train.seed)
+    text = cfg.log.sample_prompt + tok.decode(out.tokens[0])
+    loop.tracker.text(loop.step, "samples/text", text)
+    return text
+
+
+def on_schedule(loop: Loop, stop: "_StopFlag") -> bool:
+    """Evaluate, sample and checkpoint where due after a call; True when a signal asks to stop."""
+    cfg, done = loop.cfg, loop.step
+    final = done == cfg.train.steps
+    if done % cfg.train.eval_every == 0 or final:
+        evaluate_and_log(loop)
+    if cfg.log.sample_every and done % cfg.log.sample_every == 0 and not final:
+        write_sample(loop)
+    if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
+        if stop.signal is not None and loop.lead:
+            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} and exiting")
+        save(loop)
+    return stop.signal is not None
+
+
+def train(cfg: Config) -> dict:
+    """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
+    t_start = time.time()
+    loop = start(cfg)
+    sample = None
+    try:
+        with _StopFlag() as stop:
+            while loop.step < cfg.train.steps:
+                run_call(loop)
+                if on_schedule(loop, stop):
+                    break
+            drain(loop)
+            if loop.step == cfg.train.steps:
+                sample = write_sample(loop)
+    finally:
+        loop.close()
+    if loop.lead and sample is not None:
+        print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
+    return {"step": loop.step, "train_loss": loop.train_loss, "val_loss": loop.eval_loss, "sample": sample,
+            "wall_s": time.time() - t_start, "run_dir": str(cfg.train.out_dir)}
+
+
+class _StopFlag:
+    """Set by SIGTERM / SIGINT; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.signal = None
+        self._old = {}
+
+    def _handler(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def __enter__(self):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)

@@ -1,0 +1,151 @@
+"""The train state, one pure train step (with accumulation) and the eval step.
+
+`train_step(state, x, y) -> (state, metrics)` does forward, loss, backward,
+global-norm clipping and the AdamW update; with ``grad_accum = A`` the batch
+(B, T) is cut into A micro-batches of B/A rows (rows j, j+A, j+2A, ... form
+micro-batch j, so every device keeps its own rows) and their gradients are
+averaged by a `lax.scan`, which equals one step on the whole batch up to rounding.
+Metrics: ``loss`` (mean over the batch), ``grad_norm`` (before clipping),
+``param_norm`` (after the update), ``lr`` (used by this update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
+from jaxlm.nn import lora as lora_lib
+from jaxlm.nn import quant
+from jaxlm.nn.model import TransformerLM, cross_entropy, token_accuracy
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """Everything a train step reads and writes; a pytree, so it jits, shards and checkpoints as is."""
+
+    step: jax.Array  # int32 scalar: optimizer updates done = the next global step
+    params: nnx.State  # the trainable leaves, float32: every nnx.Param, or only the LoRA adapters
+    opt_state: Any  # optax state: clipping + AdamW moments, float32
+    rest: nnx.State  # every other model variable (RoPE tables, dropout RNG, a LoRA run's frozen base)
+
+    @classmethod
+    def create(cls, model: nnx.Module, tx: optax.GradientTransformation) -> "TrainState":
+        """The one constructor: step 0, the model's variables, a fresh optimizer state."""
+        _, params, rest = split_model(model)
+        return cls(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
+
+    def model(self, graphdef) -> TransformerLM:
+        return nnx.merge(graphdef, self.params, self.rest)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The checkpointed form (orbax stores dicts of arrays)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
+                lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None,
+                microbatches: int = 1):
+    """The LM, with the weights `base` (an nnx.State of its Params) when given, then its LoRA adapters
+    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set). `microbatches`: GPipe's, on a pipeline mesh."""
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1), microbatches=microbatches)
+    if base is not None:
+        nnx.update(model, base)
+    if lora is not None:
+        lora_lib.apply(model, lora, nnx.Rngs(params=seed + 2, dropout=seed + 3))
+    if qat is not None:
+        quant.apply_qat(model, qat)
+    return model
+
+
+def split_model(model: nnx.Module):
+    """(graphdef, params, rest): the trainable leaves apart from every other variable. Trainable are the
+    LoRA adapters when the model has any (the base is then frozen: no gradient, no optimizer state),
+    else every nnx.Param."""
+    trainable = nnx.LoRAParam if lora_lib.has_adapters(model) else nnx.Param
+    return nnx.split(model, trainable, ...)
+
+
+def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int,
+               lora: LoraConfig | None = None, qat: QatConfig | None = None, microbatches: int = 1):
+    """(graphdef, state-maker): call the maker (optionally with base weights) under
+    `jax.jit(..., out_shardings=...)` to build the state sharded."""
+
+    def build(base=None):
+        return build_model(model_cfg, compute, seed, lora, qat, base, microbatches)
+
+    graphdef, _, _ = split_model(nnx.eval_shape(build))
+    return graphdef, lambda base=None: TrainState.create(build(base), tx)
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1):
+    """The pure step function (not jitted: the caller jits it with shardings and donation)."""
+
+    def loss_fn(params, rest, x, y):
+        # Fresh Variable objects at this trace level: the dropout RNG counter is mutated below,
+        # and nnx refuses to mutate Variables created outside the grad trace.
+        rest = jax.tree.map(lambda v: v, rest)
+        model = nnx.merge(graphdef, params, rest)
+        model.set_attributes(deterministic=False, raise_if_not_found=False)  # LoRA adapter dropout
+        loss = cross_entropy(model(x, deterministic=False), y)
+        _, _, rest = split_model(model)  # dropout RNG counters advance
+        return loss, rest
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, x: jax.Array, y: jax.Array):
+        params, rest = state.params, state.rest
+        if grad_accum == 1:
+            (loss, rest), grads = grad_fn(params, rest, x, y)
+        else:
+            B, T = x.shape
+            A = grad_accum
+            xs = x.reshape(B // A, A, T).swapaxes(0, 1)  # (A, B/A, T): micro-batch j = rows j, j+A, ...
+            ys = y.reshape(B // A, A, T).swapaxes(0, 1)
+
+            def micro(carry, xy):
+                rest, gsum, lsum = carry
+                (l, rest), g = grad_fn(params, rest, *xy)
+                return (rest, jax.tree.map(jnp.add, gsum, g), lsum + l), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (rest, gsum, lsum), _ = jax.lax.scan(micro, (rest, zeros, jnp.zeros((), jnp.float32)), (xs, ys))
+            grads = jax.tree.map(lambda g: g / A, gsum)
+            loss = lsum / A
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "param_norm": optax.global_norm(params),
+            "lr": jnp.asarray(schedule(state.step), jnp.float32),
+        }
+        return TrainState(state.step + 1, params, opt_state, rest), metrics
+
+    return train_step
+
+
+def make_multi_step(train_step):
+    """(state, xs, ys) with a leading axis of n batches -> (state, metrics stacked over the n steps)."""
+
+    def multi_step(state: TrainState, xs: jax.Array, ys: jax.Array):
+        return jax.lax.scan(lambda s, xy: train_step(s, *xy), state, (xs, ys))
+
+    return multi_step
+
+
+def make_eval_step(graphdef):
+    """(state, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
+
+    def eval_step(state: TrainState, x, y):
+        logits = state.model(graphdef)(x, deterministic=True)
+        return {"loss": cross_entropy(logits, y), "accuracy": token_accuracy(logits, y)}
+
+    return eval_step

@@ -1,0 +1,183 @@
+"""PyTorch half of a benchmark row: torchref with the same architecture, batch and mode.
+
+- torch.compile on the model-plus-loss function unless the setting says eager;
+  the first call (which compiles) is reported as `compile_s`.
+- bfloat16 rows run under `torch.autocast(dtype=torch.bfloat16)` with float32
+  parameters, the same policy as jaxlm's `compute.dtype`.
+- Fused attention: torchref calls `F.scaled_dot_product_attention` whenever
+  `compute.attention != "xla"` (`Setting.configs` maps cudnn rows to it).
+- Train step: the AdamW of docs/spec.md (betas 0.9/0.95, wd 0.1, eps 1e-8) after
+  global-norm clipping at 1.0. By default `torch.optim.AdamW` (foreach, fused on
+  CUDA) with `clip_grad_norm_`, PyTorch's fastest equivalent of torchref.AdamW /
+  torchref.clip_grad_norm (same update, same ordering); `Options.torch_optimizer
+  = "torchref"` uses torchref's own (a Python loop per parameter, and a host
+  sync in the clipping).
+- Timing: CUDA events around each step on a GPU, `perf_counter` after the step
+  on CPU (torch on CPU is synchronous). Memory: `torch.cuda.max_memory_allocated`
+  after `reset_peak_memory_stats`; on CPU there is no allocator peak, so the
+  column is None with memory_source "n/a (cpu)".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import torchref
+from jaxlm.analysis import memory
+from jaxlm.core.config import ComputeConfig, ModelConfig
+from parity.convert import torch_config
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_kind() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def autocast(dtype: str):
+    if dtype == "bfloat16":
+        return torch.autocast(device_type=device().type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, *, compile: bool = True,
+               seed: int = 0, optimizer: str = "torch"):
+    """A zero-argument callable running one step of `mode` (returns a tensor to keep alive)."""
+    dev = device()
+    torch.manual_seed(seed)
+    model = torchref.TransformerLM(torch_config(cfg), device=dev, fused_attention=compute.attention != "xla")
+    tokens = torch.randint(0, cfg.vocab_size, (batch, context + 1), device=dev)
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # (B, T), (B, T)
+
+    def loss_fn(x, y):
+        return torchref.cross_entropy(model(x), y)
+
+    fwd = torch.compile(model) if compile else model
+    loss = torch.compile(loss_fn) if compile else loss_fn
+
+    if mode == "forward":
+        model.eval()
+
+        def step():
+            with torch.no_grad(), autocast(compute.dtype):
+                return fwd(x)
+
+        return step
+    if mode == "forward_backward":
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            with autocast(compute.dtype):
+                out = loss(x, y)
+            out.backward()
+            return out
+
+        return step
+    if mode == "train_step":
+        if optimizer == "torchref":
+            opt = torchref.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+            clip = lambda: torchref.clip_grad_norm(model.parameters(), 1.0)
+        else:
+            fused = dev.type == "cuda"
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                    fused=fused or None, foreach=None if fused else True)
+            clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with autocast(compute.dtype):
+                out = loss(x, y)
+            out.backward()
+            clip()
+            opt.step()
+            return out
+
+        return step
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def time_steps(step, n: int) -> list[float]:
+    """Seconds per step: CUDA events on a GPU, wall clock on CPU."""
+    if torch.cuda.is_available():
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            step()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
+    fused = compute.attention != "xla"
+    estimate = memory.estimate(cfg, batch, context, compute, setting.mode, fused=fused).total
+    row["estimate_gb"] = estimate / 1e9
+    if opts.memory_limit_gb is not None and estimate > opts.memory_limit_gb * 1e9:
+        row["status"], row["memory_source"] = "OOM", "analytic estimate"
+        row["error"] = f"estimated {estimate / 1e9:.3f} GB > --memory-limit-gb {opts.memory_limit_gb}"
+        return
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    step = build_step(setting.mode, cfg, compute, batch, context, compile=setting.compile, seed=opts.seed,
+                      optimizer=getattr(opts, "torch_optimizer", "torch"))
+    t0 = time.perf_counter()
+    step()
+    synchronize()
+    row["compile_s"] = time.perf_counter() - t0  # first call: tracing + compilation (+ one step)
+    for _ in range(max(opts.warmup - 1, 0)):
+        step()
+    synchronize()
+    times = time_steps(step, opts.steps)
+    row["step_ms"] = 1e3 * float(np.mean(times))
+    row["step_ms_std"] = 1e3 * float(np.std(times))
+    row["step_ms_median"] = 1e3 * float(np.median(times))
+    if cuda:
+        row["memory_gb"], row["memory_source"] = torch.cuda.max_memory_allocated() / 1e9, "torch.cuda.max_memory_allocated"
+    else:
+        row["memory_gb"], row["memory_source"] = None, "n/a (cpu)"
+    del step
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out: Path) -> Path:
+    """A CUDA allocation history over two train steps (pytorch.org/memory_viz); a note on CPU."""
+    if not torch.cuda.is_available():
+        note = out / "torch_memory_snapshot_skipped.txt"
+        note.write_text("torch memory snapshots (torch.cuda.memory._record_memory_history) need CUDA; "
+                        "this run had none, so none was written.\n")
+        return note
+    torch_compute = ComputeConfig(dtype=compute.dtype, attention="xla" if compute.attention == "xla" else "auto")
+    step = build_step("train_step", cfg, torch_compute, batch, context, compile=False)
+    step()  # first step allocates the optimizer state; the recorded steps show the steady state
+    torch.cuda.synchronize()
+    path = out / "torch_train_step_snapshot.pickle"
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return path

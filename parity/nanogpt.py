@@ -1,0 +1,106 @@
+"""`python -m parity.bench nanogpt`: nanoGPT's CPU recipe as a plain torchref training loop.
+
+The baseline `python -m jaxlm.train --config experiments/configs/shakespeare_char.toml`
+is compared with: the same model, batch, learning-rate schedule, AdamW and clipping
+(from the same config flags; default that config), a plain torch loop on the same
+token files. Times --steps steps after --warmup untimed ones and extrapolates to the
+config's train.steps; --full trains the whole run and reports the final validation
+loss too. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxlm import cli
+from jaxlm.core.extras import require
+
+torch = require("torch")  # this module is imported only when the command runs, inside cli.run
+from jaxlm.data.prepare import ensure_prepared, read_meta  # noqa: E402
+from parity.convert import torch_config  # noqa: E402
+from torchref.data import get_batch  # noqa: E402
+from torchref.model import TransformerLM  # noqa: E402
+from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule  # noqa: E402
+
+RECIPE = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "shakespeare_char.toml"
+
+
+@torch.no_grad()
+def val_loss(model, val, B, T, max_batches):
+    """Mean loss over consecutive (B, T) windows from the start of the validation tokens, at most max_batches."""
+    model.eval()
+    losses = []
+    n = (len(val) - 1) // T
+    for b in range(0, min(n - B + 1, max_batches * B), B):
+        idx = (np.arange(b, b + B)[:, None] * T) + np.arange(T + 1)[None, :]
+        w = torch.from_numpy(np.asarray(val[idx], np.int64))
+        losses.append(float(cross_entropy(model(w[:, :-1]).reshape(-1, model.cfg.vocab_size), w[:, 1:].reshape(-1))))
+    model.train()
+    return float(np.mean(losses))
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    cli.add_config_args(p, base="experiments/configs/shakespeare_char.toml")
+    p.add_argument("--steps", metavar="N", type=int, default=200, help="timed training steps")
+    p.add_argument("--warmup", metavar="N", type=int, default=10, help="untimed steps before timing")
+    p.add_argument("--full", action="store_true", help="train the config's whole run (train.steps) and report "
+                   "the final validation loss; the steps after --warmup are timed")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--threads", metavar="N", type=int, help="torch.set_num_threads (default: torch's own choice)")
+
+
+def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[torch.nn.Module, dict]:
+    """nanoGPT's loop on torchref: (model, timings of the steps after `warmup`, last training loss)."""
+    torch.manual_seed(cfg.train.seed)
+    model = TransformerLM(torch_config(cfg.model))
+    o = cfg.optim
+    opt = AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    fwd = torch.compile(model) if compile else model
+    B, T, total = cfg.data.batch_size, cfg.model.context_length, cfg.train.steps
+    rng = np.random.default_rng(cfg.train.seed)
+    t0 = t_timed = time.perf_counter()
+    for t in range(steps):
+        if t == warmup:
+            t_timed = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_cosine_schedule(t, o.lr, o.min_lr, o.warmup_steps, o.cosine_steps or total)
+        x, y = get_batch(train_tokens, B, T, "cpu", rng)  # (B, T), (B, T)
+        loss = cross_entropy(fwd(x).reshape(-1, cfg.model.vocab_size), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if o.grad_clip > 0:
+            clip_grad_norm(model.parameters(), o.grad_clip)
+        opt.step()
+    timed, n = time.perf_counter() - t_timed, steps - warmup
+    return model, {"threads": torch.get_num_threads(), "compile": compile, "timed_steps": n,
+                   "step_time_s": timed / n, "tokens_per_s": n * B * T / timed,
+                   "extrapolated_total_s": timed / n * total, "train_loss": loss.item(),
+                   "wall_s": time.perf_counter() - t0}
+
+
+def main(args: argparse.Namespace) -> int:
+    cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
+    cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
+    cli.check_option(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
+    cfg = cli.load_config_from_args(args, path=RECIPE)
+    if args.full:
+        cli.check_option(cfg.train.steps > args.warmup, "--warmup", args.warmup,
+                    f"must be below train.steps ({cfg.train.steps}) with --full")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data_dir = ensure_prepared(cfg.data)
+    meta = read_meta(data_dir)
+    tokens = {split: np.memmap(data_dir / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in ("train", "val")}
+    steps = cfg.train.steps if args.full else args.warmup + args.steps
+    model, out = train(cfg, tokens["train"], steps, args.warmup, args.compile)
+    if args.full:
+        out["val_loss"] = val_loss(model, tokens["val"], cfg.data.batch_size, cfg.model.context_length,
+                                   cfg.train.eval_batches)
+    print(json.dumps(out))
+    return 0
