@@ -22,6 +22,7 @@ class PlanError(ConfigError):
 KINDS = ("train", "bench", "command")
 # What each kind needs, and which requirement names the runner knows (see device.REQUIREMENTS).
 REQUIREMENT_NAMES = ("gpu",)
+
 # Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
 SPEC_KEYS = {
     "kind",  # train | bench | command
@@ -68,6 +69,7 @@ class RunSpec:
 
 
 def check_keys(table: Any, allowed: set[str], where: str) -> dict:
+    """`table` itself, once it is a table whose keys are all `allowed`; else a PlanError naming `where`."""
     if not isinstance(table, dict):
         raise PlanError(f"{where}: expected a table, got {table!r}")
     for k in table:
@@ -99,6 +101,7 @@ def normalise(entry: dict, where: str) -> dict:
 
 
 def to_spec(name: str, fields: dict, where: str) -> RunSpec:
+    """The run of merged `fields`, once the fields its kind needs are there."""
     kind = fields.get("kind")
     if kind is None:
         raise PlanError(f"{where}: no 'kind' (set it in [defaults] or the run)")
