@@ -48,6 +48,7 @@ from experiments.results import (
 )
 from experiments.spec import RunSpec
 from jaxlm import cli
+from jaxlm.core import host
 from jaxlm.core.files import read_json, write_json
 
 ERROR_TAIL_LINES = 40
@@ -188,7 +189,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
-        "host": {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0]},
+        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"}, "load_avg_1m_start": os.getloadavg()[0]},
         "versions": software_versions(),
     }
     if spec.kind == "train":

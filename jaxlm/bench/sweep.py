@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
     check_args(args, cfg)
     if args.threads:
         set_cpu_threads(args.threads)
-    from jaxlm.core.host import tune_for_cpu_backend
+    from jaxlm.core.host import describe, tune_for_cpu_backend
 
     tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
     base = cfg.model
@@ -181,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
                         peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
                         seed=args.seed, torch_optimizer=args.torch_optimizer)
     settings = settings_from(args)
-    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads}
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads, "host": describe()}
     on_row = None if args.quiet else progress_line
     if args.find_max_batch:
         rows = max_batch_rows(args, settings, base, opts, meta, on_row)
@@ -190,5 +190,6 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(core.format_table(rows))
     extras(args, settings, base, meta)
+    meta["host"]["load_avg_1m_end"] = describe()["load_avg_1m"]  # other work on the machine skews timings
     write_outputs(args, rows, meta)
     return 0
