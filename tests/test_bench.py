@@ -70,7 +70,7 @@ def test_step_flops_and_mfu_hand_counted():
     assert flops.param_counts(cfg)["total"] == 252
     assert flops.step_flops(cfg, 2, 3, "forward") == 2 * 1344
     assert flops.step_flops(cfg, 2, 3, "forward_backward") == 3 * 2 * 1344
-    assert flops.step_flops(cfg, 2, 3, "train_step") == 3 * 2 * 1344 + 12 * 252
+    assert flops.step_flops(cfg, 2, 3, "train_step") == 3 * 2 * 1344 + 14 * 252  # AdamW: 3 + 4 + 5 + 2 per parameter
     # 1000 tokens/s x 1344 training FLOPs per token on a 1e7 FLOP/s device
     assert flops.mfu(1000, cfg, 3, "any", override=1e7) == pytest.approx(0.1344)
     assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12

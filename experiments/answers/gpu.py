@@ -18,17 +18,18 @@ from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
 
 MODEL, BATCH, CONTEXTS, TARGET = "2.7B", 4, (128, 256, 512), "h100-80gb"
-MEMORY_DIR = "memory_profiling"
-MEMORY_COMMAND = (f"python -m jaxlm.bench model --target {TARGET} --preset {MODEL} --context {' '.join(map(str, CONTEXTS))} "
-                  f"--batch {BATCH} --mode forward train_step --dtype float32 bfloat16 "
-                  f"--json docs/results/{MEMORY_DIR}/{TARGET}.json")
+MEMORY_DIR = "memory_profiling"  # the plan experiments/plans/memory_profiling.toml
+MEMORY_COMMAND = (f"python -m experiments.run {MEMORY_DIR}\npython -m experiments.report runs/{MEMORY_DIR} "
+                  f"--out docs/results/{MEMORY_DIR} --records")
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
 
 
 def compiled_rows(root: Path) -> dict[tuple, dict]:
-    """(mode, dtype, context) -> a row compiled for a GPU (`--target`) of the MODEL preset at BATCH."""
+    """(mode, dtype, context) -> a row compiled for a GPU (`--target`) of the MODEL preset at BATCH, from the
+    memory_profiling plan's records (or any `jaxlm.bench model --json` file in ROOT/memory_profiling)."""
     out = {}
-    for path in sorted((root / MEMORY_DIR).glob("*.json")):
+    paths = sorted((root / MEMORY_DIR).glob("*.json")) + sorted((root / MEMORY_DIR).glob("records/*/bench.json"))
+    for path in paths:
         for r in (read_json(path, default=None) or {}).get("rows") or []:
             if r.get("target") and r.get("status") == "ok" and r.get("model") == MODEL and r.get("batch") == BATCH:
                 out[(r["mode"], r["dtype"], r["context"])] = r
@@ -69,8 +70,10 @@ def memory_profiling_section(root: Path) -> list[str]:
                     "bfloat16 copies of the weights), so only the activations halve; where the state dominates, the "
                     "saving is small.", ""]
     else:
-        out += ["(b), (c) **Pending: the figures compiled for an H100** (the GPU compiler's memory plan, made on any "
-                "machine with the `gpu-compile` extra):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
+        out += ["(b), (c) **Pending: the figures compiled for an H100** (the GPU compiler's memory plan of each step, "
+                "made on any machine with the `gpu-compile` extra; the plan runs `python -m jaxlm.bench model --target "
+                f"{TARGET} --preset {MODEL} --context {' '.join(map(str, CONTEXTS))} --batch {BATCH} --mode forward "
+                "train_step --dtype float32 bfloat16`):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
                 "Until then, `jaxlm.memory`'s analytic estimate of the same steps (an estimate, not a measurement):", ""]
         out += memory_table({}, estimated)
     resid = {t: BATCH * t * model(MODEL).d_model * 4 for t in CONTEXTS}

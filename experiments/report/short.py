@@ -22,8 +22,7 @@ TEMPLATE = Path(__file__).with_name("template.md")
 TECHNIQUES_INDEX = Path(__file__).resolve().parents[2] / "docs" / "techniques" / "index.md"
 GPU_COMMANDS = ("`python -m experiments.gpu` (attention kernels, bench tables in both dtypes, techniques, largest "
                 "batch, profile) and `python -m experiments.run profiling --size gpu`")
-TARGET_COMMAND = ("`python -m jaxlm.bench model --target h100-80gb --preset small --context 128 256 512 1024 --mode "
-                  "train_step --dtype float32 bfloat16 --json docs/results/memory_profiling/small.json`")
+TARGET_COMMAND = "`python -m experiments.run memory_profiling` (the 2.7B model's steps compiled for an H100)"
 
 
 def render(facts: dict[str, str]) -> str:
