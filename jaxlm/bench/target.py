@@ -310,3 +310,33 @@ def search_largest(fits, guess: int, limit: int) -> int:
         if not lo < k < hi:
             k = (lo + hi) // 2
     return lo
+
+
+# --------------------------------------------------------------------------- rows of `python -m jaxlm.bench model`
+
+BENCH_COLUMNS = ("framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s",
+                 "argument_gb", "temp_gb", "total_gb", "fits", "matmuls", "matmul_dtypes", "cudnn_attention_calls",
+                 "largest_batch", "error")
+
+
+def setting_config(setting, cfg: Config, context: int, batch: int) -> Config:
+    """cfg with a benchmark setting's model (window) and compute, at exactly this context and batch."""
+    model, compute = setting.configs(cfg.model, context)
+    return dataclasses.replace(cfg, model=dataclasses.replace(model, context_length=context), compute=compute,
+                               data=dataclasses.replace(cfg.data, batch_size=batch))
+
+
+def bench_row(setting, cfg: Config, context: int, batch: int, target: Target, name: str) -> dict:
+    """One compiled benchmark row (no timing columns); a failure becomes an error row, as in a timed sweep."""
+    from jaxlm.analysis.flops import param_counts
+
+    row = {"framework": setting.framework, "model": name, "mode": setting.mode, "dtype": setting.dtype,
+           "attention": setting.attention, "remat": setting.remat, "context": context, "batch": batch,
+           "device": target.label, "params": param_counts(cfg.model)["total"]}
+    try:
+        r = compiled_row(setting_config(setting, cfg, context, batch), target, setting.mode)
+    except (UsageError, ConfigError, ValueError) as e:  # e.g. cuDNN at float32, a batch the mesh cannot split
+        return {**row, "status": "invalid", "error": str(e).splitlines()[0][:200]}
+    r["matmul_dtypes"] = " ".join(f"{k}:{v}" for k, v in r["matmul_dtypes"].items())
+    gb = {f"{k}_gb": r[f"{k}_bytes"] / 1e9 for k in ("argument", "output", "alias", "temp", "total")}
+    return {**row, **r, **gb, "status": "ok"}
