@@ -10,8 +10,12 @@ from jaxlm.core import platform
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DataError, MissingExtra, UsageError
 
-needs_compiler = pytest.mark.skipif(not platform.cuda_plugin_installed(),
-                                    reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
+
+def needs_compiler(test):
+    """Skipped without the extra; on one xdist worker, so the module's compiles happen once (about 20 s)."""
+    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
+    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
+
 
 HLO = """\
 %gemm_fusion_dot.1_computation (parameter_0: bf16[512,128], parameter_1: bf16[128,384]) -> bf16[512,384] {
