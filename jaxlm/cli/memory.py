@@ -146,7 +146,7 @@ def target_report(args) -> dict:
 
 
 def format_target_report(r: dict) -> str:
-    gib = lambda x: f"{x / 2**30:.2f} GiB"  # noqa: E731
+    gib = lambda x: f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.1f} MiB"  # noqa: E731
     dtypes = ", ".join(f"{k} {v}" for k, v in r["matmul_dtypes"].items())
     lines = [r["label"], f"step: {r['mode']}, batch {r['batch']}, context {r['context']}, {r['dtype']}, attention "
              f"{r['attention']}, remat {r['remat']}; {r['parameters'] / 1e6:.1f}M parameters; compiled in "
