@@ -172,12 +172,17 @@ def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
     assert "**Not measured here**" in md  # no size-table runs in these records
 
 
-def test_memory_profiling_reads_rows_compiled_for_a_gpu(tmp_path):
-    rows = [{"target": "h100-80gb", "label": "compiled for H100", "status": "ok", "model": "2.7B", "batch": 4,
-             "mode": m, "dtype": d, "context": t, "total_gb": gb * (0.8 if d == "bfloat16" else 1.0)}
-            for m, gb in (("forward", 20.0), ("train_step", 60.0)) for d in gpu.DTYPES for t in gpu.CONTEXTS]
-    (tmp_path / gpu.MEMORY_DIR).mkdir()
-    (tmp_path / gpu.MEMORY_DIR / "h100.json").write_text(json.dumps({"rows": rows}))
+def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
+    from experiments.compiled_memory import sections
+    from jaxlm.bench.gpu_validation import CompileCache
+    from jaxlm.bench.target import parse_target
+
+    target, stored = parse_target(gpu.TARGET), {}
+    for label, job in next(s for s in sections() if s.name == gpu.SECTION).rows:  # "forward, float32, context 128"
+        gb = (20e9 if label.startswith("forward") else 60e9) * (0.8 if "bfloat16" in label else 1.0)
+        stored[CompileCache.key(job, target)] = {"total_bytes": gb}
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / f"{gpu.TARGET}.json").write_text(json.dumps(stored))
     md = "\n".join(gpu.memory_profiling_section(tmp_path))
     assert "| 512 | 20 GB | 16 GB | 60 GB | 48 GB |" in md and "0.80x to 0.80x the memory" in md
     assert "20 MiB at T = 512" in md  # 4 x 512 x 2560 x 4 bytes = 20 MiB

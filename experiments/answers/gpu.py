@@ -1,13 +1,14 @@
 """The part-2 questions that need a GPU: memory_profiling, nsys_profile, mixed precision.
 
 Each answer uses what the records hold: the 2.7B model's memory compiled for an H100 by `python -m
-jaxlm.bench model --target` (ROOT/memory_profiling/*.json) and the GPU campaign's results
+experiments.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
 (ROOT/gpu/results.json, `python -m experiments.gpu`). Where they are absent it says why the question needs
 a GPU and gives the exact command. The float16 accumulation is computed here (numpy).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,21 +19,22 @@ from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
 
 MODEL, BATCH, CONTEXTS, TARGET = "2.7B", 4, (128, 256, 512), "h100-80gb"
-MEMORY_DIR = "memory_profiling"  # the plan experiments/plans/memory_profiling.toml
-MEMORY_COMMAND = (f"python -m experiments.run {MEMORY_DIR}\npython -m experiments.report runs/{MEMORY_DIR} "
-                  f"--out docs/results/{MEMORY_DIR} --records")
+SECTION = "2.7B"  # experiments.compiled_memory's section: forward and train step, float32 and bfloat16, batch 4
+MEMORY_COMMAND = f"python -m experiments.compiled_memory --target {TARGET} --only {SECTION}"
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
 
 
 def compiled_rows(root: Path) -> dict[tuple, dict]:
-    """(mode, dtype, context) -> a row compiled for a GPU (`--target`) of the MODEL preset at BATCH, from the
-    memory_profiling plan's records (or any `jaxlm.bench model --json` file in ROOT/memory_profiling)."""
+    """(mode, dtype, context) -> the MODEL step compiled for TARGET, from experiments.compiled_memory's cache of
+    compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
+    from experiments.compiled_memory import cached
+    from jaxlm.bench.target import parse_target
+
+    label = parse_target(TARGET).label
     out = {}
-    paths = sorted((root / MEMORY_DIR).glob("*.json")) + sorted((root / MEMORY_DIR).glob("records/*/bench.json"))
-    for path in paths:
-        for r in (read_json(path, default=None) or {}).get("rows") or []:
-            if r.get("target") and r.get("status") == "ok" and r.get("model") == MODEL and r.get("batch") == BATCH:
-                out[(r["mode"], r["dtype"], r["context"])] = r
+    for name, row in cached(SECTION, TARGET, root / "compiled").items():
+        mode, dtype, context = re.fullmatch(r"(\w+), (\w+), context (\d+)", name).groups()
+        out[(mode, dtype, int(context))] = {**row, "label": label}
     return out
 
 
@@ -61,9 +63,9 @@ def memory_profiling_section(root: Path) -> list[str]:
         label = next(iter(rows.values())).get("label") or f"compiled for {TARGET}"
         out += [f"(b) Peak memory of the {MODEL} model at batch {BATCH}, {label}: bytes per GPU of the compiled "
                 "program (arguments + outputs + temporaries - donated), no allocator overhead:", ""]
-        out += memory_table(rows, lambda r, *_: si(r["total_gb"] * 1e9, "B") if r else "–")
+        out += memory_table(rows, lambda r, *_: si(r["total_bytes"], "B") if r else "–")
         pairs = [(rows.get((m, "float32", t)), rows.get((m, "bfloat16", t))) for m in MODES for t in CONTEXTS]
-        ratios = [b["total_gb"] / f["total_gb"] for f, b in pairs if f and b]
+        ratios = [b["total_bytes"] / f["total_bytes"] for f, b in pairs if f and b]
         if ratios:
             out += [f"(c) bfloat16 against float32: {min(ratios):.2f}x to {max(ratios):.2f}x the memory. The parameters, "
                     "gradients and AdamW moments stay float32 (mixed precision keeps a float32 master copy and adds "
@@ -71,9 +73,7 @@ def memory_profiling_section(root: Path) -> list[str]:
                     "saving is small.", ""]
     else:
         out += ["(b), (c) **Pending: the figures compiled for an H100** (the GPU compiler's memory plan of each step, "
-                "made on any machine with the `gpu-compile` extra; the plan runs `python -m jaxlm.bench model --target "
-                f"{TARGET} --preset {MODEL} --context {' '.join(map(str, CONTEXTS))} --batch {BATCH} --mode forward "
-                "train_step --dtype float32 bfloat16`):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
+                "made on any machine with the `gpu-compile` extra):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
                 "Until then, `jaxlm.memory`'s analytic estimate of the same steps (an estimate, not a measurement):", ""]
         out += memory_table({}, estimated)
     resid = {t: BATCH * t * model(MODEL).d_model * 4 for t in CONTEXTS}

@@ -22,7 +22,7 @@ TEMPLATE = Path(__file__).with_name("template.md")
 TECHNIQUES_INDEX = Path(__file__).resolve().parents[2] / "docs" / "techniques" / "index.md"
 GPU_COMMANDS = ("`python -m experiments.gpu` (attention kernels, bench tables in both dtypes, techniques, largest "
                 "batch, profile) and `python -m experiments.run profiling --size gpu`")
-TARGET_COMMAND = "`python -m experiments.run memory_profiling` (the 2.7B model's steps compiled for an H100)"
+TARGET_COMMAND = "`python -m experiments.compiled_memory --target h100-80gb` (the memory questions compiled for an H100)"
 
 
 def render(facts: dict[str, str]) -> str:
@@ -149,10 +149,13 @@ def _versions(runs: list[dict]) -> dict[str, set]:
     return out
 
 
-def gpu(runs: list[dict], root: Path) -> str:
-    rows = [row for r in runs for row in r.get("bench_rows") or [] if row.get("target") and row.get("status") == "ok"]
-    compiled = (f"{len(rows)} benchmark rows were compiled for {', '.join(sorted({r['target'] for r in rows}))} by the "
-                "GPU compiler on this machine (memory plans, no timings)" if rows else
+def gpu(runs: list[dict], root: Path, out: Path) -> str:
+    caches = {p.stem: read_json(p, default=None) or {} for p in sorted((root / "compiled").glob("*.json"))}
+    n = sum(len(c) for c in caches.values())
+    pages = sorted((root / "compiled").glob("*-memory.md"))
+    compiled = (f"{n} steps were compiled for {', '.join(caches)} by XLA's GPU compiler on this CPU machine (memory "
+                "plans, no timings; " + ", ".join(f"[{p.stem}]({os.path.relpath(p.resolve(), out.resolve())})" for p in pages)
+                + ")" if n else
                 f"No step has been compiled for a GPU yet ({TARGET_COMMAND} makes the memory plans on this machine)")
     measured_ = [r for r in runs if r.get("platform") == "gpu" and r.get("status") == "ok"]
     ran = ("the GPU campaign's results are in the appendix" if (root / "gpu" / "report.md").is_file() else
@@ -160,8 +163,8 @@ def gpu(runs: list[dict], root: Path) -> str:
     return f"{compiled}; {ran}."
 
 
-def gpu_short(runs: list[dict], root: Path) -> str:
-    said = gpu(runs, root)
+def gpu_short(runs: list[dict], root: Path, out: Path) -> str:
+    said = gpu(runs, root, out)
     if said.startswith("No step") and "nothing has run" in said:
         return "No step has run on, or been compiled for, a GPU yet (section 5 gives the commands)."
     return said[0].upper() + said[1:]
@@ -203,6 +206,22 @@ def h100_batches() -> str:
     return ("the largest batch that fits is " + ", ".join(f"{b} sequences in {label}" for label, b in got)
             + f" ({got[-1][1] / got[0][1]:.0f}x float32's): bfloat16 halves the activation bytes but adds bfloat16 "
             "copies of the weights, fused attention drops the T x T matrices, and remat keeps only each block's input.")
+
+
+def h100_compiled(root: Path) -> str:
+    """The techniques' memory compiled for an H100 (experiments.compiled_memory's `techniques-small` rows), if any."""
+    from experiments.compiled_memory import cached
+
+    got = cached("techniques-small", "h100-80gb", root / "compiled")
+    if "float32" not in got:
+        return ("Compiled for an H100 by XLA's GPU compiler, the same comparison is pending: "
+                f"{TARGET_COMMAND}.")
+    base = got["float32"]["total_bytes"]
+    parts = [f"{label} {v['total_bytes'] / 2**30:.2f} GiB ({100 * (v['total_bytes'] / base - 1):+.0f}%)"
+             for label, v in got.items() if label != "float32"]
+    return ("Compiled for an H100 by XLA's GPU compiler on this machine (the compiler's plan, not a measurement), "
+            f"the `small` model's train step at context 1024, batch 8, needs {base / 2**30:.2f} GiB in float32; "
+            + "; ".join(parts) + ".")
 
 
 def speed_cpu(rows: list[dict]) -> str:
@@ -272,13 +291,13 @@ def variant_loss(runs: list[dict], pattern: str, label, base_label: str) -> str:
 # --------------------------------------------------------------------------- limits and the document
 
 
-def limits(runs: list[dict], missing: list[str], root: Path) -> str:
+def limits(runs: list[dict], missing: list[str], root: Path, out: Path) -> str:
     skipped: dict[str, list[str]] = {}
     for r in runs:
         if r.get("status") == "skipped":
             skipped.setdefault(str(r.get("reason") or "no reason recorded"), []).append(r["name"])
     items = [
-        "- **GPU speed and memory.** " + gpu(runs, root) + " XLA's CPU backend computes bfloat16 through float32, "
+        "- **GPU speed and memory.** " + gpu(runs, root, out) + " XLA's CPU backend computes bfloat16 through float32, "
         "has no fused attention kernel and schedules buffers unlike a GPU, so the speed-ups and most memory savings "
         "of bfloat16, fused attention and remat are GPU figures; the CPU gives their loss effect and the analytic "
         "estimate gives their memory.",
@@ -314,12 +333,13 @@ def build(root: Path, out: Path, runs: list[dict], plans: list[str], missing: li
                                          "computed from them or from the library's analytic models, none typed in."),
              "corpora": corpora(runs, corpus), "models": models(runs), "seeds": seeds(runs),
              "records": f"`result.json`, `metrics.jsonl` and benchmark JSON under `{root}`",
-             "host": host(runs), "gpu": gpu_short(runs, root), "techniques": techniques(docs),
+             "host": host(runs), "gpu": gpu_short(runs, root, out), "techniques": techniques(docs),
              "mem_batch": measured(rows, "profiling", "linearly with batch", "profiling", first=True),
              "mem_context": measured(rows, "profiling", "faster than linearly", "profiling", first=True),
              "attention_share": attention_share()[0].upper() + attention_share()[1:], "h100_batches": h100_batches(),
+             "h100_compiled": h100_compiled(root),
              "speed_cpu": speed_cpu(figures.bench_rows(runs)), "backend": backend_facts(runs),
-             "limits": limits(runs, missing, root)}
+             "limits": limits(runs, missing, root, out)}
     facts |= required_figures(runs, out) | accuracy(rows, runs) | findings_facts(rows)
     text = render(facts)
     return string.Template(text).safe_substitute(docs=docs)  # $docs inside the facts themselves
