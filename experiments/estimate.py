@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from experiments.device import Device, unmet_requirement
 from experiments.plan import (
     Plan,
@@ -31,7 +33,8 @@ from experiments.plan import (
     train_overrides,
 )
 from jaxlm.analysis.flops import step_flops
-from jaxlm.core.config import Config, load_config
+from jaxlm.core.config import Config, DataConfig, load_config
+from jaxlm.data.prepare import read_meta
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,19 @@ def _step_s(tp: Throughput, flops: float) -> float:
 def train_seconds(cfg: Config, tp: Throughput) -> float:
     m, b, t = cfg.model, cfg.data.batch_size, cfg.model.context_length
     train = cfg.train.steps * _step_s(tp, step_flops(m, b, t, "train_step"))
-    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * cfg.train.eval_batches
-    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, b, t, "forward"))
+    eb = cfg.data.batch_size // cfg.train.grad_accum
+    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * math.ceil(math.ceil(_eval_tokens(cfg) / t) / eb)
+    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, eb, t, "forward"))
+
+
+def _eval_tokens(cfg: Config) -> int:
+    """data.eval_tokens; for 0 (the whole split) the prepared val.bin's length, else the default."""
+    if cfg.data.eval_tokens:
+        return cfg.data.eval_tokens
+    val = Path(cfg.data.dir) / "val.bin"
+    if not val.is_file():
+        return DataConfig.eval_tokens
+    return val.stat().st_size // np.dtype(read_meta(cfg.data.dir)["dtype"]).itemsize
 
 
 def _values(args: dict, key: str, default) -> list:

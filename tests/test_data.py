@@ -189,16 +189,32 @@ def test_worker_processes_give_the_same_batches(prepared):
     ref.close()
 
 
-def test_eval_batches_sequential(prepared):
+def _scored(prepared, batch, context, eval_tokens, **kw):
+    """The (position of the target in val.bin, target) pairs the batches score, in order."""
+    out = []
+    for k, (x, y, mask) in enumerate(eval_batches(prepared, "val", batch, context, eval_tokens, **kw)):
+        assert x.shape == y.shape == mask.shape == (batch // kw.get("process_count", 1), context)
+        for r, c in zip(*np.nonzero(mask)):
+            out.append((int(y[r, c]), int(x[r, c])))
+    return out
+
+
+def test_eval_batches_score_the_same_targets_at_every_batch_and_context(prepared):
     val = np.asarray(tokens(prepared, "val"))
-    m, b = 50, 4
-    batches = list(eval_batches(prepared, "val", b, m))
-    windows = (len(val) - 1) // m
-    assert sum(len(x) for x, _ in batches) == windows
-    x = np.concatenate([x for x, _ in batches])
-    y = np.concatenate([y for _, y in batches])
-    assert np.array_equal(x.reshape(-1), val[: windows * m]) and np.array_equal(y.reshape(-1), val[1 : windows * m + 1])
-    assert len(list(eval_batches(prepared, "val", b, m, max_batches=2))) == 2
+    n = 1000  # not a multiple of any context below: the last window is cut at target n
+    expected = [(int(val[t]), int(val[t - 1])) for t in range(1, n + 1)]
+    for batch, context in [(1, 50), (4, 50), (7, 64), (32, 13)]:
+        assert _scored(prepared, batch, context, n) == expected, (batch, context)
+    assert len(_scored(prepared, 4, 50, 0)) == len(val) - 1  # 0: the whole split
+    assert len(_scored(prepared, 4, 50, 10**9)) == len(val) - 1
+
+
+def test_eval_batches_rows_of_several_processes_make_the_global_batch(prepared):
+    full = list(eval_batches(prepared, "val", 4, 50, 1000))
+    halves = [list(eval_batches(prepared, "val", 4, 50, 1000, process_index=p, process_count=2)) for p in (0, 1)]
+    for whole, a, b in zip(full, *halves):
+        for i in range(3):
+            assert np.array_equal(whole[i], np.concatenate([a[i], b[i]]))
 
 
 def test_get_batch_numpy():

@@ -243,8 +243,8 @@ config = "experiments/configs/quickstart.toml"
 "data.source" = ["tinyshakespeare"]
 "model.vocab_size" = 257
 model = { context_length = 64, d_model = 64, num_layers = 2, num_heads = 4, d_ff = 192 }
-"data.batch_size" = 16
-train = { steps = 300, eval_every = 100, eval_batches = 20 }
+data = { batch_size = 16, eval_tokens = 20480 }
+train = { steps = 300, eval_every = 100 }
 [[runs]]
 name = "lr{optim.lr}"
 grid = { "optim.lr" = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 30.0] }
@@ -359,8 +359,8 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
         [defaults.set]
         "data.dir" = "{tmp_path / 'data'}"
         model = {{ d_model = 32, num_layers = 1, num_heads = 2, d_ff = 64, context_length = 32 }}
-        data.batch_size = 4
-        train = {{ steps = 12, eval_every = 6, eval_batches = 2 }}
+        data = {{ batch_size = 4, eval_tokens = 256 }}
+        train = {{ steps = 12, eval_every = 6 }}
         log = {{ every = 3, progress = false, tensorboard = false, sample_tokens = 8 }}
         optim.warmup_steps = 2
         checkpoint.every = 100
