@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from experiments.plan import PlanError, load_plan, plan_names
 from experiments.report.build import write_report
 from experiments.run import Device, run_plan
 from jaxlm.core.config import toml_value
+from jaxlm.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Device("cpu", "cpu", 1)
@@ -294,7 +296,7 @@ def test_failed_diverged_skipped_are_labelled_and_the_plan_continues(tmp_path, m
         """,
     )
     monkeypatch.chdir(tmp_path)
-    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU, draft=True)
     assert counts == {"failed": 1, "diverged": 1, "skipped": 2, "ok": 1}
     res = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
     assert "a detail worth keeping" in res["broken"]["error_tail"] and res["broken"]["returncode"] == 3
@@ -303,8 +305,42 @@ def test_failed_diverged_skipped_are_labelled_and_the_plan_continues(tmp_path, m
     assert res["fine"]["metrics"]["eval_loss"] == pytest.approx(4.0 * 0.8**3)
     assert res["fine"]["max_rss_bytes"] > 1e6
     # Failed runs are retried next time; the rest are complete.
-    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    counts = run_plan(load_plan(plan), tmp_path / "runs", device=CPU, draft=True)
     assert counts == {"complete": 4, "failed": 1}
+
+
+def test_runner_writes_final_records_only_from_a_committed_tree(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    plan = command_plan(tmp_path, """
+        [[runs]]
+        name = "only"
+        """)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="not a git checkout.*--draft"):
+        run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    write(tmp_path / ".gitignore", "/runs/\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "plan")
+    (tmp_path / "fake.py").write_text((tmp_path / "fake.py").read_text() + "\n")  # a tracked file modified
+    (tmp_path / "new_module.py").touch()  # and an untracked one
+    with pytest.raises(UsageError, match=r"uncommitted changes \(fake.py, new_module.py\).*--draft"):
+        run_plan(load_plan(plan), tmp_path / "runs", device=CPU)
+    assert not (tmp_path / "runs").exists()
+    assert run_plan(load_plan(plan), tmp_path / "runs", device=CPU, dry_run=True) == {"pending": 1}
+    assert run_plan(load_plan(plan), tmp_path / "runs", device=CPU, draft=True) == {"ok": 1}
+    draft = json.loads((tmp_path / "runs" / "only" / "result.json").read_text())["git"]
+    assert draft["dirty"] is True and draft["draft"] is True
+    git("add", "-A")
+    git("commit", "-qm", "the change")
+    shutil.rmtree(tmp_path / "runs")
+    assert run_plan(load_plan(plan), tmp_path / "runs", device=CPU) == {"ok": 1}
+    final = json.loads((tmp_path / "runs" / "only" / "result.json").read_text())["git"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert final == {"commit": head, "dirty": False, "changed": [], "draft": False}
 
 
 def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
@@ -321,7 +357,7 @@ def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
     runs = tmp_path / "runs" / "fakeplan"
     runs.mkdir(parents=True)
     (runs / "BLOCK").touch()
-    cmd = [sys.executable, "-m", "experiments.run", str(plan), "--runs-dir", str(tmp_path / "runs")]
+    cmd = [sys.executable, "-m", "experiments.run", str(plan), "--runs-dir", str(tmp_path / "runs"), "--draft"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while not (runs / "calls-second").exists() and proc.poll() is None:  # no time limit: the machine may be busy
@@ -374,20 +410,20 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
     )
     plan = load_plan(plan_path)
     plan_dir = tmp_path / "runs" / "smoke"
-    assert run_plan(plan, plan_dir, device=CPU) == {"ok": 2}
+    assert run_plan(plan, plan_dir, device=CPU, draft=True) == {"ok": 2}
 
     results = {n: json.loads((plan_dir / n / "result.json").read_text()) for n in ("w32", "w48")}
     for name, r in results.items():
         assert r["status"] == "ok" and r["device"] == "cpu" and r["config"]["train"]["out_dir"] == str(plan_dir / name)
         assert r["metrics"]["steps"] == 12 and math.isfinite(r["metrics"]["eval_loss"])
         assert r["metrics"]["tokens"] == 12 * 4 * 32
-        assert r["wall_time_s"] > 0 and "commit" in r["git"]
+        assert r["wall_time_s"] > 0 and "commit" in r["git"] and r["git"]["draft"] is True
         assert r["versions"]["jax"] == importlib.metadata.version("jax") and r["versions"]["python"].startswith("3.")
         assert r["data"]["tokens"]["train"] > 0 and r["data"]["tokenizer"] == "bytes"
     assert results["w48"]["metrics"]["params"] > results["w32"]["metrics"]["params"]
 
     mtimes = {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results}
-    assert run_plan(plan, plan_dir, device=CPU) == {"complete": 2}
+    assert run_plan(plan, plan_dir, device=CPU, draft=True) == {"complete": 2}
     assert {n: (plan_dir / n / "result.json").stat().st_mtime_ns for n in results} == mtimes
 
     report = write_report(plan_dir, tmp_path / "report")
