@@ -454,16 +454,26 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
 
 
 def test_seed_statistics_by_hand():
+    from experiments.report.noise import Family, holm, judged, t_quantile
     from experiments.report.seeds import Stats, compare_phrase, resolved
 
-    a = Stats.of([2.0, 2.1, 1.9])  # mean 2.0, sample std 0.1
-    assert (a.mean, a.std, a.lo, a.hi) == pytest.approx((2.0, 0.1, 1.9, 2.1))
-    worse = Stats.of([2.3, 2.4, 2.2])  # 0.3 apart; 2 standard errors = 2 * sqrt(0.01/3 + 0.01/3) = 0.163
-    close = Stats.of([2.1, 2.2, 2.0])  # 0.1 apart: below 0.163
-    assert resolved(worse, a) is True and resolved(close, a) is False
-    assert resolved(Stats.of([2.5]), a) is None
-    assert compare_phrase(worse, a) == "validation loss 2.300 ± 0.100 against 2.000 ± 0.100 (+15.0%, beyond noise)"
-    assert compare_phrase(close, a).endswith("(+5.0%, within noise)")
+    # Student's t table: t(0.975, 2) = 4.303, t(0.975, 4) = 2.776
+    assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=5e-4) and t_quantile(0.975, 4) == pytest.approx(2.776, abs=5e-4)
+    a = Stats.of([2.0, 2.1, 1.9])  # mean 2.0, sample std 0.1; 95 % half-width 4.303 * 0.1 / sqrt(3) = 0.2484
+    assert (a.mean, a.std, a.lo, a.hi, a.ci) == pytest.approx((2.0, 0.1, 1.9, 2.1, 0.2484), abs=1e-4)
+    worse = Stats.of([2.3, 2.4, 2.2])  # Welch: t = 0.3 / sqrt(0.01/3 + 0.01/3) = 3.674 on 4 df > 2.776: p < 0.05
+    close = Stats.of([2.1, 2.2, 2.0])  # t = 1.225 < 2.776
+    alone = Family()
+    assert resolved(worse, a, alone) is True and resolved(close, a, alone) is False
+    assert resolved(Stats.of([2.5]), a, alone) is None
+    assert compare_phrase(worse, a, alone) == "validation loss 2.300 ± 0.248 against 2.000 ± 0.248 (+15.0%, beyond noise)"
+    # Holm over p = 0.01, 0.04, 0.03: 3 x 0.01 = 0.03, then max(0.03, 2 x 0.03) = 0.06, then max(0.06, 1 x 0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    # worse vs a: p between 0.05 and 0.02 (2.776 < 3.674 < 3.747, the 0.99 quantile on 4 df); with two more
+    # comparisons Holm multiplies it by 3 (> 0.06): within noise. The repeated comparison (a vs worse) counts once.
+    verdicts, family = judged(lambda f: [resolved(worse, a, f), resolved(close, a, f), resolved(a, a, f), resolved(a, worse, f)])
+    assert verdicts == [False, False, False, False] and family.size == 3
+    assert "Holm's correction over the 3 comparisons" in family.note()
 
 
 def fake_seeded_plan(plan_dir: Path, name: str, finals: dict[str, list[float]], axis: str, report: dict) -> None:
@@ -491,18 +501,22 @@ def test_seeded_report_findings_and_records_round_trip(tmp_path):
     plan_dir = tmp_path / "runs" / "ablations"
     fake_seeded_plan(plan_dir, "ablations", {
         "baseline": [2.0, 2.1, 1.9],
-        "no_norm": [2.3, 2.4, 2.2],  # worse beyond noise: agree
+        "no_norm": [2.5, 2.6, 2.4],  # worse beyond noise (p 0.0036, x4 by Holm): agree
         "post_norm": [2.1, 2.2, 2.0],  # within noise: agree ("about as well")
         "nope": [2.05, 2.15, 1.95],  # worse, but within noise: not resolved
-        "silu": [1.6, 1.7, 1.5],  # better beyond noise: disagree
+        "silu": [1.6, 1.7, 1.5],  # better beyond noise (p 0.008, x3 by Holm): disagree
     }, "variant", {"baseline": {"variant": "baseline"}})
     out = tmp_path / "docs" / "ablations"
     text = write_report(plan_dir, out, records=True).read_text()
     verdicts = {f["claim"]: f["verdict"] for f in json.loads((out / "findings.json").read_text())["findings"]}
     assert verdicts == {"removing RMSNorm hurts": "agree", "post-norm trains about as well as pre-norm": "agree",
                         "NoPE is worse than RoPE": "not resolved at this size", "SwiGLU beats the ungated SiLU feed-forward": "disagree"}
-    assert "| `no_norm` | no_norm | 3 | ok |" in text and "2.300 ± 0.100" in text and "+15.0% (beyond noise)" in text
-    assert "`nope` against `baseline`: validation loss 2.050 ± 0.100 against 2.000 ± 0.100 (+2.5%, within noise)" in text
+    assert "| `no_norm` | no_norm | 3 | ok |" in text and "2.500 ± 0.248" in text and "+25.0% (beyond noise)" in text
+    assert "`nope` against `baseline`: validation loss 2.050 ± 0.248 against 2.000 ± 0.248 (+2.5%, within noise)" in text
+    # Measured: 4 losses and 4 step times against the baseline (best vs next repeats silu vs baseline): silu's
+    # p 0.008 x 7 > 0.05 is within noise there, though beyond it among the findings' 4 comparisons.
+    assert "Holm's correction over the 4 comparisons" in text and "Holm's correction over the 8 comparisons" in text
+    assert "`silu` against `baseline`: validation loss 1.600 ± 0.248 against 2.000 ± 0.248 (-20.0%, within noise)" in text
     assert "above the baseline at 2 of 2 evaluations" in text
     rebuilt = write_report(out / "records", tmp_path / "rebuilt").read_text()
     assert rebuilt == text
@@ -511,23 +525,25 @@ def test_seeded_report_findings_and_records_round_trip(tmp_path):
 
 def test_sweep_findings_by_hand(tmp_path):
     from experiments.report.findings import findings_rows
+    from experiments.report.noise import Family, judged
     from experiments.report.seeds import equal_token_sentences, group_settings
     from experiments.results import load_results
 
     plan_dir = tmp_path / "batch_size"
-    fake_seeded_plan(plan_dir, "batch_size", {"b=1": [2.6, 2.8, 2.4], "b=8": [2.2, 2.25, 2.15], "b=32": [2.0, 2.02, 1.98]},
+    fake_seeded_plan(plan_dir, "batch_size", {"b=1": [2.6, 2.65, 2.55], "b=8": [2.2, 2.25, 2.15], "b=32": [2.0, 2.02, 1.98]},
                      "data.batch_size", {"x": "data.batch_size"})
     settings = group_settings(load_results(plan_dir))
-    rows = findings_rows("batch_size", settings, {})
+    rows, _ = judged(lambda noise: findings_rows("batch_size", settings, {"noise": noise}))
     first = rows[0]
-    assert first["verdict"] == "agree" and "batch 1: 2.600 ± 0.200, batch 8: 2.200 ± 0.050, batch 32: 2.000 ± 0.020" in first["measured"]
+    # Welch p: batch 8 vs 1 0.0006, 32 vs 8 0.0113; with the two step-time tests (equal: p 1) Holm gives 0.0024, 0.034
+    assert first["verdict"] == "agree" and "batch 1: 2.600 ± 0.124, batch 8: 2.200 ± 0.124, batch 32: 2.000 ± 0.050" in first["measured"]
     assert rows[2]["verdict"] == "disagree"  # every step time is 10 ms: not growing with batch
     # The training loss is logged from step 25 at final + 0.1: batch 8 at batch 1's 800 tokens is step 12.5 (not logged);
-    # batch 32 at batch 8's 6400 tokens is step 25: 2.100 ± 0.020 against 2.300 ± 0.050, 2 SE = 0.062 < 0.2.
-    assert equal_token_sentences(settings, "data.batch_size") == [
+    # batch 32 at batch 8's 6400 tokens is step 25: 2.100 ± 0.050 against 2.300 ± 0.124 (Welch p 0.0113).
+    assert equal_token_sentences(settings, "data.batch_size", Family()) == [
         "At equal tokens (800, the whole run of data.batch_size=1): data.batch_size=8 logged no training loss that early.",
-        "At equal tokens (6.4k, the whole run of data.batch_size=8): data.batch_size=32 training loss 2.100 ± 0.020 "
-        "against 2.300 ± 0.050 (-8.7%, beyond noise).",
+        "At equal tokens (6.4k, the whole run of data.batch_size=8): data.batch_size=32 training loss 2.100 ± 0.050 "
+        "against 2.300 ± 0.124 (-8.7%, beyond noise).",
     ]
 
 
@@ -551,15 +567,17 @@ def test_memory_fits_by_hand():
 
 def test_lr_sweet_spot_by_hand(tmp_path):
     from experiments.report.findings import findings_rows
+    from experiments.report.noise import judged
     from experiments.report.seeds import group_settings
     from experiments.results import load_results
 
     nan = float("nan")
     fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.001": [2.2, 2.25, 2.15], "lr=0.003": [2.0, 2.02, 1.98],
                                                    "lr=0.01": [2.1, 2.12, 2.08], "lr=0.1": [nan, nan, nan]}, "optim.lr", {})
-    sweet, diverge = findings_rows("lr_sweep", group_settings(load_results(tmp_path / "lr")), {"untrained_loss": math.log(257)})
-    assert sweet["verdict"] == "agree", sweet
-    assert sweet["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.020); lr 0.001: 2.200 ± 0.050, lr 0.01: 2.100 ± 0.020; "
+    settings = group_settings(load_results(tmp_path / "lr"))
+    (sweet, diverge), _ = judged(lambda noise: findings_rows("lr_sweep", settings, {"untrained_loss": math.log(257), "noise": noise}))
+    assert sweet["verdict"] == "agree", sweet  # Welch p 0.0113 and 0.0036; Holm over the two: 0.0113, 0.0072
+    assert sweet["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.050); lr 0.001: 2.200 ± 0.124, lr 0.01: 2.100 ± 0.050; "
                                  "best beyond noise of every other rate")
     assert diverge["verdict"] == "agree" and diverge["measured"] == "lr 0.1 (33x the best): diverged by step 100, 100, 100"
 
@@ -584,7 +602,8 @@ def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatc
 
 
 def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
-    """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± std over its seeds (checked by hand)."""
+    """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± 95 % interval over its seeds (by hand)."""
+    from experiments.report.noise import Family
     from experiments.report.peft import peft, quantization
 
     runs = []
@@ -596,13 +615,13 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
                 {"run": f"qat_w4a8-s{seed}", "trained": "qat w4a8", "weights": "int4 (PTQ)", "bits": 4, "val_loss": qat4, "weight_bytes": 250}]
         (d / "quantize.json").write_text(json.dumps(rows))
         runs.append({"name": f"ptq-s{seed}", "_dir": str(d)})
-    findings, lines = quantization(runs)
+    findings, lines = quantization(runs, Family())
     text = "\n".join(lines)
-    assert "| float32 | float32 | int4 (PTQ) | 3 | 1.9300 ± 0.0100 | 250 |" in text
-    assert "| qat_w4a8 | qat w4a8 | int4 (PTQ) | 3 | 1.9400 ± 0.0100 | 250 |" in text
-    # QAT - PTQ by seed: 0.01, 0.02, 0.00 -> mean 0.0100, sd 0.0100, twice the standard error 0.0115: within noise
-    assert any(f.startswith("At int4") and f.endswith("above PTQ of the float32 model (1.9300 ± 0.0100): "
-                                                      "+0.0100 ± 0.0100 (paired by seed, within noise).") for f in findings), findings
+    assert "| float32 | float32 | int4 (PTQ) | 3 | 1.9300 ± 0.0248 | 250 |" in text  # sd 0.01: 4.303 x 0.01 / sqrt(3)
+    assert "| qat_w4a8 | qat w4a8 | int4 (PTQ) | 3 | 1.9400 ± 0.0248 | 250 |" in text
+    # QAT - PTQ by seed: 0.01, 0.02, 0.00 -> mean 0.0100, sd 0.0100: t = 1.73 < 4.303 on 2 df, within noise
+    assert any(f.startswith("At int4") and f.endswith("above PTQ of the float32 model (1.9300 ± 0.0248): "
+                                                      "+0.0100 ± 0.0248 (paired by seed, within noise).") for f in findings), findings
     # int4 PTQ - float32 by seed: 0.02 each time -> beyond noise however small the spread
     assert any(f.startswith("float32 with int4 (PTQ) weights") and "+0.0200 ± 0.0000 (paired by seed, beyond noise)" in f
                for f in findings), findings
@@ -619,10 +638,11 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
             axes = {"method": "lora", "lora.rank": rank, "seed": seed} if rank else {"method": "full", "seed": seed}
             tuned.append({"name": f"{name}-s{seed}", "_dir": str(d), "metrics": {"eval_loss": loss}, "axes": axes,
                           "config": {"train": {"init_from": "x"}, "lora": {"rank": rank}}})
-    findings, lines = peft(tuned)
+    findings, lines = peft(tuned, Family())
     assert "| lora_r8 | LoRA rank 8 | 3 | 10 | 10.00 % |" in "\n".join(lines)
+    # Welch with one side constant: t = 0.2 / (0.1 / sqrt(3)) = 3.46 on 2 df < 4.303: within noise
     assert findings == ["LoRA rank 8 trained 10.00 % of the parameters with 10.0 % of full fine-tuning's gradient + optimizer-state "
-                        "memory: validation loss 2.3000 ± 0.0000 against 2.1000 ± 0.1000 (+9.5%, beyond noise) for full fine-tuning."]
+                        "memory: validation loss 2.3000 ± 0.0000 against 2.1000 ± 0.2484 (+9.5%, within noise) for full fine-tuning."]
 
 
 def test_parallel_table_shares_and_bubble(tmp_path):
@@ -653,6 +673,7 @@ def test_parallel_table_shares_and_bubble(tmp_path):
 def test_peft_quantization_and_remat_findings_by_hand():
     """The fine-tuning, quantisation and remat rows of the findings table, on hand-made seed losses."""
     from experiments.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
+    from experiments.report.noise import Family
     from experiments.report.seeds import Setting
 
     def setting(name, losses, **axes):
@@ -660,16 +681,16 @@ def test_peft_quantization_and_remat_findings_by_hand():
 
     peft = [setting("full", [2.00, 2.01, 1.99]), setting("lora_r8", [2.10, 2.11, 2.09]),
             setting("lora_r16", [2.05, 2.06, 2.04]), setting("qlora_r16", [2.05, 2.07, 2.04])]
-    # LoRA r8: +5 % of full's 2.00, 10 standard errors away -> beyond SMALL (2 %) and noise: disagree
-    assert CHECKS["lora_close"](peft, {})[1] == DISAGREE
-    assert CHECKS["lora_ranks"](peft, {}) == ("r8: 2.100 ± 0.010, r16: 2.050 ± 0.010; range 2.4% of the loss", DISAGREE)
-    assert CHECKS["qlora_matches"](peft, {})[1] == AGREE  # 2.0533 vs 2.05: within noise
+    # LoRA r8: +5 % of full's 2.00, t = 0.1 / 0.00816 = 12.2 on 4 df -> beyond SMALL (2 %) and noise: disagree
+    assert CHECKS["lora_close"](peft, {"noise": Family()})[1] == DISAGREE
+    assert CHECKS["lora_ranks"](peft, {"noise": Family()}) == ("r8: 2.100 ± 0.025, r16: 2.050 ± 0.025; range 2.4% of the loss", DISAGREE)
+    assert CHECKS["qlora_matches"](peft, {"noise": Family()})[1] == AGREE  # 2.0533 vs 2.05: within noise
     rows = [{"trained": t, "bits": b, "val_loss": v} for t, b, vs in (
         ("float32", None, [1.90, 1.91, 1.92]), ("float32", 8, [1.90, 1.91, 1.92]), ("float32", 4, [1.95, 1.96, 1.97]),
         ("qat w4a8", 4, [1.92, 1.93, 1.94])) for v in vs]
-    assert CHECKS["ptq8_lossless"]([], {"quantize_rows": rows})[1] == AGREE
-    text, verdict = CHECKS["qat_recovers"]([], {"quantize_rows": rows})
-    assert verdict == AGREE and "1.930 ± 0.010 vs int4 PTQ of float32 1.960 ± 0.010" in text  # 0.03 > 2 x 0.0082
-    assert CHECKS["qat_recovers"]([], {"quantize_rows": rows[:9]})[1] == UNRESOLVED  # no QAT model: not run
+    assert CHECKS["ptq8_lossless"]([], {"quantize_rows": rows, "noise": Family()})[1] == AGREE
+    text, verdict = CHECKS["qat_recovers"]([], {"quantize_rows": rows, "noise": Family()})
+    assert verdict == AGREE and "1.930 ± 0.025 vs int4 PTQ of float32 1.960 ± 0.025" in text  # t = 3.67 > 2.776
+    assert CHECKS["qat_recovers"]([], {"quantize_rows": rows[:9], "noise": Family()})[1] == UNRESOLVED  # no QAT model: not run
     remat = [setting("float32_b32", [2.0, 2.1], technique="float32", b=32), setting("remat_b32", [2.0, 2.1], technique="remat", b=32)]
-    assert CHECKS["similar:remat"](remat, {})[1] == AGREE
+    assert CHECKS["similar:remat"](remat, {"noise": Family()})[1] == AGREE

@@ -109,8 +109,8 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     for png in ("memory_vs_context", "throughput_vs_batch", "before_after"):
         assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
     # memory 0.5 GB x T/64 x B: 4x from T=64 to 256 at every batch
-    assert "jax train_step float32 xla none batch=1: from T 64 to 256 (4x) peak memory went 4.00x (477 MiB to 1.86 GiB)" in md
-    assert "- bf16: tokens/s +90%, peak memory (GB) -25%" in md
+    assert "train_step float32, batch=1 (measured): from T 64 to 256 (4x) peak memory went 4.00x (477 MiB to 1.86 GiB)" in md
+    assert "- bf16: tokens/s +90% (no interval), peak memory (GB) -25% (no interval)" in md  # one seed each
     extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
     assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
     assert "[lr_sweep/report.md](../results/lr_sweep/report.md), was written from runs whose records are not kept" in md
@@ -149,12 +149,58 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
         return {"name": f"{tech}_b32-s{seed}", "plan": "optimizations", "status": "ok", "kind": "train",
                 "axes": {"technique": tech}, "max_rss_bytes": rss, "metrics": {"tokens_per_s": tps, "step_time": 0.5}}
 
+    def means(bars):
+        return {k: {q: st.mean for q, st in qs.items()} for k, qs in bars.items()}
+
     runs = [train("float32", 0, 100.0, 2e9), train("float32", 1, 300.0, 4e9), train("remat", 0, 150.0, 1e9)]
-    assert before_after_bars(runs) == {"float32": {"tokens_per_s": 200.0, "memory_gb": 3.0, "step_ms": 500.0},
-                                       "remat": {"tokens_per_s": 150.0, "memory_gb": 1.0, "step_ms": 500.0}}
+    bars = before_after_bars(runs)
+    assert means(bars) == {"float32": {"tokens_per_s": 200.0, "memory_gb": 3.0, "step_ms": 500.0},
+                           "remat": {"tokens_per_s": 150.0, "memory_gb": 1.0, "step_ms": 500.0}}
+    assert bars["float32"]["tokens_per_s"].ci == pytest.approx(12.706 * 141.42 / 2 ** 0.5, rel=1e-3)  # t(0.975, 1) = 12.706
     runs += [bench("float32", 1000.0, 8.0), bench("bfloat16", 2500.0, 5.0)]
-    assert before_after_bars(runs) == {"float32": {"tokens_per_s": 1000.0, "memory_gb": 8.0, "step_ms": 100.0},
-                                       "bfloat16": {"tokens_per_s": 2500.0, "memory_gb": 5.0, "step_ms": 100.0}}
+    assert means(before_after_bars(runs)) == {"float32": {"tokens_per_s": 1000.0, "memory_gb": 8.0, "step_ms": 100.0},
+                                              "bfloat16": {"tokens_per_s": 2500.0, "memory_gb": 5.0, "step_ms": 100.0}}
+
+
+def _bench_run(name, steps, rows):
+    return {"name": name, "plan": "optimizations", "status": "ok", "kind": "bench", "spec": {"args": {"steps": steps}},
+            "bench_rows": [{"status": "ok", "framework": "jax", "mode": "train_step", "dtype": "float32", "attention": "xla",
+                            "remat": "none", "device": "cpu", **r} for r in rows]}
+
+
+def test_required_figures_keep_models_apart_with_intervals(tmp_path):
+    from experiments.figures import before_after, bench_rows, memory_vs_context, throughput_vs_batch
+
+    # Two models (100k and 400k parameters) at batch 1 and 2, context 64; 5 timed steps, step-time std 2 ms (n-divided)
+    small = [{"params": 100_000, "context": 64, "batch": b, "step_ms": 10.0 * b, "step_ms_std": 2.0,
+              "tokens_per_s": 6400.0, "memory_gb": 0.1 * b} for b in (1, 2)]
+    big = [{**r, "params": 400_000, "step_ms": 40.0 * r["batch"], "tokens_per_s": 1600.0} for r in small]
+    rows = bench_rows([_bench_run("sweep", 5, small + big)])
+    text = "\n".join(throughput_vs_batch(rows, tmp_path))
+    assert "measured on CPU" in text and (tmp_path / "throughput_vs_batch.png").is_file()
+    # one line per model: neither joins 100k to 400k (both stay flat)
+    assert "100k params, train_step float32, context=64 (CPU): from B 1 to 2 (2x) throughput went 1.00x" in text
+    assert "400k params, train_step float32, context=64 (CPU): from B 1 to 2 (2x) throughput went 1.00x" in text
+    # 95 % half-width of a 10 ms step: 2.776 x (2 x sqrt(5/4)) / sqrt(5) = 2.776 ms
+    assert rows[0]["step_ms_ci95"] == pytest.approx(2.776, abs=1e-3)
+    longer = bench_rows([_bench_run("long", 5, [{**small[0], "context": 128, "memory_gb": 0.3}])])
+    mem = "\n".join(memory_vs_context(rows + longer, tmp_path))
+    assert "pending" in mem and "100k params, train_step float32, batch=1 (memory_analysis)" not in mem  # no source named
+    assert "100k params, train_step float32, batch=1 (measured): from T 64 to 128 (2x) peak memory went 3.00x" in mem
+    gpu = [{**r, "memory_gb": None, "total_gb": 0.5 * r["context"] / 64, "device": "H100 80GB", "dtype": "bfloat16"}
+           for r in (rows[0], longer[0])]
+    mem = "\n".join(memory_vs_context(rows + longer + gpu, tmp_path))
+    assert "pending" not in mem and "100k params, train_step bfloat16, batch=1 (compiled for H100 80GB): from T 64 to 128" in mem
+
+    float32 = _bench_run("before_after_float32", 5, [{"params": 1, "context": 64, "batch": 16, "step_ms": 100.0,
+                                                      "step_ms_std": 1.0, "tokens_per_s": 10240.0, "memory_gb": 1.0}])
+    remat = _bench_run("before_after_remat", 5, [{**float32["bench_rows"][0], "step_ms": 130.0, "tokens_per_s": 7877.0,
+                                                   "memory_gb": 0.5}])
+    close = _bench_run("before_after_bfloat16", 5, [{**float32["bench_rows"][0], "step_ms": 100.5, "tokens_per_s": 10189.0}])
+    lines = before_after([float32, remat, close], tmp_path)
+    assert "- remat: tokens/s -23% (beyond noise), peak memory (GB) -50% (no interval), step time (ms) +30% (beyond noise)" in lines
+    assert "- bfloat16: tokens/s -0% (within noise), peak memory (GB) +0% (no interval), step time (ms) +0% (within noise)" in lines
+    assert (tmp_path / "before_after.png").is_file()
 
 
 def test_gpu_campaign_report_is_included(tmp_path):

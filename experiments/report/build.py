@@ -23,11 +23,11 @@ from experiments.report.compare import (
     train_table,
 )
 from experiments.report.findings import findings_rows, findings_table
+from experiments.report.noise import Family, judged
 from experiments.report.parallel import parallel
 from experiments.report.peft import peft, quantization, quantize_rows
 from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
 from experiments.report.seeds import (
-    NOISE_SE,
     baseline_of,
     equal_token_sentences,
     group_settings,
@@ -39,9 +39,9 @@ from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json, writable_dir_problem, write_json
 
-SPREAD_NOTE = (f"Values are the mean ± the sample standard deviation over seeds; a difference is *beyond noise* when the "
-               f"difference of the means exceeds {NOISE_SE:g} standard errors (from the two settings' seed spreads, Welch's form; "
-               f"about 1.6 standard deviations with 3 seeds each), otherwise *within noise*.")
+INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 degrees "
+                 "of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with Welch's t-test, "
+                 "paired differences (the same seed) with a one-sample t-test.")
 
 
 def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
@@ -71,12 +71,13 @@ def context(runs: list[dict], brows: list[dict]) -> dict:
     return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf, "quantize_rows": quantize_rows(runs)}
 
 
-def training_section(train_runs: list[dict], cfg: dict, out: Path) -> list[str]:
+def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
+    """The runs table (`runs_table`: the seeded settings' table, judged with the Measured sentences in `noise`) and plots."""
     baseline = cfg.get("baseline", {})
     lines = ["## Runs", ""]
-    if is_seeded(train_runs):
-        settings = group_settings(train_runs)
-        lines += [settings_table(settings, baseline_of(settings, baseline)), "", SPREAD_NOTE, ""]
+    if runs_table is not None:
+        lines += [runs_table, "", f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} "
+                  f"comparison{'s' * (noise.size != 1)} with the sentences there).", ""]
         lines += ["<details><summary>Every run</summary>", "", train_table(train_runs, {}), "", "</details>", ""]
     else:
         lines += [train_table(train_runs, baseline), ""]
@@ -108,16 +109,16 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     return lines
 
 
-def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict) -> list[str]:
+def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family) -> list[str]:
     out = status_sentences(runs)
     if is_seeded(train_runs):
         settings = group_settings(train_runs)
-        out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), cfg.get("x"))
+        out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
         if cfg.get("equal_tokens") and cfg.get("x"):
-            out += equal_token_sentences(settings, cfg["x"])
+            out += equal_token_sentences(settings, cfg["x"], noise)
     else:
         out += comparison_sentences(train_runs, cfg.get("baseline", {})) + sweep_sentences(train_runs, cfg.get("x"))
-    out += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
+    out += bench_sentences(brows, cfg.get("bench_baseline", {}), noise) + bench_scaling_sentences(brows)
     for r in runs:
         for f in r.get("bench_max_batch") or []:
             limit = ((r.get("spec") or {}).get("args") or {}).get("memory_limit_gb")
@@ -126,15 +127,26 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
     return out
 
 
-def study_extras(cfg: dict, runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
-    """(findings, lines) of the studies with their own tables: [report] peft / quantization / parallel = true."""
+def study_extras(cfg: dict, runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
+    """(findings, lines) of the studies with their own tables: [report] peft / quantization = true."""
     findings, lines = [], []
-    for key, fn in (("peft", peft), ("quantization", quantization), ("parallel", lambda rs: parallel(rs, out))):
+    for key, fn in (("peft", peft), ("quantization", quantization)):
         if cfg.get(key):
-            f, l = fn(runs)
+            f, l = fn(runs, noise)
             findings += f
             lines += l
     return findings, lines
+
+
+def measured_parts(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family):
+    """(sentences, study lines, the seeded runs table or None): every comparison in them is one Holm family."""
+    study_findings, study_lines = study_extras(cfg, runs, noise)
+    table = None
+    if is_seeded(train_runs):
+        settings = group_settings(train_runs)
+        table = settings_table(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
+    sentences = backend.annotate(sentences_for(runs, train_runs, brows, cfg, noise), backend.is_cpu(runs))
+    return sentences + study_findings, study_lines, table
 
 
 def write_report(plan_dir: Path, out: Path | None = None, records: bool = False) -> Path:
@@ -154,19 +166,24 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     brows = bench_rows(runs)
 
     lines = header(meta, runs, plan_dir)
-    rows = findings_rows(name, group_settings(train_runs), context(train_runs, brows))
+    settings, ctx = group_settings(train_runs), context(train_runs, brows)
+    rows, fnoise = judged(lambda noise: findings_rows(name, settings, {**ctx, "noise": noise}))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps), or the "
                   "paper the row names where they do not cover the topic. "
-                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
-        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
-    study_findings, study_lines = study_extras(cfg, runs, out)
-    measured = backend.annotate(sentences_for(runs, train_runs, brows, cfg), backend.is_cpu(runs)) + study_findings
-    lines += ["## Measured", ""] + [f"- {s}" for s in measured]
-    lines += [""] + study_lines + backend.section(runs, brows)
+                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it. "
+                  + INTERVAL_NOTE + " " + fnoise.note(), ""]
+        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
+                                           "noise": {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}})
+    (measured, study_lines, runs_table), mnoise = judged(lambda noise: measured_parts(runs, train_runs, brows, cfg, noise))
+    parallel_findings, parallel_lines = parallel(runs, out) if cfg.get("parallel") else ([], [])
+    lines += ["## Measured", ""] + [f"- {s}" for s in measured + parallel_findings]
+    if mnoise.size:
+        lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
+    lines += [""] + study_lines + parallel_lines + backend.section(runs, brows)
     if train_runs:
-        lines += training_section(train_runs, cfg, out)
+        lines += training_section(train_runs, cfg, out, runs_table, mnoise)
     if brows:
         lines += bench_section(runs, brows, out)
     lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}",

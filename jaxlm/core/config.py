@@ -153,8 +153,11 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
-    val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
+                                "or a file); empty: the last val_fraction of the `source` tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
+                         "of N entries trained on `source` when the data is prepared)")
+    val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
     eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
                            "whatever the batch size and context length (docs/training.md#evaluation); 0: all")
