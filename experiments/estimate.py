@@ -126,16 +126,28 @@ def plan_estimate(plan: Plan, platform: str) -> str:
     return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
 
 
+def data_setting(plan: Plan) -> str | None:
+    """'train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096' of the first training run."""
+    spec = next((r for r in plan.runs if r.kind == "train"), None)
+    if spec is None:
+        return None
+    d = load_config(spec.config, train_overrides(spec, Path("runs"))).data
+    val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
+    return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+
+
 def list_plans() -> str:
     """Every shipped plan with its description and, per size, its runs and estimated time."""
     lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
     for name in plan_names():
         plan = load_plan(name)
-        per_size = []
+        per_size, data = [], []
         for size in plan.sizes:
             sized = load_plan(name, size)
             per_size.append(f"{size}: {len(sized.runs)} runs, {plan_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
+            data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
                   textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
+        lines += [textwrap.fill("data: " + "; ".join(data), 100, initial_indent="    ", subsequent_indent="      ")] if data else []
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)

@@ -156,7 +156,7 @@ def validate(plan: Plan, plan_dir: Path) -> None:
         try:
             data = resolved_train_config(spec, plan_dir / spec.name)["data"]
             if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
-                resolve_sources(data["source"])
+                resolve_sources([*data["source"], *data.get("val_source", [])])
         except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
 
@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
+    p.add_argument("--list", action="store_true", help="list the plans, their data and estimated times (as with no PLAN)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
     p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     try:
-        if args.plan is None:
+        if args.plan is None or args.list:
             print(list_plans())
             return 0
         device = detect_device()

@@ -89,6 +89,24 @@ def test_trained_tokenizer_dir_is_copied(tmp_path, docs, cs336):
     assert np.array_equal(tokens(out, "train"), _expected(tok, [docs[1]]))
 
 
+def test_bpe_trained_while_preparing_equals_train_bpe(tmp_path, docs, cs336):
+    """data.tokenizer = "bpe:N": the BPE `train_bpe` gives on the training text, kept in the data directory,
+    with a separate validation source (data.val_source)."""
+    cfg = DataConfig(dir=str(tmp_path / "d"), source=[str(docs[1])], val_source=[str(docs[0])], tokenizer="bpe:300")
+    meta = read_meta(ensure_prepared(cfg, progress=False))
+    vocab, merges = train_bpe(docs[1], 300, [EOT])
+    tok = load_tokenizer_from_meta(tmp_path / "d")
+    assert tok.vocab == vocab and tok.merges == merges and meta["tokenizer"] == "bpe:300" and meta["bpe_train_seconds"] >= 0
+    assert np.array_equal(tokens(tmp_path / "d", "train"), _expected(tok, [docs[1]]))
+    assert np.array_equal(tokens(tmp_path / "d", "val"), _expected(tok, [docs[0]]))
+    assert meta["sources"]["val"][0]["path"] == str(docs[0]) and not (tmp_path / "d" / "bpe").exists()
+    assert ensure_prepared(cfg) == tmp_path / "d"  # prepared once: the same spec is the same tokenizer
+    with pytest.raises(DataError, match="'bpe:300' but data.tokenizer is 'bpe:400'"):
+        ensure_prepared(DataConfig(dir=cfg.dir, source=cfg.source, tokenizer="bpe:400"))
+    with pytest.raises(DataError, match=r"tokenizer 'bpe:12': expected bpe:N with N > 257"):
+        prepare([str(docs[1])], "bpe:12", tmp_path / "x", progress=False)
+
+
 def test_pydoc_source(tmp_path):
     meta = prepare(["pydoc"], "bytes", tmp_path, progress=False)
     assert meta["vocab_size"] == 257 and meta["tokens"]["train"] > 300_000
@@ -292,6 +310,12 @@ def test_corpus_by_name(tmp_path, monkeypatch):
     assert meta["tokens"]["train"] + meta["tokens"]["val"] == 20 * 50 + 1  # bytes + <|endoftext|>
     with pytest.raises(DataError, match=r"^tinyshakspeare: file not found and no corpus of that name \(corpora: tinyshakespeare, "):
         prepare(["tinyshakspeare"], "bytes", tmp_path / "x", progress=False)
+    # one file of a corpus by NAME/FILE, from the data root
+    (tmp_path / "root" / "wikitext-2").mkdir()
+    (tmp_path / "root" / "wikitext-2" / "test.txt").write_text(" = Valkyria = \n" * 10)
+    assert corpora.resolve_sources(["wikitext-2/test.txt"]) == [str(tmp_path / "root" / "wikitext-2" / "test.txt")]
+    with pytest.raises(DataError, match=r"wikitext-2/valid\.txt: corpus 'wikitext-2' not found; run `python -m jaxlm\.data download"):
+        corpora.resolve_sources(["wikitext-2/valid.txt"])
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

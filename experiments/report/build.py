@@ -22,6 +22,7 @@ from experiments.report.compare import (
     sweep_sentences,
     train_table,
 )
+from experiments.report.divergence import divergence_section
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.noise import Family, judged
 from experiments.report.parallel import parallel
@@ -44,6 +45,20 @@ INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % i
                  "paired differences (the same seed) with a one-sample t-test.")
 
 
+# Training text that stands in for a corpus this machine does not have: one sentence, said wherever its numbers appear.
+STAND_INS = {
+    "wikitext-2/test.txt": "WikiText stand-in: WikiText-2's test split (241k words) is the training text in place of "
+                           "WikiText-103's 103M-word train split (a download), and validation is WikiText-2's valid "
+                           "split, whose articles are WikiText-103's validation articles.",
+}
+
+
+def stand_ins(runs: list[dict]) -> list[str]:
+    """The STAND_INS sentences of the sources the runs trained on."""
+    sources = {src for r in runs for src in (((r.get("config") or {}).get("data") or {}).get("source") or [])}
+    return [sentence for src, sentence in STAND_INS.items() if src in sources]
+
+
 def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
     cfg = meta.get("report", {})
     name = meta.get("name", plan_dir.name)
@@ -55,14 +70,35 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
     if meta.get("description"):
         lines += [meta["description"], ""]
     lines += [f"Plan `experiments/plans/{name}.toml`, size `{meta.get('size', '?')}`, device {', '.join(devices)}, "
-              f"commit {', '.join(c[:10] for c in commits)}. Every number and sentence below is computed from the runs' "
-              "records (result.json, metrics.jsonl, bench JSON) by `python -m experiments.report`.", ""]
+              f"commit {', '.join(c[:10] for c in commits)}{_provenance(runs)}. Every number and sentence below is computed "
+              "from the runs' records (result.json, metrics.jsonl, bench JSON) by `python -m experiments.report`.", ""]
+    lines += [f"**{s}**" for s in stand_ins(runs)] + ([""] if stand_ins(runs) else [])
     loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
     if loads:
         cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
         busy = "other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle."
         lines += [f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: {busy}", ""]
     return lines
+
+
+def _eval_tokens_note(runs: list[dict]) -> str:
+    """' Every evaluation scored the same 65,536 validation tokens ...' when the records say how many."""
+    counts = {int(n) for r in runs if isinstance(n := (r.get("metrics") or {}).get("eval_tokens"), (int, float))}
+    if not counts:
+        return ""
+    if len(counts) == 1:
+        return (f" Every evaluation scored the same {counts.pop():,} validation tokens (data.eval_tokens: the start of "
+                "val.bin in windows of the run's context, whatever its batch size).")
+    return f" Evaluations scored {', '.join(f'{n:,}' for n in sorted(counts))} validation tokens (data.eval_tokens differs)."
+
+
+def _provenance(runs: list[dict]) -> str:
+    """' (every record from a committed tree)', or how many came from uncommitted changes and drafts."""
+    gits = [r.get("git") or {} for r in runs]
+    dirty, drafts = sum(bool(g.get("dirty")) for g in gits), sum(bool(g.get("draft")) for g in gits)
+    if not dirty:
+        return " (every record from a committed tree)"
+    return f" ({dirty} of {len(runs)} records from a tree with uncommitted changes" + (f", {drafts} marked draft)" if drafts else ")")
 
 
 def context(runs: list[dict], brows: list[dict]) -> dict:
@@ -85,7 +121,7 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: s
             lines += [f"Δ columns: change against the baseline ({', '.join(f'{k} = {format_value(v)}' for k, v in baseline.items())}) "
                       "with the same other settings.", ""]
     lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are medians of "
-              "the logged steps after the first.", ""]
+              "the logged steps after the first." + _eval_tokens_note(train_runs), ""]
     curves = plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time")))) if any(r.get("metrics") for r in train_runs) else []
     for p in curves:
         lines += [f"![{p}]({p})", ""]
@@ -174,7 +210,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
                   "paper the row names where they do not cover the topic. "
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it. "
                   + INTERVAL_NOTE + " " + fnoise.note(), ""]
-        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
+        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows, "stand_ins": stand_ins(runs),
                                            "noise": {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}})
     (measured, study_lines, runs_table), mnoise = judged(lambda noise: measured_parts(runs, train_runs, brows, cfg, noise))
     parallel_findings, parallel_lines = parallel(runs, out) if cfg.get("parallel") else ([], [])
@@ -182,6 +218,8 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     if mnoise.size:
         lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
     lines += [""] + study_lines + parallel_lines + backend.section(runs, brows)
+    if cfg.get("divergence") and cfg.get("x"):
+        lines += divergence_section(settings, cfg["x"], ctx["untrained_loss"])
     if train_runs:
         lines += training_section(train_runs, cfg, out, runs_table, mnoise)
     if brows:

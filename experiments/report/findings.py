@@ -17,6 +17,7 @@ from typing import Callable
 
 from experiments.plan import format_value
 from experiments.report.bench import fit_memory_batch, fit_memory_context
+from experiments.report.divergence import outcome
 from experiments.report.format import table
 from experiments.report.plots import mean_curve
 from experiments.report.noise import Family
@@ -40,7 +41,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)", "similar:post_norm"),
     Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
     Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
-    Finding("lr_sweep", "a learning-rate sweet spot", "best near 1e-3, worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate", "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
     Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training", "lr_diverge"),
     Finding("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps", "batch_equal_steps"),
     Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
@@ -161,31 +162,26 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     interior = pts[0][0] < best_x < pts[-1][0]
     clear = all([resolved(st, o, ctx["noise"]) for _, o in others])  # a list: every comparison counts in the family
     text += "; best beyond noise of every other rate" if clear else "; best within noise of another rate"
+    text += f"; this best is {best_x / 1e-3:.3g}x the seed reports' 1e-3 (where it lies depends on model and batch)"
     return text, AGREE if interior and clear else UNRESOLVED
 
 
 def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    """Every rate 10-100x the best diverged (non-finite, or ended above the untrained loss ln V): agree."""
+    """Every rate 10-100x the best diverged, by `divergence.DEFINITION` (non-finite, or ended above ln V): agree."""
     pts, best, _ = _best_lr(settings)
     if best is None:
         return "no completed rate", UNRESOLVED
-    best_x = best[0]
+    best_x, untrained = best[0], ctx.get("untrained_loss", math.inf)
     parts, in_range, blown = [], 0, 0
     for x, s in pts:
         if x < 10 * best_x:
             continue
-        diverged = [r for r in s.runs if r.get("status") == "diverged"]
-        st = _loss(s)
-        bad = len(diverged) == len(s.runs) or (st is not None and st.mean > ctx.get("untrained_loss", math.inf))
+        outs = [outcome(r, untrained) for r in s.runs]
+        bad = sum(d for d, _ in outs)
         if x <= 100 * best_x:
-            in_range, blown = in_range + 1, blown + bad
-        where = ""
-        if diverged:
-            steps = [str(r.get("metrics", {}).get("steps", "?")) for r in diverged]
-            planned = (diverged[0].get("config") or {}).get("train", {}).get("steps")
-            where = f" by step {', '.join(steps)}" + (f" of {planned}" if planned else "")
-        loss = f" (val loss {st.text()})" if st is not None and s.ok else ""
-        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {s.status}{where}{loss}")
+            in_range, blown = in_range + 1, blown + (bad == len(outs))
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {bad} of {len(outs)} seeds diverged "
+                     f"({'; '.join(how for _, how in outs)})")
     if not parts:
         return "no rate 10x or more above the best", UNRESOLVED
     verdict = UNRESOLVED if not in_range else AGREE if blown == in_range else DISAGREE

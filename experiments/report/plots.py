@@ -187,7 +187,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
 
 AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size (sequences)", "model.context_length": "context length (tokens)",
                "params": "parameters"}
-UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)", "eval_acc": " (next-byte top-1)"}
+UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)", "eval_acc": " (next-token top-1)"}
 
 
 def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:

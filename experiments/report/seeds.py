@@ -125,7 +125,8 @@ def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
 def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> str:
     """One row per setting: seeds, status, final metrics as mean ± 95 % interval over the completed seeds."""
     axes = list(dict.fromkeys(k for s in settings for k in s.axes))
-    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_acc", "tokens_per_s", "step_time", "wall_time_s")
+    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s", "step_time",
+                        "wall_time_s")
             if any(s.stats(q) for s in settings)]
     headers = ["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)] + (["Δ val loss vs baseline"] if bases else [])
     rows = []
@@ -137,6 +138,8 @@ def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Fa
                 row.append("–")
             elif q in ("train_loss", "eval_loss"):
                 row.append(st.text(3))
+            elif q == "eval_ppl":
+                row.append(st.text(2))
             elif q == "eval_acc":
                 row.append(f"{100 * st.mean:.1f}%" + (f" ± {100 * st.ci:.1f}" if st.n > 1 else ""))
             else:
