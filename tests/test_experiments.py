@@ -450,8 +450,9 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # plans run from the repository root; here one without runs/
     (tmp_path / "experiments").symlink_to(REPO / "experiments")
     plan = load_plan("lr_sweep", "cpu")
-    assert plan.runs[0].set["data.source"] == ["tinyshakespeare"]
-    with pytest.raises(PlanError, match=r"lr0\.001-s0.*corpus 'tinyshakespeare' not found; run `python -m jaxlm\.data download tinyshakespeare`"):
+    assert plan.runs[0].set["data.source"] == ["wikitext-2/test.txt"]
+    with pytest.raises(PlanError, match=r"lr0\.001-s0.*wikitext-2/test\.txt: corpus 'wikitext-2' not found; "
+                                        r"run `python -m jaxlm\.data download wikitext-2`"):
         run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
 
 

@@ -218,3 +218,48 @@ def test_html_renders_tables_inside_details(tmp_path):
 
     html = to_html("# t\n\n<details><summary>Every run</summary>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n</details>\n", tmp_path)
     assert "<summary>Every run</summary>" in html and "<td>1</td>" in html
+
+
+def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
+    """BPE training rows made to follow the fitted laws exactly: 0.5 s per MB pre-tokenising, distinct pre-tokens
+    1000 x (bytes / 1e6)^0.5, 1 ms of merging per distinct pre-token, 10 MB + 1000 B per distinct pre-token."""
+    from experiments.report.tokenizer import tokenizer
+
+    runs = []
+    for i, mb in enumerate((1, 2, 4)):
+        d = tmp_path / f"bpe{i}"
+        d.mkdir()
+        words = 1000 * mb ** 0.5
+        (d / "tokenizer.json").write_text(json.dumps({
+            "kind": "train", "bytes": mb * 1e6, "vocab_size": 10000, "distinct_pretokens": words, "pretokenize_s": 0.5 * mb,
+            "merge_s": words / 1000, "total_s": 0.5 * mb + words / 1000, "longest_token": " notwithstanding",
+            "longest_token_bytes": 16, "profile_top": [{"function": "bpe.py:301(_merge)", "own_s": 1.0}], "profiled_total_s": 2.0}))
+        runs.append({"name": f"bpe{i}", "_dir": str(d), "status": "ok", "max_rss_bytes": 10e6 + 1000 * words})
+    d = tmp_path / "speed"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps({"kind": "throughput", "text": "t.txt", "rows": [
+        {"tokenizer": "ours", "bytes_per_s": [1e6, 1.1e6, 0.9e6]}]}))
+    runs.append({"name": "speed", "_dir": str(d), "status": "ok"})
+    text = "\n".join(tokenizer(runs)[1])
+    assert ("pre-tokenisation 0.5 s per MB; distinct pre-tokens 1 x bytes^0.500 (Heaps' law); merging 1 ms per distinct "
+            "pre-token at vocabulary 10000; peak memory 9.54 MiB + 1e+03 B per distinct pre-token") in text
+    # TinyStories, 2.2 GB: sqrt(2200) x 1000 = 46,904 words; 0.5 x 2200 + 46.9 = 1146.9 s = 0.32 h; 10 MB + 46.9 MB
+    assert "TinyStories V2 train (2.2 GB, vocabulary 10000): about 46,904 distinct pre-tokens, 0.32 hours" in text
+    assert "peak memory about 54.3 MiB" in text
+    # 1.0 MB/s mean, sd 0.1 over 3: 4.303 x 0.1 / sqrt(3) = 0.25; 825 GB / 1 MB/s = 229 h
+    assert "| ours | 1.00 ± 0.25 | 3 | 229 h (9.5 days) |" in text
+
+
+def test_tokenizer_study_trains_on_the_data_root(tmp_path, monkeypatch):
+    from experiments import tokenizer_study
+
+    root = tmp_path / "root"
+    for src in tokenizer_study.LARGEST:
+        (root / src).parent.mkdir(parents=True, exist_ok=True)
+        (root / src).write_text("ab ab ab ab\n")
+    monkeypatch.setenv("JAXLM_DATA", str(root))
+    (tmp_path / "run").mkdir()
+    out = tokenizer_study.train(tmp_path / "run", 1.0, 300)
+    # pre-tokens "ab" x3, " ab" x9, "\n" x3: merge (a, b) (12), then (" ", ab) (9), then no pair is left
+    assert (out["distinct_pretokens"], out["merges"], out["longest_token"], out["longest_token_bytes"]) == (3, 2, " ab", 3)
+    assert out["bytes"] == 3 * 12 + 2 * len("<|endoftext|>") and not (tmp_path / "run" / "text.txt").exists()

@@ -36,6 +36,7 @@ from experiments.report.seeds import (
     seed_sentences,
     settings_table,
 )
+from experiments.report.tokenizer import tokenizer
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json, writable_dir_problem, write_json
@@ -112,8 +113,9 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: s
     baseline = cfg.get("baseline", {})
     lines = ["## Runs", ""]
     if runs_table is not None:
-        lines += [runs_table, "", f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} "
-                  f"comparison{'s' * (noise.size != 1)} with the sentences there).", ""]
+        lines += [runs_table, ""]
+        lines += [f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} comparison"
+                  f"{'s' * (noise.size != 1)} with the sentences there).", ""] if noise.size else []
         lines += ["<details><summary>Every run</summary>", "", train_table(train_runs, {}), "", "</details>", ""]
     else:
         lines += [train_table(train_runs, baseline), ""]
@@ -164,9 +166,9 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
 
 
 def study_extras(cfg: dict, runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
-    """(findings, lines) of the studies with their own tables: [report] peft / quantization = true."""
+    """(findings, lines) of the studies with their own tables: [report] peft / quantization / tokenizer = true."""
     findings, lines = [], []
-    for key, fn in (("peft", peft), ("quantization", quantization)):
+    for key, fn in (("peft", peft), ("quantization", quantization), ("tokenizer", lambda rs, _: tokenizer(rs))):
         if cfg.get(key):
             f, l = fn(runs, noise)
             findings += f
@@ -266,8 +268,9 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
         write_json(dest / src.name / RESULT, _portable(r, prefixes))
         if (src / "metrics.jsonl").is_file():
             shutil.copyfile(src / "metrics.jsonl", dest / src.name / "metrics.jsonl")
-        if (src / "quantize.json").is_file():
-            shutil.copyfile(src / "quantize.json", dest / src.name / "quantize.json")
+        for extra in ("quantize.json", "tokenizer.json"):  # the rows of a study's own command runs
+            if (src / extra).is_file():
+                shutil.copyfile(src / extra, dest / src.name / extra)
         bench = read_json(src / "bench.json", default=None)
         if bench is not None:
             write_json(dest / src.name / "bench.json", _portable(bench, prefixes))
