@@ -23,15 +23,10 @@ from typing import Callable
 
 import numpy as np
 
+from experiments.commands import bench_overrides, train_overrides
 from experiments.device import Device, unmet_requirement
-from experiments.plan import (
-    Plan,
-    RunSpec,
-    bench_overrides,
-    load_plan,
-    plan_names,
-    train_overrides,
-)
+from experiments.plan import Plan, load_plan, plan_names
+from experiments.spec import RunSpec
 from jaxlm.analysis.flops import step_flops
 from jaxlm.core.config import Config, DataConfig, load_config
 from jaxlm.data.prepare import read_meta

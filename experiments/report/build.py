@@ -25,9 +25,10 @@ from experiments.report.compare import (
 from experiments.report.divergence import divergence_section
 from experiments.report.findings import findings_rows, findings_table
 from experiments.report.noise import Family, judged
+from experiments.report.output import report_dir, shrink_png
 from experiments.report.parallel import parallel
 from experiments.report.peft import peft, quantization, quantize_rows
-from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
+from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis
 from experiments.report.seeds import (
     baseline_of,
     equal_token_sentences,
@@ -39,7 +40,7 @@ from experiments.report.seeds import (
 from experiments.report.tokenizer import tokenizer
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
-from jaxlm.core.files import read_json, writable_dir_problem, write_json
+from jaxlm.core.files import read_json, write_json
 
 INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 degrees "
                  "of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with Welch's t-test, "
@@ -194,10 +195,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     runs = load_results(plan_dir)
     if not runs:
         raise DataError(f"{plan_dir}: no result.json under it; run the plan first (python -m experiments.run PLAN)")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise DataError(f"{out}: cannot hold the report: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
+    report_dir(out)
     meta = read_json(plan_dir / "plan.json", default={}) or {}
     cfg, name = meta.get("report", {}), meta.get("name", plan_dir.name)
     train_runs = [r for r in runs if r.get("kind") != "bench"]

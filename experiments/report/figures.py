@@ -21,7 +21,7 @@ from experiments.report.bench import bench_rows as tagged_bench_rows
 from experiments.report.bench import sample_std
 from experiments.report.format import fmt
 from experiments.report.noise import Family, judged, welch
-from experiments.report.plots import _plt, shrink_png
+from experiments.report.output import pyplot, shrink_png
 from experiments.report.seeds import Stats
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
@@ -60,7 +60,7 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
 
 
 def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         xs, ys, es = zip(*pts)
@@ -186,7 +186,7 @@ def before_after(runs: list[dict], out: Path) -> list[str]:
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
     names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
     verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
-    plt = _plt()
+    plt = pyplot()
     fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
     for ax, (q, title, lower) in zip(axs[0], qs):
         stats = [bars[n].get(q) for n in names]
