@@ -349,41 +349,39 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-_MOVED_TO_COMPUTE = ("dtype", "attention", "remat")
-# Keys that no longer exist, dropped with a warning so that older run directories still load.
-_DROPPED = {"train.eval_batches": "evaluation scores data.eval_tokens validation targets"}
+# Old keys, moved to their new place (None: dropped) with a warning, so older configs and run directories load.
+_OLD_KEYS: dict[str, str | None] = {**{f"model.{k}": f"compute.{k}" for k in ("dtype", "attention", "remat")},
+                                    "train.eval_batches": None}
+
+
+def _old_key_note(key: str) -> str:
+    new = _OLD_KEYS[key]
+    return (f"{key} is deprecated and will be removed; use {new}" if new else
+            f"{key} is ignored (evaluation scores data.eval_tokens validation targets)")
 
 
 def _migrate(data: dict, where: str) -> dict:
-    """Move the old `model.dtype/attention/remat` keys to [compute] and drop `_DROPPED`, with a deprecation line."""
-    model = data.get("model")
-    moved = isinstance(model, dict) and any(k in model for k in _MOVED_TO_COMPUTE)
-    dropped = [k for k in _DROPPED if k.split(".")[1] in (data.get(k.split(".")[0]) or {})]
-    if not (moved or dropped):
+    """The tree with every `_OLD_KEYS` key moved or dropped, a warning line for each."""
+    old = [k for k in _OLD_KEYS if isinstance(data.get(k.split(".")[0]), dict) and k.split(".")[1] in data[k.split(".")[0]]]
+    if not old:
         return data
     data = copy_tree(data)
-    for k in _MOVED_TO_COMPUTE if moved else ():
-        if k in data["model"]:
-            data.setdefault("compute", {}).setdefault(k, data["model"].pop(k))
-            print(f"warning: {where}: model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
-    for key in dropped:
+    for key in old:
         section, name = key.split(".")
-        data[section].pop(name)
-        print(f"warning: {where}: {key} is ignored ({_DROPPED[key]})", file=sys.stderr)
+        value, new = data[section].pop(name), _OLD_KEYS[key]
+        if new:
+            data.setdefault(new.split(".")[0], {}).setdefault(new.split(".")[1], value)
+        print(f"warning: {where}: {_old_key_note(key)}", file=sys.stderr)
     return data
 
 
 def _migrate_override(text: str) -> str | None:
-    """The override with a moved key renamed; None for a dropped key."""
-    key = text.split("=", 1)[0].strip()
-    if key in _DROPPED:
-        print(f"warning: --set {key} is ignored ({_DROPPED[key]})", file=sys.stderr)
-        return None
-    for k in _MOVED_TO_COMPUTE:
-        if key == f"model.{k}":
-            print(f"warning: --set model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
-            return f"compute.{k}=" + text.split("=", 1)[1]
-    return text
+    """The override with an old key moved; None for a dropped one."""
+    key, _, value = text.partition("=")
+    if key.strip() not in _OLD_KEYS:
+        return text
+    print(f"warning: --set {_old_key_note(key.strip())}", file=sys.stderr)
+    return f"{_OLD_KEYS[key.strip()]}={value}" if _OLD_KEYS[key.strip()] else None
 
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):

@@ -32,14 +32,13 @@ from jaxlm.core.errors import DataError
 from jaxlm.core.files import atomic_write, writable_dir_problem
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
-from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json")
 PYDOC = "pydoc"  # a source name: Python's bundled documentation text (pydoc_data.topics)
 BUILTIN_TOKENIZERS = ("bytes", "gpt2")
-TRAINED_BPE = "bpe:"  # "bpe:N": a byte-level BPE of N entries trained on the training text while preparing
 
 _CHUNK_BYTES = 1 << 20
 # Below this many input bytes one process encodes everything: starting workers costs more.
@@ -380,17 +379,6 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     except OSError:  # a read-only data directory: scan again next time
         pass
     return value
-
-
-def trained_bpe_size(spec) -> int | None:
-    """N of a "bpe:N" tokenizer spec (None for other specs); a malformed N is a DataError naming it."""
-    spec = str(spec)
-    if not spec.startswith(TRAINED_BPE):
-        return None
-    n = spec[len(TRAINED_BPE):]
-    if not n.isdigit() or int(n) <= 257:
-        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 (256 bytes, <|endoftext|> and at least one merge)")
-    return int(n)
 
 
 def _same_tokenizer(meta: dict, spec: str) -> bool:
