@@ -136,12 +136,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
-    from jaxlm.bench.memory_profile import write_validation
-
+def validate(target_name: str, cache: Path | None, first: int | None = None) -> str:
+    """The validation table against the GPU compiler's plan of each row (the caller writes it out)."""
     t = gpu.parse_target(target_name)
     gpu.require_compiler()
-    text = table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
-    if out is not None:
-        write_validation(text, out, MARK_BEGIN, MARK_END)
-    return text
+    return table(with_estimates(compiled_rows(t, ROWS[:first], cache)))

@@ -155,7 +155,10 @@ def validate_main(argv: list[str]) -> int:
     if args.target:
         from jaxlm.bench import gpu_validation
 
-        print(gpu_validation.validate(args.target, args.out, args.cache, args.rows))
+        text = gpu_validation.validate(args.target, args.cache, args.rows)
+        if args.out:
+            write_validation(text, args.out, gpu_validation.MARK_BEGIN, gpu_validation.MARK_END)
+        print(text)
         return 0
     args.rows = args.rows or len(VALIDATION_ROWS)
     rows = []
