@@ -49,13 +49,10 @@ QUESTION_IDS = ("unicode1", "unicode2", "train_bpe_tinystories", "tokenizer_expe
                 "mixed_precision_accumulation", "benchmarking_mixed_precision", "memory_profiling")
 
 
-def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path, cs336):
-    data_root = cs336.parent
-    if not (data_root / "wikitext-2" / "test.txt").is_file():
-        pytest.skip("wikitext-2 not in the data root: python -m jaxlm.data download wikitext-2")
+def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
     from experiments.answers.__main__ import answers as document
 
-    text_md = document(answers.DEVICES["h100-80gb"], tmp_path / "no-records", data_root=data_root, out_dir=tmp_path)
+    text_md = document(answers.DEVICES["h100-80gb"], tmp_path / "no-records", out_dir=tmp_path)
     for qid in QUESTION_IDS:
         assert f"### {qid}\n" in text_md
     assert "2,127,057,600" in text_md and "4,513,336,524,800" in text_md
@@ -63,6 +60,7 @@ def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path, cs33
     assert f"| H100 | bfloat16 | 989 TFLOP/s | {days:,.1f} |" in text_md
     assert "training takes 6,584 days" in text_md  # the A100 at 19.5 TFLOP/s float32, by hand: 6,583.6
     assert "**Missing**: no `lr_sweep` records" in text_md and "**Pending**" in text_md
+    assert "**Missing**: no `tokenizer` plan report" in text_md
 
 
 def test_measured_answers_from_a_bench_result(tmp_path):
@@ -112,6 +110,16 @@ def test_unicode_answers_come_from_python():
     assert text.encoding_rows()[0][2:] == ["23 (0% zero)", "26 (31% zero)", "52 (65% zero)"]  # 7 ASCII + 5 x 3 + 1
     assert text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong).startswith("raises UnicodeDecodeError")
     assert text.decode_error(b"\x80\x80").startswith("raises") and text.decode_error(b"hi") == "decodes to 'hi'"
+
+
+def test_tokenizer_answers_quote_the_tokenizer_plans_sections(tmp_path):
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "report.md").write_text(
+        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\nratio 4.03\n\n"
+        "### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n## What this backend can show\n\nno\n")
+    md = "\n".join(text.tokenizer_sections(tmp_path))
+    assert md.index("### train_bpe_tinystories") < md.index("| a | b |") < md.index("### tokenizer_experiments")
+    assert md.index("ratio 4.03") < md.index("5.49 MB/s") < md.index("below 65,536") and "backend" not in md
 
 
 def test_float16_accumulation_matches_the_known_sums():

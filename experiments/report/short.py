@@ -57,7 +57,13 @@ def measured(rows: list[dict], plan: str, words: str, command: str, first: bool 
 
 
 def first_clause(text: str) -> str:
-    return text.split("; ")[0]
+    """The text up to its first '; ' outside parentheses."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith("; ", i):
+            return text[:i]
+    return text
 
 
 def findings_facts(rows: list[dict]) -> dict[str, str]:
@@ -303,9 +309,10 @@ def limits(runs: list[dict], missing: list[str], root: Path, out: Path) -> str:
         "estimate gives their memory.",
         "- **Kernel-level profiles** (the Nsight questions) need CUDA kernels: the campaign's `profile` step answers them "
         "on a GPU ([answers.md]($docs/answers.md#nsys_profile)).",
-        "- **Full-size corpora and models.** TinyStories and OpenWebText are not on this machine and GPT-2-sized models "
-        "do not train on 2 cores: the studies use byte-level tiny Shakespeare and WikiText-2 with models under 3M "
-        "parameters, so absolute losses are not comparable with the published ones, only the directions.",
+        "- **Full-size corpora and models.** TinyStories, OpenWebText and WikiText-103 are not on this machine and "
+        "GPT-2-sized models do not train on 2 cores: the studies use the corpora of section 1 with "
+        f"{models(runs).split(' (')[0].replace('Training runs use models', 'models')}, so absolute losses are not "
+        "comparable with the published ones, only the directions.",
     ]
     items += [f"- {len(names)} run(s) skipped here: {reason} ({', '.join(f'`{n}`' for n in names[:3])}"
               f"{', ...' if len(names) > 3 else ''})." for reason, names in skipped.items()]
