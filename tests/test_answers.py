@@ -34,14 +34,15 @@ def test_memory_is_linear_in_batch_and_the_largest_batch_fits():
     m = answers.model("gpt2-xl")
     fixed, per_seq = answers.memory_terms(m, T, ComputeConfig())
     assert sum(fixed.values()) == 16 * 2_127_057_600
-    est = memory.estimate(m, 7, T, ComputeConfig())
+    est = memory.estimate(m, 7, T, ComputeConfig(), backend="cpu")
     assert est.activation_total == pytest.approx(7 * per_seq)
     b = answers.max_batch(sum(fixed.values()), per_seq, 80e9)
     assert sum(fixed.values()) + b * per_seq <= 80e9 < sum(fixed.values()) + (b + 1) * per_seq
     bf16 = ComputeConfig(dtype="bfloat16", attention="cudnn")  # the weights' bfloat16 copies count too
     fixed, per_seq = answers.memory_terms(m, T, bf16)
     assert sum(fixed.values()) == 18 * 2_127_057_600
-    assert answers.max_batch(sum(fixed.values()), per_seq, 80e9) == memory.largest_batch(m, T, 80e9, bf16)
+    assert answers.max_batch(sum(fixed.values()), per_seq, 80e9) == memory.largest_batch(m, T, 80e9, bf16,
+                                                                                       backend="cpu")
 
 
 QUESTION_IDS = ("unicode1", "unicode2", "train_bpe_tinystories", "tokenizer_experiments", "transformer_accounting",

@@ -139,8 +139,10 @@ def flops_observations() -> list[str]:
 
 
 def memory_terms(m: ModelConfig, t: int, compute: ComputeConfig) -> tuple[dict[str, float], float]:
-    """(bytes that do not depend on the batch, by part; activation bytes per sequence). The estimate is linear in B."""
-    est = memory.estimate(m, 1, t, compute)
+    """(bytes that do not depend on the batch, by part; activation bytes per sequence). The estimate is linear in B.
+    The tensor-counting model (calibration "cpu"): the curriculum's accounting, 16P of state plus what jax.grad
+    saves; the GPU compiler's own plan differs (docs/memory.md)."""
+    est = memory.estimate(m, 1, t, compute, backend="cpu")
     return dict(est.state), est.activation_total
 
 

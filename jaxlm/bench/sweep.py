@@ -35,7 +35,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     cli.add_config_args(p)
     p.add_argument("--context", metavar="T", type=int, nargs="+", help="sequence lengths (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, nargs="+", default=[4], help="batch sizes")
-    p.add_argument("--mode", metavar="MODE", nargs="+", default=["forward"], choices=MODES, help="what one timed step runs")
+    p.add_argument("--mode", metavar="MODE", nargs="+", choices=MODES,
+                   help="what one step runs (default: forward; with --target, train_step)")
     p.add_argument("--dtype", metavar="DTYPE", nargs="+", choices=COMPUTE_CHOICES["dtype"], help="compute dtypes (default: compute.dtype)")
     p.add_argument("--attention", metavar="KIND", nargs="+",
                    help="xla | cudnn | auto | window:N | cudnn+window:N (default: compute.attention)")
@@ -72,6 +73,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace, cfg: Config) -> None:
     """Fill the axes from the config and stop, in one line naming the option, on a value out of range."""
     args.context = args.context or [cfg.model.context_length]
+    args.mode = args.mode or ["train_step" if args.target or args.target_config else "forward"]
     args.dtype = args.dtype or [cfg.compute.dtype]
     args.attention = args.attention or [cfg.compute.attention]
     args.remat = args.remat or [cfg.compute.remat]
