@@ -30,7 +30,8 @@ import torch
 import torchref
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig, ModelConfig
-from parity.convert import torch_config
+from parity.convert import jax_to_torch, torch_config
+from torchref.generate import generate
 
 
 def device() -> torch.device:
@@ -181,3 +182,17 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+def decode_runner(model, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int, use_cache: bool):
+    """(run, compiled): run() is torchref's greedy generation (`torchref.generate`: one prompt at a time,
+    eager) of the JAX `model`'s weights, returning each row's new tokens; compiled() is empty (nothing compiles)."""
+    reference = torchref.TransformerLM(torch_config(model.cfg), device=device(),
+                                       fused_attention=compute.attention != "xla")
+    reference.load_state_dict(jax_to_torch(model))
+
+    def run():
+        with autocast(compute.dtype):
+            return [generate(reference, p, new_tokens, temperature=0.0, use_cache=use_cache) for p in prompts]
+
+    return run, dict

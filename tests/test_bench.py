@@ -192,15 +192,30 @@ def test_every_option_shows_its_default(command):
 def test_decode_bench_counts_tokens_and_compilations(tmp_path, capsys):
     out = tmp_path / "decode.json"
     assert main(["decode", *TINY, "--set", "model.context_length=16", "--prompt-tokens", "4", "--new-tokens", "20",
-                 "--batch", "2", "--repeats", "1", "--json", str(out)]) == 0
+                 "--batch", "2", "--repeats", "1", "--framework", "both", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["model"]["context_length"] == 24  # raised to prompt + new tokens: no sliding in the timed calls
-    assert res["compiled"] == {"prefill": 1, "decode": 1, "full": 1}  # one compilation each, reused by every call
     for mode in ("cache", "no-cache"):
-        r = res[mode]
-        assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
-    assert res["speedup"] == pytest.approx(res["cache"]["tokens_per_second"] / res["no-cache"]["tokens_per_second"])
-    assert "speedup of the cache" in capsys.readouterr().out
+        assert res["jax"][mode]["compiled"] == {"begin": 1, "resume": 0}  # one compiled generation, reused by every call
+        for fw in ("jax", "torch"):
+            r = res[fw][mode]
+            assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
+        # torchref's eager loop on the same weights gives the same greedy tokens, and the ratio is of the two rows.
+        assert res["jax_torch"][mode]["greedy_tokens_identical"] and res["jax_torch"][mode]["first_difference"] is None
+        speed = res["jax"][mode]["tokens_per_second"] / res["torch"][mode]["tokens_per_second"]
+        assert res["jax_torch"][mode]["speed"] == pytest.approx(speed)
+    jax_rows = res["jax"]
+    assert jax_rows["speedup"] == pytest.approx(jax_rows["cache"]["tokens_per_second"] / jax_rows["no-cache"]["tokens_per_second"])
+    printed = capsys.readouterr().out
+    assert "speedup of the jax cache" in printed and "greedy tokens identical" in printed
+
+
+def test_decode_first_difference():
+    from jaxlm.bench.decode import first_difference
+
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 4]]) is None
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == [1, 1]
+    assert first_difference([[1, 2]], [[1, 2, 7]]) == [0, 2]  # one row stopped earlier
 
 
 def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
@@ -249,8 +264,11 @@ def test_jaxlm_bench_alone_asks_for_parity_bench_for_torch_rows(capsys):
     saved = core.SIDES.pop("torch", None)  # as in a process that never imported parity.bench
     try:
         assert cli.run(bench.main, ["model", *TINY, "--framework", "both", "--context", "8", "--batch", "1"]) == 2
+        model_err = capsys.readouterr().err.splitlines()
+        assert cli.run(bench.main, ["decode", *TINY, "--framework", "torch"]) == 2
+        decode_err = capsys.readouterr().err.splitlines()
     finally:
         if saved:
             core.SIDES["torch"] = saved
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "python -m parity.bench model" in err[0], err
+    assert len(model_err) == 1 and "python -m parity.bench model" in model_err[0], model_err
+    assert len(decode_err) == 1 and "python -m parity.bench decode" in decode_err[0], decode_err

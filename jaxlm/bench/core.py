@@ -173,10 +173,10 @@ def _release_memory() -> None:
 SIDES = {"jax": "jaxlm.bench.jax_side"}  # framework -> module; `python -m parity.bench` adds "torch"
 
 
-def framework_side(framework: str):
-    """The module that measures one framework's rows (build_step, run/time, memory)."""
+def framework_side(framework: str, command: str = "model"):
+    """The module that measures one framework's rows (build_step, run/time, memory, decode_runner)."""
     if framework not in SIDES:
-        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench model ...` "
+        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench {command} ...` "
                          "(the torch extra); `python -m jaxlm.bench` measures jax only")
     return importlib.import_module(SIDES[framework])
 

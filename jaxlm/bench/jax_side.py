@@ -155,3 +155,14 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
         row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
     else:
         row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"
+
+
+def decode_runner(model: TransformerLM, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int,
+                  use_cache: bool) -> tuple[Callable[[], list[list[int]]], Callable[[], dict]]:
+    """(run, compiled): run() is one greedy generation of `prompts` (the new tokens of each row);
+    compiled() the Generator's compilation counts."""
+    from jaxlm.nn.decode import Generator, SamplingParams
+
+    gen = Generator(model)
+    greedy = SamplingParams(temperature=0.0)
+    return (lambda: gen.generate(prompts, new_tokens, greedy, use_cache=use_cache).tokens), gen.compiled_sizes

@@ -128,32 +128,34 @@ class CausalSelfAttention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attention of T new tokens per row against a key/value cache (evaluation only).
 
-        x (B, T, D): the new tokens; kv: (k, v) buffers (B, S, N, H); start (B,) int:
-        row b's new keys go to cache slots start[b] ... start[b]+T-1; visible
-        (B, 1, T, S) bool: which cache slots each new query may attend (built by
+        x (B, T, D): the new tokens; kv: (k, v) buffers (B*N, S, H) (see `KVCache`);
+        start (B,) int: row b's new keys go to cache slots start[b] ... start[b]+T-1;
+        visible (B, 1, T, S) bool: which cache slots each new query may attend (built by
         `TransformerLM.extend`, causal + window already folded in).
         Returns the output (B, T, D) and the updated buffers.
         """
         B, T, D = x.shape
         q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
-        k_buf, v_buf = kv
-        k_buf = _write_rows(k_buf, k.astype(k_buf.dtype), start)  # (B, S, N, H)
-        v_buf = _write_rows(v_buf, v.astype(v_buf.dtype), start)  # (B, S, N, H)
-        out = attention(q, k_buf, v_buf, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
+        k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*N, S, H)
+        # attention takes (B, S, N, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
+        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))  # (B, S, N, H)
+        out = attention(q, k_seq, v_seq, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
 
 
 def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """buf (B, S, ...) with new (B, T, ...) written at slots start[b] ... start[b]+T-1 of each row b.
+    """buf (B*N, S, H) with new (B, T, N, H) written at slots start[b] ... start[b]+T-1 of each row b.
 
-    `lax.dynamic_update_slice` clamps a start that would run past S; callers keep
+    One `dynamic_update_slice` per row, so XLA updates the buffer in place inside the decode
+    loop (a vmapped one becomes a scatter whose bounds check reads the old slots, which cost a
+    copy of the whole cache per step). A start that would run past S is clamped; callers keep
     start[b] + T <= S (generation stops at the cache's end).
     """
-
-    def one(row, upd, s):  # (S, ...), (T, ...), ()
-        return jax.lax.dynamic_update_slice(row, upd, (s,) + (0,) * (row.ndim - 1))
-
-    return jax.vmap(one)(buf, new, start)
+    B, T, N, H = new.shape
+    new = jnp.swapaxes(new, 1, 2).reshape(B * N, T, H)  # (B*N, T, H)
+    for b in range(B):
+        buf = jax.lax.dynamic_update_slice(buf, new[b * N:(b + 1) * N], (b * N, start[b], 0))  # (B*N, S, H)
+    return buf
 
 
 class TransformerBlock(nnx.Module):
@@ -278,7 +280,7 @@ class TransformerLM(nnx.Module):
         length = self.cfg.context_length if length is None else length
         if not 0 < length <= self.cfg.context_length:
             raise ValueError(f"cache length {length} must be in 1 ... context_length {self.cfg.context_length}")
-        shape = (batch, length, self.cfg.num_heads, self.cfg.head_dim)  # (B, S, N, H)
+        shape = (batch * self.cfg.num_heads, length, self.cfg.head_dim)  # (B*N, S, H)
         dtype = self.precision.compute
         layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.cfg.num_layers))
         return KVCache(layers)
@@ -307,7 +309,7 @@ class TransformerLM(nnx.Module):
         x = self.token_embeddings(tokens)  # (B, T, D)
         rope = self.rope(positions) if self.cfg.rope else None  # 2 x (B, T, H/2)
         if self.compute.scan_layers:
-            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B, S, N, H)
+            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B*N, S, H)
             x, kv = scan.scan(self.layers, lambda b, h, c: b.extend(h, rope, c, start, visible), x, kv)
             return self._head(x), KVCache(tuple((kv[0][i], kv[1][i]) for i in range(self.cfg.num_layers)))
         layers = []
@@ -320,10 +322,14 @@ class TransformerLM(nnx.Module):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B, S, N, H).
+    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B*N, S, H), row b's head n at b*N + n.
 
     A plain pytree (no positions inside): the caller tracks each row's length and
     passes it as `start` to `TransformerLM.extend`. Keys are stored after RoPE.
+    Why (B*N, S, H): it is the operand layout of the XLA attention's batched dots, so a
+    decode step reads the cache where it lies. Stored (B, S, N, H), each layer's cache
+    was copied whole into that layout at every step; stored (B, N, S, H), XLA:CPU still
+    copied it, to reshape the freshly written buffer for the dot.
     """
 
     layers: tuple[tuple[jax.Array, jax.Array], ...]
