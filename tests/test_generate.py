@@ -23,7 +23,6 @@ from jaxlm.nn.decode import (
     SamplingParams,
     StreamDecoder,
     filter_logits,
-    sampling_probs,
 )
 from jaxlm.nn.model import TransformerLM
 from jaxlm.training.checkpoint import load_for_generation
@@ -140,6 +139,12 @@ def test_model_extend_matches_call_with_window():
 
 
 # --------------------------------------------------------------------------- sampling rules
+
+
+def sampling_probs(logits, params: SamplingParams) -> np.ndarray:
+    """The distribution `sample_tokens` draws from: softmax of the filtered, temperature-scaled logits."""
+    temperature, top_k, top_p = params.as_arrays()
+    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
 
 
 def test_nucleus_and_top_k_against_hand_computed():

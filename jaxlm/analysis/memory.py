@@ -31,7 +31,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
 
 # Device memory as the driver reports it (nvidia-smi's total; bytes). Marketed sizes in the names.
-GIB = 2**30
 DEVICES: dict[str, float] = {
     "h100-80gb": 81559 * 2**20,
     "h100-94gb": 95830 * 2**20,
