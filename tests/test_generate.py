@@ -284,6 +284,33 @@ def test_compute_flags_change_how_the_run_decodes(trained_run):
     np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
 
 
+@pytest.fixture(scope="module")
+def scanned_run(tmp_path_factory):
+    from jaxlm.training.loop import train
+
+    base = tmp_path_factory.mktemp("gen_scanned_run")
+    extra = {"train.steps": 2, "checkpoint.every": 2, "train.eval_every": 2, "log.tensorboard": "false",
+             "compute.scan_layers": "true"}
+    train(load_config(None, tiny_overrides(make_corpus(base / "corpus"), base / "run", **extra)))
+    return base / "run"
+
+
+@pytest.mark.parametrize("trained_in", ["unrolled", "scanned"])
+def test_a_run_decodes_in_the_other_layer_layout(trained_in, trained_run, scanned_run, capsys):
+    """--set compute.scan_layers=... flips the layout a run was trained in: the same logits and greedy text."""
+    run, flip = (trained_run, "true") if trained_in == "unrolled" else (scanned_run, "false")
+    args = argparse.Namespace(config=None, preset=None, overrides=[f"compute.scan_layers={flip}"])
+    model, _ = load_for_generation(run, run_config(str(run), args))
+    saved, _ = load_for_generation(run)
+    assert isinstance(model.layers, nnx.List) == (flip == "false") != isinstance(saved.layers, nnx.List)
+    tok = jnp.arange(12)[None] * 7 % 257  # (1, 12)
+    np.testing.assert_allclose(np.asarray(model(tok)), np.asarray(saved(tok)), atol=1e-5)
+    argv = ["--run", str(run), "--prompt", "The ", "--max-new-tokens", "6", "--temperature", "0"]
+    assert main(argv) == 0 and main([*argv, "--set", f"compute.scan_layers={flip}"]) == 0
+    as_trained, flipped = capsys.readouterr().out.splitlines()
+    assert flipped == as_trained
+
+
 def run_cli(argv, capsys) -> tuple[int, list[str]]:
     """Exit code and stderr lines of `python -m jaxlm.generate ARGV`, in this process."""
     code = cli.run(main, argv)
