@@ -5,7 +5,9 @@
   plain uint8 arrays and the stored bytes are the real 4 bits per weight.
 * QAT: `QATLinear`, the kind `LinearKinds` (jaxlm/nn/model.py) builds for every block projection when
   ``qat.*`` bits are set, fake-quantises its weight (per output channel) and its input (per token)
-  with qwix's symmetric absmax quantiser, straight-through gradients.
+  with qwix's symmetric absmax quantiser, straight-through gradients. A layer kind rather than qwix's
+  QatProvider (which rewrites every dot it intercepts at trace time): the output head stays float32
+  and the parameters keep the plain layer's path.
 * PTQ: `quantize_weight` is the same per-channel quantiser, returning the integer weights.
 
 Shapes: W (..., O, I) as stored by `Linear`, with a leading layers axis when the layers are scanned;
