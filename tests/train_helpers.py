@@ -122,6 +122,10 @@ LAYOUTS = {
     "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,
            "compute.scan_layers": "true"},
     "pp_dp": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true"},
+    "pp_lora": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+                "lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16},
+    "pp_qat": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+               "qat.weight_bits": 8},
 }
 
 

@@ -93,15 +93,6 @@ def filter_logits(logits: jax.Array, top_k, top_p) -> jax.Array:
     return out.reshape(shape)
 
 
-def sampling_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """The distribution `sample_tokens` draws from (one-hot on the argmax when greedy). (..., V)."""
-    logits = logits.astype(jnp.float32)
-    if params.temperature == 0:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
-    temperature, top_k, top_p = params.as_arrays()
-    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
-
-
 def row_keys(seed_key: jax.Array, sample_ids: jax.Array, step) -> jax.Array:
     """(B,) keys: fold_in(fold_in(seed_key, sample_id), step), one per row."""
     return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(seed_key, r), step))(sample_ids)
