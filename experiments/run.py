@@ -57,6 +57,7 @@ from experiments.results import (
 )
 from jaxlm import cli
 from jaxlm.core.files import read_json, write_json
+from jaxlm.core.lock import DirLock
 
 TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"
@@ -363,10 +364,17 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     runs = plan.select(only)
     validate(plan, plan_dir)
     device = device or detect_device()
-    counts: dict[str, int] = {}
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
-    if not dry_run:
+    if dry_run:
+        return _run_all(plan, plan_dir, runs, device, dry_run)
+    with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
+        return _run_all(plan, plan_dir, runs, device, dry_run)
+
+
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool) -> dict[str, int]:
+    """Each run in turn (or its command, with dry_run); returns a count per status."""
+    counts: dict[str, int] = {}
     git = git_info()
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name

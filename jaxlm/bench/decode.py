@@ -30,7 +30,7 @@ def bench(cfg: ModelConfig, compute: ComputeConfig, *, batch: int, prompt_tokens
     from jaxlm.nn.decode import Generator, SamplingParams
     from jaxlm.nn.model import TransformerLM
 
-    gen = Generator(TransformerLM(cfg, compute, rngs=nnx.Rngs(seed)))
+    gen = Generator(TransformerLM(cfg, compute, rngs=nnx.Rngs(seed)), cfg.vocab_size)  # generate's masked sampling
     prompts = np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(batch, prompt_tokens)).tolist()
     greedy = SamplingParams(temperature=0.0)
     out = {"model": dataclasses.asdict(cfg), "compute": dataclasses.asdict(compute), "batch": batch,

@@ -7,7 +7,8 @@ feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm.quan
 with its validation loss (the run's val.bin, its batch shape) and its weight bytes (integer
 weights at their bit width plus a float32 scale per output channel; embeddings, norms and
 the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
-float run and QAT runs, this one table is the float / PTQ / QAT comparison.
+float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run's lock (jaxlm.core.lock)
+is held while it is read, so no trainer replaces its checkpoints between the rows.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ def val_loss(model, cfg, batches: int) -> float:
 
 def quantize_run(run: str, bits_list: list[int], batches: int | None) -> list[dict]:
     """The rows of one run: as trained, then converted to each bit width."""
+    from jaxlm.core.lock import DirLock
+    from jaxlm.training.checkpoint import find_run_dir
+
+    with DirLock(find_run_dir(run)[0], run):
+        return _quantize_run(run, bits_list, batches)
+
+
+def _quantize_run(run: str, bits_list: list[int], batches: int | None) -> list[dict]:
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 

@@ -12,7 +12,8 @@ are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries 
 not change the encoding and encoded in worker processes; chunks are written in order.
 Everything is built in a temporary sibling directory and moved into place only when
 complete (meta.json last), so a failed or interrupted `prepare` leaves the target as
-it was, and a directory with a meta.json is always complete.
+it was, and a directory with a meta.json is always complete. One `prepare` at a time
+per target: it holds the target's lock (jaxlm.core.lock).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.core.errors import DataError
+from jaxlm.core.errors import DataError, WriteFailed
 from jaxlm.core.files import atomic_write, writable_dir_problem
+from jaxlm.core.lock import DirLock
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
 from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
@@ -130,9 +132,12 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
-                ids.tofile(f)
+                f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
                 n += ids.size
                 bar.update(_task_bytes(task))
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file being written
+        raise
     finally:
         if pool is not None:
             pool.terminate()
@@ -164,12 +169,13 @@ def prepare(
     workers: int | None = None,
     dtype: str | None = None,
     progress: bool = True,
+    culprit: str | None = None,
 ) -> dict:
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
     The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
     Every input is checked before anything is written; the files are built beside `out` and
-    moved in only when all of them are complete.
+    moved in only when all of them are complete. `culprit` (default: `out`) names the target in a refusal.
     """
     t0 = time.perf_counter()
     inputs = _check_sources(inputs, "training")
@@ -185,20 +191,25 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
-    _remove_stale_builds(build)
-    created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
-    try:
-        build.mkdir(parents=True)
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
-        _move_into(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        for d in created:  # innermost first
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    with DirLock(out, culprit or str(out)):
+        _remove_stale_builds(build)
+        created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
+        try:
+            build.mkdir(parents=True)
+            meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
+            meta["seconds"] = round(time.perf_counter() - t0, 3)
+            atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
+            _move_into(build, out)
+        except BaseException as e:
+            shutil.rmtree(build, ignore_errors=True)
+            for d in created:  # innermost first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+            if isinstance(e, OSError):  # a full disk, a quota, a file that vanished
+                where = str(e.filename or out).replace(str(build), str(out))
+                raise WriteFailed(f"{where}: preparing the data failed: {e.strerror or e}; {out} is unchanged; "
+                                  "free space (or fix the file) and run again") from e
+            raise
     return meta
 
 
@@ -393,6 +404,7 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
-    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
+    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress,
+                   culprit=f"data.dir = {str(d)!r}")
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d

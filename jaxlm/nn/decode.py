@@ -23,6 +23,9 @@ Design (docs/generate.md has the long version):
   does not recompile. Row r's random key at step n is
   fold_in(fold_in(key(seed), sample_id[r]), n), so a row samples the same tokens
   whether it is generated alone or in a batch.
+* Only ids the tokenizer has are ever drawn: a model whose vocabulary is padded past
+  the tokenizer's (50,304 for GPT-2's 50,257) has its padding logits set to -inf
+  before any sampling (`vocab_size` of the Generator).
 """
 
 from __future__ import annotations
@@ -90,9 +93,17 @@ def filter_logits(logits: jax.Array, top_k, top_p) -> jax.Array:
     return out.reshape(shape)
 
 
-def sampling_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
+def mask_padding(logits: jax.Array, vocab_size: int | None) -> jax.Array:
+    """-inf on the logits of ids >= vocab_size (a vocabulary padded past the tokenizer's). (..., V).
+    The Generator always passes one, so every decoding (training samples, generate, bench decode) runs these ops."""
+    if vocab_size is None:
+        return logits
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
+
+
+def sampling_probs(logits: jax.Array, params: SamplingParams, vocab_size: int | None = None) -> jax.Array:
     """The distribution `sample_tokens` draws from (one-hot on the argmax when greedy). (..., V)."""
-    logits = logits.astype(jnp.float32)
+    logits = mask_padding(logits.astype(jnp.float32), vocab_size)
     if params.temperature == 0:
         return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
     temperature, top_k, top_p = params.as_arrays()
@@ -104,9 +115,9 @@ def row_keys(seed_key: jax.Array, sample_ids: jax.Array, step) -> jax.Array:
     return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(seed_key, r), step))(sample_ids)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p) -> jax.Array:
-    """logits (B, V), keys (B,) -> next tokens (B,) int32. temperature == 0: argmax (keys unused)."""
-    logits = logits.astype(jnp.float32)
+def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p, vocab_size: int | None = None) -> jax.Array:
+    """logits (B, V), keys (B,) -> next tokens (B,) int32, all < vocab_size. temperature == 0: argmax (keys unused)."""
+    logits = mask_padding(logits.astype(jnp.float32), vocab_size)
     greedy = jnp.argmax(logits, axis=-1)  # (B,)
     filtered = filter_logits(logits / jnp.maximum(temperature, 1e-6), top_k, top_p)  # (B, V)
     drawn = jax.vmap(jax.random.categorical)(keys, filtered)  # (B,)
@@ -131,13 +142,15 @@ class Generator:
 
     `traces` counts how often each step function was traced (= compiled): a fixed
     (batch, prompt bucket, cache length) compiles each once however many tokens follow.
+    `vocab_size`: the tokenizer's, when the model's vocabulary is padded past it (no id beyond is drawn).
     """
 
     PREFILL_BUCKET = 16  # prompts are right-padded to a multiple of this (or the cache length)
     CACHE_BUCKET = 64  # cache / no-cache window length: a multiple of this, or the context length
 
-    def __init__(self, model: TransformerLM):
+    def __init__(self, model: TransformerLM, vocab_size: int | None = None):
         self.cfg = model.cfg
+        vocab = self.vocab_size = vocab_size or model.cfg.vocab_size
         self.graphdef, self.state = nnx.split(model)
         self.traces: Counter = Counter()
         graphdef = self.graphdef
@@ -147,19 +160,19 @@ class Generator:
             model = nnx.merge(graphdef, state)
             logits, cache = model.extend(tokens, cache, jnp.zeros_like(lengths))  # (B, P, V)
             last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # (B, V)
-            return sample_tokens(last, row_keys(seed_key, sample_ids, 0), *sampling), cache
+            return sample_tokens(last, row_keys(seed_key, sample_ids, 0), *sampling, vocab), cache
 
         def decode(state, cache, token, position, step, seed_key, sample_ids, sampling):
             self.traces["decode"] += 1
             model = nnx.merge(graphdef, state)
             logits, cache = model.extend(token[:, None], cache, position)  # (B, 1, V)
-            return sample_tokens(logits[:, 0], row_keys(seed_key, sample_ids, step), *sampling), cache
+            return sample_tokens(logits[:, 0], row_keys(seed_key, sample_ids, step), *sampling, vocab), cache
 
         def full(state, window, lengths, step, seed_key, sample_ids, sampling):
             self.traces["full"] += 1
             logits = nnx.merge(graphdef, state)(window)  # (B, S, V)
             last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # (B, V)
-            return sample_tokens(last, row_keys(seed_key, sample_ids, step), *sampling)
+            return sample_tokens(last, row_keys(seed_key, sample_ids, step), *sampling, vocab)
 
         self._prefill = jax.jit(prefill, donate_argnums=(1,))
         self._decode = jax.jit(decode, donate_argnums=(1,))
