@@ -214,22 +214,11 @@ def prepare(
 
 
 def _remove_stale_builds(build: Path) -> None:
-    """Remove what a killed `prepare` of the same target left beside it (its process is gone)."""
+    """Remove what a killed `prepare` of the same target left beside it (under the target's lock, so
+    no other `prepare` of it is running)."""
     stem = build.name.rsplit("-", 1)[0]
     for old in build.parent.glob(f"{stem}-*") if build.parent.is_dir() else []:
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,

@@ -35,7 +35,7 @@ from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import load_tokenizer_from_meta
 from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.nn.lora import memory_summary
-from jaxlm.training.checkpoint import Checkpointer, load_base_weights, write_run_files
+from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, run_identity
 from jaxlm.training.step import (
@@ -160,17 +160,17 @@ def start(cfg: Config, stop: StopFlag) -> Loop:
         mesh = sharding.make_mesh(cfg=cfg.parallel)
         built = build(cfg, mesh)
         run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
+        latest = (saved_steps(run_dir) or [None])[-1] if cfg.checkpoint.resume else None
+        if latest is None or latest < cfg.train.steps:  # before anything is created or allocated
+            check_disk(cfg, sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(built.abstract)))
+            compile_first_call(cfg, built, mesh, latest or 0)
+        stop.check("the first step")
         ckpt = Checkpointer(run_dir, cfg.checkpoint)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     try:
-        latest = ckpt.latest_step() if cfg.checkpoint.resume else None
-        if latest is None or latest < cfg.train.steps:
-            check_disk(cfg, sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(built.abstract)))
-            compile_first_call(cfg, built, mesh, latest or 0)
-        stop.check("the first step")
         state, step = restore_or_init(cfg, built, ckpt, mesh)
         complete = step >= cfg.train.steps
         if lead and not complete:
@@ -205,8 +205,11 @@ def compile_first_call(cfg: Config, built: Built, mesh, step: int) -> None:
                         (built.multi_fn, (n, *shape), sharding.stacked_batch_sharding(mesh)))
     x = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=where)
     compiled = fn.lower(built.abstract, x, x).compile()
-    unit = sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches
-    check_memory(cfg, compiled.memory_analysis(), unit)
+    try:
+        stats = compiled.memory_analysis()
+    except NotImplementedError:  # a backend without the analysis: nothing to hold against the device
+        stats = None
+    check_memory(cfg, stats, sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches)
 
 
 def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer, mesh) -> tuple[TrainState, int]:
@@ -386,6 +389,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
         stop.on_abort.remove(loop.abort_note)
     if loop.lead and sample is not None:
         print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
-    stopped = f"{stop.signal}: checkpoint {loop.step} saved in {loop.ckpt.dir}" if stop.signal and not complete else None
+    stopped = f"{stop.signal}: checkpoint {loop.step} saved in {loop.ckpt.dir}" if stop.signal and not complete and \
+        loop.step < cfg.train.steps else None
     return {"step": loop.step, "train_loss": loop.train_loss, "val_loss": loop.eval_loss, "sample": sample,
             "wall_s": time.time() - t_start, "run_dir": str(cfg.train.out_dir), "stopped": stopped}
