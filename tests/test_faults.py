@@ -665,6 +665,8 @@ INVOCATIONS = {
         ("run profiling --only zzz --dry-run", 2, "zzz"),
         ("report {tmp}/noplan", 2, "noplan"),
         ("run {lock_plan} --runs-dir {locked_runs}", 2, "in use by pid"),
+        ("gpu --budget 60", 2, "no GPU here"),
+        ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
 }
 MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.generate", "bench": "jaxlm.bench",

@@ -19,8 +19,11 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
+from jaxlm.core import platform
 from jaxlm.core.config import PRESETS, Config, help_config, load_config
 from jaxlm.core.errors import InternalError, UsageError, UserError, write_traceback
+
+platform.prepare()  # before any command imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
 
 
 class ArgumentParser(argparse.ArgumentParser):

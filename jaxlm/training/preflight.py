@@ -25,6 +25,7 @@ from jaxlm.core.config import ComputeConfig, Config, ModelConfig, to_dict, toml_
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
 from jaxlm.core.files import read_json, writable_dir_problem
 from jaxlm.core.lock import DirLock
+from jaxlm.core.typedconfig import flatten_tree
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
@@ -111,7 +112,7 @@ def check_init_from(cfg: Config) -> None:
 def run_identity(cfg: Config) -> dict:
     """The MUST_MATCH keys of `cfg` (flat) and whether it clips gradients (clipping adds an optimizer state):
     recorded in every checkpoint's meta, compared on resume."""
-    flat = _flat(to_dict(cfg))
+    flat = flatten_tree(to_dict(cfg))
     return {**{k: v for k, v in flat.items() if k.startswith(MUST_MATCH)}, "optim.grad_clip > 0": cfg.optim.grad_clip > 0}
 
 
@@ -129,13 +130,6 @@ def check_compatible(saved: dict, cfg: Config, where: Path, what: str, note: str
         shown = "; ".join(f"{k}: {what} {_show(saved.get(k))}, config {_show(new.get(k))}" for k in keys)
         raise CheckpointError(f"{where}: the saved run differs: {shown}{note}; use the saved values to resume it, "
                               "or another train.out_dir to start a new run")
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
 
 
 def _show(value) -> str:
