@@ -33,6 +33,7 @@ def merge_run(src: str | Path, out: str | Path) -> float:
 
 
 def _merge(src: str | Path, out: Path) -> float:
+    """`merge_run` under the two locks."""
     import jax
     import numpy as np
 

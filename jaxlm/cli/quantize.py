@@ -81,6 +81,7 @@ def quantize_run(run: str, bits_list: list[int], batches: int | None) -> list[di
 
 
 def _quantize_run(run: str, bits_list: list[int], batches: int | None) -> list[dict]:
+    """`quantize_run` under the run's lock."""
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 

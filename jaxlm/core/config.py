@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,15 +46,8 @@ def _check(ok: bool, key: str, value: Any, rule: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {rule}")
 
 
-# The train state counts optimizer steps in an int32 (and the schedule reads it): step counts above this overflow.
-MAX_STEPS = 2**31 - 1
-
-
-def _check_steps(obj, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        _check(value is None or value <= MAX_STEPS, name, value,
-               f"must be at most {MAX_STEPS:,} (the step counter is an int32)")
+MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
 
 
 def default_d_ff(d_model: int, ffn: str) -> int:
@@ -198,7 +191,8 @@ class OptimConfig:
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
         _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
-        _check_steps(self, "warmup_steps", "cosine_steps")
+        for name in ("warmup_steps", "cosine_steps"):
+            _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
             _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
         for name in ("eps", "weight_decay", "grad_clip"):
@@ -222,7 +216,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        _check_steps(self, "steps")
+        _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")
@@ -326,30 +320,22 @@ class LoraConfig:
         _check(bool(self.targets) or self.rank == 0, "targets", self.targets, "must name at least one layer")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        if self.rank == 0:  # LoRA off: a lora.* value set beside it would be ignored without a word
-            off = LoraConfig.__dataclass_fields__
-            for f in off.values():
-                default = f.default_factory() if f.default_factory is not MISSING else f.default
-                _check(f.name == "rank" or getattr(self, f.name) == default, f.name, getattr(self, f.name),
-                       "set, but lora.rank = 0 turns LoRA off; set lora.rank >= 1, or leave the lora.* keys unset")
+        for f in fields(self)[1:] if self.rank == 0 else ():  # LoRA off: another lora.* value would be ignored
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            _check(getattr(self, f.name) == default, f.name, getattr(self, f.name),
+                   "set, but lora.rank = 0 turns LoRA off; set lora.rank >= 1, or leave the lora.* keys unset")
 
     def check_model(self, m: ModelConfig) -> None:
         """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
         nf4 an even block (two codes per byte) on every target's input width."""
-        if not self.rank:
-            return
         widths = {t: (m.d_ff if t == "w2" else m.d_model, m.d_ff if t in ("w1", "w3") else m.d_model)
-                  for t in self.targets}  # target -> (in, out)
-        t, (d_in, d_out) = min(widths.items(), key=lambda kv: min(kv[1]))
-        _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank,
-               f"above min(in, out) = {min(d_in, d_out)} of {t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): "
-               "a rank above that adds parameters but no rank to the update")
-        if self.base == "nf4":
-            for t, (d_in, _) in widths.items():
-                block = quant_block(d_in, self.block_size)
-                _check(block % 2 == 0, "lora.block_size", self.block_size,
-                       f"nf4 packs two codes per byte, so a block must be even; {t}'s input width {d_in} "
-                       f"gives blocks of {block}; choose a block size whose largest common divisor with {d_in} is even")
+                  for t in self.targets if self.rank}  # target -> (in, out)
+        for t, (d_in, d_out) in widths.items():
+            _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "
+                   f"{t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): it adds parameters but no rank")
+            block = quant_block(d_in, self.block_size)
+            _check(self.base != "nf4" or block % 2 == 0, "lora.block_size", self.block_size, f"nf4 packs two codes "
+                   f"per byte, so a block must be even; {t}'s input width {d_in} gives blocks of {block}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ the file of a killed holder (kill -9, a crash) still names it but is not locked:
 next writer takes it over with a warning. The file sits beside the directory, not in
 it, so taking the lock creates nothing a failed start has to clean up (only missing
 parent directories, removed again on release when still empty), and a directory
-built elsewhere and renamed into place (`jaxlm.data prepare`) is covered too.
+built elsewhere and renamed into place (`jaxlm.data prepare`) is covered too. Where
+the parent cannot be written but the directory exists and can, the file is DIR/.lock.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from jaxlm.core.errors import DirectoryInUse, UsageError
 
 
 def lock_path(directory: str | os.PathLike) -> Path:
-    """PARENT/.NAME.lock for PARENT/NAME (symbolic links resolved, so every spelling shares one file)."""
+    """PARENT/.NAME.lock for PARENT/NAME (symbolic links resolved, so every spelling shares one file);
+    NAME/.lock when only the directory itself can be written."""
     d = Path(directory).resolve()
-    return d.parent / f".{d.name}.lock"
+    beside = d.parent / f".{d.name}.lock"
+    if d.is_dir() and d.parent.is_dir() and not os.access(d.parent, os.W_OK) and os.access(d, os.W_OK):
+        return d / ".lock"
+    return beside
 
 
 def _holder() -> dict:
