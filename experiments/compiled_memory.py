@@ -12,7 +12,6 @@ are kept in docs/results/compiled/TARGET.json (shared with `python -m jaxlm.memo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -51,6 +51,7 @@ from jaxlm import cli
 from jaxlm.core import host
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import read_json, write_json
+from jaxlm.core.lock import DirLock
 
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
@@ -328,10 +329,17 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     if not (dry_run or draft):
         check_committed(git)
     device = device or detect_device()
-    counts: dict[str, int] = {}
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
-    if not dry_run:
+    if dry_run:
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+    with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+
+
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool, git: dict) -> dict[str, int]:
+    """Each run in turn (or its command, with dry_run); returns a count per status."""
+    counts: dict[str, int] = {}
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
         prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"

@@ -89,11 +89,11 @@ def test_parse_layout():
 def test_resume_keeps_the_layer_layout(tmp_path):
     """A checkpoint restores in the layout it was saved in: changing compute.scan_layers on resume is refused."""
     from jaxlm.core.errors import CheckpointError
-    from jaxlm.training.preflight import check_compatible
+    from jaxlm.training.preflight import check_compatible, run_identity
 
     saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
     with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):
-        check_compatible(saved, now, tmp_path)
+        check_compatible(run_identity(saved), now, tmp_path, "checkpoint")
 
 
 def test_bench_parallel_measures_the_pipeline_bubble(tmp_path):

@@ -170,7 +170,9 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
     ('lora.targets=["q_proj", "qkv"]', "lora.targets = 'qkv': unknown target"),
     ("qat.weight_bits=3", "qat.weight_bits = 3: must be 4, 8 or unset"),
     ("qat.activation_bits=4", "qat.activation_bits = 4: must be 8 or unset"),
-    ('lora.base="nf4"', "a quantised base needs lora.rank >= 1"),
+    ('lora.base="nf4"', "lora.base = 'nf4': set, but lora.rank = 0 turns LoRA off"),
+    ("lora.alpha=8", "lora.alpha = 8.0: set, but lora.rank = 0 turns LoRA off"),
+    ("lora.rank=513", r"lora.rank = 513: above min\(in, out\) = 512 of q_proj"),
     ('train.init_from=""', "train.init_from = '': must name a run directory"),
 ])
 def test_bad_keys_are_one_line(override, message):

@@ -7,7 +7,6 @@ adds any other `jaxlm.bench model --json` result (with `--breakdown`: feed-forwa
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from experiments.answers.accounting import table

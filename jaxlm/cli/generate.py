@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     model, tok = load_for_generation(path, cfg)
     rows = [i for i in range(len(texts)) for _ in range(args.num_samples)]  # row r continues prompt rows[r]
     prompts = [encode_prompt(tok, texts[i]) for i in rows]
-    gen, sampling = Generator(model), SamplingParams(args.temperature, args.top_k, args.top_p)
+    gen, sampling = Generator(model, tok.vocab_size), SamplingParams(args.temperature, args.top_k, args.top_p)
     kw = dict(seed=args.seed, eot_id=tok.eot_id, use_cache=not args.no_cache)
     if args.stream:
         for r, i in enumerate(rows):

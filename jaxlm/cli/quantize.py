@@ -7,7 +7,8 @@ feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm/nn/q
 with its validation loss (the run's val.bin: its data.eval_tokens targets, as in training) and its weight bytes (integer
 weights at their bit width plus a float32 scale per output channel; embeddings, norms and
 the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
-float run and QAT runs, this one table is the float / PTQ / QAT comparison.
+float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run's lock (jaxlm.core.lock)
+is held while it is read, so no trainer replaces its checkpoints between the rows.
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ def val_loss(model, cfg, eval_tokens: int) -> float:
 
 def quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
     """The rows of one run: as trained, then converted to each bit width."""
+    from jaxlm.core.lock import DirLock
+    from jaxlm.training.checkpoint import find_run_dir
+
+    with DirLock(find_run_dir(run)[0], run):
+        return _quantize_run(run, bits_list, tokens)
+
+
+def _quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
+    """`quantize_run` under the run's lock."""
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 

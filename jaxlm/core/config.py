@@ -12,8 +12,9 @@ doc, printed by ``--help-config``. This module declares the tree; the generic ma
 
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +44,10 @@ def opt(default: Any, doc: str):
 def _check(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key} = {value!r}: {rule}")
+
+
+MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
 
 
 def default_d_ff(d_model: int, ffn: str) -> int:
@@ -205,6 +210,8 @@ class OptimConfig:
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
         _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        for name in ("warmup_steps", "cosine_steps"):
+            _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
             _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
         for name in ("eps", "weight_decay", "grad_clip"):
@@ -227,6 +234,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")
@@ -288,12 +296,21 @@ class ParallelConfig:
             _check(v == -1 or v >= 1, f"parallel.{k}", v, "must be >= 1, or -1 for the devices the other axes leave")
         _check(list(sizes.values()).count(-1) <= 1, "parallel", sizes, "at most one mesh axis may be -1")
         _check(self.microbatches >= 1, "parallel.microbatches", self.microbatches, "must be >= 1")
+        _check(self.microbatches == 1 or self.pipeline != 1, "parallel.microbatches", self.microbatches,
+               "micro-batches feed a pipeline, but parallel.pipeline = 1; set parallel.pipeline > 1, or use "
+               "train.grad_accum to split the batch on one stage")
 
 
 MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
+
+
+def quant_block(d_in: int, block: int) -> int:
+    """The block a quantised base uses on an input width d_in: `block`, or the largest divisor of both
+    when d_in is not a multiple of it (what `jaxlm.nn.quant.block_size` computes)."""
+    return block if d_in % block == 0 else math.gcd(d_in, block)
 
 
 @dataclass(frozen=True)
@@ -317,7 +334,22 @@ class LoraConfig:
         _check(bool(self.targets) or self.rank == 0, "targets", self.targets, "must name at least one layer")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        _check(self.base == "float32" or self.rank > 0, "base", self.base, "a quantised base needs lora.rank >= 1")
+        for f in fields(self)[1:] if self.rank == 0 else ():  # LoRA off: another lora.* value would be ignored
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            _check(getattr(self, f.name) == default, f.name, getattr(self, f.name),
+                   "set, but lora.rank = 0 turns LoRA off; set lora.rank >= 1, or leave the lora.* keys unset")
+
+    def check_model(self, m: ModelConfig) -> None:
+        """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
+        nf4 an even block (two codes per byte) on every target's input width."""
+        widths = {t: (m.d_ff if t == "w2" else m.d_model, m.d_ff if t in ("w1", "w3") else m.d_model)
+                  for t in self.targets if self.rank}  # target -> (in, out)
+        for t, (d_in, d_out) in widths.items():
+            _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "
+                   f"{t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): it adds parameters but no rank")
+            block = quant_block(d_in, self.block_size)
+            _check(self.base != "nf4" or block % 2 == 0, "lora.block_size", self.block_size, f"nf4 packs two codes "
+                   f"per byte, so a block must be even; {t}'s input width {d_in} gives blocks of {block}")
 
 
 @dataclass(frozen=True)
@@ -353,6 +385,7 @@ class Config:
         _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
         _check(not (self.lora.rank and self.lora.dropout and self.parallel.pipeline != 1), "lora.dropout",
                self.lora.dropout, "the pipeline (parallel.pipeline) runs the adapters without dropout; set it to 0")
+        self.lora.check_model(self.model)
 
 
 # --------------------------------------------------------------------------- loading

@@ -224,16 +224,18 @@ def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_wo
     tasks = [(*c, list(special_tokens)) for c in file_chunks(paths, specials_b, chunk_bytes)]
     counts: Counter = Counter()
     bar = _bar(total, "pre-tokenise", progress, unit="B")
-    if num_workers <= 1 or total < _PARALLEL_MIN_BYTES or len(tasks) == 1:
-        for t in tasks:
-            counts.update(_count_pretokens(t))
-            bar.update(t[2] - t[1])
-    else:
-        with mp_context().Pool(min(num_workers, len(tasks))) as pool:
-            for t, c in zip(tasks, pool.imap(_count_pretokens, tasks)):
-                counts.update(c)
+    try:
+        if num_workers <= 1 or total < _PARALLEL_MIN_BYTES or len(tasks) == 1:
+            for t in tasks:
+                counts.update(_count_pretokens(t))
                 bar.update(t[2] - t[1])
-    bar.close()
+        else:
+            with mp_context().Pool(min(num_workers, len(tasks))) as pool:
+                for t, c in zip(tasks, pool.imap(_count_pretokens, tasks)):
+                    counts.update(c)
+                    bar.update(t[2] - t[1])
+    finally:
+        bar.close()  # ends the bar's line before any error message
     return counts
 
 
@@ -385,6 +387,10 @@ def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Seque
     t0 = time.perf_counter()
     vocab, merges = train_bpe(inputs, vocab_size, special_tokens, num_workers=num_workers, progress=progress)
     seconds = time.perf_counter() - t0
+    if len(vocab) < vocab_size:  # the corpus ran out of pairs to merge: a smaller vocabulary than asked for
+        raise DataError(f"vocab_size {vocab_size}: {', '.join(map(str, inputs))} yields only {len(vocab)} tokens "
+                        f"({len(merges)} merges, then no pair is left to merge); give it more text or ask for at "
+                        f"most {len(vocab)}")
     out = Path(out)
     save_vocab_merges(out, vocab, merges)
     atomic_write(out / "special_tokens.json", json.dumps(list(special_tokens)) + "\n")

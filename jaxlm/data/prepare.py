@@ -12,7 +12,8 @@ are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries 
 not change the encoding and encoded in worker processes; chunks are written in order.
 Everything is built in a temporary sibling directory and moved into place only when
 complete (meta.json last), so a failed or interrupted `prepare` leaves the target as
-it was, and a directory with a meta.json is always complete.
+it was, and a directory with a meta.json is always complete. One `prepare` at a time
+per target: it holds the target's lock (jaxlm.core.lock).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.core.errors import DataError
+from jaxlm.core.errors import DataError, WriteFailed
 from jaxlm.core.files import atomic_write, writable_dir_problem
+from jaxlm.core.lock import DirLock
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
@@ -130,9 +132,12 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
-                ids.tofile(f)
+                f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
                 n += ids.size
                 bar.update(_task_bytes(task))
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file being written
+        raise
     finally:
         if pool is not None:
             pool.terminate()
@@ -164,6 +169,7 @@ def prepare(
     workers: int | None = None,
     dtype: str | None = None,
     progress: bool = True,
+    culprit: str | None = None,
 ) -> dict:
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
@@ -171,7 +177,7 @@ def prepare(
     `tokenizer` "bpe:N" trains a byte-level BPE of N entries (with <|endoftext|>) on the training inputs
     first (`jaxlm.data.bpe.train_bpe`, as `python -m jaxlm.data train-bpe`), kept in the directory.
     Every input is checked before anything is written; the files are built beside `out` and
-    moved in only when all of them are complete.
+    moved in only when all of them are complete. `culprit` (default: `out`) names the target in a refusal.
     """
     t0 = time.perf_counter()
     inputs = _check_sources(inputs, "training")
@@ -189,48 +195,42 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
-    _remove_stale_builds(build)
-    created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
-    try:
-        build.mkdir(parents=True)
-        source, trained = str(tokenizer), {}
-        if bpe_size:  # trained into a subdirectory, copied beside the tokens by _build like any tokenizer directory
-            trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
-            source, tok = str(build / "bpe"), load_tokenizer(build / "bpe")
-        np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
-        if bpe_size:
-            shutil.rmtree(build / "bpe")
-            meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
-        _move_into(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        for d in created:  # innermost first
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    with DirLock(out, culprit or str(out)):
+        _remove_stale_builds(build)
+        created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
+        try:
+            build.mkdir(parents=True)
+            source, trained = str(tokenizer), {}
+            if bpe_size:  # trained into a subdirectory, copied beside the tokens by _build like any tokenizer directory
+                trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
+                source, tok = str(build / "bpe"), load_tokenizer(build / "bpe")
+            np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+            meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
+            if bpe_size:
+                shutil.rmtree(build / "bpe")
+                meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
+            meta["seconds"] = round(time.perf_counter() - t0, 3)
+            atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
+            _move_into(build, out)
+        except BaseException as e:
+            shutil.rmtree(build, ignore_errors=True)
+            for d in created:  # innermost first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+            if isinstance(e, OSError):  # a full disk, a quota, a file that vanished
+                where = str(e.filename or out).replace(str(build), str(out))
+                raise WriteFailed(f"{where}: preparing the data failed: {e.strerror or e}; {out} is unchanged; "
+                                  "free space (or fix the file) and run again") from e
+            raise
     return meta
 
 
 def _remove_stale_builds(build: Path) -> None:
-    """Remove what a killed `prepare` of the same target left beside it (its process is gone)."""
+    """Remove what a killed `prepare` of the same target left beside it (under the target's lock, so
+    no other `prepare` of it is running)."""
     stem = build.name.rsplit("-", 1)[0]
     for old in build.parent.glob(f"{stem}-*") if build.parent.is_dir() else []:
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,
@@ -409,6 +409,7 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
         _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
-                   val_inputs=val, progress=progress)
+                   val_inputs=val, progress=progress,
+                   culprit=f"data.dir = {str(d)!r}")
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d
