@@ -38,6 +38,7 @@ from experiments.estimate import (
     plan_estimate,
 )
 from experiments.plan import Plan, PlanError, load_plan, plan_names
+from experiments.provenance import check_committed, git_info
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -49,7 +50,6 @@ from experiments.results import (
 from experiments.spec import RunSpec
 from jaxlm import cli
 from jaxlm.core import host
-from jaxlm.core.errors import UsageError
 from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
 
@@ -57,32 +57,6 @@ ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
 # The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
 DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def git_info(root: Path | None = None) -> dict:
-    """The commit of the tree at `root` (default: here) and whether it differs from it: modified tracked
-    files or untracked files git does not ignore (a new plan or module changes what runs)."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=root).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    changed = git("status", "--porcelain").splitlines()  # "XY path": two status letters, a space, the path
-    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "changed": [c[3:] for c in changed[:5]]}
-
-
-def check_committed(git: dict) -> None:
-    """Final records come only from a committed tree, so each names the code that produced it."""
-    if git["commit"] is None:
-        raise UsageError(f"{Path.cwd()}: not a git checkout, so the records could not name their code; run from the "
-                         "repository, or pass --draft to record draft runs")
-    if git["dirty"]:
-        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{', ...' if len(git['changed']) == 5 else ''}): "
-                         "commit them so every record names the code that produced it, or pass --draft to record draft runs")
 
 
 # --------------------------------------------------------------------------- commands per kind

@@ -3,10 +3,9 @@ FLOPs of one AdamW update term by term (the training time, (d), is accounting.ti
 
 from __future__ import annotations
 
+from experiments.answers.accounting import count, max_batch, model, si, table
 from jaxlm.analysis import flops
 from jaxlm.core.config import ModelConfig
-
-from experiments.answers.accounting import count, max_batch, model, si, table
 
 FLOAT32 = 4  # bytes
 MEMORY = 80e9  # the question's device memory

@@ -13,16 +13,16 @@ doc, printed by ``--help-config``. This module declares the tree; the generic ma
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from jaxlm.core.errors import ConfigError
+from jaxlm.core.oldkeys import migrate, migrate_override
+from jaxlm.core.presets import PRESETS
 from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
     apply_overrides,
     check_override,
-    copy_tree,
     dumps_toml,
     from_dict,
     help_config,
@@ -134,31 +134,6 @@ class ComputeConfig:
         temporaries 2411 vs 1266 MiB).
         """
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
-
-
-# --------------------------------------------------------------------------- presets
-
-_SIZES = {  # d_model, d_ff, num_layers, num_heads
-    "small": (768, 3072, 12, 12),
-    "medium": (1024, 4096, 24, 16),
-    "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
-    "2.7B": (2560, 10240, 32, 32),
-}
-
-
-def _preset(d_model, d_ff, num_layers, num_heads, vocab_size=10000, context_length=1024) -> dict:
-    return {"model": dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model, d_ff=d_ff,
-                          num_layers=num_layers, num_heads=num_heads)}
-
-
-# Named model sizes, usable by every command as `--preset NAME`: the curriculum's profiling sizes
-# (vocab 10000) and GPT-2's (vocab 50257, untied here as in docs/spec.md).
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "tinystories-17M": _preset(512, 1344, 4, 16, context_length=256),
-    **{name: _preset(*dims) for name, dims in _SIZES.items()},
-    **{f"gpt2-{name}": _preset(*_SIZES[name], vocab_size=50257) for name in ("small", "medium", "large", "xl")},
-}
 
 
 # --------------------------------------------------------------------------- training run
@@ -391,49 +366,14 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-# Old keys, moved to their new place (None: dropped) with a warning, so older configs and run directories load.
-_OLD_KEYS: dict[str, str | None] = {**{f"model.{k}": f"compute.{k}" for k in ("dtype", "attention", "remat")},
-                                    "train.eval_batches": None}
-
-
-def _old_key_note(key: str) -> str:
-    new = _OLD_KEYS[key]
-    return (f"{key} is deprecated and will be removed; use {new}" if new else
-            f"{key} is ignored (evaluation scores data.eval_tokens validation targets)")
-
-
-def _migrate(data: dict, where: str) -> dict:
-    """The tree with every `_OLD_KEYS` key moved or dropped, a warning line for each."""
-    old = [k for k in _OLD_KEYS if isinstance(data.get(k.split(".")[0]), dict) and k.split(".")[1] in data[k.split(".")[0]]]
-    if not old:
-        return data
-    data = copy_tree(data)
-    for key in old:
-        section, name = key.split(".")
-        value, new = data[section].pop(name), _OLD_KEYS[key]
-        if new:
-            data.setdefault(new.split(".")[0], {}).setdefault(new.split(".")[1], value)
-        print(f"warning: {where}: {_old_key_note(key)}", file=sys.stderr)
-    return data
-
-
-def _migrate_override(text: str) -> str | None:
-    """The override with an old key moved; None for a dropped one."""
-    key, _, value = text.partition("=")
-    if key.strip() not in _OLD_KEYS:
-        return text
-    print(f"warning: --set {_old_key_note(key.strip())}", file=sys.stderr)
-    return f"{_OLD_KEYS[key.strip()]}={value}" if _OLD_KEYS[key.strip()] else None
-
-
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = _migrate(read_toml(path), str(path)) if path is not None else {}
+    data = migrate(read_toml(path), str(path)) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = merge_trees(data, PRESETS[preset])
-    overrides = [t for t in map(_migrate_override, overrides) if t is not None]
+    overrides = [t for t in map(migrate_override, overrides) if t is not None]
     for text in overrides:
         try:
             check_override(cls, *parse_override(text))

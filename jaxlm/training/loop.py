@@ -38,13 +38,7 @@ from jaxlm.nn.lora import memory_summary
 from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, run_identity
-from jaxlm.training.step import (
-    TrainState,
-    init_state,
-    make_eval_step,
-    make_multi_step,
-    make_train_step,
-)
+from jaxlm.training.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
 
