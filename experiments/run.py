@@ -48,6 +48,7 @@ from experiments.results import (
 )
 from experiments.spec import RunSpec
 from jaxlm import cli
+from jaxlm.core.errors import UsageError
 from jaxlm.core.files import read_json, write_json
 
 ERROR_TAIL_LINES = 40
@@ -59,14 +60,27 @@ DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan
 # --------------------------------------------------------------------------- environment
 
 
-def git_info() -> dict:
+def git_info(root: Path | None = None) -> dict:
+    """The commit of the tree at `root` (default: here) and whether it differs from it: modified tracked
+    files or untracked files git does not ignore (a new plan or module changes what runs)."""
     def git(*args):
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30).stdout.strip()
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=root).stdout
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    changed = git("status", "--porcelain").splitlines()  # "XY path": two status letters, a space, the path
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "changed": [c[3:] for c in changed[:5]]}
+
+
+def check_committed(git: dict) -> None:
+    """Final records come only from a committed tree, so each names the code that produced it."""
+    if git["commit"] is None:
+        raise UsageError(f"{Path.cwd()}: not a git checkout, so the records could not name their code; run from the "
+                         "repository, or pass --draft to record draft runs")
+    if git["dirty"]:
+        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{', ...' if len(git['changed']) == 5 else ''}): "
+                         "commit them so every record names the code that produced it, or pass --draft to record draft runs")
 
 
 # --------------------------------------------------------------------------- commands per kind
@@ -85,7 +99,7 @@ def validate(plan: Plan, plan_dir: Path) -> None:
         try:
             data = resolved_train_config(spec, plan_dir / spec.name)["data"]
             if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
-                resolve_sources(data["source"])
+                resolve_sources([*data["source"], *data.get("val_source", [])])
         except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
 
@@ -303,16 +317,20 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     )
 
 
-def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None) -> dict[str, int]:
-    """Execute (or with dry_run, list) the selected runs; returns a count per status."""
+def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None,
+             draft: bool = False) -> dict[str, int]:
+    """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
+    uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
     validate(plan, plan_dir)
+    git = {**git_info(), "draft": draft}
+    if not (dry_run or draft):
+        check_committed(git)
     device = device or detect_device()
     counts: dict[str, int] = {}
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
     if not dry_run:
         write_plan_meta(plan, plan_dir, device)
-    git = git_info()
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
         prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"
@@ -350,14 +368,17 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
+    p.add_argument("--list", action="store_true", help="list the plans, their data and estimated times (as with no PLAN)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
     p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
     p.add_argument("--runs-dir", default="runs", help="parent of the plan directory")
+    p.add_argument("--draft", action="store_true", help="run from a tree with uncommitted changes; every record says "
+                   "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
 
     try:
-        if args.plan is None:
+        if args.plan is None or args.list:
             print(list_plans())
             return 0
         device = detect_device()
@@ -366,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             first = load_plan(args.plan)
             size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
         plan = load_plan(args.plan, size)
-        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device)
+        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         return 130

@@ -269,7 +269,7 @@ def test_quantize_a_scanned_run(scanned_lora_run):
     from jaxlm.training.checkpoint import restore_for_inference
 
     _, merged, _ = scanned_lora_run
-    assert main([str(merged), "--bits", "8", "4", "--batches", "2", "--json", str(merged / "q.json")]) == 0
+    assert main([str(merged), "--bits", "8", "4", "--tokens", "512", "--json", str(merged / "q.json")]) == 0
     rows = json.loads((merged / "q.json").read_text())
     assert [r["bits"] for r in rows] == [None, 8, 4] and abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.02
     scanned, _, _ = restore_for_inference(merged)
@@ -302,7 +302,7 @@ def test_quantize_command(base_run, capsys):
     from jaxlm.core.errors import UsageError
 
     _, tmp, base_val = base_run
-    assert main([str(tmp / "base"), "--bits", "8", "4", "--batches", "2", "--json", str(tmp / "q.json")]) == 0
+    assert main([str(tmp / "base"), "--bits", "8", "4", "--tokens", "512", "--json", str(tmp / "q.json")]) == 0
     rows = json.loads((tmp / "q.json").read_text())
     assert [r["bits"] for r in rows] == [None, 8, 4]
     assert abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.02 < 0.8 * rows[2]["val_loss"]

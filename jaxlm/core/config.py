@@ -12,14 +12,17 @@ doc, printed by ``--help-config``. This module declares the tree; the generic ma
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from jaxlm.core.errors import ConfigError
+from jaxlm.core.presets import PRESETS
 from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
     apply_overrides,
     check_override,
+    copy_tree,
     dumps_toml,
     from_dict,
     help_config,
@@ -129,31 +132,6 @@ class ComputeConfig:
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
 
 
-# --------------------------------------------------------------------------- presets
-
-_SIZES = {  # d_model, d_ff, num_layers, num_heads
-    "small": (768, 3072, 12, 12),
-    "medium": (1024, 4096, 24, 16),
-    "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
-    "2.7B": (2560, 10240, 32, 32),
-}
-
-
-def _preset(d_model, d_ff, num_layers, num_heads, vocab_size=10000, context_length=1024) -> dict:
-    return {"model": dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model, d_ff=d_ff,
-                          num_layers=num_layers, num_heads=num_heads)}
-
-
-# Named model sizes, usable by every command as `--preset NAME`: the curriculum's profiling sizes
-# (vocab 10000) and GPT-2's (vocab 50257, untied here as in docs/spec.md).
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "tinystories-17M": _preset(512, 1344, 4, 16, context_length=256),
-    **{name: _preset(*dims) for name, dims in _SIZES.items()},
-    **{f"gpt2-{name}": _preset(*_SIZES[name], vocab_size=50257) for name in ("small", "medium", "large", "xl")},
-}
-
-
 # --------------------------------------------------------------------------- training run
 
 
@@ -164,15 +142,21 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
-    val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
+                                "or a file); empty: the last val_fraction of the `source` tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
+                         "of N entries trained on `source` when the data is prepared)")
+    val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
+    eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
+                           "whatever the batch size and context length (docs/training.md#evaluation); 0: all")
     num_workers: int = opt(0, "grain worker processes for loading (0: in the main process)")
     prefetch: int = opt(2, "batches prepared ahead of the step")
 
     def __post_init__(self):
         _check(self.dir.strip() != "", "dir", self.dir, "must name a directory")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _check(self.eval_tokens >= 0, "eval_tokens", self.eval_tokens, "must be >= 0 (0: the whole split)")
         _check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "must be in (0, 1)")
         _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be >= 0")
         _check(self.prefetch >= 1, "prefetch", self.prefetch, "must be >= 1")
@@ -212,13 +196,12 @@ class TrainConfig:
     seed: int = opt(0, "seeds the initial parameters, the data order and dropout")
     out_dir: str = opt("runs/quickstart", "run directory: config, checkpoints, metrics, TensorBoard events")
     eval_every: int = opt(200, "evaluate on the validation split every this many steps (and at the end)")
-    eval_batches: int = opt(20, "validation batches per evaluation")
     steps_per_call: int = opt(1, "optimizer steps per jitted call (a lax.scan); cut at eval/checkpoint/sample steps")
     init_from: str | None = opt(None, "start from the weights of this run (or RUN/checkpoints/STEP) with a fresh "
                                 "optimizer and schedule: fine-tuning")
 
     def __post_init__(self):
-        for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
+        for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
@@ -351,13 +334,48 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
+# Old keys of shipped configs and run directories, moved to their new place (None: dropped) with a warning.
+_OLD_KEYS: dict[str, str | None] = {"train.eval_batches": None}
+
+
+def _old_key_note(key: str) -> str:
+    new = _OLD_KEYS[key]
+    return (f"{key} is deprecated and will be removed; use {new}" if new else
+            f"{key} is ignored (evaluation scores data.eval_tokens validation targets)")
+
+
+def _migrate(data: dict, where: str) -> dict:
+    """The tree with every `_OLD_KEYS` key moved or dropped, a warning line for each."""
+    old = [k for k in _OLD_KEYS if isinstance(data.get(k.split(".")[0]), dict) and k.split(".")[1] in data[k.split(".")[0]]]
+    if not old:
+        return data
+    data = copy_tree(data)
+    for key in old:
+        section, name = key.split(".")
+        value, new = data[section].pop(name), _OLD_KEYS[key]
+        if new:
+            data.setdefault(new.split(".")[0], {}).setdefault(new.split(".")[1], value)
+        print(f"warning: {where}: {_old_key_note(key)}", file=sys.stderr)
+    return data
+
+
+def _migrate_override(text: str) -> str | None:
+    """The override with an old key moved; None for a dropped one."""
+    key, _, value = text.partition("=")
+    if key.strip() not in _OLD_KEYS:
+        return text
+    print(f"warning: --set {_old_key_note(key.strip())}", file=sys.stderr)
+    return f"{_OLD_KEYS[key.strip()]}={value}" if _OLD_KEYS[key.strip()] else None
+
+
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = read_toml(path) if path is not None else {}
+    data = _migrate(read_toml(path), str(path)) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = merge_trees(data, PRESETS[preset])
+    overrides = [t for t in map(_migrate_override, overrides) if t is not None]
     for text in overrides:
         try:
             check_override(cls, *parse_override(text))

@@ -5,7 +5,7 @@ Layout of a prepared directory::
     train.bin   flat token ids, raw uint16 (vocab_size <= 65536) or uint32, native little-endian
     val.bin     same, the validation split
     meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
-    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory
+    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory, or `bpe:N`
 
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
@@ -30,20 +30,15 @@ import numpy as np
 
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import atomic_write, writable_dir_problem
-from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
+from jaxlm.data.bpe import train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
-from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
+from jaxlm.data.encode import PYDOC, encode_to_file, pydoc_documents
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json")
-PYDOC = "pydoc"  # a source name: Python's bundled documentation text (pydoc_data.topics)
 BUILTIN_TOKENIZERS = ("bytes", "gpt2")
-
-_CHUNK_BYTES = 1 << 20
-# Below this many input bytes one process encodes everything: starting workers costs more.
-_PARALLEL_MIN_BYTES = 16 << 20
-
 
 def token_dtype(vocab_size: int, requested: str | None = None, where: str = "tokenizer") -> np.dtype:
     """uint16 when every id fits (vocab_size <= 65536), else uint32; a requested dtype is checked."""
@@ -59,13 +54,6 @@ def token_dtype(vocab_size: int, requested: str | None = None, where: str = "tok
 # --------------------------------------------------------------------------- sources
 
 
-def pydoc_documents() -> list[str]:
-    """Python's bundled docs (`pydoc_data.topics.topics`) in sorted key order: ~1 MB, no network."""
-    from pydoc_data.topics import topics
-
-    return [topics[k] for k in sorted(topics)]
-
-
 def _check_sources(sources: Sequence[str], role: str) -> list[str]:
     """Corpus names resolved to their files (jaxlm.data.corpora), every file checked to exist."""
     if not sources:
@@ -78,67 +66,6 @@ def _check_sources(sources: Sequence[str], role: str) -> list[str]:
             corpus = "" if os.sep in s else f" and no corpus of that name (corpora: {', '.join(CORPORA)})"
             raise DataError(f"{s}: file not found{corpus}")
     return out
-
-
-def _tasks(sources: Sequence[str], tokenizer: Tokenizer) -> list[tuple]:
-    """(kind, payload..., last_of_document) tasks in output order."""
-    specials = [s.encode() for s in tokenizer.special_tokens]
-    tasks: list[tuple] = []
-    for src in sources:
-        if src == PYDOC:
-            docs = pydoc_documents()
-            tasks += [("text", d, len(d.encode()), True) for d in docs]
-            continue
-        chunks = file_chunks([Path(src)], specials, _CHUNK_BYTES)
-        tasks += [("file", path, start, end, i == len(chunks) - 1) for i, (path, start, end) in enumerate(chunks)]
-    return tasks
-
-
-# --------------------------------------------------------------------------- workers
-
-_WORKER: dict = {}
-
-
-def _init_worker(tokenizer: Tokenizer, dtype: str) -> None:
-    _WORKER["tok"], _WORKER["dtype"] = tokenizer, dtype
-
-
-def _encode_task(task: tuple) -> np.ndarray:
-    tok, dtype = _WORKER["tok"], _WORKER["dtype"]
-    text = task[1] if task[0] == "text" else read_chunk(task[1], task[2], task[3])
-    ids = tok.encode(text)
-    if task[-1] and tok.eot_id is not None and not text.endswith("<|endoftext|>"):
-        ids.append(tok.eot_id)  # end of a document
-    return np.asarray(ids, dtype=dtype)
-
-
-def _task_bytes(task: tuple) -> int:
-    return task[2] if task[0] == "text" else task[3] - task[2]
-
-
-def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int, progress: bool, desc: str) -> int:
-    tasks = _tasks(sources, tokenizer)
-    total = sum(_task_bytes(t) for t in tasks)
-    bar = _bar(total, desc, progress, unit="B")
-    n, pool = 0, None
-    try:
-        with open(path, "wb") as f:
-            if workers <= 1 or len(tasks) <= 1 or total < _PARALLEL_MIN_BYTES:
-                _init_worker(tokenizer, dtype.name)
-                results = map(_encode_task, tasks)
-            else:
-                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
-                results = pool.imap(_encode_task, tasks)
-            for task, ids in zip(tasks, results):
-                ids.tofile(f)
-                n += ids.size
-                bar.update(_task_bytes(task))
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-        bar.close()  # ends the bar's line before any error message
-    return n
 
 
 # --------------------------------------------------------------------------- prepare
@@ -168,6 +95,8 @@ def prepare(
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
     The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
+    `tokenizer` "bpe:N" trains a byte-level BPE of N entries (with <|endoftext|>) on the training inputs
+    first (`jaxlm.data.bpe.train_bpe`, as `python -m jaxlm.data train-bpe`), kept in the directory.
     Every input is checked before anything is written; the files are built beside `out` and
     moved in only when all of them are complete.
     """
@@ -176,8 +105,10 @@ def prepare(
     val_inputs = _check_sources(val_inputs, "validation") if val_inputs else None
     if val_inputs is None and not (val_fraction is not None and 0.0 < val_fraction < 1.0):
         raise DataError(f"val_fraction must be in (0, 1) when no validation files are given, got {val_fraction}")
-    tok = load_tokenizer(tokenizer)
-    np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+    bpe_size = trained_bpe_size(tokenizer)
+    if bpe_size and PYDOC in inputs:
+        raise DataError(f"tokenizer {tokenizer!r}: trains on text files; '{PYDOC}' is not one")
+    tok = None if bpe_size else load_tokenizer(tokenizer)
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
     out = Path(out)
     problem = writable_dir_problem(out)
@@ -189,7 +120,15 @@ def prepare(
     created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
     try:
         build.mkdir(parents=True)
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
+        source, trained = str(tokenizer), {}
+        if bpe_size:  # trained into a subdirectory, copied beside the tokens by _build like any tokenizer directory
+            trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
+            source, tok = str(build / "bpe"), load_tokenizer(build / "bpe")
+        np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+        meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
+        if bpe_size:
+            shutil.rmtree(build / "bpe")
+            meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
         _move_into(build, out)
@@ -225,11 +164,11 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
            progress: bool) -> dict:
     """train.bin, val.bin (and the tokenizer's files) in `build`; returns their meta (not yet written)."""
     train_path, val_path = build / "train.bin", build / "val.bin"
-    n_all = _encode_to_file(inputs, tok, np_dtype, train_path, workers, progress, "tokenise")
+    n_all = encode_to_file(inputs, tok, np_dtype, train_path, workers, progress, "tokenise")
     if n_all == 0:
         raise DataError(f"{', '.join(inputs)}: empty corpus (no text to tokenise)")
     if val_inputs is not None:
-        n_val = _encode_to_file(val_inputs, tok, np_dtype, val_path, workers, progress, "tokenise val")
+        n_val = encode_to_file(val_inputs, tok, np_dtype, val_path, workers, progress, "tokenise val")
         if n_val == 0:
             raise DataError(f"{', '.join(val_inputs)}: empty validation corpus (no text to tokenise)")
         n_train = n_all
@@ -370,7 +309,7 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
 
 
 def _same_tokenizer(meta: dict, spec: str) -> bool:
-    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS:
+    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS or trained_bpe_size(spec):
         return spec == meta["tokenizer"]
     if not Path(spec).is_dir():
         return spec == meta["tokenizer"]
@@ -392,7 +331,11 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
+    val = list(data_cfg.val_source) or None
+    if val:
+        _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
-    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
+    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
+                   val_inputs=val, progress=progress)
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d
