@@ -271,7 +271,7 @@ def test_quantize_a_scanned_run(scanned_lora_run):
     from jaxlm.training.checkpoint import restore_for_inference
 
     _, merged, _ = scanned_lora_run
-    assert main([str(merged), "--bits", "8", "4", "--batches", "2", "--json", str(merged / "q.json")]) == 0
+    assert main([str(merged), "--bits", "8", "4", "--tokens", "512", "--json", str(merged / "q.json")]) == 0
     rows = json.loads((merged / "q.json").read_text())
     assert [r["bits"] for r in rows] == [None, 8, 4] and abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.02
     scanned, _, _ = restore_for_inference(merged)
