@@ -4,11 +4,12 @@ The model-step sweep (jaxlm and torchref side by side: speed, FLOPs, MFU, memory
 - core: `Setting`, `Options`, `run_sweep`, `run_one`, `find_max_batch`, `batch_fits`, table/JSON/CSV output
 - jax_side / torch_side: one row's measurement in each framework
 - breakdown: attention vs feed-forward vs output head, timed standalone
+- op_profile: the `ops` command: a step's time op by op, from a profile of the compiled step
 - memory: `--memory-profile` (pprof device-memory profiles, live buffers, torch snapshot)
 - plots: `plot_results(rows, out_dir)`
 - sweep: the `model` command
 The other commands: data (tokenizer and loader), decode (tokens/s with and without the
-KV cache), nanogpt (the torchref plain-loop baseline of the nanoGPT CPU recipe).
+KV cache), ops (op-by-op profile), nanogpt (the torchref plain-loop baseline of the nanoGPT CPU recipe).
 
 Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).
