@@ -197,7 +197,7 @@ def test_quantize_command(base_run, capsys):
     from jaxlm.core.errors import UsageError
 
     _, tmp, base_val = base_run
-    assert main([str(tmp / "base"), "--bits", "8", "4", "--batches", "2", "--json", str(tmp / "q.json")]) == 0
+    assert main([str(tmp / "base"), "--bits", "8", "4", "--tokens", "512", "--json", str(tmp / "q.json")]) == 0
     rows = json.loads((tmp / "q.json").read_text())
     assert [r["bits"] for r in rows] == [None, 8, 4]
     assert abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.02 < 0.8 * rows[2]["val_loss"]

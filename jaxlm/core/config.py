@@ -153,15 +153,21 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt")
-    val_fraction: float = opt(0.1, "share of the text held out for validation (its end)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
+                                "or a file); empty: the last val_fraction of the `source` tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
+                         "of N entries trained on `source` when the data is prepared)")
+    val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
+    eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
+                           "whatever the batch size and context length (docs/training.md#evaluation); 0: all")
     num_workers: int = opt(0, "grain worker processes for loading (0: in the main process)")
     prefetch: int = opt(2, "batches prepared ahead of the step")
 
     def __post_init__(self):
         _check(self.dir.strip() != "", "dir", self.dir, "must name a directory")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        _check(self.eval_tokens >= 0, "eval_tokens", self.eval_tokens, "must be >= 0 (0: the whole split)")
         _check(0.0 < self.val_fraction < 1.0, "val_fraction", self.val_fraction, "must be in (0, 1)")
         _check(self.num_workers >= 0, "num_workers", self.num_workers, "must be >= 0")
         _check(self.prefetch >= 1, "prefetch", self.prefetch, "must be >= 1")
@@ -201,13 +207,12 @@ class TrainConfig:
     seed: int = opt(0, "seeds the initial parameters, the data order and dropout")
     out_dir: str = opt("runs/quickstart", "run directory: config, checkpoints, metrics, TensorBoard events")
     eval_every: int = opt(200, "evaluate on the validation split every this many steps (and at the end)")
-    eval_batches: int = opt(20, "validation batches per evaluation")
     steps_per_call: int = opt(1, "optimizer steps per jitted call (a lax.scan); cut at eval/checkpoint/sample steps")
     init_from: str | None = opt(None, "start from the weights of this run (or RUN/checkpoints/STEP) with a fresh "
                                 "optimizer and schedule: fine-tuning")
 
     def __post_init__(self):
-        for name in ("steps", "grad_accum", "eval_every", "eval_batches", "steps_per_call"):
+        for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
@@ -344,29 +349,39 @@ class Config:
 # --------------------------------------------------------------------------- loading
 
 
-_MOVED_TO_COMPUTE = ("dtype", "attention", "remat")
+# Old keys, moved to their new place (None: dropped) with a warning, so older configs and run directories load.
+_OLD_KEYS: dict[str, str | None] = {**{f"model.{k}": f"compute.{k}" for k in ("dtype", "attention", "remat")},
+                                    "train.eval_batches": None}
+
+
+def _old_key_note(key: str) -> str:
+    new = _OLD_KEYS[key]
+    return (f"{key} is deprecated and will be removed; use {new}" if new else
+            f"{key} is ignored (evaluation scores data.eval_tokens validation targets)")
 
 
 def _migrate(data: dict, where: str) -> dict:
-    """Move the old `model.dtype/attention/remat` keys to [compute], with a deprecation line."""
-    model = data.get("model")
-    if not isinstance(model, dict) or not any(k in model for k in _MOVED_TO_COMPUTE):
+    """The tree with every `_OLD_KEYS` key moved or dropped, a warning line for each."""
+    old = [k for k in _OLD_KEYS if isinstance(data.get(k.split(".")[0]), dict) and k.split(".")[1] in data[k.split(".")[0]]]
+    if not old:
         return data
     data = copy_tree(data)
-    for k in _MOVED_TO_COMPUTE:
-        if k in data["model"]:
-            data.setdefault("compute", {}).setdefault(k, data["model"].pop(k))
-            print(f"warning: {where}: model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
+    for key in old:
+        section, name = key.split(".")
+        value, new = data[section].pop(name), _OLD_KEYS[key]
+        if new:
+            data.setdefault(new.split(".")[0], {}).setdefault(new.split(".")[1], value)
+        print(f"warning: {where}: {_old_key_note(key)}", file=sys.stderr)
     return data
 
 
-def _migrate_override(text: str) -> str:
-    key = text.split("=", 1)[0].strip()
-    for k in _MOVED_TO_COMPUTE:
-        if key == f"model.{k}":
-            print(f"warning: --set model.{k} is deprecated and will be removed; use compute.{k}", file=sys.stderr)
-            return f"compute.{k}=" + text.split("=", 1)[1]
-    return text
+def _migrate_override(text: str) -> str | None:
+    """The override with an old key moved; None for a dropped one."""
+    key, _, value = text.partition("=")
+    if key.strip() not in _OLD_KEYS:
+        return text
+    print(f"warning: --set {_old_key_note(key.strip())}", file=sys.stderr)
+    return f"{_OLD_KEYS[key.strip()]}={value}" if _OLD_KEYS[key.strip()] else None
 
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
@@ -376,7 +391,7 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = merge_trees(data, PRESETS[preset])
-    overrides = [_migrate_override(t) for t in overrides]
+    overrides = [t for t in map(_migrate_override, overrides) if t is not None]
     for text in overrides:
         try:
             check_override(cls, *parse_override(text))

@@ -5,7 +5,7 @@ Layout of a prepared directory::
     train.bin   flat token ids, raw uint16 (vocab_size <= 65536) or uint32, native little-endian
     val.bin     same, the validation split
     meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
-    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory
+    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory, or `bpe:N`
 
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
@@ -30,9 +30,9 @@ import numpy as np
 
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import atomic_write, writable_dir_problem
-from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
+from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
-from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
@@ -168,6 +168,8 @@ def prepare(
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
     The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
+    `tokenizer` "bpe:N" trains a byte-level BPE of N entries (with <|endoftext|>) on the training inputs
+    first (`jaxlm.data.bpe.train_bpe`, as `python -m jaxlm.data train-bpe`), kept in the directory.
     Every input is checked before anything is written; the files are built beside `out` and
     moved in only when all of them are complete.
     """
@@ -176,8 +178,10 @@ def prepare(
     val_inputs = _check_sources(val_inputs, "validation") if val_inputs else None
     if val_inputs is None and not (val_fraction is not None and 0.0 < val_fraction < 1.0):
         raise DataError(f"val_fraction must be in (0, 1) when no validation files are given, got {val_fraction}")
-    tok = load_tokenizer(tokenizer)
-    np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+    bpe_size = trained_bpe_size(tokenizer)
+    if bpe_size and PYDOC in inputs:
+        raise DataError(f"tokenizer {tokenizer!r}: trains on text files; '{PYDOC}' is not one")
+    tok = None if bpe_size else load_tokenizer(tokenizer)
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
     out = Path(out)
     problem = writable_dir_problem(out)
@@ -189,7 +193,15 @@ def prepare(
     created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
     try:
         build.mkdir(parents=True)
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
+        source, trained = str(tokenizer), {}
+        if bpe_size:  # trained into a subdirectory, copied beside the tokens by _build like any tokenizer directory
+            trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
+            source, tok = str(build / "bpe"), load_tokenizer(build / "bpe")
+        np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+        meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
+        if bpe_size:
+            shutil.rmtree(build / "bpe")
+            meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
         meta["seconds"] = round(time.perf_counter() - t0, 3)
         atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
         _move_into(build, out)
@@ -370,7 +382,7 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
 
 
 def _same_tokenizer(meta: dict, spec: str) -> bool:
-    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS:
+    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS or trained_bpe_size(spec):
         return spec == meta["tokenizer"]
     if not Path(spec).is_dir():
         return spec == meta["tokenizer"]
@@ -392,7 +404,11 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
+    val = list(data_cfg.val_source) or None
+    if val:
+        _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
-    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
+    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
+                   val_inputs=val, progress=progress)
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d

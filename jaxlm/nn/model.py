@@ -342,13 +342,18 @@ class KVCache:
 # --------------------------------------------------------------------------- loss and metrics
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
+def token_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """logsumexp(logits) - logits[target] at every position, in float32 (stable: max subtracted)."""
     logits = logits.astype(jnp.float32)  # (..., V)
     m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
     lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[..., 0]  # (...,)
     target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # (...,)
-    return jnp.mean(lse - target_logit)
+    return lse - target_logit  # (...,)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean over all positions of the float32 cross-entropy."""
+    return jnp.mean(token_cross_entropy(logits, targets))
 
 
 def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:

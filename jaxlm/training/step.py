@@ -22,7 +22,7 @@ from flax import nnx
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
 from jaxlm.nn import quant
-from jaxlm.nn.model import TransformerLM, cross_entropy, token_accuracy
+from jaxlm.nn.model import TransformerLM, cross_entropy, token_cross_entropy
 
 
 @jax.tree_util.register_dataclass
@@ -141,11 +141,18 @@ def make_multi_step(train_step):
     return multi_step
 
 
-def make_eval_step(graphdef):
-    """(state, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
+def eval_sums(logits: jax.Array, y: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Sums over the scored targets (mask 1): summed, not averaged, so that batches of any size
+    and a padded last batch add up to the same totals."""
+    hit = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)  # (B, T)
+    return {"loss_sum": jnp.sum(token_cross_entropy(logits, y) * mask), "correct": jnp.sum(hit * mask),
+            "tokens": jnp.sum(mask)}
 
-    def eval_step(state: TrainState, x, y):
-        logits = state.model(graphdef)(x, deterministic=True)
-        return {"loss": cross_entropy(logits, y), "accuracy": token_accuracy(logits, y)}
+
+def make_eval_step(graphdef):
+    """(state, x, y, mask) -> `eval_sums` of the batch, no dropout."""
+
+    def eval_step(state: TrainState, x, y, mask):
+        return eval_sums(state.model(graphdef)(x, deterministic=True), y, mask)
 
     return eval_step

@@ -19,15 +19,17 @@ import os
 import re
 from pathlib import Path
 
-from experiments import figures
 from experiments.plan import plan_names
+from experiments.report import figures
+from experiments.report.build import stand_ins as build_stand_ins
 from experiments.report.build import write_report
+from experiments.report.output import report_dir
 from experiments.results import load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.extras import require
-from jaxlm.core.files import read_json, writable_dir_problem
+from jaxlm.core.files import read_json
 
-TECHNIQUES_DIR = Path(__file__).resolve().parents[1] / "docs" / "techniques"
+TECHNIQUES_DIR = Path(__file__).resolve().parents[2] / "docs" / "techniques"
 TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "scanned-layers", "data-parallel",
               "fsdp", "tensor-parallel", "pipeline-parallel", "lora", "quantization", "kv-cache")
 PROFILING, TRADEOFFS = ("profiling",), ("optimizations",)
@@ -112,6 +114,7 @@ def setup_section(runs: list[dict]) -> list[str]:
     out += table(["corpus", "tokenizer", "train tokens", "validation tokens", "plans"],
                  [[s, str(t), count(tok.get("train")), count(tok.get("val")), ", ".join(sorted(p))]
                   for (s, t), (tok, p) in sorted(data.items())]) if data else ["No run records its corpus (missing).", ""]
+    out += [f"{s}" for s in build_stand_ins(runs)] + ([""] if build_stand_ins(runs) else [])
     out += ["### Model configurations", ""]
     out += table(["d_model", "layers", "heads", "d_ff", "vocab", "context", "parameters", "plans"],
                  [[*map(str, k), f"{n:,}", ", ".join(sorted(p))] for k, (n, p) in sorted(models.items())]) \
@@ -164,10 +167,12 @@ def techniques_section(out: Path) -> list[str]:
 
 def findings_section(out: Path, plans: list[str]) -> list[str]:
     """One table of every plan's findings vs the curriculum (each plan report's findings.json), with the tally."""
-    rows = []
+    rows, stand_ins = [], {}
     for plan in plans:
         found = read_json(out / "plans" / plan / "findings.json", default=None) or {}
         rows += [{"plan": plan, **r} for r in found.get("findings") or [] if isinstance(r, dict)]
+        for sentence in found.get("stand_ins") or []:
+            stand_ins.setdefault(sentence, set()).add(plan)
     lines = ["## 7. Findings against the curriculum", ""]
     if not rows:
         return lines + ["No plan report here checks a published finding (missing).", ""]
@@ -175,6 +180,8 @@ def findings_section(out: Path, plans: list[str]) -> list[str]:
     for r in rows:
         tally[r.get("verdict", "?")] = tally.get(r.get("verdict", "?"), 0) + 1
     lines += [f"{len(rows)} published findings checked: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items())) + ".", ""]
+    lines += [f"{sentence} (plans {', '.join(f'`{p}`' for p in sorted(used))})" for sentence, used in stand_ins.items()]
+    lines += [""] if stand_ins else []
     return lines + table(["plan", "finding", "seed reports", "jaxlm measured", "verdict"],
                          [[f"`{r['plan']}`", *(str(r.get(k, "–")) for k in ("claim", "seen", "measured", "verdict"))] for r in rows])
 
@@ -284,10 +291,7 @@ def write_all(root: Path, out: Path) -> Path:
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise DataError(f"--all {root}: no such directory; give runs/ or docs/results")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise DataError(f"--out {out}: cannot hold the report: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
+    report_dir(out)
     text = "\n".join(build(root, out))
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(to_html(text, out))
