@@ -6,6 +6,10 @@ import functools
 import importlib
 import json
 import math
+import os
+import subprocess
+import sys
+from collections import Counter
 
 import jax
 import pytest
@@ -23,7 +27,7 @@ from parity.bench import (  # jaxlm.bench's commands with the torch side added
     main,
 )
 from parity.convert import torch_config
-from tests.train_helpers import make_corpus, tiny_overrides
+from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
 TINY = ["--set", "model.d_model=32", "--set", "model.num_layers=2", "--set", "model.num_heads=2",
         "--set", "model.vocab_size=67", "--set", "model.d_ff=96"]
@@ -274,3 +278,52 @@ def test_jaxlm_bench_alone_asks_for_parity_bench_for_torch_rows(capsys):
             core.SIDES["torch"] = saved
     assert len(model_err) == 1 and "python -m parity.bench model" in model_err[0], model_err
     assert len(decode_err) == 1 and "python -m parity.bench decode" in decode_err[0], decode_err
+
+
+# --------------------------------------------------------------------------- op profile
+
+
+def test_op_profile_places_every_matmul_of_the_compiled_train_step():
+    from jaxlm.bench.op_profile import category, parse_hlo
+
+    step = jax_side.build_step("train_step", TINY_CFG, ComputeConfig(), 2, 16)
+    hlo = parse_hlo(jax_side.compile_step(step).as_text())
+    places = Counter(category(op, TINY_CFG.vocab_size) for op in hlo.values() if op.opcode == "dot"
+                     or op.op_name.endswith("/dot_general"))
+    L = TINY_CFG.num_layers  # by hand: per layer q, k, v, output, w1, w3, w2 projections and QK^T, PV; the head
+    assert places == {"projection matmuls, forward": 7 * L + 1, "attention matmuls, forward": 2 * L,
+                      "projection matmuls, backward": 2 * (7 * L + 1), "attention matmuls, backward": 2 * 2 * L}
+    assert "optimizer, clipping, metrics" in {category(op, TINY_CFG.vocab_size) for op in hlo.values()}
+
+
+def test_op_profile_statistics_and_torch_names():
+    from jaxlm.bench.op_profile import per_step
+    from parity.bench_torch import op_category
+
+    assert per_step([1.0, 2.0, 3.0, 4.0], 2, "mean") == 5.0  # two steps
+    assert per_step([1.0, 2.0, 3.0, 4.0], 2, "min") == 3.0  # two runs a step: min(1, 3) + min(2, 4)
+    assert per_step([1.0, 2.0, 3.0], 2, "min") == 3.0  # runs that do not divide into the steps: the mean
+    assert op_category("aten::mm", "backward") == "projection matmuls, backward"
+    assert op_category("aten::bmm", "forward") == "attention matmuls, forward"
+    assert op_category("graph_0_cpp_fused_clone_transpose_view_5", "forward") == "copies and transposes"
+    assert op_category("graph_0_cpp_fused__unsafe_view_amax_exp_gather_log_mean_3", "forward").startswith("loss")
+    assert op_category("graph_0_cpp_fused_mul_sigmoid_5", "backward") == "element-wise and reductions, backward"
+    assert op_category("aten::_foreach_sqrt", "optimizer") == "optimizer, clipping, metrics"
+    assert op_category("CompiledFunctionBackward", "backward") == "dispatch and bookkeeping"
+
+
+@pytest.mark.slow
+def test_ops_command_profiles_both_sides(tmp_path):
+    """In a fresh process (XLA:CPU's per-op events need a flag set before JAX starts)."""
+    out = tmp_path / "ops.json"
+    r = subprocess.run([sys.executable, "-m", "parity.bench", "ops", *TINY, "--context", "16", "--batch", "2",
+                        "--steps", "2", "--warmup", "1", "--framework", "both", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for side in ("jax", "torch"):
+        cats = res[side]["categories"]
+        assert cats["projection matmuls, forward"] > 0 and cats["projection matmuls, backward"] > 0, (side, cats)
+        assert res[side]["ops_ms"] == pytest.approx(sum(cats.values()))
+        assert len(res[side]["top"]) == 12

@@ -153,7 +153,9 @@ def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
     logits = logits.astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, _MASKED)  # (B, N, T, S)
-    logits = logits - jnp.max(logits, axis=-1, keepdims=True)  # softmax: subtract the row max first
+    # softmax: subtract the row max first; the max gets no gradient (softmax does not depend on it), which
+    # spares the backward pass the argmax mask and its sum over every (B, N, T, S) score.
+    logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     weights = jnp.exp(logits)
     probs = weights / jnp.sum(weights, axis=-1, keepdims=True)  # (B, N, T, S), float32
     if dropout_rate > 0.0:

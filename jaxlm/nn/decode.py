@@ -110,8 +110,8 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p)
     """logits (B, V), keys (B,) -> next tokens (B,) int32. temperature == 0: argmax (keys unused).
 
     Each `lax.cond` runs one branch: greedy is the argmax alone, and the sort behind top-k / top-p
-    runs only when one of them is on (at a 10,000-token vocabulary that sort cost as much as a
-    whole CPU decode step of the tinystories-17M model's layers).
+    (a full sort of the vocabulary per row, a large part of a small model's CPU decode step) runs
+    only when one of them is on. A mask on the logits belongs at the top, before both branches.
     """
     logits = logits.astype(jnp.float32)  # (B, V)
 
