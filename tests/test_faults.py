@@ -621,7 +621,7 @@ INVOCATIONS = {
     "quantize": [
         ("{run} --bits 3", 2, "--bits 3"),
         ("{tmp}/missing", 2, "missing"),
-        ("{run} --batches 0", 2, "--batches"),
+        ("{run} --tokens -1", 2, "--tokens"),
         ("{locked_run}", 2, "in use by pid"),
     ],
     "data": [

@@ -32,16 +32,15 @@ def test_mesh_shape_errors_name_the_keys(kw, n, match):
         sharding.mesh_shape(ParallelConfig(**kw), n)
 
 
-def test_config_checks_and_the_old_fsdp_flag():
-    with pytest.raises(ConfigError, match=r"parallel.fsdp = True: now the size of the fsdp mesh axis.*parallel.fsdp = -1"):
-        load_config(None, ["parallel.fsdp=true"])
-    assert load_config(None, ["parallel.fsdp=false"]).parallel.fsdp == 1  # old configs' "off" still reads
+def test_config_checks():
+    with pytest.raises(ConfigError, match=r"--set parallel.fsdp=true"):
+        load_config(None, ["parallel.fsdp=true"])  # a size, not a switch
     with pytest.raises(ConfigError, match="at most one mesh axis may be -1"):
         load_config(None, ["parallel.fsdp=-1"])  # data is -1 by default
     with pytest.raises(ConfigError, match=r"parallel.tensor = 0: must be >= 1"):
         load_config(None, ["parallel.tensor=0"])
-    with pytest.raises(ConfigError, match=r"compute.scan_layers = True: LoRA"):
-        load_config(None, ["compute.scan_layers=true", "lora.rank=4"])
+    with pytest.raises(ConfigError, match=r"lora.dropout = 0.1: the pipeline"):
+        load_config(None, ["parallel.pipeline=2", "lora.rank=4", "lora.dropout=0.1"])
 
 
 def test_tensor_parallel_divisibility_is_checked():

@@ -26,7 +26,7 @@ def tiny_overrides(data_dir, out_dir, **extra) -> list[str]:
         "model.num_heads": 2, "model.d_ff": 64,
         "data.dir": f'"{data_dir}"', "data.source": "[]", "data.tokenizer": '"bytes"', "data.batch_size": 8,
         "optim.lr": 3e-3, "optim.min_lr": 3e-4, "optim.warmup_steps": 5, "optim.cosine_steps": 40,
-        "train.steps": 20, "train.out_dir": f'"{out_dir}"', "train.eval_every": 10, "train.eval_batches": 2,
+        "train.steps": 20, "train.out_dir": f'"{out_dir}"', "train.eval_every": 10, "data.eval_tokens": 512,
         "log.every": 1, "log.sample_tokens": 8, "log.progress": "false",
         "checkpoint.every": 10,
     }
@@ -126,6 +126,10 @@ LAYOUTS = {
     "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,
            "compute.scan_layers": "true"},
     "pp_dp": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true"},
+    "pp_lora": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+                "lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16},
+    "pp_qat": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+               "qat.weight_bits": 8},
 }
 
 

@@ -309,7 +309,7 @@ def run_shakespeare(ctx: Context) -> dict:
     run_dir = ctx.scratch / "shakespeare_run"
     sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
     if ctx.smoke:
-        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2, "train.eval_batches": 1, "log.sample_tokens": 0})
+        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2, "data.eval_tokens": 1024, "log.sample_tokens": 0})
     cmd = [sys.executable, "-m", "jaxlm.train", "--config", recipe["defaults"]["config"]]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]

@@ -1,15 +1,17 @@
-"""One written report from every plan's results: `python -m experiments.report --all ROOT --out DIR`.
+"""The written report from every plan's results: `python -m experiments.report --all ROOT --out DIR [--pdf]`.
 
-ROOT holds a directory per plan (`runs/` as experiments.run leaves it, or
-`docs/results/` with the records committed beside each plan's report). The
-report follows the order CS395T asks for: experimental setup, profiling results,
-background on each optimisation (the pages of docs/techniques, included), the
-trade-off analysis, a section per extra, the studies, findings against the
-curriculum, limitations. Each plan's part is its own report (experiments.report)
-regenerated from its records, so every number here is computed from the runs; a
-plan without records is named as missing. Writes report.md (figures beside it)
-and report.html, one self-contained page (python-markdown, PNGs inlined). No
-PDF: the maintained HTML-to-PDF libraries (WeasyPrint) need system Pango.
+ROOT holds a directory per plan (`runs/` as experiments.run leaves it, or `docs/results/` with the
+records committed beside each plan's report). Writes two documents, each as Markdown and as one
+self-contained HTML page (python-markdown, PNGs inlined):
+
+- report.md / report.html (and report.pdf with `--pdf`, through WeasyPrint): the 3-4 page report,
+  `short`'s template with the computed numbers filled in, holding the three required plots;
+- appendix.md / appendix.html: everything else, in the order CS395T asks for: experimental setup,
+  profiling results, background on each optimisation (the pages of docs/techniques, included), the
+  trade-off analysis, a section per extra, the studies, findings against the curriculum, limitations.
+
+Each plan's part is its own report (experiments.report) regenerated from its records, so every number
+is computed from the runs; a plan without records is named as missing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import re
 from pathlib import Path
 
 from experiments.plan import plan_names
-from experiments.report import figures
+from experiments.report import short
+from experiments.report.build import stand_ins as build_stand_ins
 from experiments.report.build import write_report
 from experiments.report.output import report_dir
 from experiments.results import load_results
@@ -113,6 +116,7 @@ def setup_section(runs: list[dict]) -> list[str]:
     out += table(["corpus", "tokenizer", "train tokens", "validation tokens", "plans"],
                  [[s, str(t), count(tok.get("train")), count(tok.get("val")), ", ".join(sorted(p))]
                   for (s, t), (tok, p) in sorted(data.items())]) if data else ["No run records its corpus (missing).", ""]
+    out += [f"{s}" for s in build_stand_ins(runs)] + ([""] if build_stand_ins(runs) else [])
     out += ["### Model configurations", ""]
     out += table(["d_model", "layers", "heads", "d_ff", "vocab", "context", "parameters", "plans"],
                  [[*map(str, k), f"{n:,}", ", ".join(sorted(p))] for k, (n, p) in sorted(models.items())]) \
@@ -165,10 +169,12 @@ def techniques_section(out: Path) -> list[str]:
 
 def findings_section(out: Path, plans: list[str]) -> list[str]:
     """One table of every plan's findings vs the curriculum (each plan report's findings.json), with the tally."""
-    rows = []
+    rows, stand_ins = [], {}
     for plan in plans:
         found = read_json(out / "plans" / plan / "findings.json", default=None) or {}
         rows += [{"plan": plan, **r} for r in found.get("findings") or [] if isinstance(r, dict)]
+        for sentence in found.get("stand_ins") or []:
+            stand_ins.setdefault(sentence, set()).add(plan)
     lines = ["## 7. Findings against the curriculum", ""]
     if not rows:
         return lines + ["No plan report here checks a published finding (missing).", ""]
@@ -176,6 +182,8 @@ def findings_section(out: Path, plans: list[str]) -> list[str]:
     for r in rows:
         tally[r.get("verdict", "?")] = tally.get(r.get("verdict", "?"), 0) + 1
     lines += [f"{len(rows)} published findings checked: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items())) + ".", ""]
+    lines += [f"{sentence} (plans {', '.join(f'`{p}`' for p in sorted(used))})" for sentence, used in stand_ins.items()]
+    lines += [""] if stand_ins else []
     return lines + table(["plan", "finding", "seed reports", "jaxlm measured", "verdict"],
                          [[f"`{r['plan']}`", *(str(r.get(k, "–")) for k in ("claim", "seen", "measured", "verdict"))] for r in rows])
 
@@ -231,7 +239,8 @@ def table(headers: list[str], rows: list[list[str]]) -> list[str]:
 # --------------------------------------------------------------------------- the document
 
 
-def build(root: Path, out: Path) -> list[str]:
+def build(root: Path, out: Path) -> tuple[list[str], list[dict], list[str], list[str]]:
+    """(the appendix's lines, every run, every plan, the plans without records)."""
     plans = all_plans(root)
     parts, runs, missing = {}, {}, []
     for plan in plans:
@@ -239,11 +248,13 @@ def build(root: Path, out: Path) -> list[str]:
         if not runs[plan]:
             missing.append(plan)
     every = [r for rs in runs.values() for r in rs]
-    lines = ["# jaxlm: a Transformer LM in JAX, profiled and optimised", "",
-             f"Generated by `python -m experiments.report --all {root}` from {len(every)} run records of "
-             f"{len(plans) - len(missing)} of {len(plans)} plans; every number is computed from them.", ""]
+    lines = ["# Appendix: every plan's report, the background pages and the run tables", "",
+             f"The appendix of the [report](report.md). Generated by `python -m experiments.report --all {root}` from "
+             f"{len(every)} run records of {len(plans) - len(missing)} of {len(plans)} plans; every number is computed "
+             "from them.", ""]
     lines += setup_section(every)
-    lines += ["## 2. Profiling results", ""] + figures.required(every, out) + gpu_section(every, root, out) + part(parts, runs, PROFILING)
+    lines += (["## 2. Profiling results", "", "The three required plots are in the [report](report.md).", ""]
+              + gpu_section(every, root, out) + part(parts, runs, PROFILING))
     lines += techniques_section(out)
     lines += ["## 4. Trade-off analysis", ""] + part(parts, runs, TRADEOFFS)
     lines += ["## 5. Extras", ""]
@@ -255,15 +266,24 @@ def build(root: Path, out: Path) -> list[str]:
     lines += ["## 6. Training studies", ""] + learning_curve(out) + part(parts, runs, [p for p in plans if p not in (*PROFILING, *TRADEOFFS, "gpu")
                                                                  and not extra_of(p)])
     lines += findings_section(out, [p for p in plans if runs.get(p)]) + limitations_section(every, missing)
-    return lines
+    return lines, every, plans, missing
 
 
 def part(parts: dict, runs: dict, names) -> list[str]:
     return [line for name in names for line in parts.get(name, [f"### {name}", "", "**Missing**.", ""])]
 
 
-def to_html(markdown_text: str, base: Path) -> str:
-    """A self-contained page: python-markdown's HTML with every local PNG inlined as base64."""
+STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
+         "pre{background:#f4f4f4;padding:.5em;overflow-x:auto}"
+         "@page{size:A4;margin:1.2cm}"  # print: A4 in 9 pt, so the report's 3 plots and 2,500 words fit 4 pages
+         "@media print{body{font-size:9pt;line-height:1.25;margin:0;max-width:none}table{font-size:7.5pt}"
+         "img{max-height:5.5cm}h1{font-size:14pt}h2{font-size:12pt}h3{font-size:10.5pt}}")
+
+
+def to_html(markdown_text: str, base: Path, title: str = "jaxlm report") -> str:
+    """A self-contained page: python-markdown's HTML with every local PNG inlined as base64, and links to the
+    report's other Markdown pages in this folder pointed at their HTML."""
     markdown = require("markdown")
 
     def inline(m):
@@ -275,18 +295,34 @@ def to_html(markdown_text: str, base: Path) -> str:
     markdown_text = markdown_text.replace("<details>", '<details markdown="1">')  # tables inside render too
     body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code", "toc", "md_in_html"])
     body = re.sub(r'src="([^"]+\.png)"', inline, body)
-    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}"
-             "pre{background:#f4f4f4;padding:.5em;overflow-x:auto}")
-    return f"<!doctype html><html><head><meta charset=\"utf-8\"><title>jaxlm report</title><style>{style}</style></head><body>{body}</body></html>"
+    body = re.sub(r'href="(report|appendix)\.md(#[^"]*)?"', r'href="\1.html\2"', body)
+    return f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title><style>{STYLE}</style></head><body>{body}</body></html>"
 
 
-def write_all(root: Path, out: Path) -> Path:
+def write_pdf(html: str, path: Path) -> int:
+    """The page printed to PDF by WeasyPrint (the `pdf` extra; it needs the system Pango library); its page count."""
+    weasyprint = require("weasyprint")
+    document = weasyprint.HTML(string=html, base_url=str(path.parent)).render()
+    document.write_pdf(path)
+    return len(document.pages)
+
+
+def write_all(root: Path, out: Path, pdf: bool = False) -> Path:
+    """report.md/.html (+ .pdf) and appendix.md/.html in OUT; without `pdf` a report.pdf left there is removed (stale)."""
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise DataError(f"--all {root}: no such directory; give runs/ or docs/results")
     report_dir(out)
-    text = "\n".join(build(root, out))
+    lines, every, plans, missing = build(root, out)
+    appendix = "\n".join(lines)
+    (out / "appendix.md").write_text(appendix)
+    (out / "appendix.html").write_text(to_html(appendix, out, "jaxlm report: appendix"))
+    text = short.build(root, out, every, plans, missing, corpus)
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(to_html(text, out))
+    html = to_html(text, out)
+    (out / "report.html").write_text(html)
+    if pdf:
+        print(f"{out / 'report.pdf'}: {write_pdf(html, out / 'report.pdf')} pages")
+    else:
+        (out / "report.pdf").unlink(missing_ok=True)
     return out / "report.md"

@@ -4,7 +4,7 @@ The model and tokenizer come from the run (its config.toml and latest checkpoint
 or --checkpoint RUN/checkpoints/STEP). The common config flags apply on top of the
 run's config.toml: `--set compute.dtype=bfloat16` or `--set compute.attention=cudnn`
 decodes differently, while a model.* value that differs from the run is refused
-(the weights fix the architecture). Decoding itself lives in jaxlm.decode.
+(the weights fix the architecture). Decoding itself lives in jaxlm/nn/decode.py.
 """
 
 from __future__ import annotations

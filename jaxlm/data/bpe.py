@@ -333,31 +333,7 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
         merges.append((vocab[a], vocab[b]))
         bar.update()
 
-        delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in where.pop((a, b), ()):
-            w = words[wi]
-            n = len(w)
-            merged: list[int] = []
-            i = 0
-            while i < n:
-                if i + 1 < n and w[i] == a and w[i + 1] == b:
-                    merged.append(new)
-                    i += 2
-                else:
-                    merged.append(w[i])
-                    i += 1
-            if len(merged) == n:  # the index is lazy: this word no longer has the pair
-                continue
-            f = freqs[wi]
-            for pair in zip(w, w[1:]):
-                delta[pair] -= f
-            for pair in zip(merged, merged[1:]):
-                delta[pair] += f
-                if new in pair:
-                    where[pair].add(wi)
-            words[wi] = merged
-
-        for pair, d in delta.items():
+        for pair, d in _rewrite_words(words, freqs, where, (a, b), new).items():
             if d == 0:
                 continue
             c = pair_counts.get(pair, 0) + d
@@ -371,6 +347,36 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
 
     bar.close()
     return merges
+
+
+def _rewrite_words(words: list[list[int]], freqs: list[int], where: dict[tuple[int, int], set[int]],
+                   pair: tuple[int, int], new: int) -> dict[tuple[int, int], int]:
+    """Replace `pair` by token `new` in every word holding it (in place, `where` updated); the pair counts' changes."""
+    a, b = pair
+    delta: dict[tuple[int, int], int] = defaultdict(int)
+    for wi in where.pop(pair, ()):
+        w = words[wi]
+        n = len(w)
+        merged: list[int] = []
+        i = 0
+        while i < n:
+            if i + 1 < n and w[i] == a and w[i + 1] == b:
+                merged.append(new)
+                i += 2
+            else:
+                merged.append(w[i])
+                i += 1
+        if len(merged) == n:  # the index is lazy: this word no longer has the pair
+            continue
+        f = freqs[wi]
+        for p in zip(w, w[1:]):
+            delta[p] -= f
+        for p in zip(merged, merged[1:]):
+            delta[p] += f
+            if new in p:
+                where[p].add(wi)
+        words[wi] = merged
+    return delta
 
 
 def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Sequence[str], out: str | os.PathLike, num_workers: int | None = None, progress: bool = True) -> dict:

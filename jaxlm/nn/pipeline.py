@@ -20,8 +20,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, policy: Any = None, *,
-             microbatches: int, axis: str = "pipeline") -> jax.Array:
+def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, *, microbatches: int,
+             axis: str = "pipeline") -> jax.Array:
     """`scan`'s result for the carry x (B, ...), computed by a GPipe schedule over mesh axis `axis`.
 
     The stacked layers' leading axis is split over `axis` (stage s holds its L/P layers);
@@ -29,7 +29,8 @@ def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, pol
     device keeps its rows). In M + P - 1 ticks stage 0 takes micro-batch t, every stage
     runs its layers on what it holds and `ppermute` hands the result one stage on; the
     last stage's outputs, summed over `axis` (zeros elsewhere), give every stage the batch.
-    Reverse-mode autodiff of the loop is GPipe's backward pass (ppermute reversed).
+    Reverse-mode autodiff of the loop is GPipe's backward pass (ppermute reversed). The layers'
+    own state is read, never written: config.py refuses LoRA adapter dropout with a pipeline.
     `xs`: per-layer random keys (dropout); micro-batch m runs with each key folded with m, so
     rows of different micro-batches draw different masks, as they would in one batch.
     """
@@ -44,8 +45,6 @@ def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, pol
             s, x_i = inp
             return fn(nnx.merge(graphdef, s), c, x_i if keyed else None)
 
-        if policy is not None:
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         return jax.lax.scan(body, h, (layer_state, stage_xs))[0]
 
     def gpipe(layer_state, stage_xs, mb):

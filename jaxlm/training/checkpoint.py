@@ -34,11 +34,13 @@ from typing import Any, Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
+from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.core.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
 from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
 from jaxlm.core.files import atomic_write
+from jaxlm.nn import scan
 from jaxlm.nn.lora import has_adapters
 from jaxlm.training.step import TrainState, build_model, split_model
 
@@ -305,8 +307,6 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     checkpoint that restores is taken (unless a step is named). Creates and changes nothing.
     `tokenizer` is None when the run has no tokenizer/meta.json.
     """
-    from flax import nnx
-
     run_dir, found_step = find_run_dir(run_or_ckpt_dir)
     step = step if step is not None else found_step
     cfg = read_run_config(run_dir)
@@ -349,17 +349,11 @@ def load_base_weights(path: str | Path, cfg: Config):
     """The nnx.Param weights of the run at `path` (a run, or RUN/checkpoints/STEP), checked against the
     model `cfg` builds: train.init_from. Either layer layout loads into either (compute.scan_layers).
     One CheckpointError line naming the first mismatch."""
-    from flax import nnx
-
     model, saved, _ = restore_for_inference(path)
     if has_adapters(model):
         raise CheckpointError(f"train.init_from = {str(path)!r}: a LoRA run (lora.rank = {saved.lora.rank}); fold its "
                               f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
-    if saved.compute.scan_layers != cfg.compute.scan_layers:  # the other layer layout: same numbers, restacked
-        from jaxlm.nn import scan
-
-        layers = model.layers
-        model.layers = scan.stack(list(layers)) if cfg.compute.scan_layers else nnx.List(scan.unstack(layers, saved.model.num_layers))
+    scan.relayout(model, cfg.compute.scan_layers)  # either layer layout: the same numbers, (un)stacked
     loaded = nnx.state(model, nnx.Param)
     want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
     have = _shapes(loaded)
@@ -379,11 +373,6 @@ def load_base_weights(path: str | Path, cfg: Config):
 
 def load_for_generation(path: str | Path, cfg: Config | None = None):
     """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
-    import jax
-    from flax import nnx
-
-    from jaxlm.training.step import build_model
-
     if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
                           "devices; use 'xla' or 'auto'")
@@ -396,6 +385,7 @@ def load_for_generation(path: str | Path, cfg: Config | None = None):
     if tokenizer is None:
         raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
+        scan.relayout(model, cfg.compute.scan_layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
                                                                   saved.lora, saved.qat)))
         model = nnx.merge(graphdef, nnx.state(model))

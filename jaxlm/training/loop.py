@@ -28,7 +28,7 @@ import numpy as np
 from jaxlm.analysis import flops
 from jaxlm.core import sharding
 from jaxlm.core.config import Config
-from jaxlm.core.errors import DataError, TrainingDiverged
+from jaxlm.core.errors import TrainingDiverged
 from jaxlm.core.host import tune_for_cpu_backend
 from jaxlm.core.stop import StopFlag
 from jaxlm.data.loader import eval_batches, train_batches
@@ -38,13 +38,7 @@ from jaxlm.nn.lora import memory_summary
 from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, run_identity
-from jaxlm.training.step import (
-    TrainState,
-    init_state,
-    make_eval_step,
-    make_multi_step,
-    make_train_step,
-)
+from jaxlm.training.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
 
@@ -57,7 +51,7 @@ class Built(NamedTuple):
     abstract: TrainState  # ShapeDtypeStructs (with shardings): the restore target
     step_fn: Callable  # jitted, donated (state, x, y) -> (state, metrics)
     multi_fn: Callable  # jitted, donated (state, xs, ys) -> (state, metrics stacked): n steps in one call
-    eval_fn: Callable  # jitted (state, x, y) -> {"loss", "accuracy"}
+    eval_fn: Callable  # jitted (state, x, y, mask) -> {"loss_sum", "correct", "tokens"}
 
 
 def build(cfg: Config, mesh) -> Built:
@@ -81,7 +75,7 @@ def build(cfg: Config, mesh) -> Built:
     step_fn = jit(train_step, in_shardings=(shardings, bsh, bsh), out_shardings=(shardings, rep), donate_argnums=0)
     multi_fn = jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep),
                    donate_argnums=0)
-    eval_fn = jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh), out_shardings=rep)
+    eval_fn = jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh, bsh), out_shardings=rep)
     return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
 
 
@@ -306,20 +300,20 @@ def log_step(loop: Loop, done: int, m: dict[str, float]) -> None:
 
 
 def evaluate(loop: Loop) -> dict[str, float]:
-    """Mean loss and accuracy over the first train.eval_batches batches of val.bin, and perplexity."""
+    """Loss, perplexity and accuracy over the data.eval_tokens validation targets of `eval_batches`
+    (the same targets at every batch size), and how many were scored."""
     cfg, mesh = loop.cfg, loop.mesh
     B, T = cfg.data.batch_size // cfg.train.grad_accum, cfg.model.context_length
-    totals, n = {"loss": 0.0, "accuracy": 0.0}, 0
-    for x, y in eval_batches(loop.data_dir, "val", B, T, max_batches=cfg.train.eval_batches, drop_last=True,
-                             process_index=jax.process_index(), process_count=jax.process_count()):
-        out = loop.built.eval_fn(loop.state, sharding.global_batch(x, mesh), sharding.global_batch(y, mesh))
+    totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
+    for batch in eval_batches(loop.data_dir, "val", B, T, cfg.data.eval_tokens,
+                              process_index=jax.process_index(), process_count=jax.process_count()):
+        out = loop.built.eval_fn(loop.state, *(sharding.global_batch(a, mesh) for a in batch))
         for k, v in jax.device_get(out).items():
             totals[k] += float(v)
-        n += 1
-    if n == 0:
-        raise DataError(f"{loop.data_dir}/val.bin: shorter than one batch of {B} x {T} tokens")
-    loss = totals["loss"] / n
-    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["accuracy"] / n}
+    n = totals["tokens"]
+    loss = totals["loss_sum"] / n
+    return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 80.0)), "eval/accuracy": totals["correct"] / n,
+            "eval/tokens": n}
 
 
 def evaluate_and_log(loop: Loop) -> None:
