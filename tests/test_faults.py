@@ -332,9 +332,10 @@ def test_a_padded_vocabulary_never_samples_past_the_tokenizer():
     model.lm_head.weight[...] = 10 * model.lm_head.weight[...].at[:257].set(0.0)  # (V, D): only padding rows
     prompt = [[1, 2, 3]]
     assert max(Generator(model).generate(prompt, 8, SamplingParams(0.0)).tokens[0]) >= 257  # the trap works
+    gen = Generator(model, 257)  # sampling parameters are traced: one compilation per cache mode
     for sampling in (SamplingParams(0.0), SamplingParams(1.0), SamplingParams(1.0, top_k=5, top_p=0.9)):
         for use_cache in (True, False):
-            out = Generator(model, 257).generate(prompt * 3, 8, sampling, seed=1, use_cache=use_cache)
+            out = gen.generate(prompt * 3, 8, sampling, seed=1, use_cache=use_cache)
             assert max(map(max, out.tokens)) < 257, (sampling, use_cache)
 
 
@@ -381,26 +382,33 @@ import sys, jax, numpy as np
 from flax import nnx
 from jaxlm.core.config import load_config
 from jaxlm.core.stop import StopFlag
+from jaxlm.nn import scan
 from jaxlm.training.checkpoint import restore_for_inference
 from jaxlm.training.loop import start
 from tests.train_helpers import tiny_overrides
 assert jax.device_count() == 4
 base, corpus, out = sys.argv[1:4]
-for i, layout in enumerate(["parallel.fsdp=2", "parallel.tensor=2"]):  # data x fsdp, data x tensor
-    cfg = load_config(None, tiny_overrides(corpus, f"{out}{i}", **{"train.init_from": repr(base)}) + [layout])
+layouts = [["parallel.fsdp=2"], ["parallel.tensor=2"], ["parallel.pipeline=2", "compute.scan_layers=true"]]
+for i, layout in enumerate(layouts):  # data x fsdp, data x tensor, data x pipeline (the layers restacked)
+    cfg = load_config(None, tiny_overrides(corpus, f"{out}{i}", **{"train.init_from": repr(base)}) + layout)
     with StopFlag() as stop:
         loop = start(cfg, stop)
-        want = nnx.state(restore_for_inference(base)[0], nnx.Param)
-        got = loop.state.params
-        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))), layout
+        model = restore_for_inference(base)[0]
+        if cfg.compute.scan_layers:
+            model.layers = scan.stack(list(model.layers))
+        want, got = nnx.state(model, nnx.Param), loop.state.params
+        g, w = jax.tree.leaves(got), jax.tree.leaves(want)
+        assert len(g) == len(w) and all(np.array_equal(a, b) for a, b in zip(g, w)), layout
         assert {len(a.sharding.device_set) for a in jax.tree.leaves(got)} == {4}, layout
         loop.close()
 print("ok")
 """
 
 
+@pytest.mark.slow
 def test_init_from_on_every_mesh_layout(files, tmp_path):
-    """The weights are placed with the state's shardings on 4 devices (data x fsdp, data x tensor), equal to the run's."""
+    """The weights are placed with the state's shardings on 4 devices (data x fsdp, data x tensor, data x
+    pipeline), equal to the run's."""
     r = subprocess.run([PY, "-c", MESH_INIT_FROM, files["run"], files["corpus"], str(tmp_path / "out")],
                        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"), capture_output=True, text=True,
                        timeout=600, cwd=ROOT)
@@ -432,6 +440,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_pipeline_micro_batches_draw_their_own_dropout_masks():
     r = subprocess.run([PY, "-c", PIPELINE_DROPOUT], env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=2"),
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -664,7 +673,7 @@ INVOCATIONS = {
         ("run {bad_plan}", 2, "bogus"),
         ("run profiling --only zzz --dry-run", 2, "zzz"),
         ("report {tmp}/noplan", 2, "noplan"),
-        ("run {lock_plan} --runs-dir {locked_runs}", 2, "in use by pid"),
+        ("run {lock_plan} --runs-dir {locked_runs} --draft", 2, "in use by pid"),
         ("gpu --budget 60", 2, "no GPU here"),
         ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
