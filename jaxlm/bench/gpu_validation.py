@@ -149,7 +149,7 @@ def validate(target_name: str, out: Path | None, cache: Path | None, first: int 
 
 # --------------------------------------------------------------------------- calibration of the estimator
 
-# Two-layer probes, one dimension changed at a time from each base (widths, vocabulary, context, batch):
+# Two-layer probes, one dimension changed at a time from each base (widths, heads, vocabulary, context, batch):
 # the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS.
 _TINY = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=1024, context_length=256, batch=8)
 _MID = dict(num_layers=2, d_model=768, num_heads=12, d_ff=3072, vocab_size=10000, context_length=1024, batch=2)
@@ -157,7 +157,7 @@ PROBES = [
     *({**_TINY, **v} for v in ({}, dict(batch=16), dict(num_layers=4), dict(context_length=512, batch=4),
                                dict(vocab_size=4096), dict(d_ff=2048), dict(d_model=512, num_heads=8))),
     *({**_MID, **v} for v in ({}, dict(batch=4), dict(num_layers=4), dict(context_length=2048, batch=1),
-                              dict(vocab_size=20000))),
+                              dict(vocab_size=20000), dict(context_length=256, batch=16), dict(num_heads=24))),
 ]
 CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable")
            for a in ("xla", "cudnn") if not (d == "float32" and a == "cudnn")]
@@ -170,10 +170,11 @@ def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
 
 
 def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
-    """Least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes' temp bytes:
-    the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count (gradients and
-    weight copies)."""
+    """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
+    temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
+    (gradients and weight copies)."""
     import numpy as np
+    from scipy.optimize import nnls  # scipy comes with jax
 
     from jaxlm.analysis import memory
     from jaxlm.analysis.flops import param_counts
@@ -190,7 +191,7 @@ def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
         X, y = np.array(X, float), np.array(y, float)
         if attention == "cudnn":
             X[:, 2] = 0.0  # no T x T tensor
-        coef, *_ = np.linalg.lstsq(X / y[:, None], np.ones_like(y), rcond=None)
+        coef, _ = nnls(X / y[:, None], np.ones_like(y))
         key = (dtype, remat, attention == "cudnn")
         out[key] = tuple(round(float(c), 2) for c in coef)
         log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(X @ coef / y - 1)):.1f}%")
