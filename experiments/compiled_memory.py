@@ -12,7 +12,6 @@ are kept in docs/results/compiled/TARGET.json (shared with `python -m jaxlm.memo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +111,16 @@ def figures(section: Section, target: gpu.Target, store: CompileCache, compile: 
             r["largest_batch"] = store.largest(j, target) if compile else "-"
         rows.append(r)
     return rows
+
+
+def cached(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
+    """label -> compiled figures of a section's rows already in OUT_DIR/TARGET.json (none compiled here)."""
+    path = Path(out_dir) / f"{target_name}.json"
+    if not path.is_file():
+        return {}
+    target, store = gpu.parse_target(target_name), CompileCache(path)
+    rows = next(s for s in sections() if s.name == section).rows
+    return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
 
 
 def table(section: Section, rows: list[dict]) -> str:

@@ -9,7 +9,7 @@ a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s
 start and compile a run; they reproduce those runs' step times within about 30 %.
 The GPU constants are stated, not measured: an H100 at 40 % of its 989 TFLOP/s
 bfloat16 peak, 2 ms per step and 30 s to start. Runs whose length depends on the
-outcome (`--find-max-batch`) and `command` runs are not estimated.
+outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
 """
 
 from __future__ import annotations
@@ -21,17 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from experiments.commands import bench_overrides, train_overrides
 from experiments.device import Device, unmet_requirement
-from experiments.plan import (
-    Plan,
-    RunSpec,
-    bench_overrides,
-    load_plan,
-    plan_names,
-    train_overrides,
-)
+from experiments.plan import Plan, load_plan, plan_names
+from experiments.spec import RunSpec
 from jaxlm.analysis.flops import step_flops
-from jaxlm.core.config import Config, load_config
+from jaxlm.core.config import Config, DataConfig, load_config
+from jaxlm.data.prepare import read_meta
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,19 @@ def _step_s(tp: Throughput, flops: float) -> float:
 def train_seconds(cfg: Config, tp: Throughput) -> float:
     m, b, t = cfg.model, cfg.data.batch_size, cfg.model.context_length
     train = cfg.train.steps * _step_s(tp, step_flops(m, b, t, "train_step"))
-    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * cfg.train.eval_batches
-    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, b, t, "forward"))
+    eb = cfg.data.batch_size // cfg.train.grad_accum
+    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * math.ceil(math.ceil(_eval_tokens(cfg) / t) / eb)
+    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, eb, t, "forward"))
+
+
+def _eval_tokens(cfg: Config) -> int:
+    """data.eval_tokens; for 0 (the whole split) the prepared val.bin's length, else the default."""
+    if cfg.data.eval_tokens:
+        return cfg.data.eval_tokens
+    val = Path(cfg.data.dir) / "val.bin"
+    if not val.is_file():
+        return DataConfig.eval_tokens
+    return val.stat().st_size // np.dtype(read_meta(cfg.data.dir)["dtype"]).itemsize
 
 
 def _values(args: dict, key: str, default) -> list:
@@ -68,7 +77,7 @@ def _values(args: dict, key: str, default) -> list:
 
 def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | None:
     """Every row of a `jaxlm.bench model` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
-    if args.get("find_max_batch"):
+    if args.get("find_max_batch") or args.get("target"):  # compile-only rows for a GPU: compile time is not modelled
         return None
     cfg = load_config(None, overrides, preset=args.get("preset"))
     steps = args.get("warmup", BENCH_DEFAULTS["warmup"]) + args.get("steps", BENCH_DEFAULTS["steps"])
@@ -112,16 +121,28 @@ def plan_estimate(plan: Plan, platform: str) -> str:
     return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
 
 
+def data_setting(plan: Plan) -> str | None:
+    """'train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096' of the first training run."""
+    spec = next((r for r in plan.runs if r.kind == "train"), None)
+    if spec is None:
+        return None
+    d = load_config(spec.config, train_overrides(spec, Path("runs"))).data
+    val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
+    return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+
+
 def list_plans() -> str:
     """Every shipped plan with its description and, per size, its runs and estimated time."""
     lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
     for name in plan_names():
         plan = load_plan(name)
-        per_size = []
+        per_size, data = [], []
         for size in plan.sizes:
             sized = load_plan(name, size)
             per_size.append(f"{size}: {len(sized.runs)} runs, {plan_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
+            data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
                   textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
+        lines += [textwrap.fill("data: " + "; ".join(data), 100, initial_indent="    ", subsequent_indent="      ")] if data else []
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "eval_loss": ("eval/loss", "val/loss"),
     "eval_ppl": ("eval/perplexity", "val/perplexity"),
     "eval_acc": ("eval/accuracy", "val/accuracy"),
+    "eval_tokens": ("eval/tokens",),
     "tokens_per_s": ("perf/tokens_per_s", "train/tokens_per_sec", "perf/tokens_per_sec", "train/tokens_per_s"),
     "step_time": ("perf/step_time_s", "perf/step_time", "train/step_time"),
     "peak_memory": ("perf/peak_memory_bytes", "memory/peak_bytes", "perf/peak_bytes"),
@@ -99,7 +100,7 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
     steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
     if steps:
         out["steps"] = int(max(steps))
-    for q in ("train_loss", "eval_loss", "eval_ppl", "eval_acc"):
+    for q in ("train_loss", "eval_loss", "eval_ppl", "eval_acc", "eval_tokens"):
         _, values, _ = series(records, q)
         if values:
             out[q] = values[-1]

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
+from experiments.commands import BUILDERS, resolved_train_config
 from experiments.device import (
     Device,
     detect_device,
@@ -37,16 +37,8 @@ from experiments.estimate import (
     list_plans,
     plan_estimate,
 )
-from experiments.plan import (
-    Plan,
-    PlanError,
-    RunSpec,
-    bench_overrides,
-    load_plan,
-    plan_names,
-    resolved_train_config,
-    train_overrides,
-)
+from experiments.plan import Plan, PlanError, load_plan, plan_names
+from experiments.provenance import check_committed, git_info
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -55,78 +47,19 @@ from experiments.results import (
     read_metrics,
     summarise_train,
 )
+from experiments.spec import RunSpec
 from jaxlm import cli
+from jaxlm.core import host
 from jaxlm.core.files import read_json, write_json
+from jaxlm.core.lock import DirLock
 
-TRAIN_MODULE = "jaxlm.train"
-BENCH_MODULE = "jaxlm.bench"
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
 # The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
 DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
 
 
-# --------------------------------------------------------------------------- environment
-
-
-def git_info() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
 # --------------------------------------------------------------------------- commands per kind
-
-
-def cli_args(args: dict) -> list[str]:
-    """{"batch": [4, 8], "find_max_batch": True, "json": "x"} -> --batch 4 8 --find-max-batch --json x."""
-    out: list[str] = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            out.append(flag)
-        elif v is False or v is None:
-            continue
-        elif isinstance(v, list):
-            out += [flag, *map(str, v)]
-        else:
-            out += [flag, str(v)]
-    return out
-
-
-def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
-    for o in train_overrides(spec, run_dir):
-        argv += ["--set", o]
-    return argv
-
-
-def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args)]
-    for o in bench_overrides(spec):
-        argv += ["--set", o]
-    return argv + ["--json", str(run_dir / "bench.json")]
-
-
-def build_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    subs = {"{run_dir}": str(run_dir), "{python}": sys.executable}
-    argv = []
-    for a in spec.argv:
-        for k, v in subs.items():
-            a = a.replace(k, v)
-        argv.append(a)
-    return argv + cli_args(spec.args)
-
-
-BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
-    "train": build_train,
-    "bench": build_bench,
-    "command": build_command,
-}
 
 
 def validate(plan: Plan, plan_dir: Path) -> None:
@@ -142,7 +75,7 @@ def validate(plan: Plan, plan_dir: Path) -> None:
         try:
             data = resolved_train_config(spec, plan_dir / spec.name)["data"]
             if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
-                resolve_sources(data["source"])
+                resolve_sources([*data["source"], *data.get("val_source", [])])
         except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
 
@@ -245,7 +178,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
-        "host": {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0]},
+        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"}, "load_avg_1m_start": os.getloadavg()[0]},
         "versions": software_versions(),
     }
     if spec.kind == "train":
@@ -280,19 +213,21 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     result.update(collect(spec, run_dir))
     result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall, "max_rss_bytes": max_rss})
     result["host"]["load_avg_1m_end"] = os.getloadavg()[0]  # other work on the machine skews timings
-    tail = _tail(log_path, start)
-    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
+    return {**result, **outcome(spec, run_dir, rc, timed_out, _tail(log_path, start))}
+
+
+def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -> dict:
+    """The status of a finished child (failed, diverged or ok), with the reason and its output's tail."""
     if timed_out:
-        result.update(status="failed", reason=f"timed out after {spec.timeout:g} s", error_tail=tail)
-    elif spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
+        return {"status": "failed", "reason": f"timed out after {spec.timeout:g} s", "error_tail": tail}
+    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
+    if spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
         said = DIVERGED_RE.search(tail)
         line = tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said else "the loss became NaN/inf"
-        result.update(status="diverged", reason=line, error_tail=tail if rc else None)
-    elif rc != 0:
-        result.update(status="failed", reason=f"exit code {rc}", error_tail=tail)
-    else:
-        result["status"] = "ok"
-    return result
+        return {"status": "diverged", "reason": line, "error_tail": tail if rc else None}
+    if rc != 0:
+        return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
+    return {"status": "ok"}
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
@@ -358,16 +293,27 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     )
 
 
-def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None) -> dict[str, int]:
-    """Execute (or with dry_run, list) the selected runs; returns a count per status."""
+def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None,
+             draft: bool = False) -> dict[str, int]:
+    """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
+    uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
     validate(plan, plan_dir)
+    git = {**git_info(), "draft": draft}
+    if not (dry_run or draft):
+        check_committed(git)
     device = device or detect_device()
-    counts: dict[str, int] = {}
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
-    if not dry_run:
+    if dry_run:
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+    with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
-    git = git_info()
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+
+
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool, git: dict) -> dict[str, int]:
+    """Each run in turn (or its command, with dry_run); returns a count per status."""
+    counts: dict[str, int] = {}
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
         prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"
@@ -405,14 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
+    p.add_argument("--list", action="store_true", help="list the plans, their data and estimated times (as with no PLAN)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
     p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
     p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
     p.add_argument("--runs-dir", default="runs", help="parent of the plan directory")
+    p.add_argument("--draft", action="store_true", help="run from a tree with uncommitted changes; every record says "
+                   "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
 
     try:
-        if args.plan is None:
+        if args.plan is None or args.list:
             print(list_plans())
             return 0
         device = detect_device()
@@ -421,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             first = load_plan(args.plan)
             size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
         plan = load_plan(args.plan, size)
-        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device)
+        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         return 130

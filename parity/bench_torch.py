@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from pathlib import Path
 
@@ -30,7 +31,8 @@ import torch
 import torchref
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig, ModelConfig
-from parity.convert import torch_config
+from parity.convert import jax_to_torch, torch_config
+from torchref.generate import generate
 
 
 def device() -> torch.device:
@@ -181,3 +183,70 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+def decode_runner(model, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int, use_cache: bool):
+    """(run, compiled): run() is torchref's greedy generation (`torchref.generate`: one prompt at a time,
+    eager) of the JAX `model`'s weights, returning each row's new tokens; compiled() is empty (nothing compiles)."""
+    reference = torchref.TransformerLM(torch_config(model.cfg), device=device(),
+                                       fused_attention=compute.attention != "xla")
+    reference.load_state_dict(jax_to_torch(model))
+
+    def run():
+        with autocast(compute.dtype):
+            return [generate(reference, p, new_tokens, temperature=0.0, use_cache=use_cache) for p in prompts]
+
+    return run, dict
+
+
+_WRAPPERS = ("CompiledFunction", "CompiledFunctionBackward", "Optimizer.step#", "## Call CompiledFxGraph",
+             "Torch-Compiled Region", "ProfilerStep", "autograd::engine")
+_LAYOUT_ONLY = {"clone", "transpose", "view", "unsafe", "permute", "expand", "select", "slice", "unsqueeze", "squeeze"}
+
+
+def op_category(name: str, phase: str) -> str:
+    """The `jaxlm.bench.op_profile.CATEGORIES` entry of one profiled torch op, given its phase
+    ("forward", "backward" or "optimizer": inside neither pass)."""
+    if name.startswith(_WRAPPERS):
+        return "dispatch and bookkeeping"
+    if phase == "optimizer":
+        return "optimizer, clipping, metrics"
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
+        return f"{'attention' if 'bmm' in name else 'projection'} matmuls, {phase}"
+    if re.search(r"gather|scatter|_log_|log_softmax|nll", name):
+        return "loss (logits to cross-entropy)"
+    fused = re.sub(r"^graph_\d+_cpp_fused_", "", name)
+    parts = {p for p in re.sub(r"_\d+$", "", fused).split("_") if p} if fused != name else set()
+    if name in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy") or (parts and parts <= _LAYOUT_ONLY):
+        return "copies and transposes"
+    return f"element-wise and reductions, {phase}"
+
+
+def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, *, steps: int,
+               warmup: int, top: int, statistic: str) -> dict:
+    """torch.profiler over `steps` calls of the torch.compile'd step (after `warmup` and the compiling call):
+    each op's exclusive time, placed by its name and by the pass it ran in."""
+    from torch._inductor import config as inductor_config
+    from torch.profiler import ProfilerActivity, profile
+
+    from jaxlm.bench.op_profile import summarize
+
+    inductor_config.cpp.enable_kernel_profile = True  # inductor's C++ kernels appear by name
+    step = build_step(mode, cfg, compute, batch, context)
+    for _ in range(warmup + 1):
+        step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    wall = time.perf_counter() - t0
+    events = list(prof.events())
+    passes = [(e.time_range.start, e.time_range.end, "backward" if e.name.endswith("Backward") else "forward")
+              for e in events if e.name in ("CompiledFunction", "CompiledFunctionBackward")]
+    times, places = {}, {}
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        phase = next((p for lo, hi, p in passes if lo <= e.time_range.start < hi), "optimizer")
+        label = f"{e.name} ({phase})"
+        places[label] = op_category(e.name, phase)
+        times.setdefault(label, []).append(e.self_cpu_time_total / 1e6)
+    return summarize(times, places.get, lambda label: label, steps, wall, top, statistic)

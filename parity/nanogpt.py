@@ -21,6 +21,7 @@ from jaxlm import cli
 from jaxlm.core.extras import require
 
 torch = require("torch")  # this module is imported only when the command runs, inside cli.run
+from jaxlm.data.loader import eval_batches  # noqa: E402
 from jaxlm.data.prepare import ensure_prepared, read_meta  # noqa: E402
 from parity.convert import torch_config  # noqa: E402
 from torchref.data import get_batch  # noqa: E402
@@ -31,17 +32,17 @@ RECIPE = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "shak
 
 
 @torch.no_grad()
-def val_loss(model, val, B, T, max_batches):
-    """Mean loss over consecutive (B, T) windows from the start of the validation tokens, at most max_batches."""
+def val_loss(model, data_dir, B, T, eval_tokens):
+    """Mean loss over the validation targets jaxlm's evaluation scores (`eval_batches`: data.eval_tokens)."""
     model.eval()
-    losses = []
-    n = (len(val) - 1) // T
-    for b in range(0, min(n - B + 1, max_batches * B), B):
-        idx = (np.arange(b, b + B)[:, None] * T) + np.arange(T + 1)[None, :]
-        w = torch.from_numpy(np.asarray(val[idx], np.int64))
-        losses.append(float(cross_entropy(model(w[:, :-1]).reshape(-1, model.cfg.vocab_size), w[:, 1:].reshape(-1))))
+    total, n = 0.0, 0
+    for x, y, mask in eval_batches(data_dir, "val", B, T, eval_tokens):
+        keep = torch.from_numpy(mask.reshape(-1) > 0)
+        logits = model(torch.from_numpy(x).long()).reshape(-1, model.cfg.vocab_size)[keep]
+        total += float(cross_entropy(logits, torch.from_numpy(y).long().reshape(-1)[keep])) * int(keep.sum())
+        n += int(keep.sum())
     model.train()
-    return float(np.mean(losses))
+    return total / n
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -96,11 +97,10 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     data_dir = ensure_prepared(cfg.data)
     meta = read_meta(data_dir)
-    tokens = {split: np.memmap(data_dir / f"{split}.bin", dtype=meta["dtype"], mode="r") for split in ("train", "val")}
+    train_tokens = np.memmap(data_dir / "train.bin", dtype=meta["dtype"], mode="r")
     steps = cfg.train.steps if args.full else args.warmup + args.steps
-    model, out = train(cfg, tokens["train"], steps, args.warmup, args.compile)
+    model, out = train(cfg, train_tokens, steps, args.warmup, args.compile)
     if args.full:
-        out["val_loss"] = val_loss(model, tokens["val"], cfg.data.batch_size, cfg.model.context_length,
-                                   cfg.train.eval_batches)
+        out["val_loss"] = val_loss(model, data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.data.eval_tokens)
     print(json.dumps(out))
     return 0

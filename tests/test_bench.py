@@ -6,7 +6,12 @@ import functools
 import importlib
 import json
 import math
+import os
+import subprocess
+import sys
+from collections import Counter
 
+import jax
 import pytest
 import torch
 from flax import nnx
@@ -16,13 +21,13 @@ from jaxlm import cli
 from jaxlm.analysis import flops
 from jaxlm.bench import core, jax_side
 from jaxlm.core.config import ComputeConfig, ModelConfig
-from jaxlm.nn.model import TransformerLM, count_params
+from jaxlm.nn.model import TransformerLM
 from parity.bench import (  # jaxlm.bench's commands with the torch side added
     COMMANDS,
     main,
 )
 from parity.convert import torch_config
-from tests.train_helpers import make_corpus, tiny_overrides
+from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
 TINY = ["--set", "model.d_model=32", "--set", "model.num_layers=2", "--set", "model.num_heads=2",
         "--set", "model.vocab_size=67", "--set", "model.d_ff=96"]
@@ -39,7 +44,8 @@ TINY_CFG = ModelConfig(d_model=32, num_layers=2, num_heads=2, vocab_size=67, d_f
 def test_param_counts_match_both_models(overrides):
     cfg = ModelConfig(**{**dict(d_model=48, num_layers=3, num_heads=4, vocab_size=101, context_length=16), **overrides})
     counts = flops.param_counts(cfg)
-    assert counts["total"] == count_params(TransformerLM(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.state(TransformerLM(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    assert counts["total"] == sum(p.size for p in jax.tree.leaves(params))
     assert counts["total"] == torchref.TransformerLM(torch_config(cfg)).num_params()
     assert counts["non_embedding"] == counts["total"] - cfg.vocab_size * cfg.d_model
 
@@ -70,7 +76,7 @@ def test_step_flops_and_mfu_hand_counted():
     assert flops.param_counts(cfg)["total"] == 252
     assert flops.step_flops(cfg, 2, 3, "forward") == 2 * 1344
     assert flops.step_flops(cfg, 2, 3, "forward_backward") == 3 * 2 * 1344
-    assert flops.step_flops(cfg, 2, 3, "train_step") == 3 * 2 * 1344 + 12 * 252
+    assert flops.step_flops(cfg, 2, 3, "train_step") == 3 * 2 * 1344 + 14 * 252  # AdamW: 3 + 4 + 5 + 2 per parameter
     # 1000 tokens/s x 1344 training FLOPs per token on a 1e7 FLOP/s device
     assert flops.mfu(1000, cfg, 3, "any", override=1e7) == pytest.approx(0.1344)
     assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
@@ -192,15 +198,30 @@ def test_every_option_shows_its_default(command):
 def test_decode_bench_counts_tokens_and_compilations(tmp_path, capsys):
     out = tmp_path / "decode.json"
     assert main(["decode", *TINY, "--set", "model.context_length=16", "--prompt-tokens", "4", "--new-tokens", "20",
-                 "--batch", "2", "--repeats", "1", "--json", str(out)]) == 0
+                 "--batch", "2", "--repeats", "1", "--framework", "both", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["model"]["context_length"] == 24  # raised to prompt + new tokens: no sliding in the timed calls
-    assert res["compiled"] == {"prefill": 1, "decode": 1, "full": 1}  # one compilation each, reused by every call
     for mode in ("cache", "no-cache"):
-        r = res[mode]
-        assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
-    assert res["speedup"] == pytest.approx(res["cache"]["tokens_per_second"] / res["no-cache"]["tokens_per_second"])
-    assert "speedup of the cache" in capsys.readouterr().out
+        assert res["jax"][mode]["compiled"] == {"begin": 1, "resume": 0}  # one compiled generation, reused by every call
+        for fw in ("jax", "torch"):
+            r = res[fw][mode]
+            assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
+        # torchref's eager loop on the same weights gives the same greedy tokens, and the ratio is of the two rows.
+        assert res["jax_torch"][mode]["greedy_tokens_identical"] and res["jax_torch"][mode]["first_difference"] is None
+        speed = res["jax"][mode]["tokens_per_second"] / res["torch"][mode]["tokens_per_second"]
+        assert res["jax_torch"][mode]["speed"] == pytest.approx(speed)
+    jax_rows = res["jax"]
+    assert jax_rows["speedup"] == pytest.approx(jax_rows["cache"]["tokens_per_second"] / jax_rows["no-cache"]["tokens_per_second"])
+    printed = capsys.readouterr().out
+    assert "speedup of the jax cache" in printed and "greedy tokens identical" in printed
+
+
+def test_decode_first_difference():
+    from jaxlm.bench.decode import first_difference
+
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 4]]) is None
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == [1, 1]
+    assert first_difference([[1, 2]], [[1, 2, 7]]) == [0, 2]  # one row stopped earlier
 
 
 def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
@@ -217,8 +238,8 @@ def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
 
 
 def test_experiments_bench_runs_call_the_model_command(tmp_path):
-    from experiments.plan import RunSpec
-    from experiments.run import build_bench
+    from experiments.commands import build_bench
+    from experiments.spec import RunSpec
 
     spec = RunSpec(name="b", kind="bench", set={"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
                                                 "model.vocab_size": 67, "optim.lr": 1.0},
@@ -249,8 +270,60 @@ def test_jaxlm_bench_alone_asks_for_parity_bench_for_torch_rows(capsys):
     saved = core.SIDES.pop("torch", None)  # as in a process that never imported parity.bench
     try:
         assert cli.run(bench.main, ["model", *TINY, "--framework", "both", "--context", "8", "--batch", "1"]) == 2
+        model_err = capsys.readouterr().err.splitlines()
+        assert cli.run(bench.main, ["decode", *TINY, "--framework", "torch"]) == 2
+        decode_err = capsys.readouterr().err.splitlines()
     finally:
         if saved:
             core.SIDES["torch"] = saved
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "python -m parity.bench model" in err[0], err
+    assert len(model_err) == 1 and "python -m parity.bench model" in model_err[0], model_err
+    assert len(decode_err) == 1 and "python -m parity.bench decode" in decode_err[0], decode_err
+
+
+# --------------------------------------------------------------------------- op profile
+
+
+def test_op_profile_places_every_matmul_of_the_compiled_train_step():
+    from jaxlm.bench.op_profile import category, parse_hlo
+
+    step = jax_side.build_step("train_step", TINY_CFG, ComputeConfig(), 2, 16)
+    hlo = parse_hlo(jax_side.compile_step(step).as_text())
+    places = Counter(category(op, TINY_CFG.vocab_size) for op in hlo.values() if op.opcode == "dot"
+                     or op.op_name.endswith("/dot_general"))
+    L = TINY_CFG.num_layers  # by hand: per layer q, k, v, output, w1, w3, w2 projections and QK^T, PV; the head
+    assert places == {"projection matmuls, forward": 7 * L + 1, "attention matmuls, forward": 2 * L,
+                      "projection matmuls, backward": 2 * (7 * L + 1), "attention matmuls, backward": 2 * 2 * L}
+    assert "optimizer, clipping, metrics" in {category(op, TINY_CFG.vocab_size) for op in hlo.values()}
+
+
+def test_op_profile_statistics_and_torch_names():
+    from jaxlm.bench.op_profile import per_step
+    from parity.bench_torch import op_category
+
+    assert per_step([1.0, 2.0, 3.0, 4.0], 2, "mean") == 5.0  # two steps
+    assert per_step([1.0, 2.0, 3.0, 4.0], 2, "min") == 3.0  # two runs a step: min(1, 3) + min(2, 4)
+    assert per_step([1.0, 2.0, 3.0], 2, "min") == 3.0  # runs that do not divide into the steps: the mean
+    assert op_category("aten::mm", "backward") == "projection matmuls, backward"
+    assert op_category("aten::bmm", "forward") == "attention matmuls, forward"
+    assert op_category("graph_0_cpp_fused_clone_transpose_view_5", "forward") == "copies and transposes"
+    assert op_category("graph_0_cpp_fused__unsafe_view_amax_exp_gather_log_mean_3", "forward").startswith("loss")
+    assert op_category("graph_0_cpp_fused_mul_sigmoid_5", "backward") == "element-wise and reductions, backward"
+    assert op_category("aten::_foreach_sqrt", "optimizer") == "optimizer, clipping, metrics"
+    assert op_category("CompiledFunctionBackward", "backward") == "dispatch and bookkeeping"
+
+
+@pytest.mark.slow
+def test_ops_command_profiles_both_sides(tmp_path):
+    """In a fresh process (XLA:CPU's per-op events need a flag set before JAX starts)."""
+    out = tmp_path / "ops.json"
+    r = subprocess.run([sys.executable, "-m", "parity.bench", "ops", *TINY, "--context", "16", "--batch", "2",
+                        "--steps", "2", "--warmup", "1", "--framework", "both", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for side in ("jax", "torch"):
+        cats = res[side]["categories"]
+        assert cats["projection matmuls, forward"] > 0 and cats["projection matmuls, backward"] > 0, (side, cats)
+        assert res[side]["ops_ms"] == pytest.approx(sum(cats.values()))
+        assert len(res[side]["top"]) == 12

@@ -11,7 +11,6 @@ import pytest
 
 from jaxlm.core.config import (
     PRESETS,
-    ComputeConfig,
     Config,
     ConfigError,
     ModelConfig,
@@ -64,13 +63,24 @@ def test_every_preset_is_a_valid_model():
         assert dataclasses.asdict(cfg.model).items() >= preset["model"].items(), name
 
 
-def test_old_model_keys_move_to_compute_with_a_warning(tmp_path, capsys):
+def test_compute_keys_under_model_are_unknown(tmp_path):
     old = tmp_path / "old.toml"
-    old.write_text('[model]\nd_model = 64\nnum_heads = 4\ndtype = "bfloat16"\nremat = "full"\n')
-    cfg = load_config(old, ["model.attention=xla"])
-    assert cfg.compute == ComputeConfig(dtype="bfloat16", attention="xla", remat="full")
+    old.write_text('[model]\nd_model = 64\nnum_heads = 4\ndtype = "bfloat16"\n')
+    with pytest.raises(ConfigError, match="dtype"):
+        load_config(old)
+    with pytest.raises(ConfigError, match="--set model.remat=full"):
+        load_config(None, ["model.remat=full"])
+
+
+def test_dropped_eval_batches_is_ignored_with_a_warning(tmp_path, capsys):
+    old = tmp_path / "old.toml"
+    old.write_text("[train]\nsteps = 7\neval_batches = 20\n")  # a run directory written before data.eval_tokens
+    cfg = load_config(old, ["train.eval_batches=3"])
+    assert cfg.train.steps == 7 and cfg.data.eval_tokens == 65536
     err = capsys.readouterr().err
-    assert "model.dtype is deprecated" in err and "--set model.attention is deprecated" in err
+    assert "train.eval_batches is ignored" in err and "--set train.eval_batches is ignored" in err
+    with pytest.raises(ConfigError, match=r"data.eval_tokens = -1: must be >= 0"):
+        load_config(None, ["data.eval_tokens=-1"])
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
@@ -101,4 +111,4 @@ def test_help_config_flag_on_every_command():
 def test_every_shipped_config_parses(path, capsys):
     cfg = load_config(path)
     assert cfg.data.batch_size % cfg.train.grad_accum == 0
-    assert "deprecated" not in capsys.readouterr().err  # shipped configs use the current keys
+    assert "warning:" not in capsys.readouterr().err  # shipped configs use the current keys (none moved or dropped)

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from jaxlm.core.config import DataConfig
-from jaxlm.data import corpora
-from jaxlm.data import prepare as prepmod
+from jaxlm.data import corpora, encode
 from jaxlm.data.bpe import DataError, save_vocab_merges, train_bpe
 from jaxlm.data.loader import eval_batches, get_batch, step_offsets, train_batches
 from jaxlm.data.prepare import (
@@ -68,8 +67,8 @@ def test_prepare_tokens_and_meta(prepared, docs):
 
 
 def test_parallel_prepare_equals_serial(docs, tmp_path, monkeypatch, prepared):
-    monkeypatch.setattr(prepmod, "_PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(prepmod, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(encode, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(encode, "_CHUNK_BYTES", 4096)
     prepare([str(p) for p in docs], "gpt2", tmp_path, workers=2, progress=False)
     for split in ("train", "val"):
         assert np.array_equal(tokens(tmp_path, split), tokens(prepared, split))
@@ -87,6 +86,24 @@ def test_trained_tokenizer_dir_is_copied(tmp_path, docs, cs336):
     assert tok.vocab_size == 400 and meta["eot_id"] == 0
     assert np.array_equal(tokens(out, "val"), _expected(tok, [docs[0]]))
     assert np.array_equal(tokens(out, "train"), _expected(tok, [docs[1]]))
+
+
+def test_bpe_trained_while_preparing_equals_train_bpe(tmp_path, docs, cs336):
+    """data.tokenizer = "bpe:N": the BPE `train_bpe` gives on the training text, kept in the data directory,
+    with a separate validation source (data.val_source)."""
+    cfg = DataConfig(dir=str(tmp_path / "d"), source=[str(docs[1])], val_source=[str(docs[0])], tokenizer="bpe:300")
+    meta = read_meta(ensure_prepared(cfg, progress=False))
+    vocab, merges = train_bpe(docs[1], 300, [EOT])
+    tok = load_tokenizer_from_meta(tmp_path / "d")
+    assert tok.vocab == vocab and tok.merges == merges and meta["tokenizer"] == "bpe:300" and meta["bpe_train_seconds"] >= 0
+    assert np.array_equal(tokens(tmp_path / "d", "train"), _expected(tok, [docs[1]]))
+    assert np.array_equal(tokens(tmp_path / "d", "val"), _expected(tok, [docs[0]]))
+    assert meta["sources"]["val"][0]["path"] == str(docs[0]) and not (tmp_path / "d" / "bpe").exists()
+    assert ensure_prepared(cfg) == tmp_path / "d"  # prepared once: the same spec is the same tokenizer
+    with pytest.raises(DataError, match="'bpe:300' but data.tokenizer is 'bpe:400'"):
+        ensure_prepared(DataConfig(dir=cfg.dir, source=cfg.source, tokenizer="bpe:400"))
+    with pytest.raises(DataError, match=r"tokenizer 'bpe:12': expected bpe:N with N > 257"):
+        prepare([str(docs[1])], "bpe:12", tmp_path / "x", progress=False)
 
 
 def test_pydoc_source(tmp_path):
@@ -189,16 +206,32 @@ def test_worker_processes_give_the_same_batches(prepared):
     ref.close()
 
 
-def test_eval_batches_sequential(prepared):
+def _scored(prepared, batch, context, eval_tokens, **kw):
+    """The (position of the target in val.bin, target) pairs the batches score, in order."""
+    out = []
+    for k, (x, y, mask) in enumerate(eval_batches(prepared, "val", batch, context, eval_tokens, **kw)):
+        assert x.shape == y.shape == mask.shape == (batch // kw.get("process_count", 1), context)
+        for r, c in zip(*np.nonzero(mask)):
+            out.append((int(y[r, c]), int(x[r, c])))
+    return out
+
+
+def test_eval_batches_score_the_same_targets_at_every_batch_and_context(prepared):
     val = np.asarray(tokens(prepared, "val"))
-    m, b = 50, 4
-    batches = list(eval_batches(prepared, "val", b, m))
-    windows = (len(val) - 1) // m
-    assert sum(len(x) for x, _ in batches) == windows
-    x = np.concatenate([x for x, _ in batches])
-    y = np.concatenate([y for _, y in batches])
-    assert np.array_equal(x.reshape(-1), val[: windows * m]) and np.array_equal(y.reshape(-1), val[1 : windows * m + 1])
-    assert len(list(eval_batches(prepared, "val", b, m, max_batches=2))) == 2
+    n = 1000  # not a multiple of any context below: the last window is cut at target n
+    expected = [(int(val[t]), int(val[t - 1])) for t in range(1, n + 1)]
+    for batch, context in [(1, 50), (4, 50), (7, 64), (32, 13)]:
+        assert _scored(prepared, batch, context, n) == expected, (batch, context)
+    assert len(_scored(prepared, 4, 50, 0)) == len(val) - 1  # 0: the whole split
+    assert len(_scored(prepared, 4, 50, 10**9)) == len(val) - 1
+
+
+def test_eval_batches_rows_of_several_processes_make_the_global_batch(prepared):
+    full = list(eval_batches(prepared, "val", 4, 50, 1000))
+    halves = [list(eval_batches(prepared, "val", 4, 50, 1000, process_index=p, process_count=2)) for p in (0, 1)]
+    for whole, a, b in zip(full, *halves):
+        for i in range(3):
+            assert np.array_equal(whole[i], np.concatenate([a[i], b[i]]))
 
 
 def test_get_batch_numpy():
@@ -276,6 +309,12 @@ def test_corpus_by_name(tmp_path, monkeypatch):
     assert meta["tokens"]["train"] + meta["tokens"]["val"] == 20 * 50 + 1  # bytes + <|endoftext|>
     with pytest.raises(DataError, match=r"^tinyshakspeare: file not found and no corpus of that name \(corpora: tinyshakespeare, "):
         prepare(["tinyshakspeare"], "bytes", tmp_path / "x", progress=False)
+    # one file of a corpus by NAME/FILE, from the data root
+    (tmp_path / "root" / "wikitext-2").mkdir()
+    (tmp_path / "root" / "wikitext-2" / "test.txt").write_text(" = Valkyria = \n" * 10)
+    assert corpora.resolve_sources(["wikitext-2/test.txt"]) == [str(tmp_path / "root" / "wikitext-2" / "test.txt")]
+    with pytest.raises(DataError, match=r"wikitext-2/valid\.txt: corpus 'wikitext-2' not found; run `python -m jaxlm\.data download"):
+        corpora.resolve_sources(["wikitext-2/valid.txt"])
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

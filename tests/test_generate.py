@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import shutil
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from jaxlm.nn.decode import (
     SamplingParams,
     StreamDecoder,
     filter_logits,
-    sampling_probs,
+    row_keys,
 )
 from jaxlm.nn.model import TransformerLM
 from jaxlm.training.checkpoint import load_for_generation
@@ -142,6 +144,12 @@ def test_model_extend_matches_call_with_window():
 # --------------------------------------------------------------------------- sampling rules
 
 
+def sampling_probs(logits, params: SamplingParams) -> np.ndarray:
+    """The distribution `sample_tokens` draws from: softmax of the filtered, temperature-scaled logits."""
+    temperature, top_k, top_p = params.as_arrays()
+    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
+
+
 def test_nucleus_and_top_k_against_hand_computed():
     p = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
     logits = np.log(p)[None].astype(np.float32)
@@ -201,24 +209,23 @@ def test_no_recompilation_per_decode_step():
     model = TransformerLM(CFG, rngs=nnx.Rngs(2))
     g = Generator(model)
     g.generate([[1, 2, 3]], 30, GREEDY)
-    assert g.traces["prefill"] == 1 and g.traces["decode"] == 1  # 29 decode steps, one trace
-    assert g.compiled_sizes()["decode"] == 1
-    # Other sampling settings and seeds reuse the same compiled steps (they are traced arguments).
-    g.generate([[4, 5, 6]], 30, SamplingParams(temperature=0.7, top_k=5, top_p=0.9), seed=3)
-    assert g.traces["decode"] == 1 and g.compiled_sizes() == {"prefill": 1, "decode": 1, "full": 0}
+    assert dict(g.traces) == {"begin": 1} and g.compiled_sizes() == {"begin": 1, "resume": 0}  # 30 tokens, one trace
+    # Other sampling settings, seeds, stop tokens and lengths in the same buckets reuse it (traced arguments).
+    g.generate([[4, 5, 6, 7]], 25, SamplingParams(temperature=0.7, top_k=5, top_p=0.9), seed=3, eot_id=5)
+    assert dict(g.traces) == {"begin": 1} and g.compiled_sizes() == {"begin": 1, "resume": 0}
     g.generate([[1, 2, 3]], 30, GREEDY, use_cache=False)
-    assert g.traces["full"] == 1
+    assert g.traces["begin"] == 2
 
 
 def test_sliding_compiles_once_per_shape():
-    """Past the window: one prefill, decode and full-forward compilation for the (batch, bucket) shapes,
+    """Past the window: one compiled generation (cached steps, then full forwards) for the (batch, bucket) shapes,
     none more for the next call with the same shapes (other prompts, sampling and seed)."""
     g = Generator(TransformerLM(CFG, rngs=nnx.Rngs(2)))
     g.generate([[1, 2, 3], [4] * 30], 60, GREEDY)
     first = dict(g.traces)
-    assert first == {"prefill": 1, "decode": 1, "full": 1} and g.compiled_sizes() == first
+    assert first == {"begin": 1} and g.compiled_sizes() == {"begin": 1, "resume": 0}
     g.generate([[7] * 25, [8, 9]], 60, SamplingParams(temperature=0.9, top_k=7), seed=5)
-    assert dict(g.traces) == first and g.compiled_sizes() == first
+    assert dict(g.traces) == first
 
 
 def test_long_prompt_keeps_its_last_window(gen):
@@ -234,6 +241,104 @@ def test_eot_stops_a_row(gen, greedy_batch):
     with jax.default_matmul_precision("highest"):
         out = gen.generate(PROMPTS[:1], 24, GREEDY, eot_id=eot)
     assert out.stop == ["eot"] and out.tokens[0] == greedy_batch.tokens[0][: greedy_batch.tokens[0].index(eot)]
+
+
+@functools.cache
+def reference_steps(graphdef):
+    """The per-token jitted steps of `reference_loop` (one compilation per graphdef and shape)."""
+
+    def sample(logits, last, step, key, temperature, top_k, top_p):  # logits (B, T, V) at position last[b] -> (B,)
+        z = logits[jnp.arange(len(last)), last].astype(jnp.float32)  # (B, V)
+        keys = row_keys(key, jnp.arange(len(last)), step)
+        drawn = jax.vmap(jax.random.categorical)(keys, filter_logits(z / jnp.maximum(temperature, 1e-6), top_k, top_p))
+        return jnp.where(temperature > 0, drawn, jnp.argmax(z, axis=-1))
+
+    @jax.jit
+    def full(state, tokens, lengths, step, *args):
+        return sample(nnx.merge(graphdef, state)(tokens), lengths - 1, step, *args)
+
+    @jax.jit
+    def cached(state, cache, tokens, start, last, step, *args):
+        logits, cache = nnx.merge(graphdef, state).extend(tokens, cache, start)
+        return sample(logits, last, step, *args), cache
+
+    return full, cached
+
+
+def reference_loop(model, prompts, n, sampling, *, seed=0, eot_id=None, use_cache=True):
+    """Decoding as it was before the compiled loop: one jitted step per token and the host appending tokens,
+    stopping rows and sliding the window; from the model's extend / forward and the rules of docs/generate.md,
+    with the Generator's cache and prompt buckets (padding widths change the order of float sums)."""
+    graphdef, state = nnx.split(model)
+    full, cached = reference_steps(graphdef)
+    args = (jax.random.key(seed), *sampling.as_arrays())
+    seqs = [[int(t) for t in p][-model.cfg.context_length:] for p in prompts]
+    B, longest = len(seqs), max(len(s) for s in seqs)
+    S = min(model.cfg.context_length, -(-(longest + n) // 64) * 64)
+
+    def window(width):  # each row's last `width` tokens, right-padded, and how many there are
+        rows = np.zeros((B, width), np.int32)
+        for b, seq in enumerate(seqs):
+            rows[b, :min(len(seq), width)] = seq[-width:]
+        return rows, np.array([min(len(seq), width) for seq in seqs], np.int32)
+
+    cache = model.init_cache(B, S) if use_cache else None
+    if use_cache:
+        prompt, lengths = window(min(S, -(-longest // 16) * 16))
+        token, cache = cached(state, cache, prompt, np.zeros(B, np.int32), lengths - 1, 0, *args)
+    else:
+        token = full(state, *window(S), 0, *args)
+    out, stop = [[] for _ in seqs], [""] * B
+    for step in itertools.count(1):
+        for b in range(B):
+            if not stop[b] and int(token[b]) == eot_id:
+                stop[b] = "eot"
+            elif not stop[b]:
+                out[b].append(int(token[b]))
+                seqs[b].append(int(token[b]))
+                stop[b] = "length" if len(out[b]) == n else ""
+        if all(stop):
+            return out, stop
+        position = np.array([len(seq) - 1 for seq in seqs], np.int32)
+        if cache is not None and position.max() < S:
+            token, cache = cached(state, cache, np.asarray(token)[:, None], position, np.zeros(B, np.int32), step, *args)
+        else:
+            cache, token = None, full(state, *window(S), step, *args)
+
+
+@pytest.mark.parametrize("sampling, seed, n, stops, use_cache", [
+    (GREEDY, 0, 70, False, True),  # 70 tokens on a context of 40: the window slides inside the loop
+    (SamplingParams(temperature=0.9, top_k=7, top_p=0.9), 3, 70, False, True),
+    (SamplingParams(temperature=1.0), 4, 30, True, True),
+    (SamplingParams(temperature=1.3, top_p=0.8), 5, 30, True, False),
+])
+def test_compiled_loop_equals_the_step_by_step_loop(gen, sampling, seed, n, stops, use_cache):
+    """The one compiled generation gives, token for token, what one jitted step per token gave: greedy and
+    seeded sampling, a batch of 2 to 60 prompt tokens, rows stopping at the end-of-text token."""
+    prompts = [*PROMPTS, list(np.arange(60) % 67)]
+    model = nnx.merge(gen.graphdef, gen.state)
+    with jax.default_matmul_precision("highest"):
+        eot_id = gen.generate(prompts, n, sampling, seed=seed).tokens[1][9] if stops else None  # row 1's 10th token
+        got = gen.generate(prompts, n, sampling, seed=seed, eot_id=eot_id, use_cache=use_cache)
+        want = reference_loop(model, prompts, n, sampling, seed=seed, eot_id=eot_id, use_cache=use_cache)
+    assert (got.tokens, got.stop) == want
+    assert got.stop[1] == ("eot" if stops else "length")
+
+
+def test_streaming_replays_every_step(gen):
+    """on_tokens sees each step's new token of every active row (the loop returns them in chunks), and the
+    streamed rows add up to the generation; an end-of-text token is not shown as active."""
+    eot = [t for t in range(67) if t not in PROMPTS[0]][0]
+    seen = []
+    with jax.default_matmul_precision("highest"):
+        plain = gen.generate(PROMPTS, 21, SamplingParams(1.0), seed=2, eot_id=eot)
+        streamed = gen.generate(PROMPTS, 21, SamplingParams(1.0), seed=2, eot_id=eot,
+                                on_tokens=lambda tokens, active: seen.append((tokens.copy(), active.copy())))
+    assert streamed.tokens == plain.tokens and streamed.stop == plain.stop
+    assert gen.traces["resume"] >= 1  # 21 steps > one chunk: the loop came back and went on
+    for b, row in enumerate(plain.tokens):
+        assert [int(t[b]) for t, active in seen if active[b]] == row
+    assert len(seen) == max(len(row) + (stop == "eot") for row, stop in zip(plain.tokens, plain.stop))
 
 
 def test_stream_decoder_holds_partial_utf8():
@@ -277,6 +382,33 @@ def test_compute_flags_change_how_the_run_decodes(trained_run):
     assert model.compute.dtype == "bfloat16" and model.init_cache(1, 8).layers[0][0].dtype == jnp.bfloat16
     saved, _ = load_for_generation(trained_run)
     np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
+
+
+@pytest.fixture(scope="module")
+def scanned_run(tmp_path_factory):
+    from jaxlm.training.loop import train
+
+    base = tmp_path_factory.mktemp("gen_scanned_run")
+    extra = {"train.steps": 2, "checkpoint.every": 2, "train.eval_every": 2, "log.tensorboard": "false",
+             "compute.scan_layers": "true"}
+    train(load_config(None, tiny_overrides(make_corpus(base / "corpus"), base / "run", **extra)))
+    return base / "run"
+
+
+@pytest.mark.parametrize("trained_in", ["unrolled", "scanned"])
+def test_a_run_decodes_in_the_other_layer_layout(trained_in, trained_run, scanned_run, capsys):
+    """--set compute.scan_layers=... flips the layout a run was trained in: the same logits and greedy text."""
+    run, flip = (trained_run, "true") if trained_in == "unrolled" else (scanned_run, "false")
+    args = argparse.Namespace(config=None, preset=None, overrides=[f"compute.scan_layers={flip}"])
+    model, _ = load_for_generation(run, run_config(str(run), args))
+    saved, _ = load_for_generation(run)
+    assert isinstance(model.layers, nnx.List) == (flip == "false") != isinstance(saved.layers, nnx.List)
+    tok = jnp.arange(12)[None] * 7 % 257  # (1, 12)
+    np.testing.assert_allclose(np.asarray(model(tok)), np.asarray(saved(tok)), atol=1e-5)
+    argv = ["--run", str(run), "--prompt", "The ", "--max-new-tokens", "6", "--temperature", "0"]
+    assert main(argv) == 0 and main([*argv, "--set", f"compute.scan_layers={flip}"]) == 0
+    as_trained, flipped = capsys.readouterr().out.splitlines()
+    assert flipped == as_trained
 
 
 def run_cli(argv, capsys) -> tuple[int, list[str]]:

@@ -39,6 +39,8 @@ def test_techniques_order_and_fsdp_shards_the_state():
     act = lambda **kw: memory.estimate(cfg, 8, 1024, ComputeConfig(**kw)).activation_total
     base = act()
     assert act(remat="full") < act(remat="dots_saveable") < base
+    # scanned layers run "none" as dots_saveable (ComputeConfig.remat_policy): the estimate prices that
+    assert act(scan_layers=True) == act(remat="dots_saveable") and act(scan_layers=True, remat="full") == act(remat="full")
     assert act(dtype="bfloat16", attention="cudnn") < act(dtype="bfloat16") < base
     one = memory.estimate(cfg, 8, 1024)
     four = memory.estimate(cfg, 8, 1024, mesh=memory.Mesh(4, fsdp=True))

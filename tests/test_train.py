@@ -115,6 +115,34 @@ def test_nan_stops_without_saving_bad_state(corpus, tmp_path):
 # --------------------------------------------------------------------------- the step
 
 
+def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
+    """Same weights at batch 1, 3 and 8 (3 leaves a padded last batch; 300 targets cut the last window):
+    the loss and accuracy of a float64 numpy reference over the first 300 validation targets."""
+    from types import SimpleNamespace
+
+    from jaxlm.data.loader import TokenWindows
+    from jaxlm.training.loop import build, evaluate
+
+    mesh = sharding.make_mesh(jax.devices()[:1])
+    results = []
+    for batch in (1, 3, 8):
+        cfg = tiny(corpus, "/unused", **{"data.batch_size": batch, "data.eval_tokens": 300})
+        built = build(cfg, mesh)
+        state = jax.jit(built.make_state, out_shardings=built.shardings)()
+        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, built=built, state=state, data_dir=corpus)))
+    val = np.asarray(TokenWindows.from_dir(corpus, "val", 32).tokens[:321], np.int32)
+    x, y = val[:320].reshape(10, 32), val[1:321].reshape(10, 32)
+    logits = np.asarray(state.model(built.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
+    m = logits.max(-1)
+    nll = m + np.log(np.exp(logits - m[:, None]).sum(-1)) - logits[np.arange(300), y.reshape(-1)[:300]]
+    acc = np.mean(logits.argmax(-1) == y.reshape(-1)[:300])
+    for r in results:
+        assert r["eval/tokens"] == 300
+        np.testing.assert_allclose(r["eval/loss"], nll.mean(), rtol=1e-6)
+        np.testing.assert_allclose(r["eval/accuracy"], acc, rtol=1e-6)
+    assert results[0]["eval/loss"] == pytest.approx(results[2]["eval/loss"], rel=1e-6)
+
+
 def test_accumulation_equals_big_batch(corpus):
     mesh = sharding.make_mesh(jax.devices()[:1])
     big, pb = run_steps(tiny(corpus, "/unused"), mesh, 3)
@@ -153,17 +181,18 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp"]
+FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp", "pp_lora"]
 
 
 def test_mesh_layouts_on_8_devices_equal_one_device():
-    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data."""
+    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data, QLoRA through the pipeline."""
     _check_layouts(FAST_LAYOUTS)
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
-    """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages)."""
+    """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages), QAT through
+    the pipeline."""
     _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
 
 
@@ -232,7 +261,7 @@ def test_steps_in_call_cuts_at_every_scheduled_step():
 def test_quickstart_cli_end_to_end(tmp_path):
     """The README's first command, cut to a few steps, in a fresh directory (it prepares its own data)."""
     cmd = [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
-           "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "train.eval_batches=2",
+           "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "data.eval_tokens=512",
            "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -69,7 +69,7 @@ def _bench_config(run: dict, row: dict):
     from jaxlm.core.config import load_config
 
     spec = run.get("spec") or {}
-    overrides = [f"{k}={_toml(v)}" for k, v in (spec.get("set") or {}).items()]
+    overrides = [f"{k}={_toml(v)}" for k, v in (spec.get("set") or {}).items() if k.split(".")[0] in ("model", "compute")]
     cfg = load_config(None, overrides, preset=(spec.get("args") or {}).get("preset"))
     setting = Setting(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
                       remat=row.get("remat") or "none")

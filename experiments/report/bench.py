@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+from experiments.estimate import BENCH_DEFAULTS
 from experiments.report.compare import change_phrase, describe_changes
 from experiments.report.format import NAMES, fmt, pct_change, table
+from experiments.report.noise import Family, half_width, welch
 
 # Bench row fields shown in the table (jaxlm.bench.core.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [
@@ -16,7 +20,7 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("batch", "batch", "int"),
     ("status", "status", "g"),
     ("step (ms)", "step_ms", "g"),
-    ("± std", "step_ms_std", "g"),
+    ("± 95 %", "step_ms_ci95", "g"),
     ("median (ms)", "step_ms_median", "g"),
     ("tokens/s", "tokens_per_s", "count"),
     ("TFLOP/s", "tflops", "g"),
@@ -26,7 +30,7 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("params", "params", "count"),
 ]
 # Row fields that are measurements (everything else identifies the setting).
-BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
                   "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch",
                   "hlo_dots", "matmul_dtypes"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
@@ -35,11 +39,33 @@ MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compi
 
 
 def bench_rows(runs: list[dict]) -> list[dict]:
+    """Every bench row, with its run's name, how many steps it timed (the run's --steps, else jaxlm.bench's
+    default) and the half-width of the 95 % interval of its mean step time."""
     rows = []
     for r in runs:
+        n = int(((r.get("spec") or {}).get("args") or {}).get("steps", BENCH_DEFAULTS["steps"]))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], **row})
+            rows.append({"run": r["name"], **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n)})
     return rows
+
+
+def sample_std(row: dict) -> float | None:
+    """The sample standard deviation of the row's step times (jaxlm.bench records the n-divided one)."""
+    n, sd = row.get("timed_steps") or 0, row.get("step_ms_std")
+    return sd * math.sqrt(n / (n - 1)) if isinstance(sd, (int, float)) and n >= 2 else None
+
+
+def _step_ci(sd: float | None, n: int) -> float | None:
+    return half_width(sd * math.sqrt(n / (n - 1)), n) if isinstance(sd, (int, float)) and n >= 2 else None
+
+
+def step_test(row: dict, base: dict):
+    """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
+    def side(r: dict) -> tuple[float, float, int]:
+        sd = sample_std(r)
+        return (r["step_ms"], sd, r["timed_steps"]) if sd is not None else (r["step_ms"], 0.0, 1)
+
+    return welch(*side(row), *side(base))
 
 
 def bench_table(rows: list[dict]) -> str:
@@ -72,8 +98,9 @@ def bench_value(row: dict, q: str):
     return row.get(q)
 
 
-def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
-    """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric."""
+def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str]:
+    """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric; a timing
+    change says in how many row pairs it is beyond noise (Welch's test on the timed steps, in `noise`)."""
     ok = [r for r in rows if r.get("status") == "ok"]
     out = []
     for field, base in baseline.items():
@@ -93,7 +120,10 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
                 changes = [(p, "") for r, b in pairs
                            if isinstance(bench_value(r, q), (int, float)) and isinstance(bench_value(b, q), (int, float))
                            and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
-                phrases.append(change_phrase(q, changes))
+                phrase = change_phrase(q, changes)
+                if phrase and q in ("step_ms", "tokens_per_s"):
+                    phrase += _timing_noise(pairs, noise)
+                phrases.append(phrase)
             shapes = sorted({(r.get("context"), r.get("batch")) for r, _ in pairs})
             listed = ", ".join(f"T={t} B={b}" for t, b in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
             where = f" ({len(pairs)} row pair{'s' * (len(pairs) > 1)} at {listed})"
@@ -101,6 +131,18 @@ def bench_sentences(rows: list[dict], baseline: dict) -> list[str]:
             if s:
                 out.append(s)
     return out
+
+
+def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:
+    """' (beyond noise in 2 of 3 row pairs)' from the step-time tests of the pairs (throughput is B·T / step time)."""
+    timed = [(r, b) for r, b in pairs if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
+    verdicts = [noise.beyond(step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch"))) for r, b in timed]
+    tested = [v for v in verdicts if v is not None]
+    if not tested:
+        return " (one timed step: noise unknown)"
+    if len(tested) == 1:
+        return " (beyond noise)" if tested[0] else " (within noise)"
+    return f" (beyond noise in {sum(tested)} of {len(tested)} row pairs)"
 
 
 def bench_scaling_sentences(rows: list[dict]) -> list[str]:

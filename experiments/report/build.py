@@ -22,12 +22,14 @@ from experiments.report.compare import (
     sweep_sentences,
     train_table,
 )
+from experiments.report.divergence import divergence_section
 from experiments.report.findings import findings_rows, findings_table
+from experiments.report.noise import Family, judged
+from experiments.report.output import report_dir, shrink_png
 from experiments.report.parallel import parallel
 from experiments.report.peft import peft, quantization, quantize_rows
-from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
+from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis
 from experiments.report.seeds import (
-    NOISE_SE,
     baseline_of,
     equal_token_sentences,
     group_settings,
@@ -35,13 +37,28 @@ from experiments.report.seeds import (
     seed_sentences,
     settings_table,
 )
+from experiments.report.tokenizer import tokenizer
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
-from jaxlm.core.files import read_json, writable_dir_problem, write_json
+from jaxlm.core.files import read_json, write_json
 
-SPREAD_NOTE = (f"Values are the mean ± the sample standard deviation over seeds; a difference is *beyond noise* when the "
-               f"difference of the means exceeds {NOISE_SE:g} standard errors (from the two settings' seed spreads, Welch's form; "
-               f"about 1.6 standard deviations with 3 seeds each), otherwise *within noise*.")
+INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 degrees "
+                 "of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with Welch's t-test, "
+                 "paired differences (the same seed) with a one-sample t-test.")
+
+
+# Training text that stands in for a corpus this machine does not have: one sentence, said wherever its numbers appear.
+STAND_INS = {
+    "wikitext-2/test.txt": "WikiText stand-in: WikiText-2's test split (241k words) is the training text in place of "
+                           "WikiText-103's 103M-word train split (a download), and validation is WikiText-2's valid "
+                           "split, whose articles are WikiText-103's validation articles.",
+}
+
+
+def stand_ins(runs: list[dict]) -> list[str]:
+    """The STAND_INS sentences of the sources the runs trained on."""
+    sources = {src for r in runs for src in (((r.get("config") or {}).get("data") or {}).get("source") or [])}
+    return [sentence for src, sentence in STAND_INS.items() if src in sources]
 
 
 def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
@@ -55,8 +72,9 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
     if meta.get("description"):
         lines += [meta["description"], ""]
     lines += [f"Plan `experiments/plans/{name}.toml`, size `{meta.get('size', '?')}`, device {', '.join(devices)}, "
-              f"commit {', '.join(c[:10] for c in commits)}. Every number and sentence below is computed from the runs' "
-              "records (result.json, metrics.jsonl, bench JSON) by `python -m experiments.report`.", ""]
+              f"commit {', '.join(c[:10] for c in commits)}{_provenance(runs)}. Every number and sentence below is computed "
+              "from the runs' records (result.json, metrics.jsonl, bench JSON) by `python -m experiments.report`.", ""]
+    lines += [f"**{s}**" for s in stand_ins(runs)] + ([""] if stand_ins(runs) else [])
     loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
     if loads:
         cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
@@ -65,18 +83,40 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
     return lines
 
 
+def _eval_tokens_note(runs: list[dict]) -> str:
+    """' Every evaluation scored the same 65,536 validation tokens ...' when the records say how many."""
+    counts = {int(n) for r in runs if isinstance(n := (r.get("metrics") or {}).get("eval_tokens"), (int, float))}
+    if not counts:
+        return ""
+    if len(counts) == 1:
+        return (f" Every evaluation scored the same {counts.pop():,} validation tokens (data.eval_tokens: the start of "
+                "val.bin in windows of the run's context, whatever its batch size).")
+    return f" Evaluations scored {', '.join(f'{n:,}' for n in sorted(counts))} validation tokens (data.eval_tokens differs)."
+
+
+def _provenance(runs: list[dict]) -> str:
+    """' (every record from a committed tree)', or how many came from uncommitted changes and drafts."""
+    gits = [r.get("git") or {} for r in runs]
+    dirty, drafts = sum(bool(g.get("dirty")) for g in gits), sum(bool(g.get("draft")) for g in gits)
+    if not dirty:
+        return " (every record from a committed tree)"
+    return f" ({dirty} of {len(runs)} records from a tree with uncommitted changes" + (f", {drafts} marked draft)" if drafts else ")")
+
+
 def context(runs: list[dict], brows: list[dict]) -> dict:
     """What the findings' checks need beyond the settings: bench rows and the untrained model's loss (ln V)."""
     vocab = next(((r.get("config") or {}).get("model", {}).get("vocab_size") for r in runs if r.get("config")), None)
     return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf, "quantize_rows": quantize_rows(runs)}
 
 
-def training_section(train_runs: list[dict], cfg: dict, out: Path) -> list[str]:
+def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
+    """The runs table (`runs_table`: the seeded settings' table, judged with the Measured sentences in `noise`) and plots."""
     baseline = cfg.get("baseline", {})
     lines = ["## Runs", ""]
-    if is_seeded(train_runs):
-        settings = group_settings(train_runs)
-        lines += [settings_table(settings, baseline_of(settings, baseline)), "", SPREAD_NOTE, ""]
+    if runs_table is not None:
+        lines += [runs_table, ""]
+        lines += [f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} comparison"
+                  f"{'s' * (noise.size != 1)} with the sentences there).", ""] if noise.size else []
         lines += ["<details><summary>Every run</summary>", "", train_table(train_runs, {}), "", "</details>", ""]
     else:
         lines += [train_table(train_runs, baseline), ""]
@@ -84,7 +124,7 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path) -> list[str]:
             lines += [f"Δ columns: change against the baseline ({', '.join(f'{k} = {format_value(v)}' for k, v in baseline.items())}) "
                       "with the same other settings.", ""]
     lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are medians of "
-              "the logged steps after the first.", ""]
+              "the logged steps after the first." + _eval_tokens_note(train_runs), ""]
     curves = plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time")))) if any(r.get("metrics") for r in train_runs) else []
     for p in curves:
         lines += [f"![{p}]({p})", ""]
@@ -108,16 +148,16 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     return lines
 
 
-def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict) -> list[str]:
+def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family) -> list[str]:
     out = status_sentences(runs)
     if is_seeded(train_runs):
         settings = group_settings(train_runs)
-        out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), cfg.get("x"))
+        out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
         if cfg.get("equal_tokens") and cfg.get("x"):
-            out += equal_token_sentences(settings, cfg["x"])
+            out += equal_token_sentences(settings, cfg["x"], noise)
     else:
         out += comparison_sentences(train_runs, cfg.get("baseline", {})) + sweep_sentences(train_runs, cfg.get("x"))
-    out += bench_sentences(brows, cfg.get("bench_baseline", {})) + bench_scaling_sentences(brows)
+    out += bench_sentences(brows, cfg.get("bench_baseline", {}), noise) + bench_scaling_sentences(brows)
     for r in runs:
         for f in r.get("bench_max_batch") or []:
             limit = ((r.get("spec") or {}).get("args") or {}).get("memory_limit_gb")
@@ -126,15 +166,26 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
     return out
 
 
-def study_extras(cfg: dict, runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
-    """(findings, lines) of the studies with their own tables: [report] peft / quantization / parallel = true."""
+def study_extras(cfg: dict, runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
+    """(findings, lines) of the studies with their own tables: [report] peft / quantization / tokenizer = true."""
     findings, lines = [], []
-    for key, fn in (("peft", peft), ("quantization", quantization), ("parallel", lambda rs: parallel(rs, out))):
+    for key, fn in (("peft", peft), ("quantization", quantization), ("tokenizer", lambda rs, _: tokenizer(rs))):
         if cfg.get(key):
-            f, l = fn(runs)
+            f, l = fn(runs, noise)
             findings += f
             lines += l
     return findings, lines
+
+
+def measured_parts(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family):
+    """(sentences, study lines, the seeded runs table or None): every comparison in them is one Holm family."""
+    study_findings, study_lines = study_extras(cfg, runs, noise)
+    table = None
+    if is_seeded(train_runs):
+        settings = group_settings(train_runs)
+        table = settings_table(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
+    sentences = backend.annotate(sentences_for(runs, train_runs, brows, cfg, noise), backend.is_cpu(runs))
+    return sentences + study_findings, study_lines, table
 
 
 def write_report(plan_dir: Path, out: Path | None = None, records: bool = False) -> Path:
@@ -144,29 +195,33 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     runs = load_results(plan_dir)
     if not runs:
         raise DataError(f"{plan_dir}: no result.json under it; run the plan first (python -m experiments.run PLAN)")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise DataError(f"{out}: cannot hold the report: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
+    report_dir(out)
     meta = read_json(plan_dir / "plan.json", default={}) or {}
     cfg, name = meta.get("report", {}), meta.get("name", plan_dir.name)
     train_runs = [r for r in runs if r.get("kind") != "bench"]
     brows = bench_rows(runs)
 
     lines = header(meta, runs, plan_dir)
-    rows = findings_rows(name, group_settings(train_runs), context(train_runs, brows))
+    settings, ctx = group_settings(train_runs), context(train_runs, brows)
+    rows, fnoise = judged(lambda noise: findings_rows(name, settings, {**ctx, "noise": noise}))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps), or the "
                   "paper the row names where they do not cover the topic. "
-                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it.", ""]
-        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows})
-    study_findings, study_lines = study_extras(cfg, runs, out)
-    measured = backend.annotate(sentences_for(runs, train_runs, brows, cfg), backend.is_cpu(runs)) + study_findings
-    lines += ["## Measured", ""] + [f"- {s}" for s in measured]
-    lines += [""] + study_lines + backend.section(runs, brows)
+                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it. "
+                  + INTERVAL_NOTE + " " + fnoise.note(), ""]
+        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows, "stand_ins": stand_ins(runs),
+                                           "noise": {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}})
+    (measured, study_lines, runs_table), mnoise = judged(lambda noise: measured_parts(runs, train_runs, brows, cfg, noise))
+    parallel_findings, parallel_lines = parallel(runs, out) if cfg.get("parallel") else ([], [])
+    lines += ["## Measured", ""] + [f"- {s}" for s in measured + parallel_findings]
+    if mnoise.size:
+        lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
+    lines += [""] + study_lines + parallel_lines + backend.section(runs, brows)
+    if cfg.get("divergence") and cfg.get("x"):
+        lines += divergence_section(settings, cfg["x"], ctx["untrained_loss"])
     if train_runs:
-        lines += training_section(train_runs, cfg, out)
+        lines += training_section(train_runs, cfg, out, runs_table, mnoise)
     if brows:
         lines += bench_section(runs, brows, out)
     lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}",
@@ -211,8 +266,9 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
         write_json(dest / src.name / RESULT, _portable(r, prefixes))
         if (src / "metrics.jsonl").is_file():
             shutil.copyfile(src / "metrics.jsonl", dest / src.name / "metrics.jsonl")
-        if (src / "quantize.json").is_file():
-            shutil.copyfile(src / "quantize.json", dest / src.name / "quantize.json")
+        for extra in ("quantize.json", "tokenizer.json"):  # the rows of a study's own command runs
+            if (src / extra).is_file():
+                shutil.copyfile(src / extra, dest / src.name / extra)
         bench = read_json(src / "bench.json", default=None)
         if bench is not None:
             write_json(dest / src.name / "bench.json", _portable(bench, prefixes))

@@ -4,6 +4,7 @@
 TinyStories / WikiText-103 on a GPU) found; each row names the check that reads the plan's
 runs and returns what jaxlm measured and a verdict: agree, disagree, or not resolved at
 this size (the difference is within seed-to-seed noise, or the plan cannot measure it).
+Every test of one table is judged together: `ctx["noise"]` is its `noise.Family` (Holm).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Callable
 
 from experiments.plan import format_value
 from experiments.report.bench import fit_memory_batch, fit_memory_context
+from experiments.report.divergence import outcome
 from experiments.report.format import table
+from experiments.report.noise import Family
 from experiments.report.plots import mean_curve
-from experiments.report.seeds import Setting, Stats, baseline_of, difference, resolved
+from experiments.report.seeds import Setting, Stats, baseline_of, resolved
 from experiments.results import read_metrics, series
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
@@ -38,7 +41,7 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)", "similar:post_norm"),
     Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
     Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
-    Finding("lr_sweep", "a learning-rate sweet spot", "best near 1e-3, worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate", "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
     Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training", "lr_diverge"),
     Finding("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps", "batch_equal_steps"),
     Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
@@ -67,10 +70,11 @@ def _loss(s: Setting | None) -> Stats | None:
     return s.stats("eval_loss") if s else None
 
 
-def _versus(a: Stats, b: Stats, a_name: str, b_name: str) -> str:
-    d, se = difference(a, b)
-    noise = "one seed" if se is None else ("beyond noise" if resolved(a, b) else "within noise")
-    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({100 * d / b.mean:+.1f}%, {noise})"
+def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
+    """The comparison's text and whether it is beyond noise (None: one seed)."""
+    verdict = resolved(a, b, noise)
+    said = {None: "one seed", True: "beyond noise", False: "within noise"}[verdict]
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({100 * (a.mean - b.mean) / b.mean:+.1f}%, {said})", verdict
 
 
 def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
@@ -80,21 +84,21 @@ def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, 
     learning rate) is reported beside it against the baseline at those settings."""
     base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
     a, b = _loss(var), _loss(base)
-    extra = _elsewhere(settings, variant)
+    extra = _elsewhere(settings, variant, ctx["noise"])
     if var and not var.ok:
         return f"{variant}: {var.status}{extra}", AGREE
     if a is None or b is None:
         return "not run", UNRESOLVED
-    text = _versus(a, b, variant, "baseline")
+    text, beyond = _versus(a, b, variant, "baseline", ctx["noise"])
     worse_at = _worse_at_evals(var, base)
     if worse_at:
         text += f"; above the baseline at {worse_at} evaluations (seed means)"
-    if not resolved(a, b):
+    if not beyond:
         return text + extra, UNRESOLVED
     return text + extra, AGREE if a.mean > b.mean else DISAGREE
 
 
-def _elsewhere(settings: list[Setting], variant: str) -> str:
+def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
     """'; at optim.lr=0.01: val loss ...' for the variant's other settings, each against the baseline there."""
     bases = baseline_of(settings, {"variant": "baseline"})
     out = []
@@ -108,7 +112,7 @@ def _elsewhere(settings: list[Setting], variant: str) -> str:
             base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
             out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div else f"at {where}: not complete")
         else:
-            out.append(f"at {where}: " + _versus(a, b, variant, "baseline"))
+            out.append(f"at {where}: " + _versus(a, b, variant, "baseline", noise)[0])
     return "".join(f"; {o}" for o in out)
 
 
@@ -121,19 +125,20 @@ def _worse_at_evals(var: Setting, base: Setting) -> str:
 
 
 def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    return _similar_pair(settings, variant, "baseline")
+    return _similar_pair(settings, variant, "baseline", ctx)
 
 
-def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str) -> tuple[str, str]:
+def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
     """Within noise, or within SMALL of each other: agree; further apart: disagree."""
     if a is None or b is None:
         return "not run", UNRESOLVED
-    close = resolved(a, b) is False or abs(a.mean - b.mean) <= SMALL * b.mean  # one seed: by SMALL alone
-    return _versus(a, b, a_name, b_name), AGREE if close else DISAGREE
+    text, beyond = _versus(a, b, a_name, b_name, ctx["noise"])
+    close = beyond is False or abs(a.mean - b.mean) <= SMALL * b.mean  # one seed: by SMALL alone
+    return text, AGREE if close else DISAGREE
 
 
-def _similar_pair(settings: list[Setting], a_name: str, b_name: str) -> tuple[str, str]:
-    return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name)
+def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
+    return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name, ctx)
 
 
 def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
@@ -155,33 +160,28 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     others = [(x, o) for x, _, o in ok if x != best_x]
     text = f"best lr {format_value(best_x)} (val loss {st.text()}); " + ", ".join(f"lr {format_value(x)}: {o.text()}" for x, o in others)
     interior = pts[0][0] < best_x < pts[-1][0]
-    clear = all(resolved(st, o) for _, o in others)
+    clear = all([resolved(st, o, ctx["noise"]) for _, o in others])  # a list: every comparison counts in the family
     text += "; best beyond noise of every other rate" if clear else "; best within noise of another rate"
+    text += f"; this best is {best_x / 1e-3:.3g}x the seed reports' 1e-3 (where it lies depends on model and batch)"
     return text, AGREE if interior and clear else UNRESOLVED
 
 
 def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    """Every rate 10-100x the best diverged (non-finite, or ended above the untrained loss ln V): agree."""
+    """Every rate 10-100x the best diverged, by `divergence.DEFINITION` (non-finite, or ended above ln V): agree."""
     pts, best, _ = _best_lr(settings)
     if best is None:
         return "no completed rate", UNRESOLVED
-    best_x = best[0]
+    best_x, untrained = best[0], ctx.get("untrained_loss", math.inf)
     parts, in_range, blown = [], 0, 0
     for x, s in pts:
         if x < 10 * best_x:
             continue
-        diverged = [r for r in s.runs if r.get("status") == "diverged"]
-        st = _loss(s)
-        bad = len(diverged) == len(s.runs) or (st is not None and st.mean > ctx.get("untrained_loss", math.inf))
+        outs = [outcome(r, untrained) for r in s.runs]
+        bad = sum(d for d, _ in outs)
         if x <= 100 * best_x:
-            in_range, blown = in_range + 1, blown + bad
-        where = ""
-        if diverged:
-            steps = [str(r.get("metrics", {}).get("steps", "?")) for r in diverged]
-            planned = (diverged[0].get("config") or {}).get("train", {}).get("steps")
-            where = f" by step {', '.join(steps)}" + (f" of {planned}" if planned else "")
-        loss = f" (val loss {st.text()})" if st is not None and s.ok else ""
-        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {s.status}{where}{loss}")
+            in_range, blown = in_range + 1, blown + (bad == len(outs))
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {bad} of {len(outs)} seeds diverged "
+                     f"({'; '.join(how for _, how in outs)})")
     if not parts:
         return "no rate 10x or more above the best", UNRESOLVED
     verdict = UNRESOLVED if not in_range else AGREE if blown == in_range else DISAGREE
@@ -193,7 +193,7 @@ def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
-    steps = [resolved(b, a) and b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:])]
+    steps = [resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:])]
     if all(steps):
         return text, AGREE
     falling = all(b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:]))
@@ -224,8 +224,11 @@ def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = [(x, st) for x, s in _numeric(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
-    text = "median step time " + ", ".join(f"batch {int(x)}: {st.mean * 1000:.0f} ms" for x, st in pts)
-    return text, AGREE if all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])) else DISAGREE
+    text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
+    beyond = [resolved(b, a, ctx["noise"]) for (_, a), (_, b) in zip(pts, pts[1:])]
+    if not all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])):
+        return text, DISAGREE
+    return text, AGREE if all(beyond) else UNRESOLVED
 
 
 def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -234,7 +237,7 @@ def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
         return "fewer than two sizes", UNRESOLVED
     text = ", ".join(f"{s.name} ({p / 1e3:.0f}k params): {st.text()}" for p, s, st in pts)
     (_, _, prev), (_, _, big) = pts[-2], pts[-1]
-    if big.mean < prev.mean and resolved(big, prev):
+    if resolved(big, prev, ctx["noise"]) and big.mean < prev.mean:
         return text + "; the largest is better beyond noise", DISAGREE
     return text + "; the largest is not better beyond noise", AGREE
 
@@ -274,8 +277,8 @@ def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     a, b = _quantized(ctx, "qat w4a8", 4), _quantized(ctx, "float32", 4)
     if a is None or b is None:
         return "not run", UNRESOLVED
-    text = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32")
-    if not resolved(a, b):
+    text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
+    if not beyond:
         return text, UNRESOLVED
     return text, AGREE if a.mean < b.mean else DISAGREE
 
@@ -287,17 +290,17 @@ def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pairs = [(a, b) for s, base in pairs if (a := _loss(s)) and (b := _loss(base))]
     if not pairs:
         return "not run", UNRESOLVED
-    same = all(resolved(a, b) is False or a.mean == b.mean for a, b in pairs)
+    same = all([resolved(a, b, ctx["noise"]) is False or a.mean == b.mean for a, b in pairs])
     text = "; ".join(f"{a.text()} vs {b.text()}" for a, b in pairs) + " (remat vs float32, val loss by batch)"
     return text, AGREE if same else DISAGREE
 
 
 CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
     "similar:remat": check_remat,
-    "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full"),
+    "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full", c),
     "lora_ranks": check_lora_ranks,
-    "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16"),
-    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ", "float32"),
+    "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16", c),
+    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ", "float32", c),
     "qat_recovers": check_qat,
     "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
     "worse:nope": lambda s, c: check_worse(s, "nope", c),
@@ -317,7 +320,8 @@ CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
 
 
 def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
-    """[{claim, seen, measured, verdict}] for the plan's findings. ctx: bench_rows, untrained_loss."""
+    """[{claim, seen, measured, verdict}] for the plan's findings. ctx: bench_rows, untrained_loss, noise
+    (the table's `Family`)."""
     rows = []
     for f in FINDINGS:
         if f.plan != plan:

@@ -5,14 +5,13 @@ trainer writes to metrics.jsonl at step 0), and the `python -m jaxlm.quantize` r
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from pathlib import Path
 
 from experiments.report.format import fmt, table
+from experiments.report.noise import Family, paired
 from experiments.report.seeds import (
-    NOISE_SE,
     SEED_SUFFIX,
+    VERDICT,
     Stats,
     compare_phrase,
     group_settings,
@@ -48,9 +47,9 @@ def _label(run: dict) -> str:
     return f"{kind} rank {lora['rank']}" + (f" ({lora['base']} base)" if kind == "QLoRA" else "")
 
 
-def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
+def peft(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
     """(findings, lines of the fine-tuning table) over the runs that started from another run's weights,
-    one row per method (mean ± std of the validation loss over its seeds)."""
+    one row per method (mean ± 95 % interval of the validation loss over its seeds)."""
     tuned = [(r, params_row(r)) for r in runs if ((r.get("config") or {}).get("train") or {}).get("init_from")]
     tuned = [(r, p) for r, p in tuned if p and _loss(r) is not None]
     if not tuned:
@@ -74,7 +73,7 @@ def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
             findings.append(
                 f"{_label(r)} trained {100 * p['trainable_params'] / total:.2f} % of the parameters with "
                 f"{100 * state / (fp['grad_bytes'] + fp['optimizer_bytes']):.1f} % of full fine-tuning's gradient + "
-                f"optimizer-state memory: {compare_phrase(loss[name], loss[full], digits=4)} for full fine-tuning.")
+                f"optimizer-state memory: {compare_phrase(loss[name], loss[full], noise, digits=4)} for full fine-tuning.")
         if p.get("quantised_bytes_per_param"):
             findings.append(f"{_label(r)} stored its quantised frozen weights at {p['quantised_bytes_per_param']:.3f} "
                             f"bytes per parameter (float32: 4), {p['frozen_bytes'] / MIB:.3f} MiB of frozen weights "
@@ -82,7 +81,7 @@ def peft(runs: list[dict]) -> tuple[list[str], list[str]]:
     headers = ["setting", "method", "seeds", "trainable", "share", "grad + opt MiB", "frozen MiB", "bytes / quantised param",
                "step ms", "val loss"]
     return findings, ["## Fine-tuning cost", "", table(headers, rows), "",
-                      "Val loss: mean ± sample standard deviation over the seeds. Gradients: one float32 per trainable "
+                      "Val loss: mean ± the half-width of its 95 % t-interval over the seeds. Gradients: one float32 per trainable "
                       "parameter; optimizer state: AdamW's two moments and its step count; frozen: the parameters "
                       "outside the trainable set, in the bytes they are stored in.", ""]
 
@@ -97,21 +96,21 @@ def quantize_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def paired_phrase(a: dict[str, float], b: dict[str, float]) -> str:
+def paired_phrase(a: dict[str, float], b: dict[str, float], noise: Family) -> str:
     """'+0.0149 ± 0.0012 (paired by seed, beyond noise)': the mean of a - b over the seeds both have,
-    ± its sample standard deviation; beyond noise when the mean exceeds twice its standard error.
+    ± the half-width of its 95 % t-interval; beyond noise when the paired t-test rejects after Holm.
     Each seed's models share their initialisation and data order, so pairing removes that spread."""
     diffs = [a[k] - b[k] for k in a if k in b]
-    if len(diffs) < 2:
-        return f"{diffs[0]:+.4f} (one seed: noise unknown)" if diffs else "no common seed"
-    d, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    verdict = "beyond noise" if abs(d) > NOISE_SE * sd / math.sqrt(len(diffs)) else "within noise"
-    return f"{d:+.4f} ± {sd:.4f} (paired by seed, {verdict})"
+    if not diffs:
+        return "no common seed"
+    st = Stats.of(diffs)
+    spread = f" ± {st.ci:.4f}" if st.ci is not None else ""
+    return f"{st.mean:+.4f}{spread} (paired by seed, {VERDICT[noise.beyond(paired(diffs))]})"
 
 
-def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
-    """(findings, lines of the PTQ / QAT table): each trained model and conversion, mean ± std over seeds,
-    compared with float32 and PTQ by seed-paired differences."""
+def quantization(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
+    """(findings, lines of the PTQ / QAT table): each trained model and conversion, mean ± 95 % interval
+    over seeds, compared with float32 and PTQ by seed-paired differences."""
     rows = quantize_rows(runs)
     if not rows:
         return [], []
@@ -127,7 +126,7 @@ def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
             continue
         what = f"{k[0]} with {q['weights']} weights" if k[1] else f"{k[0]} as trained"
         size = f"; weights {cells[base][0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's" if k[1] else ""
-        findings.append(f"{what}: validation loss {stats[k].text(4)}, {paired_phrase(losses, cells[base][1])} "
+        findings.append(f"{what}: validation loss {stats[k].text(4)}, {paired_phrase(losses, cells[base][1], noise)} "
                         f"against float32{size}.")
     for bits in (8, 4):
         ptq = next((k for k, (q, _) in cells.items() if k[1] == bits and q["trained"] == "float32"), None)
@@ -135,10 +134,10 @@ def quantization(runs: list[dict]) -> tuple[list[str], list[str]]:
         if ptq and qat:
             better = "below" if stats[qat].mean < stats[ptq].mean else "above"
             findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {stats[qat].text(4)}, {better} PTQ of "
-                            f"the float32 model ({stats[ptq].text(4)}): {paired_phrase(cells[qat][1], cells[ptq][1])}.")
+                            f"the float32 model ({stats[ptq].text(4)}): {paired_phrase(cells[qat][1], cells[ptq][1], noise)}.")
     table_rows = [[k[0], q["trained"], q["weights"], str(stats[k].n), stats[k].text(4), f"{q['weight_bytes']:,}"]
                   for k, (q, _) in cells.items()]
     return findings, ["## Float32, PTQ and QAT", "",
                       table(["run", "trained", "weights", "seeds", "val loss", "weight bytes"], table_rows), "",
-                      "Val loss: mean ± sample standard deviation over the seeds, each evaluated on the same "
-                      "validation batches.", ""]
+                      "Val loss: mean ± the half-width of its 95 % t-interval over the seeds, each evaluated on the "
+                      "same validation tokens.", ""]

@@ -7,37 +7,18 @@ from pathlib import Path
 
 from experiments.plan import format_value
 from experiments.report.format import QUANTITIES, x_value
-from experiments.report.seeds import Setting, group_settings
+from experiments.report.output import COLOURS, pyplot
+from experiments.report.seeds import Setting, Stats, group_settings
 from experiments.results import read_metrics, series
-from jaxlm.core.extras import require
 
-
-def _plt():
-    require("matplotlib").use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def shrink_png(path: Path, colours: int = 96) -> None:
-    """Re-encode a plot with an adaptive palette: line plots keep their look at a third of the bytes."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        if im.mode == "P":
-            return
-        small = im.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT)
-    small.save(path, optimize=True)
-
-
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 MAX_LINES = 8  # lines per panel; more settings make more panel rows
 X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)", "time": "wall time since the first log (s)"}
 
 
 def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(x, seed mean, seed min, seed max) of `q` at the steps every run logged, finite values only.
+    """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only
+    (one run: the interval is the point).
 
     x is the step, the tokens seen (millions: step x batch x context) or the mean wall time."""
     per_run = []
@@ -52,10 +33,11 @@ def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[flo
         vals = [d[s][0] for d in per_run]
         x = {"step": s, "time": sum(d[s][1] for d in per_run) / len(per_run), "tokens": sum(d[s][2] for d in per_run) / len(per_run)}[by]
         if math.isfinite(x):
+            st = Stats.of(vals)
             xs.append(x)
-            mean.append(sum(vals) / len(vals))
-            lo.append(min(vals))
-            hi.append(max(vals))
+            mean.append(st.mean)
+            lo.append(st.mean - (st.ci or 0.0))
+            hi.append(st.mean + (st.ci or 0.0))
     return xs, mean, lo, hi
 
 
@@ -70,11 +52,12 @@ def _curve_runs(setting: Setting) -> tuple[list[dict], str]:
 
 
 def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "time")) -> list[str]:
-    """Training and validation loss of each setting (seed mean, min-max band) by step, tokens or wall time."""
+    """Training and validation loss of each setting (seed mean, 95 % band) by step, tokens or wall time; a figure
+    with no line to draw is not written."""
     settings = [s for s in group_settings(runs) if _curve_runs(s)[0]]
     if not settings:
         return []
-    plt = _plt()
+    plt = pyplot()
     chunks = [settings[i : i + MAX_LINES] for i in range(0, len(settings), MAX_LINES)]
     written = []
     for by in bys:
@@ -102,7 +85,10 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
             handles.update(zip(*reversed(row[1].get_legend_handles_labels())))
             if handles:
                 row[1].legend(list(handles.values()), list(handles), loc="upper right", fontsize=7)
-        fig.suptitle("seed mean, band: min to max over seeds; x: last finite point of a diverged run", fontsize=8)
+        if not any(ax.get_lines() for row in axs for ax in row):
+            plt.close(fig)
+            continue
+        fig.suptitle("seed mean, band: its 95 % t-interval over seeds; x: last finite point of a diverged run", fontsize=8)
         fig.tight_layout()
         name = f"curves_by_{by}.png"
         fig.savefig(out / name, dpi=80, bbox_inches="tight")
@@ -145,7 +131,7 @@ def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
 
 
 def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path) -> str | None:
-    """Final metrics against one axis (seed mean, error bar: min to max), a line per combination of the other axes."""
+    """Final metrics against one axis (seed mean, error bar: its 95 % t-interval), a line per combination of the other axes."""
     groups: dict[str, list[tuple[float, Setting]]] = {}
     for s in group_settings([r for r in runs if r.get("status") in ("ok", "diverged")]):
         xs = [v for r in s.runs if (v := x_value(r, x)) is not None]
@@ -155,14 +141,14 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         groups.setdefault(rest, []).append((sum(xs) / len(xs), s))
     if not groups:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axs = plt.subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
     for ax, q in zip(axs[0], ys):
         for k, (label, pts) in enumerate(groups.items()):
             pts = sorted((a, st) for a, s in pts if (st := s.stats(q)) is not None)
             if pts:
                 xs = [a for a, _ in pts]
-                ax.errorbar(xs, [st.mean for _, st in pts], yerr=[[st.mean - st.lo for _, st in pts], [st.hi - st.mean for _, st in pts]],
+                ax.errorbar(xs, [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
                             color=COLOURS[k % len(COLOURS)], marker=MARKERS[k % len(MARKERS)], capsize=3, label=label)
         if logx:
             ax.set_xscale("log")
@@ -171,6 +157,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         ax.grid(alpha=0.3)
     if len(groups) > 1:
         axs[0][0].legend(fontsize=7)
+    fig.suptitle("seed mean; error bars: its 95 % t-interval over seeds", fontsize=8)
     fig.tight_layout()
     name = f"{x.replace('.', '_')}_vs_metrics.png"
     fig.savefig(out / name, dpi=80)
@@ -180,7 +167,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
 
 AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size (sequences)", "model.context_length": "context length (tokens)",
                "params": "parameters"}
-UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)", "eval_acc": " (next-byte top-1)"}
+UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)", "eval_acc": " (next-token top-1)"}
 
 
 def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:

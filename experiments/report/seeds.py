@@ -1,6 +1,6 @@
-"""Settings over seeds: a plan with `seeds` runs each setting several times; the report compares
-settings by the mean over seeds and calls a difference "within noise" when it is below twice its
-standard error (the seed-to-seed standard deviations of the two settings, Welch's form)."""
+"""Settings over seeds: a plan with `seeds` runs each setting several times; the report gives each
+setting's mean with its 95 % t-interval and calls a difference "beyond noise" when Welch's t-test,
+Holm-corrected over the comparisons of its table (`experiments.report.noise`), rejects at 5 %."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 from experiments.plan import SEED_AXIS, format_value
 from experiments.report.format import QUANTITIES, fmt, table, value
+from experiments.report.noise import Family, half_width, welch
 from experiments.results import read_metrics, series
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
-NOISE_SE = 2.0  # a difference of means beyond this many standard errors is "beyond noise"
 
 
 @dataclass
@@ -44,12 +44,13 @@ class Setting:
         return [v for r in self.ok if (v := value(r, q)) is not None and math.isfinite(v)]
 
     def stats(self, q: str) -> Stats | None:
-        return Stats.of(self.values(q))
+        return Stats.of(self.values(q), (self.name, q))
 
 
 @dataclass(frozen=True)
 class Stats:
-    """Mean and spread of one quantity over seeds; std is the sample standard deviation (n - 1)."""
+    """Mean and spread of one quantity over seeds; std is the sample standard deviation (n - 1),
+    ci the half-width of the 95 % t-interval of the mean (None for one seed)."""
 
     n: int
     mean: float
@@ -57,15 +58,21 @@ class Stats:
     lo: float
     hi: float
 
+    label: tuple = ()  # what was measured (setting, quantity): two comparisons of equal numbers stay two
+
     @staticmethod
-    def of(xs: list[float]) -> Stats | None:
+    def of(xs: list[float], label: tuple = ()) -> Stats | None:
         if not xs:
             return None
-        return Stats(len(xs), statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs))
+        return Stats(len(xs), statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs), label)
+
+    @property
+    def ci(self) -> float | None:
+        return half_width(self.std, self.n)
 
     def text(self, digits: int = 3) -> str:
-        """'2.031 ± 0.012' (± one sample standard deviation over seeds), or the value of a single run."""
-        return f"{self.mean:.{digits}f}" if self.n == 1 else f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+        """'2.031 ± 0.012' (± the half-width of the 95 % interval of the mean), or the value of a single run."""
+        return f"{self.mean:.{digits}f}" if self.n == 1 else f"{self.mean:.{digits}f} ± {self.ci:.{digits}f}"
 
 
 def group_settings(runs: list[dict]) -> list[Setting]:
@@ -84,27 +91,20 @@ def is_seeded(runs: list[dict]) -> bool:
     return any(SEED_AXIS in (r.get("axes") or {}) for r in runs)
 
 
-def difference(a: Stats, b: Stats) -> tuple[float, float | None]:
-    """(mean of a - mean of b, its standard error; None when either side has one seed)."""
-    if a.n < 2 or b.n < 2:
-        return a.mean - b.mean, None
-    return a.mean - b.mean, math.sqrt(a.std**2 / a.n + b.std**2 / b.n)
+def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
+    """True when a and b differ beyond noise (Welch's test, Holm-corrected over `noise`), False when
+    within noise, None with a single seed."""
+    return noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n), key=frozenset((a, b)))  # a vs b = b vs a
 
 
-def resolved(a: Stats, b: Stats) -> bool | None:
-    """True when a and b differ beyond noise, False when within noise, None with a single seed."""
-    d, se = difference(a, b)
-    if se is None:
-        return None
-    return abs(d) > NOISE_SE * se
+VERDICT = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}
 
 
-def compare_phrase(a: Stats, b: Stats, what: str = "validation loss", digits: int = 3) -> str:
+def compare_phrase(a: Stats, b: Stats, noise: Family, what: str = "validation loss", digits: int = 3) -> str:
     """'validation loss 2.104 ± 0.010 against 2.031 ± 0.012 (+3.6%, beyond noise)'."""
-    d, se = difference(a, b)
+    d = a.mean - b.mean
     pct = f"{100 * d / b.mean:+.1f}%" if b.mean else f"{d:+.3g}"
-    verdict = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}[resolved(a, b)]
-    return f"{what} {a.text(digits)} against {b.text(digits)} ({pct}, {verdict})"
+    return f"{what} {a.text(digits)} against {b.text(digits)} ({pct}, {VERDICT[resolved(a, b, noise)]})"
 
 
 def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
@@ -122,10 +122,11 @@ def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
     return out
 
 
-def settings_table(settings: list[Setting], bases: dict[str, Setting]) -> str:
-    """One row per setting: seeds, status, final metrics as mean ± std over the completed seeds."""
+def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> str:
+    """One row per setting: seeds, status, final metrics as mean ± 95 % interval over the completed seeds."""
     axes = list(dict.fromkeys(k for s in settings for k in s.axes))
-    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_acc", "tokens_per_s", "step_time", "wall_time_s")
+    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s", "step_time",
+                        "wall_time_s")
             if any(s.stats(q) for s in settings)]
     headers = ["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)] + (["Δ val loss vs baseline"] if bases else [])
     rows = []
@@ -137,24 +138,26 @@ def settings_table(settings: list[Setting], bases: dict[str, Setting]) -> str:
                 row.append("–")
             elif q in ("train_loss", "eval_loss"):
                 row.append(st.text(3))
+            elif q == "eval_ppl":
+                row.append(st.text(2))
             elif q == "eval_acc":
-                row.append(f"{100 * st.mean:.1f}%" + (f" ± {100 * st.std:.1f}" if st.n > 1 else ""))
+                row.append(f"{100 * st.mean:.1f}%" + (f" ± {100 * st.ci:.1f}" if st.n > 1 else ""))
             else:
                 row.append(fmt(st.mean, QUANTITIES[q][1]))
         if bases:
-            row.append(_delta_cell(s, bases))
+            row.append(_delta_cell(s, bases, noise))
         rows.append(row)
     return table(headers, rows)
 
 
-def _delta_cell(s: Setting, bases: dict[str, Setting]) -> str:
+def _delta_cell(s: Setting, bases: dict[str, Setting], noise: Family) -> str:
     b = bases.get(s.name)
     if b is None:
         return "base" if s in bases.values() else ""
     a, base = s.stats("eval_loss"), b.stats("eval_loss")
     if a is None or base is None:
         return "–"
-    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base)]
+    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base, noise)]
     return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
 
 
@@ -169,7 +172,7 @@ def _most_common_data(settings: list[Setting]) -> tuple[str, str] | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | None) -> list[str]:
+def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> list[str]:
     """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
     out = []
     for s in settings:
@@ -183,8 +186,9 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | 
         extra = ""
         ta, tb = s.stats("step_time"), b.stats("step_time")
         if ta and tb and tb.mean:
-            extra = f"; median step time {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% (a shared machine: indicative only)"
-        out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base)}{extra}.")
+            extra = (f"; step time (median of each run's logged windows) {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% "
+                     f"({VERDICT[resolved(ta, tb, noise)]})")
+        out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base, noise)}{extra}.")
     same_data = _most_common_data(settings)  # losses on other validation data (peft's pre-training) do not rank
     ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and _data(s) == same_data
                      and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
@@ -193,7 +197,7 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], x: str | 
         line = f"Lowest mean validation loss: `{s.name}`, {best.text()}"
         if len(ranked) > 1:
             nxt, s2 = ranked[1]
-            line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best)}"
+            line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best, noise)}"
         out.append(line + ".")
     return out
 
@@ -210,7 +214,7 @@ def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
     return None
 
 
-def equal_token_sentences(settings: list[Setting], x: str) -> list[str]:
+def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> list[str]:
     """Neighbours along `x` compared at the smaller run's whole token budget, by the logged training loss."""
     pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok), key=lambda t: t[0])
     out = []
@@ -224,5 +228,5 @@ def equal_token_sentences(settings: list[Setting], x: str) -> list[str]:
             out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no training loss that early.")
             continue
         out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} "
-                   f"{compare_phrase(theirs, mine, 'training loss')}.")
+                   f"{compare_phrase(theirs, mine, noise, 'training loss')}.")
     return out

@@ -20,6 +20,8 @@ Two calibrations, because two compilers keep different tensors:
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
   calibrated on XLA:CPU's memory_analysis() at float32 without remat (faithful
   there only: XLA:CPU undoes remat and computes bfloat16 through float32).
+The remat policy priced is `ComputeConfig.remat_policy`, the one the model applies: with
+``compute.scan_layers`` "none" keeps the matmul outputs, as dots_saveable (jaxlm/nn/remat.py).
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
 }
 
 # Device memory as the driver reports it (nvidia-smi's total; bytes). Marketed sizes in the names.
-GIB = 2**30
 DEVICES: dict[str, float] = {
     "h100-80gb": 81559 * 2**20,
     "h100-94gb": 95830 * 2**20,
@@ -219,12 +220,13 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     logits = tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
-    kept = _remat_saved(per_layer, cfg, seq_len, a, fused, compute.remat)
-    if compute.remat == "offload":  # the saved matmul outputs live in host memory
+    remat = compute.remat_policy  # what the model applies: "none" is dots_saveable under scanned layers
+    kept = _remat_saved(per_layer, cfg, seq_len, a, fused, remat)
+    if remat == "offload":  # the saved matmul outputs live in host memory
         kept = {name: (a * cfg.d_model if name == "residuals" else 0.0) for name in kept}
     out = {"embedding": tokens * a * cfg.d_model}
     out.update({name: tokens * cfg.num_layers * value for name, value in kept.items()})
-    if compute.remat != "none":  # the backward rebuilds one block at a time
+    if remat != "none":  # the backward rebuilds one block at a time
         working = {k: working.get(k, 0.0) + per_layer[k] for k in per_layer}
     out["backward working set (one layer)"] = tokens * sum(working.values())
     out["logits / loss"] = logits

@@ -34,7 +34,7 @@ FRAMEWORKS = ("jax", "torch")
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
     "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
 )
 
@@ -173,10 +173,10 @@ def _release_memory() -> None:
 SIDES = {"jax": "jaxlm.bench.jax_side"}  # framework -> module; `python -m parity.bench` adds "torch"
 
 
-def framework_side(framework: str):
-    """The module that measures one framework's rows (build_step, run/time, memory)."""
+def framework_side(framework: str, command: str = "model"):
+    """The module that measures one framework's rows (build_step, run/time, memory, decode_runner)."""
     if framework not in SIDES:
-        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench model ...` "
+        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench {command} ...` "
                          "(the torch extra); `python -m jaxlm.bench` measures jax only")
     return importlib.import_module(SIDES[framework])
 

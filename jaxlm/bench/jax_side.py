@@ -149,8 +149,20 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
     row["step_ms_median"] = 1e3 * float(np.median(times))
+    row["step_ms_first"] = 1e3 * times[0]  # what warm-up is for: the first timed step after --warmup steps
     peak = peak_memory_bytes()
     if peak is not None:
         row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
     else:
         row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"
+
+
+def decode_runner(model: TransformerLM, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int,
+                  use_cache: bool) -> tuple[Callable[[], list[list[int]]], Callable[[], dict]]:
+    """(run, compiled): run() is one greedy generation of `prompts` (the new tokens of each row);
+    compiled() the Generator's compilation counts."""
+    from jaxlm.nn.decode import Generator, SamplingParams
+
+    gen = Generator(model)
+    greedy = SamplingParams(temperature=0.0)
+    return (lambda: gen.generate(prompts, new_tokens, greedy, use_cache=use_cache).tokens), gen.compiled_sizes

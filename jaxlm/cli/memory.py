@@ -95,6 +95,7 @@ def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, m
            "batch": batch,
            "batch_per_device": est.batch_per_device, "devices": mesh.devices, "fsdp": mesh.fsdp,
            "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
+           "remat_applied": compute.remat_policy,
            "state_bytes": est.state, "activation_bytes": est.activations, "peak_bytes": est.total}
     if capacity is not None:
         usable = usable_share() if usable is None else usable
@@ -108,7 +109,8 @@ def format_report(r: dict, cfg: ModelConfig) -> str:
              f"vocab {cfg.vocab_size}: {r['parameters'] / 1e6:.1f}M parameters",
              f"step: {r['mode']}, batch {r['batch']} ({r['batch_per_device']} per device on {r['devices']} "
              f"device{'s' if r['devices'] > 1 else ''}{', FSDP' if r['fsdp'] else ''}), context {r['context']}, "
-             f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}", "",
+             f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}"
+             + (f" (applied as {r['remat_applied']}: scanned layers)" if r["remat_applied"] != r["remat"] else ""), "",
              f"{'estimated bytes per device':40s} {'':>10s}"]
     lines += [f"  {k:38s} {si(v):>10s}" for k, v in r["state_bytes"].items()]
     acts = r["activation_bytes"]

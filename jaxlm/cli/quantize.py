@@ -1,13 +1,14 @@
 """Post-training quantisation (PTQ): convert runs' Linear weights to integers and evaluate them.
 
-    python -m jaxlm.quantize RUN_DIR [RUN_DIR ...] [--bits 8 4] [--batches N] [--json FILE]
+    python -m jaxlm.quantize RUN_DIR [RUN_DIR ...] [--bits 8 4] [--tokens N] [--json FILE]
 
 For each run: the model as trained, then the blocks' Linear weights (attention and
-feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm.quant`), each
-with its validation loss (the run's val.bin, its batch shape) and its weight bytes (integer
+feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm/nn/quant.py`), each
+with its validation loss (the run's val.bin: its data.eval_tokens targets, as in training) and its weight bytes (integer
 weights at their bit width plus a float32 scale per output channel; embeddings, norms and
 the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
-float run and QAT runs, this one table is the float / PTQ / QAT comparison.
+float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run's lock (jaxlm.core.lock)
+is held while it is read, so no trainer replaces its checkpoints between the rows.
 """
 
 from __future__ import annotations
@@ -20,65 +21,78 @@ from jaxlm import cli
 from jaxlm.core.errors import DataError, UsageError
 
 
+def projections(model) -> list:
+    """The blocks' linear layers (attention and feed-forward) in either layer layout; not the output head."""
+    from flax import nnx
+
+    from jaxlm.nn.layers import Linear
+    from jaxlm.nn.quant import QATLinear
+
+    return [m for _, m in nnx.iter_graph(model.layers) if isinstance(m, (Linear, QATLinear))]
+
+
 def weight_bytes(model, bits: int | None) -> int:
-    """Bytes of the model's Params with the Linear weights at `bits` (+ a float32 scale per row), the rest float32."""
+    """Bytes of the model's Params with the block weights at `bits` (+ a float32 scale per row), the rest float32."""
     import jax
     import numpy as np
     from flax import nnx
 
-    from jaxlm.nn import quant
-
     total = sum(int(np.prod(p.shape)) * 4 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     if bits:
-        for parent, name in quant.linear_slots(model):
-            O, I = getattr(parent, name).weight.shape
-            total += math.ceil(O * I * bits / 8) + 4 * O - 4 * O * I
+        for layer in projections(model):
+            *layers, O, I = layer.weight.shape  # a leading layers axis when the layers are scanned
+            total += int(np.prod(layers)) * (math.ceil(O * I * bits / 8) + 4 * O - 4 * O * I)
     return total
 
 
 def convert(model, bits: int) -> None:
-    """Replace every Linear weight in place by the values of its `bits`-bit integer version."""
-    from flax import nnx
-
+    """Replace every block weight in place by the values of its `bits`-bit integer version."""
     from jaxlm.nn import quant
 
-    for parent, name in quant.linear_slots(model):
-        layer = getattr(parent, name)
-        layer.weight = nnx.Param(quant.dequantize_weight(quant.quantize_weight(layer.weight[...], bits)))
+    for layer in projections(model):
+        layer.weight[...] = quant.dequantize_weight(quant.quantize_weight(layer.weight[...], bits))
         if isinstance(layer, quant.QATLinear):
             layer.weight_bits = None  # the weights are now integers: not quantised a second time
 
 
-def val_loss(model, cfg, batches: int) -> float:
-    """Mean cross-entropy over the first `batches` validation batches of the run's data."""
+def val_loss(model, cfg, eval_tokens: int) -> float:
+    """Mean cross-entropy over the first `eval_tokens` validation targets of the run's data (`eval_batches`)."""
     import jax
     from flax import nnx
 
     from jaxlm.data.loader import eval_batches
-    from jaxlm.nn.model import cross_entropy
+    from jaxlm.training.step import eval_sums
 
     graphdef, state = nnx.split(model)
-    loss = jax.jit(lambda state, x, y: cross_entropy(nnx.merge(graphdef, state)(x), y))
+    sums = jax.jit(lambda state, x, y, mask: eval_sums(nnx.merge(graphdef, state)(x), y, mask))
     data_dir = Path(cfg.data.dir)
     if not (data_dir / "val.bin").is_file():
         raise DataError(f"{data_dir}/val.bin: the run's validation data is missing (data.dir of its config.toml)")
-    values = [float(loss(state, x, y)) for x, y in eval_batches(data_dir, "val", cfg.data.batch_size,
-                                                                cfg.model.context_length, max_batches=batches,
-                                                                drop_last=True)]
-    if not values:
-        raise DataError(f"{data_dir}/val.bin: shorter than one batch of {cfg.data.batch_size} x {cfg.model.context_length}")
-    return sum(values) / len(values)
+    loss, tokens = 0.0, 0.0
+    for batch in eval_batches(data_dir, "val", cfg.data.batch_size, cfg.model.context_length, eval_tokens):
+        out = jax.device_get(sums(state, *batch))
+        loss, tokens = loss + float(out["loss_sum"]), tokens + float(out["tokens"])
+    return loss / tokens
 
 
-def quantize_run(run: str, bits_list: list[int], batches: int | None) -> list[dict]:
+def quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
     """The rows of one run: as trained, then converted to each bit width."""
+    from jaxlm.core.lock import DirLock
+    from jaxlm.training.checkpoint import find_run_dir
+
+    with DirLock(find_run_dir(run)[0], run):
+        return _quantize_run(run, bits_list, tokens)
+
+
+def _quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
+    """`quantize_run` under the run's lock."""
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 
     model, cfg, _ = restore_for_inference(run)
     if lora.has_adapters(model):
         raise UsageError(f"{run}: a LoRA run; fold its adapters in first (python -m jaxlm.lora merge {run} --out DIR)")
-    n = batches or cfg.train.eval_batches
+    n = cfg.data.eval_tokens if tokens is None else tokens
     qat = cfg.qat.weight_bits or cfg.qat.activation_bits
     trained = f"qat w{cfg.qat.weight_bits or 32}a{cfg.qat.activation_bits or 32}" if qat else "float32"
     name = Path(run).resolve().name
@@ -96,14 +110,14 @@ def main(argv=None) -> int:
     ap = cli.ArgumentParser(prog="python -m jaxlm.quantize", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or checkpoints in them)")
     ap.add_argument("--bits", nargs="+", type=int, default=[8, 4], metavar="B", help="integer widths: 8 and/or 4")
-    ap.add_argument("--batches", type=cli.bounded(int, 1), default=None, metavar="N",
-                    help="validation batches per evaluation (default: the run's train.eval_batches)")
+    ap.add_argument("--tokens", type=cli.bounded(int, 0), default=None, metavar="N",
+                    help="validation targets per evaluation, 0: all (default: the run's data.eval_tokens)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
     args = ap.parse_args(argv)
     bad = [b for b in args.bits if b not in (4, 8)]
     if bad:
         raise UsageError(f"--bits {bad[0]}: must be 4 or 8")
-    rows = [row for run in args.runs for row in quantize_run(run, args.bits, args.batches)]
+    rows = [row for run in args.runs for row in quantize_run(run, args.bits, args.tokens)]
     print(f"{'run':<40} {'weights':<28} {'val loss':>9} {'weight bytes':>13}")
     for r in rows:
         print(f"{r['run']:<40} {r['weights']:<28} {r['val_loss']:>9.4f} {r['weight_bytes']:>13,}")

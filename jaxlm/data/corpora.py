@@ -3,8 +3,9 @@
 The data root is `$JAXLM_DATA`, else `~/.cache/jaxlm/data`. Corpus NAME keeps its
 files in ROOT/NAME/ (`tinyshakespeare/input.txt`, `wikitext-2/valid.txt`, ...), so
 any folder laid out that way can serve as the root. A config names a corpus
-(`data.source = ["tinyshakespeare"]`) and `resolve_sources` turns the name into the
-corpus's training files; a missing corpus fails in one line giving the download command.
+(`data.source = ["tinyshakespeare"]`) or one of its files (`"wikitext-2/test.txt"`) and
+`resolve_sources` turns the name into the corpus's training files (or that file); a
+missing corpus fails in one line giving the download command.
 
 `python -m jaxlm.data download NAME` fetches a corpus (urllib only): each file goes to
 `FILE.part` (resumed with an HTTP Range request when a part exists), its size and
@@ -112,11 +113,26 @@ def corpus_files(name: str, root: str | os.PathLike | None = None, which: str = 
     return paths
 
 
+def corpus_file(source: str, root: str | os.PathLike | None = None) -> Path | None:
+    """ROOT/NAME/FILE for a source "NAME/FILE" naming one of corpus NAME's files (None for any other source);
+    DataError with the download command when it is missing."""
+    name, _, file = source.partition("/")
+    if name not in CORPORA or file not in CORPORA[name].files:
+        return None
+    path = Path(root or data_root()) / name / file
+    if not path.is_file():
+        raise DataError(f"{path}: corpus {name!r} not found; run `python -m jaxlm.data download {name}` "
+                        "(or point JAXLM_DATA at a folder that holds it)")
+    return path
+
+
 def resolve_sources(sources: list[str] | tuple[str, ...]) -> list[str]:
-    """Corpus names become their training files; file paths (and "pydoc") pass through."""
+    """Corpus names become their training files and "NAME/FILE" that file of the corpus, both in the data
+    root; file paths (and "pydoc") pass through."""
     out: list[str] = []
     for s in map(str, sources):
-        out += [str(p) for p in corpus_files(s)] if s in CORPORA else [s]
+        one = None if s in CORPORA or Path(s).is_file() else corpus_file(s)
+        out += [str(p) for p in corpus_files(s)] if s in CORPORA else [str(one or s)]
     return out
 
 

@@ -174,31 +174,39 @@ def _absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
+def scored_tokens(split_tokens: int, eval_tokens: int) -> int:
+    """Targets an evaluation scores: `eval_tokens`, or every target of the split (its length - 1)
+    when that is fewer or `eval_tokens` is 0."""
+    return split_tokens - 1 if eval_tokens == 0 else min(eval_tokens, split_tokens - 1)
+
+
 def eval_batches(
     data_dir: str | os.PathLike,
     split: str,
     batch_size: int,
     context_length: int,
-    max_batches: int | None = None,
+    eval_tokens: int = 0,
     process_index: int = 0,
     process_count: int = 1,
-    drop_last: bool = False,
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Sequential non-overlapping windows: batch k holds windows k*B .. k*B+B-1, window j is
-    inputs x[j*m : j*m+m], targets shifted by one. The last batch may be smaller unless
-    `drop_last`; with several processes each gets its rows of every global batch."""
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A fixed set of validation targets, the same for every batch size and context length.
+
+    The N = `scored_tokens` targets x[1 .. N] are scored once each: windows of m = context_length
+    laid end to end from token 0 (window j: inputs x[jm : jm+m], targets x[jm+1 : jm+m+1]), the last
+    cut at target N, batched `batch_size` windows at a time, the last batch filled with empty windows.
+    Target t is predicted from the (t-1) mod m + 1 tokens before it in its window, so only that
+    context changes with m. Yields int32 inputs and targets and a float32 mask (1 = scored), each
+    (batch_size // process_count, m): this process's rows of every global batch.
+    """
     source = TokenWindows.from_dir(data_dir, split, context_length)
-    m = context_length
-    num_windows = (source.num_tokens - 1) // m
+    m, n = context_length, scored_tokens(source.num_tokens, eval_tokens)
     rows = process_rows(batch_size, process_index, process_count)
-    starts = np.arange(num_windows, dtype=np.int64) * m
-    count = 0
+    num_windows = -(-n // m)
     for lo in range(0, num_windows, batch_size):
-        if max_batches is not None and count >= max_batches:
-            return
-        batch = starts[lo : lo + batch_size]
-        if len(batch) < batch_size and (drop_last or process_count > 1):
-            return
-        w = source.gather(batch[rows] if len(batch) == batch_size else batch)
-        count += 1
-        yield w[:, :-1], w[:, 1:]
+        w = np.zeros((batch_size, m + 1), np.int32)  # (B, m + 1)
+        mask = np.zeros((batch_size, m), np.float32)  # (B, m)
+        for row, start in enumerate(range(lo * m, min(lo + batch_size, num_windows) * m, m)):
+            seg = source.tokens[start : min(start + m, n) + 1]
+            w[row, : len(seg)] = seg
+            mask[row, : len(seg) - 1] = 1.0
+        yield w[rows, :-1], w[rows, 1:], mask[rows]

@@ -5,14 +5,15 @@ Layout of a prepared directory::
     train.bin   flat token ids, raw uint16 (vocab_size <= 65536) or uint32, native little-endian
     val.bin     same, the validation split
     meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
-    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory
+    vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory, or `bpe:N`
 
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
 not change the encoding and encoded in worker processes; chunks are written in order.
 Everything is built in a temporary sibling directory and moved into place only when
 complete (meta.json last), so a failed or interrupted `prepare` leaves the target as
-it was, and a directory with a meta.json is always complete.
+it was, and a directory with a meta.json is always complete. One `prepare` at a time
+per target: it holds the target's lock (jaxlm.core.lock).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.core.errors import DataError
+from jaxlm.core.errors import DataError, WriteFailed
 from jaxlm.core.files import atomic_write, writable_dir_problem
-from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk
+from jaxlm.core.lock import DirLock
+from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
-from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
+from jaxlm.data.maxid import scan_max, stamped_max_ids
+from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
@@ -130,9 +133,12 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
-                ids.tofile(f)
+                f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
                 n += ids.size
                 bar.update(_task_bytes(task))
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file being written
+        raise
     finally:
         if pool is not None:
             pool.terminate()
@@ -164,20 +170,23 @@ def prepare(
     workers: int | None = None,
     dtype: str | None = None,
     progress: bool = True,
+    culprit: str | None = None,
 ) -> dict:
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
-    The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
-    Every input is checked before anything is written; the files are built beside `out` and
-    moved in only when all of them are complete.
-    """
+    Validation: `val_inputs` when given, else the last `val_fraction` of the tokens. `tokenizer` "bpe:N"
+    first trains a byte-level BPE of N entries on the training inputs (as `python -m jaxlm.data train-bpe`).
+    Inputs are checked before anything is written; the files are built beside `out` and moved in when all
+    are complete. `culprit` (default: `out`) names the target in a refusal."""
     t0 = time.perf_counter()
     inputs = _check_sources(inputs, "training")
     val_inputs = _check_sources(val_inputs, "validation") if val_inputs else None
     if val_inputs is None and not (val_fraction is not None and 0.0 < val_fraction < 1.0):
         raise DataError(f"val_fraction must be in (0, 1) when no validation files are given, got {val_fraction}")
-    tok = load_tokenizer(tokenizer)
-    np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+    bpe_size = trained_bpe_size(tokenizer)
+    if bpe_size and PYDOC in inputs:
+        raise DataError(f"tokenizer {tokenizer!r}: trains on text files; '{PYDOC}' is not one")
+    tok = None if bpe_size else load_tokenizer(tokenizer)
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
     out = Path(out)
     problem = writable_dir_problem(out)
@@ -185,40 +194,47 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
-    _remove_stale_builds(build)
-    created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
-    try:
-        build.mkdir(parents=True)
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, str(tokenizer), np_dtype, workers, progress)
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
-        _move_into(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        for d in created:  # innermost first
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    with DirLock(out, culprit or str(out)):
+        _remove_stale_builds(build)
+        created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
+        try:
+            build.mkdir(parents=True)
+            source, tok, trained = _trained_tokenizer(build, inputs, bpe_size, workers, progress) if bpe_size else \
+                (str(tokenizer), tok, {})
+            np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+            meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
+            if bpe_size:
+                shutil.rmtree(build / "bpe")
+                meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
+            meta["seconds"] = round(time.perf_counter() - t0, 3)
+            atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
+            _move_into(build, out)
+        except BaseException as e:
+            shutil.rmtree(build, ignore_errors=True)
+            for d in created:  # innermost first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+            if isinstance(e, OSError):  # a full disk, a quota, a file that vanished
+                where = str(e.filename or out).replace(str(build), str(out))
+                raise WriteFailed(f"{where}: preparing the data failed: {e.strerror or e}; {out} is unchanged; "
+                                  "free space (or fix the file) and run again") from e
+            raise
     return meta
 
 
+def _trained_tokenizer(build: Path, inputs, bpe_size: int, workers, progress: bool):
+    """A BPE of `bpe_size` entries trained on the inputs into build/bpe (copied beside the tokens by
+    `_build` like any tokenizer directory): (its directory, the tokenizer, the training record)."""
+    trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
+    return str(build / "bpe"), load_tokenizer(build / "bpe"), trained
+
+
 def _remove_stale_builds(build: Path) -> None:
-    """Remove what a killed `prepare` of the same target left beside it (its process is gone)."""
+    """Remove what a killed `prepare` of the same target left beside it (under the target's lock, so
+    no other `prepare` of it is running)."""
     stem = build.name.rsplit("-", 1)[0]
     for old in build.parent.glob(f"{stem}-*") if build.parent.is_dir() else []:
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,
@@ -262,7 +278,7 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         "tokens": {"train": n_train, "val": n_val},
         "val_fraction": None if val_inputs is not None else val_fraction,
         "sources": {"train": describe(inputs), "val": describe(val_inputs) if val_inputs else "tail of train"},
-        **_max_ids({split: _scan_max(build / f"{split}.bin", np_dtype) for split in SPLITS}, build),
+        **stamped_max_ids({split: scan_max(build / f"{split}.bin", np_dtype) for split in SPLITS}, build),
     }
 
 
@@ -327,26 +343,6 @@ def tokens(data_dir: str | os.PathLike, split: str = "train") -> np.memmap:
 
 
 SPLITS = ("train", "val")
-_SCAN_CHUNK = 1 << 26  # tokens per slice of the max-id scan
-
-
-def _scan_max(path: Path, dtype) -> int:
-    """The largest id in a token file (-1 when empty), read memory-mapped in slices."""
-    if path.stat().st_size == 0:
-        return -1
-    ids = np.memmap(path, dtype=dtype, mode="r")
-    return max(int(ids[lo : lo + _SCAN_CHUNK].max()) for lo in range(0, len(ids), _SCAN_CHUNK))
-
-
-def _max_ids(values: dict[str, int], data_dir: Path) -> dict:
-    """meta.json's record of each split's largest id, stamped with the file's size and mtime."""
-    stamps = {}
-    for split in values:
-        st = (data_dir / f"{split}.bin").stat()
-        stamps[split] = [st.st_size, st.st_mtime_ns]
-    return {"max_token_id": values, "max_token_id_stamps": stamps}
-
-
 def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     """The largest token id in SPLIT.bin: meta.json's record when it was made for this very file
     (same size and mtime), else one memory-mapped scan, recorded in meta.json where writable."""
@@ -357,10 +353,10 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
         raise DataError(f"{path}: file not found")
     known = {**meta.get("max_token_id", {})} if isinstance(meta.get("max_token_id"), dict) else {}
     stamps = {**meta.get("max_token_id_stamps", {})} if isinstance(meta.get("max_token_id_stamps"), dict) else {}
-    fresh = _max_ids({split: 0}, data_dir)["max_token_id_stamps"][split]
+    fresh = stamped_max_ids({split: 0}, data_dir)["max_token_id_stamps"][split]
     if split in known and stamps.get(split) == fresh:
         return int(known[split])
-    value = _scan_max(path, meta["dtype"])
+    value = scan_max(path, meta["dtype"])
     try:
         atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
                                                   "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
@@ -370,7 +366,7 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
 
 
 def _same_tokenizer(meta: dict, spec: str) -> bool:
-    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS:
+    if spec in BUILTIN_TOKENIZERS or meta["tokenizer"] in BUILTIN_TOKENIZERS or trained_bpe_size(spec):
         return spec == meta["tokenizer"]
     if not Path(spec).is_dir():
         return spec == meta["tokenizer"]
@@ -392,7 +388,12 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
+    val = list(data_cfg.val_source) or None
+    if val:
+        _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
-    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=data_cfg.val_fraction, progress=progress)
+    meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
+                   val_inputs=val, progress=progress,
+                   culprit=f"data.dir = {str(d)!r}")
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d

@@ -268,6 +268,18 @@ def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
+def trained_bpe_size(spec) -> int | None:
+    """N of a "bpe:N" spec (a BPE of N entries that `jaxlm.data.prepare` trains on the training text; None for
+    other specs); a malformed N is a DataError naming it."""
+    spec = str(spec)
+    if not spec.startswith("bpe:"):
+        return None
+    n = spec[len("bpe:"):]
+    if not n.isdigit() or int(n) <= 257:
+        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 (256 bytes, <|endoftext|> and at least one merge)")
+    return int(n)
+
+
 def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     """`"bytes"`, `"gpt2"`, or a directory with vocab.json + merges.txt (+ special_tokens.json)."""
     spec = str(spec)

@@ -7,29 +7,35 @@ Design (docs/generate.md has the long version):
   token sits at position (and slot) L_b + n, exactly where it would be if the row
   were generated alone. `TransformerLM.extend` masks each query to slots
   0 ... its own position, so padding and stale slots are never attended.
-* With the cache: one prefill (`extend` over the padded prompts), then one
-  jitted decode step per token that writes one key/value per layer into the
-  preallocated (B, S, N, H) buffers (donated, so updated in place). Shapes are
-  fixed for a whole generation, so each step reuses one compiled function.
+* One compiled call per generation: the prefill (`extend` over the padded
+  prompts into a (B, S, N, H) cache that lives only inside the call), then a
+  `lax.while_loop` whose every step feeds each row's last token, samples the next
+  one and stops rows at the end-of-text token or at max_new_tokens. Nothing comes
+  back to the host until every row has stopped (streaming: every `STREAM_CHUNK`
+  steps, continuing from the donated loop state). Shapes are fixed per
+  (batch, prompt bucket, cache length), so one compilation serves every call.
 * Without the cache (`use_cache=False`): every step re-runs the full forward on
   a fixed-length (B, S) window of everything so far (right-padded; causal
-  masking hides the padding), so it also compiles once.
+  masking hides the padding), inside the same kind of loop.
 * The context window slides as nanoGPT's does: once a row's next token would sit
   past `context_length` (W), it is predicted from the row's last W tokens at
   positions 0 ... W-1. Every cached key was computed with the dropped tokens in
-  view, so none can be reused: from the step the first row fills its window, each
-  step is the full forward over every row's last W tokens (the no-cache path).
+  view, so none can be reused: from the step the first row fills its window, the
+  loop goes on with a second `while_loop` whose step is the full forward over every
+  row's last W tokens (the no-cache step), still inside the one compiled call.
 * Sampling parameters are traced scalars: changing temperature / top-k / top-p
   does not recompile. Row r's random key at step n is
   fold_in(fold_in(key(seed), sample_id[r]), n), so a row samples the same tokens
   whether it is generated alone or in a batch.
+* Only ids the tokenizer has are ever drawn: a model whose vocabulary is padded past
+  the tokenizer's (50,304 for GPT-2's 50,257) has its padding logits set to -inf
+  before any sampling (`vocab_size` of the Generator).
 """
 
 from __future__ import annotations
 
 import codecs
 import dataclasses
-import itertools
 import math
 from collections import Counter
 from typing import Callable, Sequence
@@ -39,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.nn.model import TransformerLM
+from jaxlm.nn.model import KVCache, TransformerLM
 
 # --------------------------------------------------------------------------- sampling
 
@@ -90,30 +96,37 @@ def filter_logits(logits: jax.Array, top_k, top_p) -> jax.Array:
     return out.reshape(shape)
 
 
-def sampling_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """The distribution `sample_tokens` draws from (one-hot on the argmax when greedy). (..., V)."""
-    logits = logits.astype(jnp.float32)
-    if params.temperature == 0:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
-    temperature, top_k, top_p = params.as_arrays()
-    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
-
-
 def row_keys(seed_key: jax.Array, sample_ids: jax.Array, step) -> jax.Array:
     """(B,) keys: fold_in(fold_in(seed_key, sample_id), step), one per row."""
     return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(seed_key, r), step))(sample_ids)
 
 
+def mask_padding(logits: jax.Array, vocab_size) -> jax.Array:
+    """-inf on the logits of ids >= vocab_size (a vocabulary padded past the tokenizer's). (..., V)."""
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p) -> jax.Array:
-    """logits (B, V), keys (B,) -> next tokens (B,) int32. temperature == 0: argmax (keys unused)."""
-    logits = logits.astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1)  # (B,)
-    filtered = filter_logits(logits / jnp.maximum(temperature, 1e-6), top_k, top_p)  # (B, V)
-    drawn = jax.vmap(jax.random.categorical)(keys, filtered)  # (B,)
-    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    """logits (B, V), keys (B,) -> next tokens (B,) int32. temperature == 0: argmax (keys unused).
+
+    Each `lax.cond` runs one branch: greedy is the argmax alone, and the sort behind top-k / top-p
+    (a full sort of the vocabulary per row, a large part of a small model's CPU decode step) runs
+    only when one of them is on. A mask on the logits belongs at the top, before both branches.
+    """
+    logits = logits.astype(jnp.float32)  # (B, V)
+
+    def draw(z):  # (B, V) -> (B,)
+        z = z / jnp.maximum(temperature, 1e-6)
+        z = jax.lax.cond((top_k > 0) | (top_p < 1.0), filter_logits, lambda z, k, p: z, z, top_k, top_p)
+        return jax.vmap(jax.random.categorical)(keys, z)
+
+    return jax.lax.cond(temperature > 0, draw, lambda z: jnp.argmax(z, axis=-1), logits).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------- the generator
+
+RUNNING, EOT, LENGTH = 0, 1, 2  # DecodeState.stop codes
+STOP_NAMES = {EOT: "eot", LENGTH: "length"}
 
 
 @dataclasses.dataclass
@@ -126,48 +139,85 @@ class Generation:
     prompt_lengths: list[int]
 
 
-class Generator:
-    """Compiled prefill / decode / full-forward steps for one model, reused across calls.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one `generate` call fixes for every step: traced, so none of it recompiles."""
 
-    `traces` counts how often each step function was traced (= compiled): a fixed
-    (batch, prompt bucket, cache length) compiles each once however many tokens follow.
+    prompt_lengths: jax.Array  # (B,) int32
+    max_new_tokens: jax.Array  # () int32
+    eot_id: jax.Array  # () int32, -1: none
+    seed_key: jax.Array  # a PRNG key
+    sample_ids: jax.Array  # (B,) int32: each row's random stream
+    temperature: jax.Array  # () float32
+    top_k: jax.Array  # () int32
+    top_p: jax.Array  # () float32
+    vocab_size: jax.Array  # () int32: the tokenizer's; ids at or past it are never drawn
+
+    def next_tokens(self, logits: jax.Array, step: jax.Array) -> jax.Array:
+        """logits (B, V) -> (B,) tokens, drawn from each row's stream at `step`."""
+        keys = row_keys(self.seed_key, self.sample_ids, step)
+        logits = mask_padding(logits.astype(jnp.float32), self.vocab_size)  # (B, V)
+        return sample_tokens(logits, keys, self.temperature, self.top_k, self.top_p)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """What a generation carries from token to token, on the device (the while loop's carry)."""
+
+    cache: KVCache | None  # None on the no-cache path
+    seqs: jax.Array  # (B, L) int32: each row's prompt, then its new tokens, then zeros
+    lengths: jax.Array  # (B,) int32: tokens of each row in seqs
+    stop: jax.Array  # (B,) int32: RUNNING, EOT or LENGTH
+    token: jax.Array  # (B,) int32: the token each row sampled last
+    step: jax.Array  # () int32: tokens sampled so far per row = the random stream's next step
+
+
+class Generator:
+    """One compiled generation (prefill, then a `lax.while_loop` over tokens) per shape, reused across calls.
+
+    `traces` counts how often each jitted function was traced (= compiled): a fixed
+    (batch, prompt bucket, cache length) compiles `begin` once however many tokens follow;
+    `resume` (the loop alone, continuing a donated `DecodeState`) compiles only for streaming.
     """
 
     PREFILL_BUCKET = 16  # prompts are right-padded to a multiple of this (or the cache length)
     CACHE_BUCKET = 64  # cache / no-cache window length: a multiple of this, or the context length
+    STREAM_CHUNK = 8  # tokens per compiled call when streaming (`on_tokens`)
 
-    def __init__(self, model: TransformerLM):
+    def __init__(self, model: TransformerLM, vocab_size: int | None = None):
         self.cfg = model.cfg
+        self.vocab_size = vocab_size or model.cfg.vocab_size  # the tokenizer's, when the model's is padded past it
         self.graphdef, self.state = nnx.split(model)
         self.traces: Counter = Counter()
-        graphdef = self.graphdef
+        statics = ("prefill", "window", "use_cache", "slides")
+        self._begin = jax.jit(self._begin_fn, static_argnames=statics)
+        self._resume = jax.jit(self._resume_fn, static_argnames=("window", "slides"), donate_argnums=(1,))
 
-        def prefill(state, cache, tokens, lengths, seed_key, sample_ids, sampling):
-            self.traces["prefill"] += 1
-            model = nnx.merge(graphdef, state)
-            logits, cache = model.extend(tokens, cache, jnp.zeros_like(lengths))  # (B, P, V)
-            last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # (B, V)
-            return sample_tokens(last, row_keys(seed_key, sample_ids, 0), *sampling), cache
+    def _begin_fn(self, state, seqs, req: Request, until, *, prefill: int, window: int, use_cache: bool, slides: bool):
+        """The first token (a prefill into a fresh cache, or the full forward), then the loop up to step `until`."""
+        self.traces["begin"] += 1
+        model = nnx.merge(self.graphdef, state)
+        lengths = req.prompt_lengths
+        cache = None
+        if use_cache:
+            cache = model.init_cache(seqs.shape[0], window)  # lives only inside this call: updated in place
+            logits, cache = model.extend(seqs[:, :prefill], cache, jnp.zeros_like(lengths))  # (B, P, V)
+            last = _at(logits, lengths - 1)  # (B, V)
+        else:
+            last = _last_logits(model, seqs, lengths, window)  # (B, V)
+        token = req.next_tokens(last, jnp.int32(0))
+        start = DecodeState(cache, seqs, lengths, jnp.zeros_like(lengths), token, jnp.int32(0))
+        return _loop(model, _accept(start, token, req), req, until, window, slides)
 
-        def decode(state, cache, token, position, step, seed_key, sample_ids, sampling):
-            self.traces["decode"] += 1
-            model = nnx.merge(graphdef, state)
-            logits, cache = model.extend(token[:, None], cache, position)  # (B, 1, V)
-            return sample_tokens(logits[:, 0], row_keys(seed_key, sample_ids, step), *sampling), cache
-
-        def full(state, window, lengths, step, seed_key, sample_ids, sampling):
-            self.traces["full"] += 1
-            logits = nnx.merge(graphdef, state)(window)  # (B, S, V)
-            last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # (B, V)
-            return sample_tokens(last, row_keys(seed_key, sample_ids, step), *sampling)
-
-        self._prefill = jax.jit(prefill, donate_argnums=(1,))
-        self._decode = jax.jit(decode, donate_argnums=(1,))
-        self._full = jax.jit(full)
+    def _resume_fn(self, state, d: DecodeState, req: Request, until, *, window: int, slides: bool):
+        self.traces["resume"] += 1
+        return _loop(nnx.merge(self.graphdef, state), d, req, until, window, slides)
 
     def compiled_sizes(self) -> dict[str, int]:
         """Entries in each jitted function's compilation cache."""
-        return {name: f._cache_size() for name, f in (("prefill", self._prefill), ("decode", self._decode), ("full", self._full))}
+        return {"begin": self._begin._cache_size(), "resume": self._resume._cache_size()}
 
     def generate(
         self,
@@ -186,33 +236,34 @@ class Generator:
         Rows stop at `eot_id` (not included in the output) or after max_new_tokens;
         past the context window the window slides. `sample_ids` (default 0 ... B-1)
         pick each row's random stream. `on_tokens(tokens (B,), active (B,) bool)` is
-        called after every step with the new token of each row (streaming).
+        called once per step with the new token of each row (streaming); the steps
+        come back from the device in chunks of `STREAM_CHUNK`.
         """
         seqs = self._crop(prompts, max_new_tokens)
         lengths = [len(s) for s in seqs]
         ids = np.array(range(len(seqs)) if sample_ids is None else sample_ids, np.int32)  # (B,)
         if ids.shape != (len(seqs),):
             raise ValueError(f"sample_ids must have one entry per prompt ({len(seqs)}), got {len(ids)}")
-        # Cache and window lengths are rounded up to buckets (capped at the context) so few shapes compile.
-        S = min(self.cfg.context_length, _round_up(max(lengths) + max_new_tokens, self.CACHE_BUCKET))
-        args = (jax.random.key(seed), ids, sampling.as_arrays())
-        token, cache = self._first(seqs, S, use_cache, args)
-        stop = [""] * len(seqs)
-        for step in itertools.count(1):
-            tok = np.asarray(token)  # (B,): each row's next token
-            active = np.array([not s for s in stop])  # (B,)
-            for b in np.flatnonzero(active):
-                if eot_id is not None and tok[b] == eot_id:
-                    stop[b] = "eot"
-                    continue
-                seqs[b].append(int(tok[b]))
-                if len(seqs[b]) - lengths[b] == max_new_tokens:
-                    stop[b] = "length"
+        # Cache, window and token-buffer lengths are rounded up to buckets (capped at the context) so few shapes compile.
+        total = _round_up(max(lengths) + max_new_tokens, self.CACHE_BUCKET)
+        S = min(self.cfg.context_length, total)
+        statics = dict(prefill=min(S, _round_up(max(lengths), self.PREFILL_BUCKET)), window=S, use_cache=use_cache,
+                       slides=max(lengths) + max_new_tokens > self.cfg.context_length)
+        req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), np.int32(-1 if eot_id is None else eot_id),
+                      jax.random.key(seed), ids, *sampling.as_arrays(), np.int32(self.vocab_size))
+        chunk = max_new_tokens if on_tokens is None else self.STREAM_CHUNK
+        d = self._begin(self.state, _pack(seqs, total), req, np.int32(chunk), **statics)
+        shown = 0
+        while True:
+            out = jax.device_get((d.seqs, d.lengths, d.stop, d.step))
             if on_tokens is not None:
-                on_tokens(tok, active & (np.array(stop) != "eot"))
-            if all(stop):
-                return Generation([s[n:] for s, n in zip(seqs, lengths)], stop, lengths)
-            token, cache = self._next(seqs, S, cache, token, step, args)
+                shown = _replay(on_tokens, *out, lengths, shown)
+            if (out[2] != RUNNING).all():
+                break
+            d = self._resume(self.state, d, req, np.int32(out[3] + chunk), window=S, slides=statics["slides"])
+        new_seqs, new_lengths, stop = out[0], out[1], out[2]
+        return Generation([new_seqs[b, n:m].tolist() for b, (n, m) in enumerate(zip(lengths, new_lengths))],
+                          [STOP_NAMES[int(s)] for s in stop], lengths)
 
     def _crop(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         """The prompts as lists of ints, each cut to its last context_length tokens (all the model sees)."""
@@ -223,30 +274,75 @@ class Generator:
             raise ValueError("empty prompt: give at least one token per prompt (e.g. the <|endoftext|> id)")
         return seqs
 
-    def _first(self, seqs: list[list[int]], S: int, use_cache: bool, args: tuple):
-        """(first new token (B,), cache): a prefill into a fresh (B, S) cache, or the full forward (cache None)."""
-        if not use_cache:
-            return self._full(self.state, *_window(seqs, S), 0, *args), None
-        P = min(S, _round_up(max(len(s) for s in seqs), self.PREFILL_BUCKET))
-        cache = nnx.merge(self.graphdef, self.state).init_cache(len(seqs), S)
-        return self._prefill(self.state, cache, *_window(seqs, P), *args)
 
-    def _next(self, seqs: list[list[int]], S: int, cache, token: jax.Array, step: int, args: tuple):
-        """(next token (B,), cache): a decode step while every fed-back token has a cache slot; after that
-        (cache None) the full forward over each row's last S tokens, which is how the window slides."""
-        position = np.array([len(s) - 1 for s in seqs], np.int32)  # (B,): position of the fed-back token
-        if cache is not None and position.max() < S:
-            return self._decode(self.state, cache, token, position, step, *args)
-        return self._full(self.state, *_window(seqs, S), step, *args), None
+def _loop(model: TransformerLM, d: DecodeState, req: Request, until, window: int, slides: bool) -> DecodeState:
+    """Sample tokens until every row has stopped or `until` steps are done: cached steps while every fed-back
+    token has a cache slot, then (`slides`, or without the cache) full forwards over each row's last `window`."""
+
+    def live(d):
+        return jnp.any(d.stop == RUNNING) & (d.step < until)
+
+    if d.cache is not None:
+        d = jax.lax.while_loop(lambda d: live(d) & (jnp.max(d.lengths) <= window), lambda d: _cached_step(model, d, req), d)
+    if d.cache is None or slides:
+        d = jax.lax.while_loop(live, lambda d: _full_step(model, d, req, window), d)
+    return d
 
 
-def _window(seqs: list[list[int]], S: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens (B, S), lengths (B,)): each row's last S tokens at positions 0 ..., right-padded with 0."""
-    lengths = np.array([min(len(s), S) for s in seqs], np.int32)  # (B,)
-    tokens = np.zeros((len(seqs), S), np.int32)  # (B, S)
-    for b, (s, n) in enumerate(zip(seqs, lengths)):
-        tokens[b, :n] = s[len(s) - n:]
-    return tokens, lengths
+def _cached_step(model: TransformerLM, d: DecodeState, req: Request) -> DecodeState:
+    """Feed each row's last token at its position (= its cache slot), sample the next one."""
+    logits, cache = model.extend(d.token[:, None], d.cache, d.lengths - 1)  # (B, 1, V)
+    return _accept(dataclasses.replace(d, cache=cache), req.next_tokens(logits[:, 0], d.step), req)
+
+
+def _full_step(model: TransformerLM, d: DecodeState, req: Request, window: int) -> DecodeState:
+    """The full forward over each row's last `window` tokens (how the context window slides)."""
+    return _accept(d, req.next_tokens(_last_logits(model, d.seqs, d.lengths, window), d.step), req)
+
+
+def _last_logits(model: TransformerLM, seqs: jax.Array, lengths: jax.Array, window: int) -> jax.Array:
+    """Next-token logits (B, V) of each row from its last `window` tokens at positions 0 ..., right-padded with 0."""
+    n = jnp.minimum(lengths, window)  # (B,)
+    rows = jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (window,)))(seqs, lengths - n)  # (B, W)
+    rows = jnp.where(jnp.arange(window)[None, :] < n[:, None], rows, 0)  # (B, W)
+    return _at(model(rows), n - 1)
+
+
+def _at(logits: jax.Array, index: jax.Array) -> jax.Array:
+    """logits (B, T, V) at position index[b] of each row -> (B, V)."""
+    return jnp.take_along_axis(logits, index[:, None, None], axis=1)[:, 0]
+
+
+def _accept(d: DecodeState, token: jax.Array, req: Request) -> DecodeState:
+    """Append each running row's new token, or stop the row at the end-of-text token or at max_new_tokens."""
+    running = d.stop == RUNNING  # (B,)
+    eot = running & (token == req.eot_id)
+    keep = running & ~eot
+    slot = jnp.where(keep, d.lengths, d.seqs.shape[1])  # (B,): past the end (dropped) where nothing is kept
+    seqs = d.seqs.at[jnp.arange(token.shape[0]), slot].set(token, mode="drop")  # (B, L)
+    lengths = d.lengths + keep
+    done = keep & (lengths - req.prompt_lengths >= req.max_new_tokens)
+    stop = jnp.where(eot, EOT, jnp.where(done, LENGTH, d.stop))
+    return DecodeState(d.cache, seqs, lengths, stop, token, d.step + 1)
+
+
+def _pack(seqs: list[list[int]], L: int) -> np.ndarray:
+    """(B, L) int32: each row's tokens from position 0, right-padded with 0."""
+    out = np.zeros((len(seqs), L), np.int32)
+    for b, s in enumerate(seqs):
+        out[b, :len(s)] = s
+    return out
+
+
+def _replay(on_tokens: Callable, seqs: np.ndarray, lengths: np.ndarray, stop: np.ndarray, step: int,
+            prompt_lengths: list[int], shown: int) -> int:
+    """Call on_tokens for steps shown+1 ... step: row b's n-th new token came at step n; returns step."""
+    made = lengths - np.array(prompt_lengths)  # (B,): new tokens per row
+    for n in range(shown + 1, int(step) + 1):
+        active = made >= n  # (B,)
+        cols = np.minimum(np.array(prompt_lengths) + n - 1, seqs.shape[1] - 1)
+        on_tokens(np.where(active, seqs[np.arange(len(seqs)), cols], 0), active)
+    return int(step)
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -21,8 +21,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
-from jaxlm.nn import quant
-from jaxlm.nn.model import TransformerLM, cross_entropy, token_accuracy
+from jaxlm.nn.model import TransformerLM, cross_entropy, token_cross_entropy
 
 
 @jax.tree_util.register_dataclass
@@ -52,15 +51,14 @@ class TrainState:
 def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
                 lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None,
                 microbatches: int = 1):
-    """The LM, with the weights `base` (an nnx.State of its Params) when given, then its LoRA adapters
-    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set). `microbatches`: GPipe's, on a pipeline mesh."""
-    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1), microbatches=microbatches)
+    """The LM with its block projections of the kind `lora` / `qat` ask for (LoRA adapters when `lora.rank` > 0,
+    quantisation-aware layers when `qat` bits are set), given the weights `base` (the Params of a plain model of
+    the same layer layout) when set. `microbatches`: GPipe's, on a pipeline mesh."""
+    rngs = nnx.Rngs(params=seed, dropout=seed + 1, adapters=seed + 2)
+    model = TransformerLM(cfg, compute, rngs=rngs, lora=lora or LoraConfig(), qat=qat or QatConfig(),
+                          microbatches=microbatches)
     if base is not None:
-        nnx.update(model, base)
-    if lora is not None:
-        lora_lib.apply(model, lora, nnx.Rngs(params=seed + 2, dropout=seed + 3))
-    if qat is not None:
-        quant.apply_qat(model, qat)
+        lora_lib.set_base(model, base)
     return model
 
 
@@ -141,11 +139,18 @@ def make_multi_step(train_step):
     return multi_step
 
 
-def make_eval_step(graphdef):
-    """(state, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
+def eval_sums(logits: jax.Array, y: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Sums over the scored targets (mask 1): summed, not averaged, so that batches of any size
+    and a padded last batch add up to the same totals."""
+    hit = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)  # (B, T)
+    return {"loss_sum": jnp.sum(token_cross_entropy(logits, y) * mask), "correct": jnp.sum(hit * mask),
+            "tokens": jnp.sum(mask)}
 
-    def eval_step(state: TrainState, x, y):
-        logits = state.model(graphdef)(x, deterministic=True)
-        return {"loss": cross_entropy(logits, y), "accuracy": token_accuracy(logits, y)}
+
+def make_eval_step(graphdef):
+    """(state, x, y, mask) -> `eval_sums` of the batch, no dropout."""
+
+    def eval_step(state: TrainState, x, y, mask):
+        return eval_sums(state.model(graphdef)(x, deterministic=True), y, mask)
 
     return eval_step

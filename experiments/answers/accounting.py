@@ -1,0 +1,205 @@
+"""transformer_accounting and the tables behind adamwAccounting: parameters, FLOPs, memory, training days.
+
+Every number comes from `jaxlm.analysis.flops` (parameters, matmul FLOPs, peak FLOP/s)
+and `jaxlm.analysis.memory` (the activation model), so the answers and the MFU and memory
+the benchmarks report share one convention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ComputeConfig, ModelConfig
+
+GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
+CONTEXTS = (1024, 16384)
+MFU = 0.5
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str  # matched against flops.PEAK_FLOPS
+    memory_bytes: float
+
+
+DEVICES = {d.name: d for d in (
+    Device("h100-80gb", "H100", 80e9),
+    Device("h200-141gb", "H200", 141e9),
+    Device("a100-80gb", "A100", 80e9),
+    Device("a100-40gb", "A100", 40e9),
+)}
+SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path
+    "float32, xla attention": ComputeConfig(),
+    "bfloat16, fused (cuDNN) attention": ComputeConfig(dtype="bfloat16", attention="cudnn"),
+}
+
+
+def model(name: str, context: int = 1024) -> ModelConfig:
+    return ModelConfig.from_name(name, context_length=context)
+
+
+def count(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def si(n: float, unit: str = "") -> str:
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".strip()
+
+
+def table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|---|" + "|".join("---:" for _ in headers[1:]) + "|",
+            *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+# --------------------------------------------------------------------------- parameters and FLOPs
+
+
+def parameters_section(names: list[str]) -> list[str]:
+    out = ["#### (a) Parameters, and the memory to load them", "",
+           "Per layer: attention 4 d² (W_q, W_k, W_v, W_o), SwiGLU feed-forward 3 d d_ff, two RMSNorm gains 2 d; "
+           "plus the embedding V d, the final norm d and the untied output head V d. "
+           "Loading them in float32 takes 4 bytes each.", ""]
+    rows = []
+    for n in names:
+        c, m = flops.param_counts(model(n)), model(n)
+        rows.append([f"`{n}`", str(m.d_model), str(m.num_layers), str(m.num_heads), str(m.d_ff), str(m.vocab_size),
+                     count(c["attention"]), count(c["ffn"]), count(c["embedding"] + c["lm_head"]), count(c["total"]),
+                     si(4 * c["total"], "B")])
+    return out + table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
+                        "float32"], rows)
+
+
+def matmuls_section(name: str, t: int) -> list[str]:
+    """The matrix multiplies of one forward, with shapes, for one sequence of t tokens."""
+    m = model(name, t)
+    d, f, v, n = m.d_model, m.d_ff, m.vocab_size, m.num_layers
+    rows = [["q, k, v projections", f"({t}, {d}) x ({d}, {d}), 3 per layer", count(n * 3 * 2 * t * d * d)],
+            ["attention scores Q Kᵀ", f"({t}, {d // m.num_heads}) x ({d // m.num_heads}, {t}) per head", count(n * 2 * t * t * d)],
+            ["weighted sum softmax(.) V", f"({t}, {t}) x ({t}, {d // m.num_heads}) per head", count(n * 2 * t * t * d)],
+            ["output projection", f"({t}, {d}) x ({d}, {d})", count(n * 2 * t * d * d)],
+            ["W1 and W3 (gate, up)", f"({t}, {d}) x ({d}, {f}), 2 per layer", count(n * 2 * 2 * t * d * f)],
+            ["W2 (down)", f"({t}, {f}) x ({f}, {d})", count(n * 2 * t * f * d)],
+            ["output head", f"({t}, {d}) x ({d}, {v}), once", count(2 * t * d * v)]]
+    total = flops.forward_flops(m, t).total
+    return ([f"#### (b) The matrix multiplies of `{name}` (one sequence, context {t})", "",
+             "A (m, k) x (k, n) product costs 2 m k n FLOPs; norms, softmax, SiLU and RoPE are not counted.", ""]
+            + table(["matmul", "shape", f"FLOPs ({n} layers)"], rows)
+            + [f"Total: **{count(total)}** FLOPs ({si(total, 'FLOP')}) per forward.", ""])
+
+
+def shares(m: ModelConfig, t: int) -> dict[str, float]:
+    f = flops.forward_flops(m, t)
+    return {"attention projections": f.attention_proj / f.total, "attention core (QKᵀ, AV)": f.attention_core / f.total,
+            "feed-forward": f.ffn / f.total, "output head": f.lm_head / f.total}
+
+
+def flops_section(names: list[str]) -> list[str]:
+    out = ["#### (c)-(e) Forward FLOPs per component", "",
+           "Per sequence of T tokens: attention projections n 8 T d², attention core n 4 T² d, "
+           "SwiGLU n 6 T d d_ff, output head 2 T d V (n layers). Training costs 3x the forward (backward = 2x).", ""]
+    for t in CONTEXTS:
+        rows = []
+        for n in names:
+            m = model(n, t)
+            f = flops.forward_flops(m, t)
+            rows.append([f"`{n}`", si(f.total, "FLOP"), *(f"{100 * s:.1f}%" for s in shares(m, t).values()),
+                         si(flops.train_flops_per_token(m, t), "FLOP")])
+        out += [f"##### Context {t}", ""]
+        out += table(["model", "forward", *shares(model(names[0]), t), "train FLOPs/token"], rows)
+    return out + matmuls_section("gpt2-xl", 1024) + flops_observations()
+
+
+def flops_observations() -> list[str]:
+    out = ["##### What the numbers say", ""]
+    for n in GPT2:
+        s = shares(model(n), 1024)
+        top = max(s, key=s.get)
+        out.append(f"- `{n}` at context 1024: the {top} takes the largest share ({100 * s[top]:.1f}%); "
+                   f"the attention core {100 * s['attention core (QKᵀ, AV)']:.1f}%, the output head {100 * s['output head']:.1f}%.")
+    small, xl = shares(model("gpt2-small"), 1024), shares(model("gpt2-xl"), 1024)
+    out.append(f"- From small to XL the output head's share falls from {100 * small['output head']:.1f}% to "
+               f"{100 * xl['output head']:.1f}% and the feed-forward's rises from {100 * small['feed-forward']:.1f}% to "
+               f"{100 * xl['feed-forward']:.1f}%: per-layer work grows with d² while the head grows with d only.")
+    f1, f16 = (flops.forward_flops(model("gpt2-xl", t), t) for t in CONTEXTS)
+    long = shares(model("gpt2-xl", 16384), 16384)
+    out += [f"- `gpt2-xl` from context 1024 to 16384 (16x the tokens): one forward grows {f16.total / f1.total:.1f}x "
+            f"({si(f1.total, 'FLOP')} to {si(f16.total, 'FLOP')}); the T² attention core grows 256x and its share goes "
+            f"from {100 * xl['attention core (QKᵀ, AV)']:.1f}% to {100 * long['attention core (QKᵀ, AV)']:.1f}%.", ""]
+    return out
+
+
+# --------------------------------------------------------------------------- memory and time
+
+
+def memory_terms(m: ModelConfig, t: int, compute: ComputeConfig) -> tuple[dict[str, float], float]:
+    """(bytes that do not depend on the batch, by part; activation bytes per sequence). The estimate is linear in B.
+    The tensor-counting model (calibration "cpu"): the curriculum's accounting, 16P of state plus what jax.grad
+    saves; the GPU compiler's own plan differs (docs/memory.md)."""
+    est = memory.estimate(m, 1, t, compute, backend="cpu")
+    return dict(est.state), est.activation_total
+
+
+def max_batch(fixed: float, per_seq: float, memory: float) -> int:
+    return max(int(math.floor((memory - fixed) / per_seq)), 0)
+
+
+def memory_section(names: list[str], device: Device) -> list[str]:
+    out = ["#### The same question under jaxlm's own activation model", "",
+           f"Peak bytes of a train step = parameters 4P + gradients 4P + AdamW moments (m, v) 8P + activations a·B, "
+           f"with P parameters, batch B and a the bytes each sequence keeps for the backward pass (jaxlm.memory's "
+           f"activation model: per layer the norm output, the residual, q, k, v, the attention scores and "
+           f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits and their gradient). "
+           f"In bfloat16 the weights' bfloat16 copies add 2P. "
+           f"Largest batch in {device.memory_bytes / 1e9:g} GB ({device.name}) = floor((memory - state) / a).", ""]
+    for label, compute in SETTINGS.items():
+        rows = []
+        for n in names:
+            m = model(n)
+            fixed, per_seq = memory_terms(m, m.context_length, compute)
+            rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
+                         f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
+                         str(max_batch(sum(fixed.values()), per_seq, device.memory_bytes))])
+        out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
+                                              f"largest B in {device.memory_bytes / 1e9:g} GB"], rows)
+    m = model("gpt2-xl")
+    fixed, per_seq = memory_terms(m, 1024, ComputeConfig())
+    out += [f"For `gpt2-xl` in float32 the expression is **{per_seq / 1e9:.4g} GB · batch_size + "
+            f"{sum(fixed.values()) / 1e9:.4g} GB**: " + ", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()) + ".", ""]
+    return out
+
+
+def training_days(device_kind: str, dtype: str) -> tuple[float, float] | None:
+    """(dense peak FLOP/s, days) to train `gpt2-xl` for the course's run at MFU on one device, or None."""
+    m = model("gpt2-xl")
+    total = TRAIN_STEPS * (3 * TRAIN_BATCH * flops.forward_flops(m, TRAIN_CONTEXT).total + flops.adamw_flops(m))
+    peak = flops.peak_flops(device_kind, dtype)
+    return None if peak is None else (peak, total / (MFU * peak) / 86400)
+
+
+def time_section(device: Device) -> list[str]:
+    m = model("gpt2-xl")
+    per_step_model = 3 * TRAIN_BATCH * flops.forward_flops(m, TRAIN_CONTEXT).total
+    per_step = per_step_model + flops.adamw_flops(m)
+    total = TRAIN_STEPS * per_step
+    a100 = training_days("A100", "float32")
+    out = ["#### (d) Training time at 50 % MFU", "",
+           f"`gpt2-xl` for {TRAIN_STEPS:,} steps at batch {TRAIN_BATCH}, context {TRAIN_CONTEXT}: a step is forward + "
+           f"backward (backward = 2x forward, so 3 x batch x forward = {si(per_step_model, 'FLOP')}) plus one AdamW "
+           f"update ({si(flops.adamw_flops(m), 'FLOP')}, (c)), {si(per_step, 'FLOP')} in all; {TRAIN_STEPS:,} steps "
+           f"make {total:.4g} FLOPs. Days = FLOPs / ({MFU:g} x peak FLOP/s) / 86,400.", "",
+           f"**On one A100 (the question's device) at its float32 peak of {si(a100[0], 'FLOP/s')} (no tensor cores), "
+           f"training takes {a100[1]:,.0f} days** ({a100[1] / 365.25:.1f} years). Other devices and dtypes, for comparison:", ""]
+    rows = []
+    for kind in dict.fromkeys(("A100", device.kind)):
+        for dtype in ("float32", "bfloat16"):
+            found = training_days(kind, dtype)
+            if found is not None:
+                rows.append([kind, dtype, si(found[0], "FLOP/s"), f"{found[1]:,.1f}"])
+    return out + table(["device", "dtype", "dense peak", "days"], rows)

@@ -1,0 +1,197 @@
+"""One command for a GPU: every GPU figure the curriculum asks for, inside one 9-minute call.
+
+    python -m experiments.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
+    python -m experiments.gpu                    # on a GPU only: writes docs/results/gpu/
+    python -m experiments.gpu --smoke [--out DIR]  # every step at a tiny size, any machine (default runs/gpu_smoke)
+
+Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
+ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
+remaining `--budget` is deferred with that reason; `--only NAME` runs chosen steps (e.g. the deferred ones in
+a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after
+5 warm-up steps (jaxlm.bench); memory: the device's peak from its memory stats, next to jaxlm.memory's
+estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into docs/results/gpu/:
+its tiny-model figures are no GPU results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
+
+from jaxlm import cli  # noqa: E402
+from jaxlm.core.errors import UsageError  # noqa: E402
+from jaxlm.core.files import atomic_write  # noqa: E402
+
+PROG = "python -m experiments.gpu"
+DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on a GPU only
+SMOKE_OUT = Path("runs/gpu_smoke")
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
+
+
+def steps():
+    """The steps, most important first (imported on use: they load JAX)."""
+    from experiments.gpu.profile import estimate_profile, run_profile
+    from experiments.gpu.steps import (
+        TARGET_VAL_LOSS,
+        Step,
+        estimate_attention,
+        estimate_max_batch,
+        estimate_shakespeare,
+        estimate_techniques,
+        run_attention,
+        run_max_batch,
+        run_shakespeare,
+        run_techniques,
+        table_estimate,
+        table_run,
+    )
+
+    return (
+        Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
+             estimate_attention, run_attention),
+        Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", table_estimate("bfloat16"),
+             table_run("bfloat16")),
+        Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
+             estimate_techniques, run_techniques),
+        Step("max_batch", "Largest batch per technique at context 1024 (`small`)", estimate_max_batch, run_max_batch),
+        Step("profile", "Where the time goes: op-level summary from a profiler trace", estimate_profile, run_profile),
+        Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {TARGET_VAL_LOSS}", estimate_shakespeare,
+             run_shakespeare),
+        Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", table_estimate("float32"),
+             table_run("float32")),
+    )
+
+
+def plan(steps, budget: float, only: list[str] | None, smoke: bool) -> list[tuple[object, float, str]]:
+    """(step, estimated seconds, "run" or the reason it is left out), in order."""
+    out, used = [], STARTUP_S
+    for step in steps:
+        est = step.estimate(smoke)
+        if only and step.name not in only:
+            out.append((step, est, "not chosen (--only)"))
+        elif used + est > budget and not smoke:
+            out.append((step, est, f"deferred: {used:.0f} s + {est:.0f} s > budget {budget:.0f} s "
+                                   f"(run it with --only {step.name})"))
+        else:
+            used += est
+            out.append((step, est, "run"))
+    return out
+
+
+def format_plan(rows, budget: float) -> str:
+    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what", f"{'startup':12s} {STARTUP_S:13.0f}  process start, "
+             "JAX import, device initialisation"]
+    total = STARTUP_S
+    for step, est, status in rows:
+        mark = "" if status == "run" else f"  [{status}]"
+        lines.append(f"{step.name:12s} {est:13.0f}  {step.title}{mark}")
+        total += est if status == "run" else 0
+    lines.append(f"{'total':12s} {total:13.0f}  of a {budget:.0f} s budget")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, results: dict, rows, meta: dict) -> None:
+    """report.md: every step's section, or the reason it has none; results.json: everything."""
+    from experiments.gpu.sections import section
+
+    parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
+             f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
+             f"warm-up steps. Memory: the device's peak bytes in use (its memory stats) unless a column says "
+             f"otherwise; estimates come from `python -m jaxlm.memory` and are labelled as such.", ""]
+    for step, est, status in rows:
+        parts += [f"## {step.title}", ""]
+        res = results.get(step.name)
+        if res is None:
+            parts += [f"Not run: {status if status != 'run' else 'the call ended before this step'}.", ""]
+        elif "error" in res:
+            parts += [f"Failed: {res['error']}", ""]
+        else:
+            parts += [section(step.name, res), ""]
+    atomic_write(out / "report.md", "\n".join(parts))
+    atomic_write(out / "results.json", json.dumps({"meta": meta, "steps": results}, indent=1, default=str))
+
+
+def _earlier(out: Path, smoke: bool) -> dict:
+    """Step results of an earlier call into the same --out (kept unless rerun, so calls accumulate)."""
+    try:
+        data = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    same = isinstance(data, dict) and data.get("meta", {}).get("smoke") == smoke
+    return dict(data.get("steps", {})) if same else {}
+
+
+def run(args, out: Path) -> int:
+    import jax
+
+    from experiments.gpu.steps import Context
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = plan(steps(), args.budget, args.only, args.smoke)
+    ctx = Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
+    meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device,
+            "jax": jax.__version__, "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke}
+    results = _earlier(out, args.smoke)
+    write_report(out, results, rows, meta)
+    for step, est, status in rows:
+        if status != "run":
+            continue
+        print(f"[{step.name}] {step.title} (estimated {est:.0f} s)", flush=True)
+        t0 = time.monotonic()
+        try:
+            results[step.name] = step.run(ctx)
+        except Exception as e:  # one failed step must not cost the others
+            results[step.name] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+        results[step.name]["seconds"] = time.monotonic() - t0
+        atomic_write(out / f"{step.name}.json", json.dumps(results[step.name], indent=1, default=str))
+        write_report(out, results, rows, meta)
+        print(f"[{step.name}] done in {results[step.name]['seconds']:.0f} s", flush=True)
+    print(f"wrote {out / 'report.md'}")
+    return 0
+
+
+def output_dir(args) -> Path:
+    """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
+    tiny-model figures are no GPU results and stay out of that report."""
+    if args.smoke:
+        out = Path(args.out) if args.out else SMOKE_OUT
+        report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
+        cli.check_option(not report, "--out", args.out,
+                         f"a --smoke run's tiny-model figures never go into {DEFAULT_OUT}/; give another --out")
+        return out
+    import jax
+
+    if jax.default_backend() != "gpu":
+        raise UsageError(f"{PROG}: no GPU here (JAX's backend is {jax.default_backend()}); run it on a GPU, "
+                         "or use --dry-run (the plan) or --smoke (every step at a tiny size, any machine)")
+    return Path(args.out) if args.out else DEFAULT_OUT
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
+    parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
+    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,
+                        help="seconds the whole call may take; steps that would not fit are deferred")
+    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
+    parser.add_argument("--out", help=f"where report.md, results.json and STEP.json go (default: {DEFAULT_OUT}, "
+                        f"with --smoke {SMOKE_OUT})")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    names = [s.name for s in steps()]
+    unknown = [n for n in args.only or [] if n not in names]
+    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+    if args.dry_run:
+        print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
+        return 0
+    return run(args, output_dir(args))
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,83 @@
+"""Every GPU campaign step's Markdown section (the steps: experiments/gpu/steps.py, profile.py)."""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join("-" if c is None else str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _f(x, fmt: str = ".3g"):
+    return None if x is None else format(x, fmt)
+
+
+def _pm(mean, std):
+    return None if mean is None else f"{mean:.3g} +- {std or 0:.2g}"
+
+
+def _attention(res: dict) -> str:
+    rows = [[r["context"], r["window"] or "none", r["batch"], r["implementation"], _f(r.get("out_rel_err"), ".2e"),
+             _f(r.get("grad_rel_err"), ".2e"), _pm(r.get("fwd_ms"), r.get("fwd_ms_std")),
+             _pm(r.get("fwd_bwd_ms"), r.get("fwd_bwd_ms_std")), r["status"] if r["status"] == "ok" else
+             f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
+    return ("bfloat16 inputs, compared by ||out - ref|| / ||ref|| with the float32 xla attention on the same "
+            f"inputs; {res.get('tokens_per_call', '?')} tokens per call (batch = tokens / context), "
+            f"{res.get('heads', '?')} heads of {res.get('head_dim', '?')}.\n\n"
+            + _table(["context", "window", "batch", "kernel", "out rel. err", "grad rel. err", "forward ms",
+                      "fwd+bwd ms", "status"], rows))
+
+
+def _bench(res: dict) -> str:
+    rows = [[r["model"], r["mode"], r.get("attention"), r.get("remat"), r["context"], r.get("batch"),
+             r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('error') or '')[:80]}",
+             _pm(r.get("step_ms"), r.get("step_ms_std")), _f(r.get("tokens_per_s"), ",.0f"),
+             None if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%",
+             _f(r.get("memory_gb")) if r.get("memory_source") == "memory_stats" else None,
+             _f(r.get("estimate_gb")), _f(r.get("jaxlm_memory_estimate_gb"))] for r in res["rows"]]
+    return ("Memory columns: device peak (the device's peak bytes in use since the process started), XLA's "
+            "compiled estimate (`memory_analysis()` of this step), jaxlm.memory's analytic estimate.\n\n"
+            + _table(["model", "mode", "attention", "remat", "context", "batch", "status", "step ms",
+                      "tokens/s", "MFU", "device peak GB", "XLA estimate GB", "jaxlm.memory GB"], rows))
+
+
+def _max_batch(res: dict) -> str:
+    rows = [[r["attention"], r["remat"], r["context"], r.get("predicted"), r.get("ladder"), r.get("largest_ok"),
+             r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
+    return ("Predicted: jaxlm.memory's largest batch for the device's memory; then one-step runs at the "
+            "ladder's batches, up to the first that fails.\n\n"
+            + _table(["attention", "remat", "context", "predicted", "ladder", "largest that ran", "status"], rows))
+
+
+def _profile(res: dict) -> str:
+    parts = [f"`{res['model']}`, context {res['context']}, batch {res['batch']}, {res['dtype']}."]
+    for mode in ("forward", "train_step", "attention"):
+        s = res[mode]
+        parts += ["", f"**{mode}**: matmul kernels take {100 * s['matmul_share']:.1f}% of "
+                      f"{s['total_us'] / 1e3:.2f} ms of device time over the traced calls"
+                  + (" (the rest of attention alone is the softmax, masking and scaling)." if mode == "attention" else "."),
+                  "", _table(["kernel / op", "ms", "share", "matmul"],
+                             [[f"`{t['name'][:70]}`", f"{t['us'] / 1e3:.3f}", f"{100 * t['share']:.1f}%",
+                               "yes" if t["matmul"] else ""] for t in s["top"]])]
+    return "\n".join(parts)
+
+
+def _shakespeare(res: dict) -> str:
+    hit = res.get("reached")
+    first = f"reached at step {hit['step']}, {hit['seconds']:.0f} s after launch" if hit else "not reached"
+    return (f"Command: `{res['command']}`\n\nRun: {res['status']}, {res['wall_s']:.0f} s wall in all (data "
+            f"preparation and compilation included). Validation loss {res['target']}: {first}.\n\n"
+            + _table(["step", "val loss", "s since launch"],
+                     [[e["step"], _f(e["val_loss"], ".4f"), _f(e["seconds"], ".0f")] for e in res["rows"]]))
+
+
+SECTIONS = {"attention": _attention, "bench_bf16": _bench, "bench_f32": _bench, "techniques": _bench,
+            "max_batch": _max_batch, "profile": _profile, "shakespeare": _shakespeare}
+
+
+def section(name: str, res: dict) -> str:
+    text = SECTIONS[name](res)
+    return text + (f"\n\nCut short: {res['cut']}." if res.get("cut") else "")

@@ -1,0 +1,354 @@
+"""The GPU campaign's measuring steps (their order: `steps()` in experiments/gpu/campaign.py).
+
+Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
+section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
+shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
+layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
+bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ModelConfig
+
+H100 = {"bfloat16": 989e12, "float32": 67e12}
+MFU_GUESS = 0.4
+COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 0.30}
+TARGET_VAL_LOSS = 1.47
+TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
+
+
+@dataclass
+class Context:
+    out: Path
+    smoke: bool
+    deadline: float  # time.monotonic() after which long steps stop between rows
+
+    @property
+    def warmup(self) -> int:
+        return 1 if self.smoke else 5
+
+    @property
+    def steps(self) -> int:
+        return 2 if self.smoke else 10
+
+    @property
+    def device(self) -> str:
+        from jaxlm.bench import jax_side
+
+        return jax_side.device_kind()
+
+    @property
+    def gpu(self) -> bool:
+        import jax
+
+        return jax.devices()[0].platform == "gpu"
+
+    @property
+    def scratch(self) -> Path:
+        """Where bulky outputs go (traces, the training run and its checkpoint): not the committed report."""
+        return self.out if self.smoke else Path("runs/gpu_campaign")
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    title: str
+    estimate: Callable[[bool], float]  # smoke -> estimated seconds on an H100
+    run: Callable[[Context], dict]
+
+
+def models(smoke: bool) -> dict[str, ModelConfig]:
+    if smoke:
+        return {"tiny": TINY}
+    return {n: ModelConfig.from_name(n) for n in ("small", "medium", "large")}
+
+
+def contexts(smoke: bool) -> tuple[int, ...]:
+    return (32,) if smoke else (128, 256, 512, 1024)
+
+
+def _row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: int) -> float:
+    run = 15 * flops.step_flops(cfg, batch, context, mode) / (H100[dtype] * MFU_GUESS)
+    return 1.0 + COMPILE_S_PER_LAYER[mode] * cfg.num_layers + run
+
+
+# --------------------------------------------------------------------------- 1. attention kernels
+
+ATTN_CONTEXTS, ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = (128, 256, 512, 1024, 2048, 4096, 8192), 256, 16384, 12, 64
+
+
+def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
+    """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
+    from jaxlm.bench.breakdown import time_calls
+
+    mean, std = time_calls(fn, args, warmup, steps)
+    return 1e3 * mean, 1e3 * std
+
+
+def _rel(a, b) -> float:
+    import jax.numpy as jnp
+
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def attention_fns(impl: str, window: int | None):
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlm.nn.attention import attention
+
+    fwd = jax.jit(lambda q, k, v: attention(q, k, v, implementation=impl, causal=True, window=window))
+    loss = lambda q, k, v, ct: jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
+    return fwd, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
+    """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxlm.bench.core import is_oom
+
+    keys = jax.random.split(jax.random.key(T), 4)
+    q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
+    q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    ref_fwd, ref_bwd = attention_fns("xla", window)
+    up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
+    ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
+    rows = []
+    for impl in ("xla", "cudnn"):
+        row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
+        if impl == "cudnn" and not ctx.gpu:
+            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            continue
+        try:
+            fwd, bwd = attention_fns(impl, window)
+            row["out_rel_err"] = _rel(fwd(q16, k16, v16), ref_out)
+            row["grad_rel_err"] = max(_rel(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
+            row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
+            row["status"] = "ok"
+        except Exception as e:
+            row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
+        rows.append(row)
+    return rows
+
+
+def run_attention(ctx: Context) -> dict:
+    ctxs = (32,) if ctx.smoke else ATTN_CONTEXTS
+    window, tokens = (16, 128) if ctx.smoke else (ATTN_WINDOW, ATTN_TOKENS)
+    heads, hd = (2, 16) if ctx.smoke else (ATTN_HEADS, ATTN_HEAD_DIM)
+    rows = []
+    for T in ctxs:
+        for w in (None, window):
+            if ctx.out_of_time():
+                return {"rows": rows, "cut": "the budget ran out"}
+            rows += _attention_case(ctx, T, w, (max(tokens // T, 1), T, heads, hd))
+    return {"rows": rows, "tokens_per_call": tokens, "heads": heads, "head_dim": hd}
+
+
+def estimate_attention(smoke: bool) -> float:
+    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 4.0  # 6 small compiles and ~60 short calls per case
+
+
+# --------------------------------------------------------------------------- 2-3. bench table and techniques
+
+def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
+    from jaxlm.bench import core
+
+    opts = core.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
+    rows = core.run_sweep(cfg, settings, [context], [batch], opts)
+    for r in rows:
+        if r.get("status") == "ok" or r.get("estimate_gb") is not None:
+            cfg_r, compute = core.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
+                                          remat=r["remat"]).configs(cfg, context)
+            r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
+    return rows
+
+
+def table_run(dtype: str):
+    def run(ctx: Context) -> dict:
+        from jaxlm.bench import core
+
+        settings = [core.Setting(mode=m, dtype=dtype) for m in flops.MODES]
+        rows = []
+        for name, cfg in models(ctx.smoke).items():
+            for T in contexts(ctx.smoke):
+                if ctx.out_of_time():
+                    return {"rows": rows, "cut": "the budget ran out"}
+                rows += _sweep(ctx, name, cfg, settings, T, 2 if ctx.smoke else 4)
+        _plots(ctx, rows, f"bench_{dtype}")
+        return {"rows": rows}
+
+    return run
+
+
+def table_estimate(dtype: str):
+    def est(smoke: bool) -> float:
+        if smoke:
+            return 10.0
+        return sum(_row_seconds(cfg, m, dtype, 4, T) for cfg in models(False).values() for T in contexts(False)
+                   for m in flops.MODES)
+
+    return est
+
+
+TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none"))
+
+
+def _technique_settings(ctx: Context):
+    from jaxlm.bench import core
+
+    return [core.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+
+
+def run_techniques(ctx: Context) -> dict:
+    """Train steps at bfloat16 per technique; rows ordered by estimated memory so that the device's
+    process-wide peak rises row by row (a row whose peak did not rise is marked so)."""
+    rows, T = [], 32 if ctx.smoke else 1024
+    names = {"tiny": TINY} if ctx.smoke else {n: ModelConfig.from_name(n) for n in ("small", "large")}
+    batch = 2 if ctx.smoke else 4
+    for name, cfg in names.items():
+        for s in sorted(_technique_settings(ctx), key=lambda s: _estimated(s, cfg, batch, T)):
+            if ctx.out_of_time():
+                return {"rows": rows, "cut": "the budget ran out"}
+            if s.attention == "cudnn" and not ctx.gpu:
+                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention, "remat": s.remat,
+                             "context": T, "status": "skipped", "error": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+                continue
+            rows += _sweep(ctx, name, cfg, [s], T, batch)
+    _mark_stale_peaks(rows)
+    return {"rows": rows}
+
+
+def _estimated(setting, cfg: ModelConfig, batch: int, context: int) -> float:
+    model, compute = setting.configs(cfg, context)
+    return memory.estimate(model, batch, context, compute).total
+
+
+def _mark_stale_peaks(rows: list[dict]) -> None:
+    best = 0.0
+    for r in rows:
+        peak = r.get("memory_gb") if r.get("memory_source") == "memory_stats" else None
+        if peak is not None:
+            r["peak_is_this_row"] = peak > best
+            best = max(best, peak)
+
+
+def estimate_techniques(smoke: bool) -> float:
+    if smoke:
+        return 6.0
+    return sum(_row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
+               for n in ("small", "large") for _, r in TECHNIQUES)
+
+
+def run_max_batch(ctx: Context) -> dict:
+    """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device,
+    then one-step runs on a ladder around it, up to the first that fails."""
+    from jaxlm.bench import core
+
+    cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
+    capacity = _device_bytes()
+    rows = []
+    for s in _technique_settings(ctx):
+        model, compute = s.configs(cfg, T)
+        row = {"attention": s.attention, "remat": s.remat, "context": T}
+        if s.attention == "cudnn" and not ctx.gpu:
+            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            continue
+        predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
+        ladder = [2] if ctx.smoke else sorted({max(1, int(predicted * f)) for f in (0.5, 0.75, 1.0, 1.25, 1.5)}) if predicted else [8, 16, 32, 64]
+        fits = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small"))
+        largest = 0
+        for b in ladder:
+            if ctx.out_of_time() or not fits(b):
+                break
+            largest = b
+        rows.append({**row, "status": "ok", "predicted": predicted, "ladder": ladder, "largest_ok": largest})
+    return {"rows": rows, "device_bytes": capacity}
+
+
+def _device_bytes() -> float | None:
+    import jax
+
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except Exception:
+        return None
+    return stats.get("bytes_limit")
+
+
+def estimate_max_batch(smoke: bool) -> float:
+    return 8.0 if smoke else 4 * 4 * _row_seconds(ModelConfig.from_name("small"), "train_step", "bfloat16", 32, 1024)
+
+
+# --------------------------------------------------------------------------- 6. shakespeare (5. profile: profile.py)
+
+def run_shakespeare(ctx: Context) -> dict:
+    """The shakespeare GPU recipe (experiments/plans/_shakespeare.toml, size gpu) as a `jaxlm.train`
+    subprocess; time to the first evaluation with validation loss <= 1.47."""
+    from jaxlm.core.typedconfig import flatten_tree, read_toml
+
+    recipe = read_toml(Path("experiments/plans/_shakespeare.toml"))
+    size = recipe["sizes"]["cpu" if ctx.smoke else "gpu"]["set"]
+    sets = {**flatten_tree(recipe["defaults"].get("set", {})), **flatten_tree(size)}
+    run_dir = ctx.scratch / "shakespeare_run"
+    sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
+    if ctx.smoke:
+        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2, "data.eval_tokens": 1024, "log.sample_tokens": 0})
+    cmd = [sys.executable, "-m", "jaxlm.train", "--config", recipe["defaults"]["config"]]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={json.dumps(v)}"]
+    timeout = max(ctx.deadline - time.monotonic(), 10.0)
+    launched = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        status = f"stopped at the budget ({timeout:.0f} s)"
+    wall = time.time() - launched
+    evals = _evals(run_dir / "metrics.jsonl", launched)
+    hit = next((e for e in evals if e["val_loss"] <= TARGET_VAL_LOSS), None)
+    return {"rows": evals, "status": status, "wall_s": wall, "target": TARGET_VAL_LOSS,
+            "reached": hit, "command": " ".join(["python", *cmd[1:]])}
+
+
+def _evals(path: Path, launched: float) -> list[dict]:
+    """Evaluation records of metrics.jsonl: step, validation loss, seconds since launch (data, compile included)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "eval" and "eval/loss" in rec:
+            out.append({"step": rec["step"], "val_loss": rec["eval/loss"], "seconds": rec["time"] - launched})
+    return out
+
+
+def estimate_shakespeare(smoke: bool) -> float:
+    return 30.0 if smoke else 120.0
+
+
+# --------------------------------------------------------------------------- plots
+
+def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
+    from jaxlm.bench import plot_results
+
+    try:
+        plot_results([r for r in rows if r.get("status") == "ok"], ctx.out / prefix)
+    except Exception as e:  # a missing plotting extra must not cost the table
+        print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)

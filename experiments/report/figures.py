@@ -1,0 +1,226 @@
+"""The three plots CS395T requires, drawn from every plan's records for the written report.
+
+Memory vs sequence length and throughput vs batch come from benchmark rows, one line per model
+(its parameter count) and compute setting, so no line joins two models; throughput carries
+95 % error bars from each row's timed steps and names the device it was measured on. Memory
+compiled for a GPU (`jaxlm.bench model --target`, rows with `total_gb`) is drawn as its own
+line beside the measured ones. Before/after compares the optimisation runs with their
+baseline, with 95 % error bars, and a bar is coloured as a change only when the change is
+beyond noise (Holm over the figure's comparisons). A plot the records cannot support is named
+as missing with the reason, never drawn from made-up points.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+
+from experiments.report.bench import bench_rows as tagged_bench_rows
+from experiments.report.bench import sample_std
+from experiments.report.format import fmt
+from experiments.report.noise import Family, judged, welch
+from experiments.report.output import pyplot, shrink_png
+from experiments.report.seeds import Stats
+
+SETTING = ("framework", "mode", "dtype", "attention", "remat")
+
+
+def bench_rows(runs: list[dict]) -> list[dict]:
+    return [row for row in tagged_bench_rows(runs) if row.get("status") == "ok"]
+
+
+def memory_of(row: dict) -> tuple[float, str] | None:
+    """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
+    if isinstance(row.get("total_gb"), (int, float)):
+        return row["total_gb"], f"compiled for {row.get('device') or 'a GPU'}"
+    if isinstance(row.get("memory_gb"), (int, float)):
+        return row["memory_gb"], str(row.get("memory_source") or "measured")
+    return None
+
+
+def line_label(row: dict, fixed: str, where: str) -> str:
+    """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
+    setting = " ".join(str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none"))
+    model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
+    return f"{model}{setting}, {fixed}={row.get(fixed)} ({where})"
+
+
+def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[float, float, float]]]:
+    """label -> sorted (x, y, 95 % half-width) points; `y(row)` gives (value, half-width, where) or None.
+    A line per model, setting, `fixed` value and source, kept when it has two or more x values."""
+    groups: dict[str, dict[float, list[tuple[float, float]]]] = {}
+    for r in rows:
+        got = y(r)
+        if isinstance(r.get(x), (int, float)) and got is not None and math.isfinite(got[0]):
+            groups.setdefault(line_label(r, fixed, got[2]), {}).setdefault(float(r[x]), []).append(got[:2])
+    return {k: sorted((a, statistics.fmean(v for v, _ in ps), statistics.fmean(e for _, e in ps)) for a, ps in pts.items())
+            for k, pts in groups.items() if len(pts) >= 2}
+
+
+def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.title.set_fontsize(9)
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    shrink_png(path)
+
+
+def growth(lines: dict, what: str, axis: str, show) -> list[str]:
+    """'LABEL: from T 64 to 1024 (16x) peak memory went 45.02x (14.9 MiB to 671 MiB).' per line; `show` formats a y."""
+    out = []
+    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
+        (x0, y0, _), (x1, y1, _) = pts[0], pts[-1]
+        if y0 > 0:
+            out.append(f"{label}: from {axis} {x0:g} to {x1:g} ({x1 / x0:g}x) {what} went {y1 / y0:.2f}x "
+                       f"({show(y0)} to {show(y1)}).")
+    return out
+
+
+def natural(label: str) -> list:
+    """Sort key that orders 'context=64' before 'context=128'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
+
+
+def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
+    lines = lines_by(rows, "context", "batch", lambda r: (m[0], 0.0, m[1]) if (m := memory_of(r)) else None)
+    if not lines:
+        return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
+    line_plot(lines, "sequence length (tokens)", "peak memory (GB)", "memory vs sequence length, a line per model and "
+              "setting (source in brackets)", out / "memory_vs_context.png")
+    gpu = any("compiled for" in k for k in lines)
+    note = ([] if gpu else ["No row was compiled for a GPU here, so the bfloat16 line from the GPU compiler is **pending** "
+                            "(`python -m jaxlm.bench model --target h100-80gb ...` adds it)."])
+    return (["![memory vs sequence length](figures/memory_vs_context.png)", "", *note,
+             "Memory vs sequence length: compiled memory plans are exact for their program, so these points carry no "
+             "error bars.", ""]
+            + [f"- {s}" for s in growth(lines, "peak memory", "T", lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
+
+
+def _throughput(row: dict) -> tuple[float, float, str] | None:
+    """Tokens/s with the 95 % half-width carried over from the step time (tokens/s = B·T / step time)."""
+    tok, step, ci = row.get("tokens_per_s"), row.get("step_ms"), row.get("step_ms_ci95")
+    if not isinstance(tok, (int, float)):
+        return None
+    return tok, tok * ci / step if isinstance(ci, (int, float)) and step else 0.0, str(row.get("device") or "?").upper()
+
+
+def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
+    lines = lines_by(rows, "batch", "context", _throughput)
+    if not lines:
+        return ["**Missing: throughput vs batch**: no benchmark rows measure throughput at two or more batch sizes.", ""]
+    devices = sorted({str(r.get("device") or "?").upper() for r in rows if isinstance(r.get("tokens_per_s"), (int, float))})
+    line_plot(lines, "batch (sequences)", f"tokens/s measured on {', '.join(devices)}",
+              f"throughput vs batch on {', '.join(devices)} (95 % intervals from the timed steps)", out / "throughput_vs_batch.png")
+    dtypes = {r.get("dtype") for r in rows if isinstance(r.get("tokens_per_s"), (int, float))}
+    note = ([] if "bfloat16" in dtypes else
+            ["No bfloat16 row was measured here, so the mixed-precision line is **pending** (a GPU run adds it)."])
+    return (["![throughput vs batch](figures/throughput_vs_batch.png)", "", *note,
+             f"Throughput vs batch, measured on {', '.join(devices)}:", ""]
+            + [f"- {s}" for s in growth(lines, "throughput", "B", lambda v: fmt(v, "count") + " tokens/s")] + [""])
+
+
+BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True), ("step_ms", "step time (ms)", True))
+
+
+def _row_stats(row: dict, q: str) -> Stats | None:
+    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
+    so its spread is the step time's, scaled)."""
+    v, sd = row.get(q), sample_std(row)
+    if not isinstance(v, (int, float)):
+        return None
+    if q == "memory_gb" or sd is None:
+        return Stats(1, v, 0.0, v, v)
+    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v)
+
+
+def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
+    """technique -> {quantity: Stats}: the `optimizations` plan's before_after_* bench rows (over their timed steps),
+    else its training runs (over seeds, batch sizes pooled per technique)."""
+    plan = [r for r in runs if r.get("plan") == "optimizations" and r.get("status") == "ok"]
+    bars: dict[str, dict[str, Stats]] = {}
+    for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
+        label = re.sub(r"^before_after_", "", row["run"])
+        bars[label] = {q: st for q, _, _ in BEFORE_AFTER if (st := _row_stats(row, q))}
+    if bars:
+        return bars
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for r in plan:
+        if r.get("kind") == "bench":
+            continue
+        label = str((r.get("axes") or {}).get("technique") or re.sub(r"(-s\d+)?$", "", r["name"]))
+        m = r.get("metrics") or {}
+        mem = m.get("peak_memory") or r.get("max_rss_bytes")
+        for q, v in (("tokens_per_s", m.get("tokens_per_s")), ("memory_gb", mem and mem / 1e9),
+                     ("step_ms", (m.get("step_time") or 0) * 1e3 or None)):
+            if v is not None:
+                pooled.setdefault(label, {}).setdefault(q, []).append(v)
+    return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
+
+
+def _verdicts(bars: dict, names: list[str], qs: list, noise: Family) -> dict[tuple[str, str], bool | None]:
+    base = bars[names[0]]
+    out = {}
+    for n in names[1:]:
+        for q, _, _ in qs:
+            a, b = bars[n].get(q), base.get(q)
+            if a and b:
+                out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
+    return out
+
+
+def before_after(runs: list[dict], out: Path) -> list[str]:
+    bars = before_after_bars(runs)
+    qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
+    if len(bars) < 2 or not qs:
+        return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
+    names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
+    verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
+    plt = pyplot()
+    fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
+    for ax, (q, title, lower) in zip(axs[0], qs):
+        stats = [bars[n].get(q) for n in names]
+        colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
+        ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
+               yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
+    fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "before_after.png", dpi=80)
+    plt.close(fig)
+    shrink_png(out / "before_after.png")
+    lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
+                                    for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
+    return ["![before and after](figures/before_after.png)", "",
+            f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
+            f"95 % intervals. {noise.note()}", "", *lines, ""]
+
+
+def _colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
+    if not beyond or st is None or base is None:
+        return "#ccc"
+    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
+
+
+def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:
+    verdict = {True: "beyond noise", False: "within noise", None: "no interval"}[beyond]
+    return f"{title} {100 * (a.mean - b.mean) / b.mean:+.0f}% ({verdict})"
+
+
+def required(runs: list[dict], out: Path) -> list[str]:
+    out = Path(out) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = bench_rows(runs)
+    return (["### The required plots", ""] + memory_vs_context(rows, out) + throughput_vs_batch(rows, out)
+            + before_after(runs, out))

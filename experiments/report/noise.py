@@ -1,0 +1,121 @@
+"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests, and Holm's correction.
+
+A report compares many settings at once, so a difference is *beyond noise* only when its test
+still rejects at 5 % after Holm's step-down correction over every comparison of the same table
+(`Family`). scipy (a dependency of jax) supplies the t-distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+from scipy import stats as _scipy_stats
+
+ALPHA = 0.05
+LEVEL = 0.95
+T = TypeVar("T")
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (4.303 for p 0.975, df 2)."""
+    return float(_scipy_stats.t.ppf(p, df))
+
+
+def half_width(std: float, n: int) -> float | None:
+    """Half-width of the 95 % interval of a mean of n values with sample standard deviation `std`."""
+    return t_quantile(0.5 + LEVEL / 2, n - 1) * std / math.sqrt(n) if n >= 2 else None
+
+
+@dataclass(frozen=True)
+class Test:
+    """A two-sided test of a difference: the difference, its p-value (None: one value per side)."""
+
+    diff: float
+    p: float | None
+
+
+def _t_test(diff: float, se: float, df: float) -> Test:
+    if se == 0:
+        return Test(diff, 1.0 if diff == 0 else 0.0)
+    return Test(diff, float(2 * _scipy_stats.t.sf(abs(diff) / se, df)))
+
+
+def welch(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> Test:
+    """Welch's unequal-variance t-test of mean_a - mean_b (Welch-Satterthwaite degrees of freedom)."""
+    d = mean_a - mean_b
+    if n_a < 2 or n_b < 2:
+        return Test(d, None)
+    va, vb = std_a**2 / n_a, std_b**2 / n_b
+    if va + vb == 0:
+        return _t_test(d, 0.0, 1)
+    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
+    return _t_test(d, math.sqrt(va + vb), df)
+
+
+def paired(diffs: list[float]) -> Test:
+    """One-sample t-test of paired differences (seed by seed) against 0."""
+    if len(diffs) < 2:
+        return Test(diffs[0] if diffs else math.nan, None)
+    n = len(diffs)
+    return _t_test(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(n), n - 1)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: the k-th smallest of m is multiplied by
+    m - k + 1, made non-decreasing along that order and capped at 1."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out, running = [0.0] * m, 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (m - k) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+@dataclass
+class Family:
+    """The comparisons of one table (or list of sentences), judged together.
+
+    Built in two passes by `judged`: the first records every test in call order, the second
+    answers each from its Holm-adjusted p-value over the whole family."""
+
+    adjusted: list[float] | None = None
+    tests: list[Test] = field(default_factory=list)
+    _seen: dict = field(default_factory=dict)
+
+    def beyond(self, test: Test, key=None) -> bool | None:
+        """True when `test` rejects at ALPHA after the correction, False when not, None without a p-value.
+        A comparison made again under the same `key` (a table cell and its sentence) counts once."""
+        if test.p is None:
+            return None
+        if key is not None and key in self._seen:
+            i = self._seen[key]
+        else:
+            i = len(self.tests)
+            self.tests.append(test)
+            if key is not None:
+                self._seen[key] = i
+        p = test.p if self.adjusted is None else self.adjusted[i]
+        return p < ALPHA
+
+    @property
+    def size(self) -> int:
+        return len(self.tests)
+
+    def note(self, what: str = "comparison") -> str:
+        """How this family's verdicts were reached, for the text under its table."""
+        return (f"*Beyond noise*: the two-sided t-test rejects at {ALPHA:.0%} after Holm's correction over the "
+                f"{self.size} {what}{'s' * (self.size != 1)} with a test in this table; otherwise *within noise*.")
+
+
+def judged(build: Callable[[Family], T]) -> tuple[T, Family]:
+    """`build(family)` run twice: once to collect its tests, once with their Holm-adjusted p-values."""
+    first = Family()
+    build(first)
+    final = Family(holm([t.p for t in first.tests]))
+    result = build(final)
+    assert [t.p for t in final.tests] == [t.p for t in first.tests], "a report table must be deterministic"
+    return result, final
