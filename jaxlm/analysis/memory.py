@@ -181,13 +181,13 @@ def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list
 
 def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
     """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
-    remat = "full" if compute.remat == "offload" else compute.remat
+    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
     fused = compute.attention == "cudnn" if fused is None else fused
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool):
-    remat = "full" if compute.remat == "offload" else compute.remat
+    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
     values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
     if fused:
         values[2] = 0.0  # a fused kernel keeps no T x T tensor
