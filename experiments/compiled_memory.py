@@ -168,10 +168,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.bench.target.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
     p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-memory.md)")
+    p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")
     args = p.parse_args(argv)
     target = gpu.parse_target(args.target)
     gpu.require_compiler()
-    store = CompileCache(OUT_DIR / f"{target.name}.json")
+    store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
     done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only)) for s in sections()]
     out = args.out or OUT_DIR / f"{target.name}-memory.md"
     out.write_text(page(target, done))

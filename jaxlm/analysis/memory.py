@@ -44,14 +44,15 @@ BACKENDS = ("gpu", "cpu")
 # coefficient can be below what one tensor of that kind would take: the compiler frees and reuses buffers
 # (under remat, most gradients are produced after the peak).
 GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
-    ("float32", "none", False): (28.4, 12.93, 7.34, 7.58, 8.23, 2.04),
-    ("float32", "full", False): (23.75, 19.3, 8.58, 0.46, 0.0, 5.4),
-    ("float32", "dots_saveable", False): (-0.08, 12.27, 3.48, 5.67, 47.14, 2.97),
-    ("bfloat16", "none", False): (16.5, 5.89, 5.94, 6.1, 4.53, 2.09),
-    ("bfloat16", "none", True): (16.19, 5.87, 0.0, 6.1, 4.33, 2.11),
-    ("bfloat16", "full", False): (23.42, 7.29, 5.61, 2.05, 0.0, 3.03),
-    ("bfloat16", "full", True): (21.04, 6.75, 0.0, 2.94, 0.0, 3.25),
-    ("bfloat16", "dots_saveable", False): (0.11, 4.53, 4.79, 5.22, 15.73, 4.36),
+    ("float32", "none", False): (26.48, 12.88, 8.25, 7.5, 4.21, 2.03),
+    ("float32", "full", False): (36.07, 19.82, 7.9, 0.0, 0.0, 3.42),
+    ("float32", "dots_saveable", False): (0.0, 11.19, 5.45, 6.46, 42.37, 1.25),
+    ("bfloat16", "none", False): (19.21, 6.01, 6.09, 5.61, 0.0, 1.8),
+    ("bfloat16", "none", True): (17.74, 5.99, 0.0, 5.75, 4.56, 1.51),
+    ("bfloat16", "full", False): (27.13, 8.01, 6.23, 1.08, 0.0, 1.84),
+    ("bfloat16", "full", True): (29.42, 7.43, 0.0, 2.54, 0.0, 1.3),
+    ("bfloat16", "dots_saveable", False): (0.0, 4.66, 6.06, 5.16, 23.18, 0.67),
+    ("bfloat16", "dots_saveable", True): (9.6, 4.9, 0.0, 4.42, 15.98, 1.23),
 }
 
 # Device memory as the driver reports it (nvidia-smi's total; bytes). Marketed sizes in the names.
@@ -180,13 +181,13 @@ def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list
 
 def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
     """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
-    remat = "full" if compute.remat == "offload" else compute.remat
+    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
     fused = compute.attention == "cudnn" if fused is None else fused
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool):
-    remat = "full" if compute.remat == "offload" else compute.remat
+    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
     values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
     if fused:
         values[2] = 0.0  # a fused kernel keeps no T x T tensor

@@ -5,11 +5,14 @@
 Each row compiles training's own step (jaxlm.bench.target) for the target and compares
 the estimate with the compiled total per GPU (argument + output + temp - alias). The
 compiled figures are kept in `--cache` (keyed by row, target and jax version), so the
-table regenerates in seconds after a change to the estimator.
+table regenerates in seconds after a change to the estimator (a change to the step's own
+sources makes them stale: `code_fingerprint`).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -57,8 +60,26 @@ def job_config(job: dict):
     return load_config(None, job["set"], preset=job.get("preset"))
 
 
+# The sources that decide the compiled train step: a change to any of them makes stored figures stale.
+STEP_SOURCES = ("nn", "training/step.py", "training/optim.py", "training/loop.py", "core/config.py",
+                "core/presets.py", "core/sharding.py")
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of STEP_SOURCES (jaxlm's own files), part of every cache key."""
+    root, h = Path(__file__).resolve().parents[1], hashlib.sha256()
+    for rel in STEP_SOURCES:
+        path = root / rel
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            if f.exists():
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 class CompileCache:
-    """Compiled figures by (job, target, jax version) in a JSON file, saved after every new compile."""
+    """Compiled figures by (job, target, jax version, code fingerprint) in a JSON file, saved after every
+    new compile; a figure compiled from other sources of the step is never reused."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -68,7 +89,7 @@ class CompileCache:
     def key(job: dict, target: gpu.Target) -> str:
         import jax
 
-        return json.dumps([job, target.name, target.count, jax.__version__], sort_keys=True)
+        return json.dumps([job, target.name, target.count, jax.__version__, code_fingerprint()], sort_keys=True)
 
     def has(self, job: dict, target: gpu.Target) -> bool:
         return self.key(job, target) in self.stored
@@ -149,7 +170,7 @@ def validate(target_name: str, out: Path | None, cache: Path | None, first: int 
 
 # --------------------------------------------------------------------------- calibration of the estimator
 
-# Two-layer probes, one dimension changed at a time from each base (widths, vocabulary, context, batch):
+# Two-layer probes, one dimension changed at a time from each base (widths, heads, vocabulary, context, batch):
 # the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS.
 _TINY = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=1024, context_length=256, batch=8)
 _MID = dict(num_layers=2, d_model=768, num_heads=12, d_ff=3072, vocab_size=10000, context_length=1024, batch=2)
@@ -157,7 +178,7 @@ PROBES = [
     *({**_TINY, **v} for v in ({}, dict(batch=16), dict(num_layers=4), dict(context_length=512, batch=4),
                                dict(vocab_size=4096), dict(d_ff=2048), dict(d_model=512, num_heads=8))),
     *({**_MID, **v} for v in ({}, dict(batch=4), dict(num_layers=4), dict(context_length=2048, batch=1),
-                              dict(vocab_size=20000))),
+                              dict(vocab_size=20000), dict(context_length=256, batch=16), dict(num_heads=24))),
 ]
 CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable")
            for a in ("xla", "cudnn") if not (d == "float32" and a == "cudnn")]
@@ -170,10 +191,11 @@ def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
 
 
 def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
-    """Least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes' temp bytes:
-    the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count (gradients and
-    weight copies)."""
+    """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
+    temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
+    (gradients and weight copies)."""
     import numpy as np
+    from scipy.optimize import nnls  # scipy comes with jax
 
     from jaxlm.analysis import memory
     from jaxlm.analysis.flops import param_counts
@@ -190,7 +212,7 @@ def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
         X, y = np.array(X, float), np.array(y, float)
         if attention == "cudnn":
             X[:, 2] = 0.0  # no T x T tensor
-        coef, *_ = np.linalg.lstsq(X / y[:, None], np.ones_like(y), rcond=None)
+        coef, _ = nnls(X / y[:, None], np.ones_like(y))
         key = (dtype, remat, attention == "cudnn")
         out[key] = tuple(round(float(c), 2) for c in coef)
         log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(X @ coef / y - 1)):.1f}%")
