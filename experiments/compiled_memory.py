@@ -12,12 +12,12 @@ are kept in docs/results/compiled/TARGET.json (shared with `python -m jaxlm.memo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxlm import cli
+from jaxlm.analysis.memory import DEFAULT_USABLE
 from jaxlm.bench import target as gpu
 from jaxlm.bench.gpu_validation import CompileCache, validation_job
 from jaxlm.core.errors import UserError
@@ -101,31 +101,41 @@ def figures(section: Section, target: gpu.Target, store: CompileCache, compile: 
     rows = []
     for label, j in section.rows:
         if not compile and not store.has(j, target):
-            rows.append({"label": label, "error": f"not compiled yet (--only {section.name})"})
+            rows.append({"setting": label, "error": f"not compiled yet (--only {section.name})"})
             continue
         try:
-            r = {"label": label, **store.row(j, target, log=lambda m: print(f"[{section.name}] {m}", flush=True))}
+            r = {**store.row(j, target, log=lambda m: print(f"[{section.name}] {m}", flush=True)), "setting": label}
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
-            r = {"label": label, "error": str(e).splitlines()[0][:160]}
+            r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
             r["largest_batch"] = store.largest(j, target) if compile else "-"
         rows.append(r)
     return rows
 
 
+def cached(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
+    """label -> compiled figures of a section's rows already in OUT_DIR/TARGET.json (none compiled here)."""
+    path = Path(out_dir) / f"{target_name}.json"
+    if not path.is_file():
+        return {}
+    target, store = gpu.parse_target(target_name), CompileCache(path)
+    rows = next(s for s in sections() if s.name == section).rows
+    return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
+
+
 def table(section: Section, rows: list[dict]) -> str:
-    by_label = {r["label"]: r for r in rows}
+    by_label = {r["setting"]: r for r in rows}
     head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"
     extra = (" vs reference |" if section.reference else "") + (" largest batch |" if section.largest else "")
     lines = [head + extra, "|---|" + "---:|" * (head.count("|") - 2 + extra.count("|"))]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['label']} | {r['error']} |")
+            lines.append(f"| {r['setting']} | {r['error']} |")
             continue
-        cells = [r["label"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
+        cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
                  f"{r['argument_bytes'] / GIB:.2f}", str(r["matmuls"]), str(r["cudnn_attention_calls"])]
         if section.reference:
-            batch = r["label"].rsplit("batch ", 1)[-1]
+            batch = r["setting"].rsplit("batch ", 1)[-1]
             ref = by_label.get(section.reference.format(b=batch))
             cells.append(f"{100 * (r['total_bytes'] / ref['total_bytes'] - 1):+.0f}%" if ref and "error" not in ref
                          else "-")
@@ -142,8 +152,8 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
              f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
              "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
              "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
-             f"one {target.description} when its total is within JAX's allocator share, {gpu.DEFAULT_MEM_FRACTION} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {gpu.DEFAULT_MEM_FRACTION * target.memory_bytes / GIB:.1f} GiB. Regenerate with "
+             f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
+             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate with "
              f"`python -m experiments.compiled_memory --target {target.name}`; docs/memory.md says how these "
              "figures compare with the analytic estimate."]
     for s, rows in done:

@@ -9,7 +9,7 @@ a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s
 start and compile a run; they reproduce those runs' step times within about 30 %.
 The GPU constants are stated, not measured: an H100 at 40 % of its 989 TFLOP/s
 bfloat16 peak, 2 ms per step and 30 s to start. Runs whose length depends on the
-outcome (`--find-max-batch`) and `command` runs are not estimated.
+outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _values(args: dict, key: str, default) -> list:
 
 def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | None:
     """Every row of a `jaxlm.bench model` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
-    if args.get("find_max_batch"):
+    if args.get("find_max_batch") or args.get("target"):  # compile-only rows for a GPU: compile time is not modelled
         return None
     cfg = load_config(None, overrides, preset=args.get("preset"))
     steps = args.get("warmup", BENCH_DEFAULTS["warmup"]) + args.get("steps", BENCH_DEFAULTS["steps"])

@@ -38,6 +38,7 @@ from experiments.estimate import (
     plan_estimate,
 )
 from experiments.plan import Plan, PlanError, load_plan, plan_names
+from experiments.provenance import check_committed, git_info
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -48,39 +49,14 @@ from experiments.results import (
 )
 from experiments.spec import RunSpec
 from jaxlm import cli
-from jaxlm.core.errors import UsageError
+from jaxlm.core import host
 from jaxlm.core.files import read_json, write_json
+from jaxlm.core.lock import DirLock
 
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
 # The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
 DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def git_info(root: Path | None = None) -> dict:
-    """The commit of the tree at `root` (default: here) and whether it differs from it: modified tracked
-    files or untracked files git does not ignore (a new plan or module changes what runs)."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=root).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    changed = git("status", "--porcelain").splitlines()  # "XY path": two status letters, a space, the path
-    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "changed": [c[3:] for c in changed[:5]]}
-
-
-def check_committed(git: dict) -> None:
-    """Final records come only from a committed tree, so each names the code that produced it."""
-    if git["commit"] is None:
-        raise UsageError(f"{Path.cwd()}: not a git checkout, so the records could not name their code; run from the "
-                         "repository, or pass --draft to record draft runs")
-    if git["dirty"]:
-        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{', ...' if len(git['changed']) == 5 else ''}): "
-                         "commit them so every record names the code that produced it, or pass --draft to record draft runs")
 
 
 # --------------------------------------------------------------------------- commands per kind
@@ -202,7 +178,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
-        "host": {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0]},
+        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"}, "load_avg_1m_start": os.getloadavg()[0]},
         "versions": software_versions(),
     }
     if spec.kind == "train":
@@ -327,10 +303,17 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     if not (dry_run or draft):
         check_committed(git)
     device = device or detect_device()
-    counts: dict[str, int] = {}
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
-    if not dry_run:
+    if dry_run:
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+    with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
+        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+
+
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool, git: dict) -> dict[str, int]:
+    """Each run in turn (or its command, with dry_run); returns a count per status."""
+    counts: dict[str, int] = {}
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
         prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"

@@ -1,10 +1,13 @@
-"""experiments.answers: the analytical answers against hand calculations, and the measured answers from a bench result."""
+"""experiments.answers: every answer against a hand calculation, a known value or a synthetic record."""
 
 import json
 
+import numpy as np
 import pytest
 
-from experiments import answers
+from experiments.answers import accounting as answers
+from experiments.answers import adamw, gpu, measured, studies, text
+from experiments.answers.__main__ import main
 from jaxlm import cli
 from jaxlm.analysis import flops, memory
 from jaxlm.core.config import ComputeConfig
@@ -31,26 +34,34 @@ def test_memory_is_linear_in_batch_and_the_largest_batch_fits():
     m = answers.model("gpt2-xl")
     fixed, per_seq = answers.memory_terms(m, T, ComputeConfig())
     assert sum(fixed.values()) == 16 * 2_127_057_600
-    est = memory.estimate(m, 7, T, ComputeConfig())
+    est = memory.estimate(m, 7, T, ComputeConfig(), backend="cpu")
     assert est.activation_total == pytest.approx(7 * per_seq)
     b = answers.max_batch(sum(fixed.values()), per_seq, 80e9)
     assert sum(fixed.values()) + b * per_seq <= 80e9 < sum(fixed.values()) + (b + 1) * per_seq
     bf16 = ComputeConfig(dtype="bfloat16", attention="cudnn")  # the weights' bfloat16 copies count too
     fixed, per_seq = answers.memory_terms(m, T, bf16)
     assert sum(fixed.values()) == 18 * 2_127_057_600
-    assert answers.max_batch(sum(fixed.values()), per_seq, 80e9) == memory.largest_batch(m, T, 80e9, bf16)
+    assert answers.max_batch(sum(fixed.values()), per_seq, 80e9) == memory.largest_batch(m, T, 80e9, bf16,
+                                                                                       backend="cpu")
 
 
-def test_document_has_every_answer_with_the_hand_numbers(tmp_path):
-    out = tmp_path / "a.md"
-    assert cli.run(answers.main, ["--out", str(out)]) == 0
-    text = out.read_text()
-    for heading in ("## 1. Parameters", "## 2. Forward FLOPs", "### Context 1024", "### Context 16384",
-                    "## 3. AdamW memory", "## 4. Training time", "## 5. Measured timings"):
-        assert heading in text
-    assert "2,127,057,600" in text and "4,513,336,524,800" in text
-    days = 400_000 * (3 * 1024 * 4_513_336_524_800 + 12 * 2_127_057_600) / (0.5 * 989e12) / 86400
-    assert f"| bfloat16 | 989 TFLOP/s | {days:,.1f} |" in text
+QUESTION_IDS = ("unicode1", "unicode2", "train_bpe_tinystories", "tokenizer_experiments", "transformer_accounting",
+                "adamwAccounting", "learning_rate", "generate", "benchmarking_script", "nsys_profile",
+                "mixed_precision_accumulation", "benchmarking_mixed_precision", "memory_profiling")
+
+
+def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
+    from experiments.answers.__main__ import answers as document
+
+    text_md = document(answers.DEVICES["h100-80gb"], tmp_path / "no-records", out_dir=tmp_path)
+    for qid in QUESTION_IDS:
+        assert f"### {qid}\n" in text_md
+    assert "2,127,057,600" in text_md and "4,513,336,524,800" in text_md
+    days = 400_000 * (3 * 1024 * 4_513_336_524_800 + 14 * 2_127_057_600) / (0.5 * 989e12) / 86400
+    assert f"| H100 | bfloat16 | 989 TFLOP/s | {days:,.1f} |" in text_md
+    assert "training takes 6,584 days" in text_md  # the A100 at 19.5 TFLOP/s float32, by hand: 6,583.6
+    assert "**Missing**: no `lr_sweep` records" in text_md and "**Pending**" in text_md
+    assert "**Missing**: no `tokenizer` plan report" in text_md
 
 
 def test_measured_answers_from_a_bench_result(tmp_path):
@@ -60,13 +71,141 @@ def test_measured_answers_from_a_bench_result(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"meta": {"breakdown": [{"context": 64, "batch": 2, "dtype": "float32", "components": comps}]},
                                 "rows": rows}))
-    text = "\n".join(answers.measured_section(path))
+    text = "\n".join(measured.measured_section(path))
     assert "| jax | forward | float32 | 64 | 2 | 10 | 0.5 |" in text
     assert "backward 21 ms (2.10x the forward" in text
     assert "time ratio 1.50, FLOP ratio 3.00" in text
 
 
 def test_missing_bench_is_one_line(tmp_path, capsys):
-    assert cli.run(answers.main, ["--bench", str(tmp_path / "nope.json")]) == 2
+    assert cli.run(main, ["--bench", str(tmp_path / "nope.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --bench") and "nope.json" in err and "\n" not in err
+
+
+# --------------------------------------------------------------------------- adamwAccounting
+
+
+def test_adamw_activation_formula_by_hand():
+    m = answers.model("gpt2-xl")
+    floats = L * (16 * T * D + 2 * 25 * T * T) + T * D + 2 * T * V  # n(16Td + 2hT^2) + Td + 2TV, d_ff = 4d
+    assert sum(adamw.activation_floats(m, T).values()) == floats == 3_879_438_336
+    a, b = adamw.peak_terms(m, T)
+    assert (a, b) == (4 * floats, 16 * 2_127_057_600)
+    assert answers.max_batch(b, a, 80e9) == 2  # (80 - 34.03) / 15.52 = 2.96
+    assert "**peak = 15.52 GB · batch_size + 34.03 GB**" in "\n".join(adamw.gpt2_xl_section())
+
+
+def test_adamw_flops_term_by_term():
+    assert [n for *_, n in flops.ADAMW_TERMS] == [3, 4, 5, 2]  # m: 2 mul + add; v: square, 2 mul, add; ...
+    assert flops.ADAMW_FLOPS_PER_PARAM == 14
+    assert "Total **14 FLOPs per parameter**" in "\n".join(adamw.adamw_flops_section())
+
+
+# --------------------------------------------------------------------------- unicode, tokenizers, mixed precision
+
+
+def test_unicode_answers_come_from_python():
+    one = "\n".join(text.unicode1())
+    assert "U+0000" in one and "`'\\x00'`" in one and "has 21 characters" in one
+    assert text.encoding_rows()[0][2:] == ["23 (0% zero)", "26 (31% zero)", "52 (65% zero)"]  # 7 ASCII + 5 x 3 + 1
+    assert text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong).startswith("raises UnicodeDecodeError")
+    assert text.decode_error(b"\x80\x80").startswith("raises") and text.decode_error(b"hi") == "decodes to 'hi'"
+
+
+def test_tokenizer_answers_quote_the_tokenizer_plans_sections(tmp_path):
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "report.md").write_text(
+        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\nratio 4.03\n\n"
+        "### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n## What this backend can show\n\nno\n")
+    md = "\n".join(text.tokenizer_sections(tmp_path))
+    assert md.index("### train_bpe_tinystories") < md.index("| a | b |") < md.index("### tokenizer_experiments")
+    assert md.index("ratio 4.03") < md.index("5.49 MB/s") < md.index("below 65,536") and "backend" not in md
+
+
+def test_float16_accumulation_matches_the_known_sums():
+    sums = dict(gpu.accumulation())
+    assert sums["float16 += float16"] == 9.953125  # the sum the curriculum's handout shows
+    assert sums["float32 += float32"] == pytest.approx(10.0001335, abs=1e-6)
+    assert sums["float32 += float16"] == sums["float32 += float32(float16)"] == pytest.approx(1000 * float(np.float16(0.01)), rel=1e-5)
+
+
+# --------------------------------------------------------------------------- answers from records
+
+
+def write_run(root, plan, name, **fields):
+    d = root / plan / "records" / name
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"name": name, "plan": plan, **fields}))
+
+
+def test_learning_rate_from_records_names_the_best_rate_the_edge_and_the_grid(tmp_path):
+    spec = {"set": {"model.num_layers": 2, "model.d_model": 32, "model.context_length": 16, "data.batch_size": 4,
+                    "train.steps": 10}}
+    for lr, losses in ((1e-3, [2.5, 2.7]), (1e-2, [2.0, 2.2]), (0.1, [2.9, 3.1])):
+        for seed, loss in enumerate(losses):
+            write_run(tmp_path, "lr_sweep", f"lr{lr}-s{seed}", status="ok", axes={"optim.lr": lr, "seed": seed},
+                      spec=spec, metrics={"eval_loss": loss})
+    for seed in range(2):
+        write_run(tmp_path, "lr_sweep", f"lr10-s{seed}", status="diverged", axes={"optim.lr": 10.0, "seed": seed}, spec=spec)
+    md = "\n".join(studies.learning_rate_section(tmp_path))
+    assert "| 0.01 | 2 | 2.100 ± 0.141 | none |" in md  # mean 2.1, sample std sqrt(0.02)
+    assert "| 10 | 2 | – | 2 of 2 |" in md
+    assert "The best rate is 0.01. The largest rate that trained is 0.1 (10x the best); 10 (1000x) diverged" in md
+    assert "bracketed only within a factor 100" in md and "2 layers x 32" in md
+
+
+def test_generate_answer_quotes_the_run_pages_sample(tmp_path):
+    page = tmp_path / "report.md"
+    page.write_text("# Training run `tiny`\n\n| | |\n|---|---|\n| model | d_model 8, 1 layers: 1,234 parameters |\n"
+                    "| data | `d` (bytes tokenizer), batch 2 |\n| steps | 5 |\n| final validation loss | 3.210 |\n\n"
+                    "## Sample\n\nDecoding: prompt 'A', temperature 0.8, top-p 0.95.\n\n```text\nA cat\n\nsat\n```\n\n"
+                    "Repetition, measured: 90% distinct.\n")
+    md = "\n".join(studies.generate_section(page, "report.md"))
+    assert "> A cat\n>\n> sat" in md and "validation loss 3.210" in md and "temperature 0.8" in md
+    assert "this one has 1,234 parameters and reads bytes" in md and "Repetition, measured: 90% distinct." in md
+    assert "**Missing**" in "\n".join(studies.generate_section(tmp_path / "none.md", "x"))
+
+
+def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
+    host = {"cpu_model": "Test CPU", "cpus": 2, "load_avg_1m_start": 1.0, "load_avg_1m_end": 3.0}
+    for w, first in ((0, 300.0), (5, 11.0)):
+        rows = [{"mode": m, "status": "ok", "step_ms": k * 12.0, "step_ms_std": k * 1.0, "step_ms_median": k * 10.0,
+                 "step_ms_first": k * first, "compile_s": 2.0} for m, k in (("forward", 1), ("forward_backward", 3))]
+        write_run(tmp_path, "benchmarking", f"warmup{w}", status="ok", axes={"warmup": w}, host=host,
+                  spec={"args": {"preset": "tiny", "context": 16, "batch": 2}}, bench_rows=rows)
+    md = "\n".join(measured.benchmarking_section(tmp_path, None))
+    assert "on Test CPU, 2 cores, load average 1.0-3.0" in md
+    assert "| 0 | 12 ± 1 | 300 | 36 ± 3 | 900 | 24 | 2.00 |" in md  # backward = 36 - 12
+    assert "first timed step took 300 ms, 30.0x the median after 5 warm-up steps (10 ms)" in md
+    assert "**Not measured here**" in md  # no size-table runs in these records
+
+
+def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
+    from experiments.compiled_memory import sections
+    from jaxlm.bench.gpu_validation import CompileCache
+    from jaxlm.bench.target import parse_target
+
+    target, stored = parse_target(gpu.TARGET), {}
+    for label, job in next(s for s in sections() if s.name == gpu.SECTION).rows:  # "forward, float32, context 128"
+        gb = (20e9 if label.startswith("forward") else 60e9) * (0.8 if "bfloat16" in label else 1.0)
+        stored[CompileCache.key(job, target)] = {"total_bytes": gb}
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / f"{gpu.TARGET}.json").write_text(json.dumps(stored))
+    md = "\n".join(gpu.memory_profiling_section(tmp_path))
+    assert "| 512 | 20 GB | 16 GB | 60 GB | 48 GB |" in md and "0.80x to 0.80x the memory" in md
+    assert "20 MiB at T = 512" in md  # 4 x 512 x 2560 x 4 bytes = 20 MiB
+    assert gpu.MEMORY_COMMAND in "\n".join(gpu.memory_profiling_section(tmp_path / "none"))
+
+
+def test_nsys_answers_from_the_campaigns_profile(tmp_path):
+    summary = lambda share: {"total_us": 2000.0, "matmul_share": share,
+                             "top": [{"name": "nvjet_gemm", "us": 1500.0, "share": 0.75, "matmul": True}]}
+    prof = {"model": "small", "context": 1024, "batch": 4, "dtype": "bfloat16", "forward": summary(0.75),
+            "train_step": summary(0.6), "attention": summary(0.5)}
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "results.json").write_text(json.dumps({"steps": {"profile": prof}}))
+    md = "\n".join(gpu.nsys_section(tmp_path))
+    assert "forward pass: 2.00 ms of device time over the traced calls, 75% in matmul kernels" in md
+    assert "train step: 2.00 ms" in md and "`nvjet_gemm`: 75.0% (matmul)" in md
+    assert "**Pending**" in "\n".join(gpu.nsys_section(tmp_path / "none"))

@@ -11,7 +11,6 @@ import pytest
 
 from jaxlm.core.config import (
     PRESETS,
-    ComputeConfig,
     Config,
     ConfigError,
     ModelConfig,
@@ -64,13 +63,13 @@ def test_every_preset_is_a_valid_model():
         assert dataclasses.asdict(cfg.model).items() >= preset["model"].items(), name
 
 
-def test_old_model_keys_move_to_compute_with_a_warning(tmp_path, capsys):
+def test_compute_keys_under_model_are_unknown(tmp_path):
     old = tmp_path / "old.toml"
-    old.write_text('[model]\nd_model = 64\nnum_heads = 4\ndtype = "bfloat16"\nremat = "full"\n')
-    cfg = load_config(old, ["model.attention=xla"])
-    assert cfg.compute == ComputeConfig(dtype="bfloat16", attention="xla", remat="full")
-    err = capsys.readouterr().err
-    assert "model.dtype is deprecated" in err and "--set model.attention is deprecated" in err
+    old.write_text('[model]\nd_model = 64\nnum_heads = 4\ndtype = "bfloat16"\n')
+    with pytest.raises(ConfigError, match="dtype"):
+        load_config(old)
+    with pytest.raises(ConfigError, match="--set model.remat=full"):
+        load_config(None, ["model.remat=full"])
 
 
 def test_dropped_eval_batches_is_ignored_with_a_warning(tmp_path, capsys):

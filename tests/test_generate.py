@@ -26,7 +26,6 @@ from jaxlm.nn.decode import (
     StreamDecoder,
     filter_logits,
     row_keys,
-    sampling_probs,
 )
 from jaxlm.nn.model import TransformerLM
 from jaxlm.training.checkpoint import load_for_generation
@@ -143,6 +142,12 @@ def test_model_extend_matches_call_with_window():
 
 
 # --------------------------------------------------------------------------- sampling rules
+
+
+def sampling_probs(logits, params: SamplingParams) -> np.ndarray:
+    """The distribution `sample_tokens` draws from: softmax of the filtered, temperature-scaled logits."""
+    temperature, top_k, top_p = params.as_arrays()
+    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
 
 
 def test_nucleus_and_top_k_against_hand_computed():
@@ -377,6 +382,33 @@ def test_compute_flags_change_how_the_run_decodes(trained_run):
     assert model.compute.dtype == "bfloat16" and model.init_cache(1, 8).layers[0][0].dtype == jnp.bfloat16
     saved, _ = load_for_generation(trained_run)
     np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
+
+
+@pytest.fixture(scope="module")
+def scanned_run(tmp_path_factory):
+    from jaxlm.training.loop import train
+
+    base = tmp_path_factory.mktemp("gen_scanned_run")
+    extra = {"train.steps": 2, "checkpoint.every": 2, "train.eval_every": 2, "log.tensorboard": "false",
+             "compute.scan_layers": "true"}
+    train(load_config(None, tiny_overrides(make_corpus(base / "corpus"), base / "run", **extra)))
+    return base / "run"
+
+
+@pytest.mark.parametrize("trained_in", ["unrolled", "scanned"])
+def test_a_run_decodes_in_the_other_layer_layout(trained_in, trained_run, scanned_run, capsys):
+    """--set compute.scan_layers=... flips the layout a run was trained in: the same logits and greedy text."""
+    run, flip = (trained_run, "true") if trained_in == "unrolled" else (scanned_run, "false")
+    args = argparse.Namespace(config=None, preset=None, overrides=[f"compute.scan_layers={flip}"])
+    model, _ = load_for_generation(run, run_config(str(run), args))
+    saved, _ = load_for_generation(run)
+    assert isinstance(model.layers, nnx.List) == (flip == "false") != isinstance(saved.layers, nnx.List)
+    tok = jnp.arange(12)[None] * 7 % 257  # (1, 12)
+    np.testing.assert_allclose(np.asarray(model(tok)), np.asarray(saved(tok)), atol=1e-5)
+    argv = ["--run", str(run), "--prompt", "The ", "--max-new-tokens", "6", "--temperature", "0"]
+    assert main(argv) == 0 and main([*argv, "--set", f"compute.scan_layers={flip}"]) == 0
+    as_trained, flipped = capsys.readouterr().out.splitlines()
+    assert flipped == as_trained
 
 
 def run_cli(argv, capsys) -> tuple[int, list[str]]:

@@ -1,4 +1,5 @@
-"""jaxlm.memory: the estimate against XLA's memory_analysis() (CPU, float32, no remat), by hand, and its CLI."""
+"""jaxlm.memory: the CPU model against XLA's memory_analysis() (float32, no remat), the GPU model against the
+GPU compiler's figures (docs/memory.md), by hand, and the CLI."""
 
 import json
 
@@ -21,14 +22,14 @@ def test_estimate_within_fifteen_percent_of_memory_analysis(shape):
 def test_state_by_hand_and_linear_in_batch():
     cfg = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=100, context_length=32)
     p = param_counts(cfg)["total"]
-    est = memory.estimate(cfg, 3, 32)
+    est = memory.estimate(cfg, 3, 32, backend="cpu")
     assert est.state == {"parameters (float32)": 4 * p, "gradients (float32)": 4 * p,
                          "AdamW moments m, v (float32)": 8 * p}
-    assert est.activation_total == pytest.approx(3 * memory.estimate(cfg, 1, 32).activation_total)
+    assert est.activation_total == pytest.approx(3 * memory.estimate(cfg, 1, 32, backend="cpu").activation_total)
     # Per token: embedding D, per layer 6 D + 4 F + 4 N T float32 + the N T byte mask, then 2 V for the loss.
     per_token = 4 * (64 + 2 * (6 * 64 + 4 * cfg.d_ff + 4 * 4 * 32) + 2 * 100) + 2 * 4 * 32
     assert est.activation_total == 3 * 32 * per_token
-    bf16 = memory.estimate(cfg, 3, 32, ComputeConfig(dtype="bfloat16"))
+    bf16 = memory.estimate(cfg, 3, 32, ComputeConfig(dtype="bfloat16"), backend="cpu")
     assert bf16.state["bfloat16 weight copies"] == 2 * p
 
 
@@ -37,6 +38,8 @@ def test_techniques_order_and_fsdp_shards_the_state():
     act = lambda **kw: memory.estimate(cfg, 8, 1024, ComputeConfig(**kw)).activation_total
     base = act()
     assert act(remat="full") < act(remat="dots_saveable") < base
+    # scanned layers run "none" as dots_saveable (ComputeConfig.remat_policy): the estimate prices that
+    assert act(scan_layers=True) == act(remat="dots_saveable") and act(scan_layers=True, remat="full") == act(remat="full")
     assert act(dtype="bfloat16", attention="cudnn") < act(dtype="bfloat16") < base
     one = memory.estimate(cfg, 8, 1024)
     four = memory.estimate(cfg, 8, 1024, mesh=memory.Mesh(4, fsdp=True))
@@ -55,7 +58,8 @@ def test_cli_prints_the_breakdown_and_largest_batch(capsys):
     argv = ["--preset", "large", "--context", "1024", "--batch", "4", "--dtype", "bfloat16", "--device", "h100-80gb"]
     assert cli.run(memory_cli.main, argv) == 0
     out = capsys.readouterr().out
-    for text in ("AdamW moments", "attention scores/probs", "ffn hidden", "predicted peak", "largest batch that fits"):
+    for text in ("AdamW moments", "layers: attention scores", "layers: feed-forward hidden", "predicted peak",
+                 "largest batch that fits"):
         assert text in out
     assert cli.run(memory_cli.main, [*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -85,3 +89,19 @@ def test_validate_writes_the_table_between_markers(tmp_path):
     text = out.read_text()
     assert "before" in text and "after" in text and "old" not in text
     assert "| 256 | 4 | 4 | 1000 | 128 | 4 |" in text
+
+
+def test_the_gpu_model_by_hand():
+    """GPU calibration: each kind of tensor's element count times its fitted bytes (GPU_BYTES)."""
+    cfg = ModelConfig(d_model=64, num_layers=3, num_heads=4, d_ff=96, vocab_size=100, context_length=32)
+    c = memory.GPU_BYTES[("bfloat16", "none", False)]
+    acts = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16"))
+    tokens = 5 * 32
+    by_hand = [tokens * 3 * 64 * c[0], tokens * 3 * 96 * c[1], 3 * 5 * 4 * 32 * 32 * c[2], tokens * 100 * c[3],
+               tokens * 64 * c[4]]
+    assert list(acts.values()) == pytest.approx(by_hand)
+    full = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", remat="full"))  # one layer's worth
+    assert sum(full.values()) < sum(acts.values()) and all(k.startswith(("one layer", "logits", "embedding"))
+                                                             for k in full)
+    cudnn = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", attention="cudnn"))
+    assert cudnn["layers: attention scores"] == 0.0

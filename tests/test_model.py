@@ -15,15 +15,13 @@ import pytest
 from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn import remat as remat_lib
 from jaxlm.nn.attention import attention, cudnn_supported, visibility_mask
 from jaxlm.nn.model import (
-    REMAT_POLICIES,
     RotaryEmbedding,
     TransformerLM,
     apply_rope,
-    count_params,
     cross_entropy,
-    lm_loss,
     token_accuracy,
 )
 
@@ -49,6 +47,17 @@ def qkv(B=2, Tq=T, S=T, dtype=jnp.float32, seed=0):
     )
 
 
+def lm_loss(model, tok, *, deterministic=True):
+    """Next-token cross-entropy of tok (B, T+1): the train step's loss."""
+    return cross_entropy(model(tok[:, :-1], deterministic=deterministic), tok[:, 1:])
+
+
+def causal_rows(first: int, S: int, window=None) -> np.ndarray:
+    """(S - first, S) bool: the causal (and window) rows of queries at positions first ... S-1."""
+    i, j = np.arange(first, S)[:, None], np.arange(S)[None, :]
+    return (j <= i) & ((i - j <= window) if window is not None else True)
+
+
 def numpy_attention(q, k, v, mask):
     """float64 reference: softmax(q k^T / sqrt(H) masked) v, BTNH layout; mask (T, S) True = attend."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
@@ -63,15 +72,13 @@ def numpy_attention(q, k, v, mask):
 
 
 @pytest.mark.parametrize("window", [None, 0, 3])
-@pytest.mark.parametrize("q_offset", [0, 5])
-def test_xla_attention_matches_float64_reference(window, q_offset):
-    S = T
-    Tq = S - q_offset  # the last Tq queries of the sequence (a decode/chunked step when q_offset > 0)
-    q, k, v = qkv(Tq=Tq, S=S)
-    out = attention(q, k, v, window=window, q_offset=q_offset)
-    i = np.arange(q_offset, S)[:, None]
-    j = np.arange(S)[None, :]
-    mask = (j <= i) & ((i - j <= window) if window is not None else True)
+@pytest.mark.parametrize("first", [0, 5])
+def test_xla_attention_matches_float64_reference(window, first):
+    """Causal (first = 0), and the last queries against every key with their position mask (a chunked step)."""
+    Tq = T - first
+    q, k, v = qkv(Tq=Tq, S=T)
+    mask = causal_rows(first, T, window)
+    out = attention(q, k, v, window=window) if first == 0 else attention(q, k, v, causal=False, mask=jnp.asarray(mask))
     np.testing.assert_allclose(out, numpy_attention(q, k, v, mask), atol=2e-6, rtol=1e-5)
 
 
@@ -91,10 +98,11 @@ def test_decode_step_rows_equal_full_attention():
     q, k, v = qkv()
     full = attention(q, k, v, window=4)
     for p in (0, 6, T - 1):
-        step = attention(q[:, p : p + 1], k[:, : p + 1], v[:, : p + 1], window=4, q_offset=p)
+        rows = jnp.asarray(causal_rows(p, p + 1, window=4)[-1:])  # (1, p + 1): query p's row
+        step = attention(q[:, p : p + 1], k[:, : p + 1], v[:, : p + 1], causal=False, mask=rows)
         np.testing.assert_allclose(step, full[:, p : p + 1], atol=1e-6)
     # keys longer than needed (a preallocated cache): future slots are masked out by position
-    step = attention(q[:, 6:7], k, v, window=4, q_offset=6)
+    step = attention(q[:, 6:7], k, v, causal=False, mask=jnp.asarray(causal_rows(6, T, window=4)[:1]))
     np.testing.assert_allclose(step, full[:, 6:7], atol=1e-6)
 
 
@@ -145,8 +153,9 @@ def test_cudnn_matches_xla_on_gpu(window):
     ref = attention(q, k, v, window=window).astype(jnp.float32)
     out = attention(q, k, v, window=window, implementation="cudnn").astype(jnp.float32)
     np.testing.assert_allclose(out, ref, atol=2e-2)  # bf16 inputs and outputs: ~2 bf16 ulps at |x| ~ 1
-    # a decode step (q_offset, keys longer than queries) goes through the explicit-mask path
-    step = attention(q[:, 40:41], k, v, window=window, q_offset=40, implementation="cudnn")
+    # a decode step (keys longer than queries, its own mask) goes through the explicit-mask path
+    step = attention(q[:, 40:41], k, v, causal=False, mask=jnp.asarray(causal_rows(40, S, window)[:1]),
+                     implementation="cudnn")
     np.testing.assert_allclose(step.astype(jnp.float32), ref[:, 40:41], atol=2e-2)
 
 
@@ -259,22 +268,6 @@ def test_bf16_compute_close_to_f32():
     np.testing.assert_allclose(lb, la, rtol=1e-2)
 
 
-def _loss_and_grads(cfg, tok, compute=ComputeConfig()):
-    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(0))
-    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: lm_loss(m, tok[:, :-1], tok[:, 1:])))(model)
-    return loss, grads
-
-
-@pytest.mark.parametrize("remat", [r for r in REMAT_POLICIES if r != "none"])
-def test_remat_matches_no_remat(remat):
-    tok = tokens(seq=T + 1)
-    loss0, g0 = _loss_and_grads(small_cfg(), tok)
-    loss1, g1 = _loss_and_grads(small_cfg(), tok, ComputeConfig(remat=remat))
-    np.testing.assert_allclose(loss1, loss0, atol=1e-6)
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(b, a, atol=1e-6)
-
-
 def test_dropout_train_only_and_reproducible():
     tok = tokens()
     plain = TransformerLM(small_cfg(), rngs=nnx.Rngs(0))(tok)
@@ -305,21 +298,35 @@ def _flat_layers(model, grads_or_model, num_layers):
     return out
 
 
-@pytest.mark.parametrize("remat, dropout", [("none", 0.0), ("full", 0.0), ("dots_saveable", 0.2)])
-def test_scanned_layers_match_unrolled(remat, dropout):
-    """compute.scan_layers: the same initial numbers (stacked on a layers axis), loss and gradients (float32)."""
-    cfg, tok = small_cfg(num_layers=3, dropout=dropout), tokens(seq=T + 1)
-    models = [TransformerLM(cfg, ComputeConfig(remat=remat, scan_layers=s), rngs=nnx.Rngs(0)) for s in (False, True)]
+def _layer_grads(cfg, tok, compute, deterministic=True):
+    """(loss, {(layer, path): gradient}) of a fresh nnx.Rngs(0) model run with `compute`."""
+    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(0))
+    loss, grads = nnx.jit(nnx.value_and_grad(lambda m: lm_loss(m, tok, deterministic=deterministic)))(model)
+    return loss, _flat_layers(model, grads, cfg.num_layers)
+
+
+@pytest.mark.parametrize("scanned", [False, True])
+@pytest.mark.parametrize("policy", list(remat_lib.POLICIES))
+def test_remat_policies_give_the_same_gradients_in_both_layouts(policy, scanned):
+    """Every compute.remat policy, unrolled and scanned: the loss and gradients of the unrolled model without remat."""
+    cfg, tok = small_cfg(num_layers=3), tokens(seq=T + 1)
+    l0, g0 = _layer_grads(cfg, tok, ComputeConfig())
+    l1, g1 = _layer_grads(cfg, tok, ComputeConfig(remat=policy, scan_layers=scanned))
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    assert g0.keys() == g1.keys()
+    for k in g0:
+        np.testing.assert_allclose(g1[k], g0[k], atol=1e-6, err_msg=str(k))
+
+
+def test_scanned_layers_match_unrolled_with_dropout():
+    """compute.scan_layers: the same initial numbers (stacked on a layers axis), dropout masks, loss and gradients."""
+    cfg, tok = small_cfg(num_layers=3, dropout=0.2), tokens(seq=T + 1)
+    models = [TransformerLM(cfg, ComputeConfig(scan_layers=s), rngs=nnx.Rngs(0)) for s in (False, True)]
     assert models[1].layers.attn.q_proj.weight.shape == (3, D, D)
     p0, p1 = (_flat_layers(m, m, 3) for m in models)
     assert p0.keys() == p1.keys() and all(np.array_equal(p0[k], p1[k]) for k in p0)
-
-    def loss(m):
-        return lm_loss(m, tok[:, :-1], tok[:, 1:], deterministic=False)
-
-    (l0, g0), (l1, g1) = (nnx.jit(nnx.value_and_grad(loss))(m) for m in models)
+    (l0, g0), (l1, g1) = (_layer_grads(cfg, tok, ComputeConfig(scan_layers=s), deterministic=False) for s in (False, True))
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
-    g0, g1 = _flat_layers(models[0], g0, 3), _flat_layers(models[1], g1, 3)
     for k in g0:
         np.testing.assert_allclose(g1[k], g0[k], atol=1e-6, err_msg=str(k))
 
@@ -374,7 +381,6 @@ def test_parameter_names_and_shapes_match_spec(kw):
     cfg = small_cfg(**kw)
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
     assert jax_table(model) == spec_table(cfg)
-    assert count_params(model) == sum(int(np.prod(s)) for s in spec_table(cfg).values())
 
 
 def test_init_statistics():

@@ -32,16 +32,15 @@ def test_mesh_shape_errors_name_the_keys(kw, n, match):
         sharding.mesh_shape(ParallelConfig(**kw), n)
 
 
-def test_config_checks_and_the_old_fsdp_flag():
-    with pytest.raises(ConfigError, match=r"parallel.fsdp = True: now the size of the fsdp mesh axis.*parallel.fsdp = -1"):
-        load_config(None, ["parallel.fsdp=true"])
-    assert load_config(None, ["parallel.fsdp=false"]).parallel.fsdp == 1  # old configs' "off" still reads
+def test_config_checks():
+    with pytest.raises(ConfigError, match=r"--set parallel.fsdp=true"):
+        load_config(None, ["parallel.fsdp=true"])  # a size, not a switch
     with pytest.raises(ConfigError, match="at most one mesh axis may be -1"):
         load_config(None, ["parallel.fsdp=-1"])  # data is -1 by default
     with pytest.raises(ConfigError, match=r"parallel.tensor = 0: must be >= 1"):
         load_config(None, ["parallel.tensor=0"])
-    with pytest.raises(ConfigError, match=r"compute.scan_layers = True: LoRA"):
-        load_config(None, ["compute.scan_layers=true", "lora.rank=4"])
+    with pytest.raises(ConfigError, match=r"lora.dropout = 0.1: the pipeline"):
+        load_config(None, ["parallel.pipeline=2", "lora.rank=4", "lora.dropout=0.1"])
 
 
 def test_tensor_parallel_divisibility_is_checked():
@@ -90,11 +89,11 @@ def test_parse_layout():
 def test_resume_keeps_the_layer_layout(tmp_path):
     """A checkpoint restores in the layout it was saved in: changing compute.scan_layers on resume is refused."""
     from jaxlm.core.errors import CheckpointError
-    from jaxlm.training.preflight import check_compatible
+    from jaxlm.training.preflight import check_compatible, run_identity
 
     saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
     with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):
-        check_compatible(saved, now, tmp_path)
+        check_compatible(run_identity(saved), now, tmp_path, "checkpoint")
 
 
 def test_bench_parallel_measures_the_pipeline_bubble(tmp_path):

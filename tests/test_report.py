@@ -94,7 +94,7 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     (root / "lr_sweep").mkdir()
     (root / "lr_sweep" / "report.md").write_text("# an old report without records\n")
     assert cli.run(report.main, ["--all", str(root), "--out", str(out)]) == 0
-    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    md, html = (out / "appendix.md").read_text(), (out / "appendix.html").read_text()
     heads = ["## 1. Experimental setup", "## 2. Profiling results", "## 3. Background", "## 4. Trade-off analysis",
              "## 5. Extras", "## 6. Training studies", "## 7. Findings against the curriculum", "## 8. Limitations"]
     assert [md.index(h) for h in heads] == sorted(md.index(h) for h in heads)
@@ -106,18 +106,53 @@ def test_all_plans_report_sections_plots_and_missing_plans(tmp_path):
     assert f"| 32 | 2 | 2 | 64 | 257 | 32 | {n:,} | optimizations |" in md
     assert "### GPU results\n\n**Pending**: no run under this root ran on a GPU" in md
     assert "- jax 0.0.test" in md and "**pending**: no run under this root ran on a GPU" in md
+    short = (out / "report.md").read_text()
     for png in ("memory_vs_context", "throughput_vs_batch", "before_after"):
-        assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in md
+        assert (out / "figures" / f"{png}.png").stat().st_size > 1000 and f"(figures/{png}.png)" in short
     # memory 0.5 GB x T/64 x B: 4x from T=64 to 256 at every batch
-    assert "train_step float32, batch=1 (measured): from T 64 to 256 (4x) peak memory went 4.00x (477 MiB to 1.86 GiB)" in md
-    assert "- bf16: tokens/s +90% (no interval), peak memory (GB) -25% (no interval)" in md  # one seed each
+    assert "train_step float32, batch=1 (measured): from T 64 to 256 (4x) peak memory went 4.00x (477 MiB to 1.86 GiB)" in short
+    assert "- bf16: tokens/s +90% (no interval), peak memory (GB) -25% (no interval)" in short  # one seed each
+    assert "The three required plots are in the [report](report.md)." in md
     extras, studies = md.index("## 5. Extras"), md.index("## 6. Training studies")
     assert extras < md.index("(`lora_finetune`)") < studies and "| `rank8` | ok | 5 | 3.210 |" in md[extras:studies]
     assert "[lr_sweep/report.md](../results/lr_sweep/report.md), was written from runs whose records are not kept" in md
     assert "### Learning curve and sample: training run `x`\n\n![curves](learning_curve/curves_by_step.png)" in md[studies:]
     assert "**Missing**: no result.json under" in md and "`lr_sweep`" in md and "**Missing**: no plan whose name contains `parallel`" in md
-    assert md.count("data:image") == 0 and html.count("data:image/png;base64,") >= 3 and "<table>" in html
-    assert '<img alt="before and after" src="data:image/png;base64,' in html
+    assert md.count("data:image") == 0 and "<table>" in html and '<a href="report.html">report</a>' in html
+    short_html = (out / "report.html").read_text()
+    assert short_html.count("data:image/png;base64,") >= 3 and '<img alt="before and after" src="data:image/png;base64,' in short_html
+    assert '<a href="appendix.html">appendix</a>' in short_html
+
+
+def test_the_report_is_the_template_filled_in_with_computed_numbers(tmp_path):
+    root, out = tmp_path / "results", tmp_path / "report"
+    _synthetic_root(root)
+    assert cli.run(report.main, ["--all", str(root), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    heads = ["## 1. Setup", "## 2. Background", "## 3. Trade-offs", "### 3.1 Memory", "### 3.2 Speed", "### 3.3 Accuracy",
+             "## 4. Findings", "## 5. What could not be measured, and why"]
+    assert [md.index(h) for h in heads] == sorted(md.index(h) for h in heads)
+    assert "$" not in md.replace("$$", "")  # every template field was filled
+    assert "[appendix](appendix.md)" in md and "`tiny/input.txt` (bytes tokenizer; 123,456 training and 7,890 validation tokens" in md
+    assert "jax 0.0.test" in md and "[remat](" in md  # the software the records name; the technique index, linked
+    assert len(md.split()) <= 2600
+
+
+def test_the_committed_report_keeps_its_budget_and_links_its_appendix():
+    docs = Path(__file__).resolve().parents[1] / "docs" / "report"
+    md = (docs / "report.md").read_text()
+    assert len(md.split()) <= 2600, "docs/report/report.md is over about 2,500 words: move detail to the appendix"
+    assert "[appendix](appendix.md)" in md and (docs / "appendix.md").is_file() and (docs / "appendix.html").is_file()
+    try:
+        import weasyprint
+    except (ImportError, OSError):  # the pdf extra, or the system Pango it needs, is not installed
+        return
+    assert len(weasyprint.HTML(filename=str(docs / "report.html")).render().pages) <= 5
+
+
+def test_pdf_goes_with_all_only(tmp_path, capsys):
+    assert cli.run(report.main, [str(tmp_path), "--pdf"]) == 2
+    assert "--pdf" in capsys.readouterr().err
 
 
 def test_all_needs_out(tmp_path, capsys):

@@ -181,17 +181,18 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp"]
+FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp", "pp_lora"]
 
 
 def test_mesh_layouts_on_8_devices_equal_one_device():
-    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data."""
+    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data, QLoRA through the pipeline."""
     _check_layouts(FAST_LAYOUTS)
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
-    """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages)."""
+    """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages), QAT through
+    the pipeline."""
     _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
 
 

@@ -2,12 +2,16 @@
 
 Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
 (several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
-(`python -m jaxlm.train ARGS...` with each jitted call delayed, so a test can kill it mid-run).
+(`python -m jaxlm.train ARGS...` with each jitted call delayed, so a test can kill it mid-run),
+`python tests/train_helpers.py hold-locks DIR...` (holds each directory's lock until killed),
+`python tests/train_helpers.py file-size-limit BYTES MODULE ARGS...` (`python -m MODULE ARGS...`
+unable to write a file past BYTES: a full disk, without a full disk).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,6 +126,10 @@ LAYOUTS = {
     "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,
            "compute.scan_layers": "true"},
     "pp_dp": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true"},
+    "pp_lora": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+                "lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16},
+    "pp_qat": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
+               "qat.weight_bits": 8},
 }
 
 
@@ -171,6 +179,38 @@ def _slow_train_main():
     sys.exit(cli.run(command.main, sys.argv[3:]))
 
 
+def _hold_locks_main():
+    import time
+
+    from jaxlm.core.lock import DirLock
+
+    for d in sys.argv[2:]:
+        DirLock(d, d).acquire()
+    print("held", flush=True)
+    time.sleep(3600)
+
+
+def _file_size_limit_main():
+    import resource
+    import runpy
+
+    limit, module = int(sys.argv[2]), sys.argv[3]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    sys.argv = [module, *sys.argv[4:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def hold_locks(*dirs):
+    """A process holding the locks of `dirs` (it has them when this returns); kill it to leave them stale."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, __file__, "hold-locks", *map(str, dirs)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    {"devices": _devices_main, "slow-train": _slow_train_main}[sys.argv[1]]()
+    {"devices": _devices_main, "slow-train": _slow_train_main, "hold-locks": _hold_locks_main,
+     "file-size-limit": _file_size_limit_main}[sys.argv[1]]()

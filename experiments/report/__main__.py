@@ -18,13 +18,16 @@ def main(argv: list[str] | None = None) -> int:
                    "(docs/results/PLAN/records), or one training run (metrics.jsonl + config.toml)")
     p.add_argument("--all", metavar="ROOT", help="one written report (Markdown + HTML) from every plan under ROOT (runs/ or docs/results)")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report; with --all: required)")
+    p.add_argument("--pdf", action="store_true", help="with --all: also report.pdf (the 'pdf' extra: WeasyPrint, "
+                   "which needs the system Pango library)")
     p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, bench.json) to OUT/records")
     run_page.add_args(p)
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else None
+    cli.check_option(bool(args.all) or not args.pdf, "--pdf", True, "goes with --all ROOT --out DIR")
     if args.all:
         cli.check_option(args.plan_dir is None and out is not None, "--all", args.all, "takes --out DIR and no PLAN_DIR")
-        path = write_all(Path(args.all), out)
+        path = write_all(Path(args.all), out, args.pdf)
     elif args.plan_dir is None:
         raise UsageError("python -m experiments.report: give PLAN_DIR, a run directory, or --all ROOT --out DIR")
     elif run_page.is_run_dir(Path(args.plan_dir)):

@@ -19,8 +19,8 @@ from experiments.plan import format_value
 from experiments.report.bench import fit_memory_batch, fit_memory_context
 from experiments.report.divergence import outcome
 from experiments.report.format import table
-from experiments.report.plots import mean_curve
 from experiments.report.noise import Family
+from experiments.report.plots import mean_curve
 from experiments.report.seeds import Setting, Stats, baseline_of, resolved
 from experiments.results import read_metrics, series
 

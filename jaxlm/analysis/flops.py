@@ -22,7 +22,15 @@ from dataclasses import dataclass
 
 from jaxlm.core.config import ModelConfig
 
-ADAMW_FLOPS_PER_PARAM = 12  # two moment updates, bias correction, sqrt, divide, decay, step
+# One AdamW update (docs/spec.md#optimizer), per parameter, term by term. Scalars that depend only on the
+# step (1 - beta, alpha_t with its bias correction, lr * weight_decay) are computed once per step, not counted.
+ADAMW_TERMS: tuple[tuple[str, str, int], ...] = (
+    ("m <- b1 m + (1 - b1) g", "2 multiplies, 1 add", 3),
+    ("v <- b2 v + (1 - b2) g^2", "g^2, 2 multiplies, 1 add", 4),
+    ("theta <- theta - alpha_t m / (sqrt(v) + eps)", "square root, add eps, divide, multiply by alpha_t, subtract", 5),
+    ("theta <- theta - lr wd theta", "multiply by lr wd, subtract", 2),
+)
+ADAMW_FLOPS_PER_PARAM = sum(n for _, _, n in ADAMW_TERMS)
 
 # Dense peak FLOP/s per device by (device kind substring, dtype). Datasheet figures, no sparsity.
 PEAK_FLOPS: dict[tuple[str, str], float] = {

@@ -1,27 +1,33 @@
 """Memory estimator: what one step holds per device, and the largest batch that fits a device.
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
-    python -m jaxlm.memory validate --out docs/memory.md   # estimate vs XLA's memory_analysis() on CPU
+    python -m jaxlm.memory validate --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
+    python -m jaxlm.memory validate --out docs/memory.md   # the CPU model vs XLA's memory_analysis() on CPU
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
-+ activations. Activations are, per layer, the tensors the backward pass needs
-(counted below by component), the output head's logits, and under remat the
-working set of the one block being rebuilt.
++ activations. Activations are what the backward pass needs, by kind of tensor:
+D-wide and F-wide (feed-forward hidden) per layer and token, the attention scores
+(N x T x T per layer and sequence, none with cuDNN attention), the logits (V per
+token) and the embedding side (D per token).
 
-The per-component tensor counts are those of jaxlm's own forward (jaxlm.model,
-jaxlm.attention "xla"): which tensors `jax.grad` saves, less what XLA fuses away,
-calibrated against `compiled.memory_analysis()` of the real train step on CPU at
-float32 without remat (the table in docs/memory.md gives the error of each row).
-The CPU backend is faithful there, but not for remat (XLA:CPU's compiled memory
-barely moves under it) nor for bfloat16 (it computes through float32): those settings
-follow the policies' definitions and are estimates to check against a GPU's
-measured peak. cudnn attention keeps no T x T tensor, only a log-sum-exp per row.
+Two calibrations, because two compilers keep different tensors:
+- "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
+  the real train step for an H100 (`GPU_BYTES`, fitted on compiled two-layer probes
+  by `python -m jaxlm.memory validate --target h100-80gb --calibrate` and validated
+  on the presets in docs/memory.md). Under remat full the peak is the last block's
+  backward: one layer's working set, the saved block inputs mostly freed by then.
+- "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
+  calibrated on XLA:CPU's memory_analysis() at float32 without remat (faithful
+  there only: XLA:CPU undoes remat and computes bfloat16 through float32).
+The remat policy priced is `ComputeConfig.remat_policy`, the one the model applies: with
+``compute.scan_layers`` "none" keeps the matmul outputs, as dots_saveable (jaxlm/nn/remat.py).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from jaxlm.analysis.flops import param_counts
@@ -29,9 +35,26 @@ from jaxlm.core.config import ComputeConfig, ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
+BACKENDS = ("gpu", "cpu")
+
+# XLA's GPU compiler (H100 target, jax 0.10): bytes at the train step's peak per element of each kind of tensor,
+# (compute dtype, remat, cuDNN attention) -> (D-wide per layer and token, F-wide per layer and token, attention
+# scores per layer and N T^2, logits per token and V, embedding side per token and D, gradients and weight
+# copies per parameter). "full" counts one layer, its D-wide term including the embedding side. Fitted, so a
+# coefficient can be below what one tensor of that kind would take: the compiler frees and reuses buffers
+# (under remat, most gradients are produced after the peak).
+GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
+    ("float32", "none", False): (28.4, 12.93, 7.34, 7.58, 8.23, 2.04),
+    ("float32", "full", False): (23.75, 19.3, 8.58, 0.46, 0.0, 5.4),
+    ("float32", "dots_saveable", False): (-0.08, 12.27, 3.48, 5.67, 47.14, 2.97),
+    ("bfloat16", "none", False): (16.5, 5.89, 5.94, 6.1, 4.53, 2.09),
+    ("bfloat16", "none", True): (16.19, 5.87, 0.0, 6.1, 4.33, 2.11),
+    ("bfloat16", "full", False): (23.42, 7.29, 5.61, 2.05, 0.0, 3.03),
+    ("bfloat16", "full", True): (21.04, 6.75, 0.0, 2.94, 0.0, 3.25),
+    ("bfloat16", "dots_saveable", False): (0.11, 4.53, 4.79, 5.22, 15.73, 4.36),
+}
 
 # Device memory as the driver reports it (nvidia-smi's total; bytes). Marketed sizes in the names.
-GIB = 2**30
 DEVICES: dict[str, float] = {
     "h100-80gb": 81559 * 2**20,
     "h100-94gb": 95830 * 2**20,
@@ -42,7 +65,19 @@ DEVICES: dict[str, float] = {
     "rtx4090": 24564 * 2**20,
     "v100-32gb": 32768 * 2**20,
 }
-DEFAULT_USABLE = 0.9  # share of device memory a step may plan for: CUDA context, library workspaces, fragmentation
+# Share of device memory a step may plan for: JAX's GPU allocator (XLA's BFC pool) is capped at
+# XLA_PYTHON_CLIENT_MEM_FRACTION of the device's memory, 0.75 by default, with or without preallocation
+# (openxla/xla gpu_helpers.cc: "XLA backend will use up to ..."); the rest holds the CUDA context, the
+# cuBLAS/cuDNN libraries and whatever is outside XLA's pool.
+DEFAULT_USABLE = 0.75
+
+
+def usable_share() -> float:
+    """JAX's GPU allocator share in this environment: its variables, else DEFAULT_USABLE."""
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        if os.environ.get(name):
+            return float(os.environ[name])
+    return DEFAULT_USABLE
 
 # Tensors kept per token for the backward pass, in units of the tensor's width (D, F, or a head's T scores
 # times the N heads), on the xla attention path without remat; "t" is the compute dtype, "f32" float32, "u8"
@@ -131,8 +166,38 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     return kept
 
 
+def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
+    """The element counts GPU_BYTES multiplies: D and F per layer and token, N T^2 per layer and sequence,
+    V and D per token; one layer under remat full (or offload, whose saved tensors live on the host), where
+    the embedding side is one more D per token and falls in the first term."""
+    tokens = batch * seq_len
+    one = remat in ("full", "offload")
+    layers = 1 if one else cfg.num_layers
+    d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
+    return [tokens * layers * cfg.d_model, tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
+            tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
+
+
+def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
+    """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
+    remat = "full" if compute.remat == "offload" else compute.remat
+    fused = compute.attention == "cudnn" if fused is None else fused
+    return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
+
+
+def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool):
+    remat = "full" if compute.remat == "offload" else compute.remat
+    values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
+    if fused:
+        values[2] = 0.0  # a fused kernel keeps no T x T tensor
+    where = "one layer (remat)" if remat == "full" else "layers"
+    names = (f"{where}: D-wide tensors", f"{where}: feed-forward hidden", f"{where}: attention scores",
+             "logits / loss", "embedding side")
+    return dict(zip(names, values))
+
+
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-                mode: str = "train_step", fused: bool | None = None) -> dict[str, float]:
+                mode: str = "train_step", fused: bool | None = None, backend: str = "gpu") -> dict[str, float]:
     """Activation bytes at the step's peak, by component, all layers (see the module docstring).
 
     fused: attention is a fused kernel keeping no T x T tensor (default: compute.attention == "cudnn").
@@ -140,8 +205,12 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
+    if backend == "gpu" and mode != "forward":
+        return _gpu_activations(cfg, batch, seq_len, compute, fused)
     tokens = batch * seq_len
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
     if cfg.norm == "none":
@@ -150,12 +219,13 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     logits = tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
-    kept = _remat_saved(per_layer, cfg, seq_len, a, fused, compute.remat)
-    if compute.remat == "offload":  # the saved matmul outputs live in host memory
+    remat = compute.remat_policy  # what the model applies: "none" is dots_saveable under scanned layers
+    kept = _remat_saved(per_layer, cfg, seq_len, a, fused, remat)
+    if remat == "offload":  # the saved matmul outputs live in host memory
         kept = {name: (a * cfg.d_model if name == "residuals" else 0.0) for name in kept}
     out = {"embedding": tokens * a * cfg.d_model}
     out.update({name: tokens * cfg.num_layers * value for name, value in kept.items()})
-    if compute.remat != "none":  # the backward rebuilds one block at a time
+    if remat != "none":  # the backward rebuilds one block at a time
         working = {k: working.get(k, 0.0) + per_layer[k] for k in per_layer}
     out["backward working set (one layer)"] = tokens * sum(working.values())
     out["logits / loss"] = logits
@@ -163,30 +233,33 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
 
 
 def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None) -> Estimate:
+             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> Estimate:
     """Predicted peak bytes per device of one step; `batch` is the global batch, split over mesh.devices."""
     p = param_counts(cfg)["total"]
     shard = mesh.devices if mesh.fsdp else 1
     state = {"parameters (float32)": 4.0 * p / shard}
-    if compute.dtype != "float32":
-        state[f"{compute.dtype} weight copies"] = DTYPE_BYTES[compute.dtype] * p / shard
-    if mode != "forward":
-        state["gradients (float32)"] = 4.0 * p / shard
+    if backend == "gpu" and mode != "forward":  # what the compiler keeps at the peak, fitted (GPU_BYTES)
+        state["gradients and weight copies at the peak"] = _gpu_coefficients(compute, fused)[5] * p / shard
+    else:
+        if compute.dtype != "float32":
+            state[f"{compute.dtype} weight copies"] = DTYPE_BYTES[compute.dtype] * p / shard
+        if mode != "forward":
+            state["gradients (float32)"] = 4.0 * p / shard
     if mode == "train_step":
         state["AdamW moments m, v (float32)"] = 8.0 * p / shard
     if mesh.fsdp and mesh.devices > 1:  # one layer's parameters gathered at a time
         state["FSDP gathered layer"] = DTYPE_BYTES[compute.dtype] * (p - cfg.vocab_size * cfg.d_model) / cfg.num_layers
     per_device = math.ceil(batch / mesh.devices)
-    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused), per_device)
+    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused, backend), per_device)
 
 
 def largest_batch(cfg: ModelConfig, seq_len: int, capacity: float, compute: ComputeConfig = ComputeConfig(),
-                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None) -> int:
+                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> int:
     """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does).
 
     The estimate is affine in the per-device batch, so this is a division, not a search.
     """
-    one = estimate(cfg, mesh.devices, seq_len, compute, mode, mesh, fused)
+    one = estimate(cfg, mesh.devices, seq_len, compute, mode, mesh, fused, backend)
     per_seq = one.activation_total
     room = capacity - one.state_total
     return max(int(room // per_seq), 0) * mesh.devices if per_seq > 0 else 0

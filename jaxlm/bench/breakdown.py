@@ -23,7 +23,7 @@ from flax import nnx
 from jaxlm.analysis import flops
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
-from jaxlm.nn.model import CausalSelfAttention, cross_entropy
+from jaxlm.nn.model import CausalSelfAttention, LinearKinds, cross_entropy
 
 
 def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:
@@ -51,14 +51,15 @@ def _components(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: i
     """name -> (module, call(module, x) -> array, layers it stands for)."""
     rngs = nnx.Rngs(0)
     precision = Precision.from_config(compute)
+    linear = LinearKinds(precision)
     rope = None
     if cfg.rope:
         tables = RotaryEmbedding(cfg.head_dim, context, cfg.rope_theta)(jnp.arange(context))
         rope = tables
     targets = jax.random.randint(jax.random.key(1), (batch, context), 0, cfg.vocab_size)
     return {
-        "attention": (CausalSelfAttention(cfg, compute.attention, precision=precision, rngs=rngs), lambda m, x: m(x, rope), cfg.num_layers),
-        "ffn": (FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs), lambda m, x: m(x), cfg.num_layers),
+        "attention": (CausalSelfAttention(cfg, compute.attention, linear=linear, rngs=rngs), lambda m, x: m(x, rope), cfg.num_layers),
+        "ffn": (FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, linear=linear, rngs=rngs), lambda m, x: m(x), cfg.num_layers),
         "lm_head": (_Head(cfg, precision, rngs), lambda m, x: m(x, targets), 1),
     }
 

@@ -34,7 +34,7 @@ FRAMEWORKS = ("jax", "torch")
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
     "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
 )
 

@@ -136,8 +136,62 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def validate(target_name: str, cache: Path | None, first: int | None = None) -> str:
-    """The validation table against the GPU compiler's plan of each row (the caller writes it out)."""
+def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
+    from jaxlm.core.files import write_between_markers
+
     t = gpu.parse_target(target_name)
     gpu.require_compiler()
-    return table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
+    text = table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
+    if out is not None:
+        write_between_markers(out, text, MARK_BEGIN, MARK_END)
+    return text
+
+
+# --------------------------------------------------------------------------- calibration of the estimator
+
+# Two-layer probes, one dimension changed at a time from each base (widths, vocabulary, context, batch):
+# the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS.
+_TINY = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=1024, context_length=256, batch=8)
+_MID = dict(num_layers=2, d_model=768, num_heads=12, d_ff=3072, vocab_size=10000, context_length=1024, batch=2)
+PROBES = [
+    *({**_TINY, **v} for v in ({}, dict(batch=16), dict(num_layers=4), dict(context_length=512, batch=4),
+                               dict(vocab_size=4096), dict(d_ff=2048), dict(d_model=512, num_heads=8))),
+    *({**_MID, **v} for v in ({}, dict(batch=4), dict(num_layers=4), dict(context_length=2048, batch=1),
+                              dict(vocab_size=20000))),
+]
+CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable")
+           for a in ("xla", "cudnn") if not (d == "float32" and a == "cudnn")]
+
+
+def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
+    sets = [f"model.{k}={v}" for k, v in probe.items() if k != "batch"]
+    return {"preset": None, "mode": "train_step", "set": [*sets, f"data.batch_size={probe['batch']}",
+            f'compute.dtype="{dtype}"', f'compute.remat="{remat}"', f'compute.attention="{attention}"']}
+
+
+def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
+    """Least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes' temp bytes:
+    the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count (gradients and
+    weight copies)."""
+    import numpy as np
+
+    from jaxlm.analysis import memory
+    from jaxlm.analysis.flops import param_counts
+
+    store, out = CompileCache(cache), {}
+    for dtype, remat, attention in CLASSES:
+        X, y = [], []
+        for probe in PROBES:
+            j = probe_job(probe, dtype, remat, attention)
+            cfg = job_config(j)
+            X.append([*memory.gpu_features(cfg.model, probe["batch"], cfg.model.context_length, remat),
+                      param_counts(cfg.model)["total"]])
+            y.append(store.row(j, target, log)["temp_bytes"])
+        X, y = np.array(X, float), np.array(y, float)
+        if attention == "cudnn":
+            X[:, 2] = 0.0  # no T x T tensor
+        coef, *_ = np.linalg.lstsq(X / y[:, None], np.ones_like(y), rcond=None)
+        key = (dtype, remat, attention == "cudnn")
+        out[key] = tuple(round(float(c), 2) for c in coef)
+        log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(X @ coef / y - 1)):.1f}%")
+    return out

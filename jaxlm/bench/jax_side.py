@@ -149,6 +149,7 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
     row["step_ms_median"] = 1e3 * float(np.median(times))
+    row["step_ms_first"] = 1e3 * times[0]  # what warm-up is for: the first timed step after --warmup steps
     peak = peak_memory_bytes()
     if peak is not None:
         row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"

@@ -106,7 +106,7 @@ def validation_row(d: int, layers: int, heads: int, vocab: int, context: int, ba
     cfg = ModelConfig(vocab_size=vocab, context_length=context, d_model=d, num_layers=layers, num_heads=heads)
     compiled = jax_side.compile_step(jax_side.build_step(mode, cfg, ComputeConfig(), batch, context))
     measured = jax_side.compiled_memory_bytes(compiled)
-    est = memory.estimate(cfg, batch, context, ComputeConfig(), mode).total
+    est = memory.estimate(cfg, batch, context, ComputeConfig(), mode, backend="cpu").total
     return dict(d_model=d, layers=layers, heads=heads, vocab=vocab, context=context, batch=batch, mode=mode,
                 estimate_bytes=est, measured_bytes=measured, error=est / measured - 1)
 
@@ -125,18 +125,11 @@ def validation_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_validation(text: str, out: Path, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+def write_validation(text: str, out: Path) -> None:
     """Replace the table between the markers in `out` (or append it with its markers)."""
-    from jaxlm.core.files import atomic_write
+    from jaxlm.core.files import write_between_markers
 
-    block = f"{begin}\n{text}\n{end}"
-    old = out.read_text() if out.exists() else ""
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        new = head + block + rest.split(end, 1)[1]
-    else:
-        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
-    atomic_write(out, new)
+    write_between_markers(out, text, MARK_BEGIN, MARK_END)
 
 
 def validate_main(argv: list[str]) -> int:
@@ -151,14 +144,19 @@ def validate_main(argv: list[str]) -> int:
     parser.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...")
     parser.add_argument("--cache", type=Path, metavar="JSON", help="with --target: keep the compiled figures here "
                         "and reuse them (per row, target and jax version)")
+    parser.add_argument("--calibrate", action="store_true", help="with --target: fit the estimator's GPU_BYTES on "
+                        "compiled two-layer probes (jaxlm.bench.gpu_validation.PROBES) and print them")
     args = parser.parse_args(argv)
     if args.target:
         from jaxlm.bench import gpu_validation
 
-        text = gpu_validation.validate(args.target, args.cache, args.rows)
-        if args.out:
-            write_validation(text, args.out, gpu_validation.MARK_BEGIN, gpu_validation.MARK_END)
-        print(text)
+        if args.calibrate:
+            from jaxlm.bench import target as gpu
+
+            fitted = gpu_validation.calibrate(gpu.parse_target(args.target), args.cache)
+            print("GPU_BYTES = {\n" + "".join(f"    {k}: {v},\n" for k, v in fitted.items()) + "}")
+        else:
+            print(gpu_validation.validate(args.target, args.out, args.cache, args.rows))
         return 0
     args.rows = args.rows or len(VALIDATION_ROWS)
     rows = []

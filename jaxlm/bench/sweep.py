@@ -35,7 +35,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     cli.add_config_args(p)
     p.add_argument("--context", metavar="T", type=int, nargs="+", help="sequence lengths (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, nargs="+", default=[4], help="batch sizes")
-    p.add_argument("--mode", metavar="MODE", nargs="+", default=["forward"], choices=MODES, help="what one timed step runs")
+    p.add_argument("--mode", metavar="MODE", nargs="+", choices=MODES,
+                   help="what one step runs (default: forward; with --target, train_step)")
     p.add_argument("--dtype", metavar="DTYPE", nargs="+", choices=COMPUTE_CHOICES["dtype"], help="compute dtypes (default: compute.dtype)")
     p.add_argument("--attention", metavar="KIND", nargs="+",
                    help="xla | cudnn | auto | window:N | cudnn+window:N (default: compute.attention)")
@@ -72,6 +73,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace, cfg: Config) -> None:
     """Fill the axes from the config and stop, in one line naming the option, on a value out of range."""
     args.context = args.context or [cfg.model.context_length]
+    args.mode = args.mode or ["train_step" if args.target or args.target_config else "forward"]
     args.dtype = args.dtype or [cfg.compute.dtype]
     args.attention = args.attention or [cfg.compute.attention]
     args.remat = args.remat or [cfg.compute.remat]
@@ -210,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
         return compiled_sweep(args, cfg, args.preset or (Path(args.config).stem if args.config else "default"))
     if args.threads:
         set_cpu_threads(args.threads)
-    from jaxlm.core.host import tune_for_cpu_backend
+    from jaxlm.core.host import describe, tune_for_cpu_backend
 
     tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
     base = cfg.model
@@ -219,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
                         peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
                         seed=args.seed, torch_optimizer=args.torch_optimizer)
     settings = settings_from(args)
-    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads}
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads, "host": describe()}
     on_row = None if args.quiet else progress_line
     if args.find_max_batch:
         rows = max_batch_rows(args, settings, base, opts, meta, on_row)
@@ -228,5 +230,6 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(core.format_table(rows))
     extras(args, settings, base, meta)
+    meta["host"]["load_avg_1m_end"] = describe()["load_avg_1m"]  # other work on the machine skews timings
     write_outputs(args, rows, meta)
     return 0

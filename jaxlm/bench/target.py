@@ -12,7 +12,10 @@ the compiler's buffer assignment per device (`memory_analysis()`) and the optimi
 program (`as_text()`): which matmuls run in which dtype, how many cuDNN attention calls,
 what remat recomputes, which collectives a sharded layout needs. It is a plan, never a
 measurement: nothing runs, so there are no times, and the allocator's fragmentation and
-the CUDA context are not in it (see ALLOWANCE).
+the CUDA context are not in it. A step fits when its total is within JAX's allocator
+share of the device (jaxlm.analysis.memory.DEFAULT_USABLE: 0.75 unless
+XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise); cuBLAS/cuDNN workspaces are already in
+the compiled temp bytes (buffers of the library calls).
 """
 
 from __future__ import annotations
@@ -20,34 +23,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxlm.analysis.memory import usable_share
 from jaxlm.core import platform
 from jaxlm.core.config import Config
 from jaxlm.core.errors import ConfigError, DataError, MissingExtra, UsageError
 
 EXTRA = "pip install -e '.[gpu-compile]'"
 LABEL = "compiled for {device} (the GPU compiler's plan), not measured"
-
-# JAX's GPU allocator (XLA's BFC pool) is capped at XLA_PYTHON_CLIENT_MEM_FRACTION of the device's
-# memory, 0.75 by default, with or without preallocation (openxla/xla gpu_helpers.cc: "XLA backend will
-# use up to ..."); the rest holds the CUDA context, the cuBLAS/cuDNN libraries and whatever is outside
-# XLA's pool. A step fits when its compiled total is within the pool. cuBLAS/cuDNN workspaces are
-# already in the compiled temp bytes (buffers of the custom calls).
-DEFAULT_MEM_FRACTION = 0.75
-
-
-def mem_fraction() -> float:
-    """The share of device memory JAX's allocator may use in this environment (JAX's variables, else 0.75)."""
-    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
-        if os.environ.get(name):
-            return float(os.environ[name])
-    return DEFAULT_MEM_FRACTION
-
 
 @dataclass(frozen=True)
 class Gpu:
@@ -251,7 +238,7 @@ def describe(compiled, target: Target, fraction: float | None = None) -> dict:
     out.update(program_facts(text))
     if target.count > 1:
         out["collectives"] = {op: c for op, c in collectives(text).items() if c["count"]}
-    fraction = mem_fraction() if fraction is None else fraction
+    fraction = usable_share() if fraction is None else fraction
     out.update(capacity_bytes=target.memory_bytes, usable_fraction=fraction,
                usable_bytes=int(fraction * target.memory_bytes))
     out["fits"] = out["total_bytes"] <= out["usable_bytes"]

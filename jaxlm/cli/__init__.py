@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
 import sys
-import tempfile
-import traceback
 from pathlib import Path
 from typing import Callable, Iterator
 
 from jaxlm.core import platform
 from jaxlm.core.config import PRESETS, Config, help_config, load_config
-from jaxlm.core.errors import InternalError, UsageError, UserError
+from jaxlm.core.errors import InternalError, UsageError, UserError, write_traceback
 
 platform.prepare()  # before any command imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
-
-TRACEBACK_FILE = "error.log"  # in the run directory, when the command has one
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -104,26 +99,6 @@ def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-def write_traceback(run_dir: str | Path | None = None) -> Path | None:
-    """Append the exception being handled to RUN/error.log (else a new temp file); its path, or None."""
-    text = (f"--- {datetime.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}: "
-            f"{' '.join(sys.argv)}\n{traceback.format_exc()}\n")
-    if run_dir is not None and Path(run_dir).is_dir():
-        try:
-            with open(Path(run_dir) / TRACEBACK_FILE, "a") as f:
-                f.write(text)
-            return Path(run_dir) / TRACEBACK_FILE
-        except OSError:
-            pass
-    try:
-        fd, name = tempfile.mkstemp(prefix="jaxlm-", suffix="-traceback.log")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return Path(name)
-    except OSError:
-        return None
-
-
 def _unexpected(e: BaseException, run_dir: str | Path | None = None) -> str:
     """The one line for an exception that is not a UserError, after saving its traceback."""
     path = write_traceback(run_dir)
@@ -151,9 +126,11 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         return main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
+        if str(e):  # an Interrupted stop at a safe point says what was and was not done
+            print(f"interrupted: {_one_line(e)}", file=sys.stderr)
         return 130
     except UserError as e:
         if debug:

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prepare":
         from jaxlm.data.prepare import prepare
 
-        meta = prepare(args.input, args.tokenizer, args.out, val_fraction=None if args.val else args.val_fraction, val_inputs=args.val, workers=args.workers, dtype=args.dtype)
+        meta = prepare(args.input, args.tokenizer, args.out, val_fraction=None if args.val else args.val_fraction,
+                       val_inputs=args.val, workers=args.workers, dtype=args.dtype, culprit=f"--out {args.out}")
         print(f"{args.out}: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val tokens, {meta['dtype']}, vocab {meta['vocab_size']}, {meta['seconds']} s")
     elif args.command == "train-bpe":
         from jaxlm.data.bpe import train_and_save

@@ -4,7 +4,7 @@ The model and tokenizer come from the run (its config.toml and latest checkpoint
 or --checkpoint RUN/checkpoints/STEP). The common config flags apply on top of the
 run's config.toml: `--set compute.dtype=bfloat16` or `--set compute.attention=cudnn`
 decodes differently, while a model.* value that differs from the run is refused
-(the weights fix the architecture). Decoding itself lives in jaxlm.decode.
+(the weights fix the architecture). Decoding itself lives in jaxlm/nn/decode.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from jaxlm.core.errors import CheckpointError, ConfigError, DataError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter)
+    ap = cli.ArgumentParser(prog="python -m jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (its latest checkpoint)")
     src.add_argument("--checkpoint", metavar="DIR", help="one checkpoint of a run, e.g. RUN/checkpoints/600")
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     model, tok = load_for_generation(path, cfg)
     rows = [i for i in range(len(texts)) for _ in range(args.num_samples)]  # row r continues prompt rows[r]
     prompts = [encode_prompt(tok, texts[i]) for i in rows]
-    gen, sampling = Generator(model), SamplingParams(args.temperature, args.top_k, args.top_p)
+    gen, sampling = Generator(model, tok.vocab_size), SamplingParams(args.temperature, args.top_k, args.top_p)
     kw = dict(seed=args.seed, eot_id=tok.eot_id, use_cache=not args.no_cache)
     if args.stream:
         for r, i in enumerate(rows):

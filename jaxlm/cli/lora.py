@@ -6,6 +6,7 @@ DIR gets the run's config with LoRA off, its tokenizer, and one checkpoint (at t
 of the merged float32 weights W + (alpha / r) B A with a fresh optimizer state: `jaxlm.generate`,
 `jaxlm.bench`, `parity.check` and `train.init_from` read it like any run. The merged model's
 logits are compared with the adapted model's on a random batch and the difference printed.
+The merge holds the locks of the run and of DIR (jaxlm.core.lock): no trainer writes either meanwhile.
 """
 
 from __future__ import annotations
@@ -16,10 +17,23 @@ from pathlib import Path
 from jaxlm import cli
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import writable_dir_problem
+from jaxlm.core.lock import DirLock
 
 
 def merge_run(src: str | Path, out: str | Path) -> float:
     """Write the merged run to `out`; returns max |logits(merged) - logits(adapted)| on a random batch."""
+    from jaxlm.training.checkpoint import find_run_dir
+
+    out = Path(out)
+    problem = writable_dir_problem(out)
+    if problem:
+        raise UsageError(f"--out {out}: {problem}; choose a new directory")
+    with DirLock(find_run_dir(src)[0], str(src)), DirLock(out, f"--out {out}"):
+        return _merge(src, out)
+
+
+def _merge(src: str | Path, out: Path) -> float:
+    """`merge_run` under the two locks."""
     import jax
     import numpy as np
 
@@ -35,10 +49,8 @@ def merge_run(src: str | Path, out: str | Path) -> float:
     from jaxlm.training.optim import make_optimizer
     from jaxlm.training.step import TrainState
 
-    out = Path(out)
-    problem = writable_dir_problem(out)
-    if problem or (out.is_dir() and any(out.iterdir())):
-        raise UsageError(f"--out {out}: {problem or 'exists and is not empty'}; choose a new directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: exists and is not empty; choose a new directory")
     run_dir, step = find_run_dir(src)
     model, cfg, _ = restore_for_inference(src)
     if not lora.has_adapters(model):

@@ -17,6 +17,7 @@ import re
 from jaxlm import cli
 from jaxlm.analysis.flops import MODES, param_counts
 from jaxlm.analysis.memory import (
+    BACKENDS,
     DEFAULT_USABLE,
     DEVICES,
     ComputeConfig,
@@ -24,6 +25,7 @@ from jaxlm.analysis.memory import (
     ModelConfig,
     estimate,
     largest_batch,
+    usable_share,
 )
 from jaxlm.core.errors import UsageError
 
@@ -52,6 +54,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--remat", choices=("none", "full", "dots_saveable", "offload"), help="default: compute.remat")
     s.add_argument("--attention", choices=("xla", "cudnn"), help="default: compute.attention")
     s.add_argument("--mode", choices=MODES, default="train_step", help="which step")
+    s.add_argument("--calibration", choices=BACKENDS, default="gpu", help="whose compiler the estimate follows: XLA's "
+                   "GPU compiler's plan (H100) or XLA:CPU's (float32 without remat only)")
     s.add_argument("--devices", type=cli.bounded(int, 1), default=1,
                    help="devices the batch is split over (parallel.fsdp other than 1 also shards the state)")
     d = parser.add_argument_group("the device (for the largest batch)")
@@ -59,8 +63,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory")
     where.add_argument("--memory", type=parse_size, metavar="SIZE", help="memory per device, e.g. 24GiB or 80GB")
     d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True),
-                   help=f"share of the device's memory a step may plan for (default: {DEFAULT_USABLE} for the "
-                        "estimate; with --target, JAX's allocator share XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unset)")
+                   help=f"share of the device's memory a step may plan for (default: JAX's GPU allocator share, "
+                        f"XLA_PYTHON_CLIENT_MEM_FRACTION or {DEFAULT_USABLE})")
     g = parser.add_argument_group("compile for a GPU, on any machine (the gpu-compile extra; docs/memory.md)")
     which = g.add_mutually_exclusive_group()
     which.add_argument("--target", metavar="GPU[:N]",
@@ -85,16 +89,18 @@ def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh]:
 
 
 def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, mode: str, mesh: Mesh,
-           capacity: float | None, usable: float, device: str | None) -> dict:
-    est = estimate(cfg, batch, context, compute, mode, mesh)
-    out = {"parameters": param_counts(cfg)["total"], "mode": mode, "context": context, "batch": batch,
+           capacity: float | None, usable: float | None, device: str | None, backend: str = "gpu") -> dict:
+    est = estimate(cfg, batch, context, compute, mode, mesh, backend=backend)
+    out = {"parameters": param_counts(cfg)["total"], "mode": mode, "calibration": backend, "context": context,
+           "batch": batch,
            "batch_per_device": est.batch_per_device, "devices": mesh.devices, "fsdp": mesh.fsdp,
            "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
+           "remat_applied": compute.remat_policy,
            "state_bytes": est.state, "activation_bytes": est.activations, "peak_bytes": est.total}
     if capacity is not None:
-        usable = DEFAULT_USABLE if usable is None else usable
+        usable = usable_share() if usable is None else usable
         out.update(device=device, capacity_bytes=capacity, usable=usable, fits=est.total <= capacity * usable,
-                   largest_batch=largest_batch(cfg, context, capacity * usable, compute, mode, mesh))
+                   largest_batch=largest_batch(cfg, context, capacity * usable, compute, mode, mesh, backend=backend))
     return out
 
 
@@ -103,7 +109,8 @@ def format_report(r: dict, cfg: ModelConfig) -> str:
              f"vocab {cfg.vocab_size}: {r['parameters'] / 1e6:.1f}M parameters",
              f"step: {r['mode']}, batch {r['batch']} ({r['batch_per_device']} per device on {r['devices']} "
              f"device{'s' if r['devices'] > 1 else ''}{', FSDP' if r['fsdp'] else ''}), context {r['context']}, "
-             f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}", "",
+             f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}"
+             + (f" (applied as {r['remat_applied']}: scanned layers)" if r["remat_applied"] != r["remat"] else ""), "",
              f"{'estimated bytes per device':40s} {'':>10s}"]
     lines += [f"  {k:38s} {si(v):>10s}" for k, v in r["state_bytes"].items()]
     acts = r["activation_bytes"]
@@ -138,7 +145,8 @@ def target_report(args) -> dict:
     r = {"parameters": param_counts(model)["total"], "mode": args.mode, "context": context, "batch": batch,
          "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
          **gpu.compiled_row(cfg, t, args.mode, args.usable)}
-    est = estimate(model, batch, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1))
+    est = estimate(model, batch, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1),
+                   backend=args.calibration)
     r["estimate_bytes"] = est.total
     if args.find_max_batch:
         r["largest_batch"] = gpu.largest_batch(cfg, t, args.mode, fraction=args.usable)
@@ -181,6 +189,6 @@ def main(argv: list[str]) -> int:
         raise UsageError("--find-max-batch: it compiles the step, so it needs --target or --target-config")
     cfg, compute, context, batch, mesh = _configs(args)
     capacity = DEVICES[args.device] if args.device else args.memory
-    r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device)
+    r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device, args.calibration)
     print(json.dumps(r, indent=1) if args.json else format_report(r, cfg))
     return 0

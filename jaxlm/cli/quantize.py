@@ -3,11 +3,12 @@
     python -m jaxlm.quantize RUN_DIR [RUN_DIR ...] [--bits 8 4] [--tokens N] [--json FILE]
 
 For each run: the model as trained, then the blocks' Linear weights (attention and
-feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm.quant`), each
+feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm/nn/quant.py`), each
 with its validation loss (the run's val.bin: its data.eval_tokens targets, as in training) and its weight bytes (integer
 weights at their bit width plus a float32 scale per output channel; embeddings, norms and
 the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
-float run and QAT runs, this one table is the float / PTQ / QAT comparison.
+float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run's lock (jaxlm.core.lock)
+is held while it is read, so no trainer replaces its checkpoints between the rows.
 """
 
 from __future__ import annotations
@@ -20,31 +21,36 @@ from jaxlm import cli
 from jaxlm.core.errors import DataError, UsageError
 
 
+def projections(model) -> list:
+    """The blocks' linear layers (attention and feed-forward) in either layer layout; not the output head."""
+    from flax import nnx
+
+    from jaxlm.nn.layers import Linear
+    from jaxlm.nn.quant import QATLinear
+
+    return [m for _, m in nnx.iter_graph(model.layers) if isinstance(m, (Linear, QATLinear))]
+
+
 def weight_bytes(model, bits: int | None) -> int:
-    """Bytes of the model's Params with the Linear weights at `bits` (+ a float32 scale per row), the rest float32."""
+    """Bytes of the model's Params with the block weights at `bits` (+ a float32 scale per row), the rest float32."""
     import jax
     import numpy as np
     from flax import nnx
 
-    from jaxlm.nn import quant
-
     total = sum(int(np.prod(p.shape)) * 4 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     if bits:
-        for parent, name in quant.linear_slots(model):
-            O, I = getattr(parent, name).weight.shape
-            total += math.ceil(O * I * bits / 8) + 4 * O - 4 * O * I
+        for layer in projections(model):
+            *layers, O, I = layer.weight.shape  # a leading layers axis when the layers are scanned
+            total += int(np.prod(layers)) * (math.ceil(O * I * bits / 8) + 4 * O - 4 * O * I)
     return total
 
 
 def convert(model, bits: int) -> None:
-    """Replace every Linear weight in place by the values of its `bits`-bit integer version."""
-    from flax import nnx
-
+    """Replace every block weight in place by the values of its `bits`-bit integer version."""
     from jaxlm.nn import quant
 
-    for parent, name in quant.linear_slots(model):
-        layer = getattr(parent, name)
-        layer.weight = nnx.Param(quant.dequantize_weight(quant.quantize_weight(layer.weight[...], bits)))
+    for layer in projections(model):
+        layer.weight[...] = quant.dequantize_weight(quant.quantize_weight(layer.weight[...], bits))
         if isinstance(layer, quant.QATLinear):
             layer.weight_bits = None  # the weights are now integers: not quantised a second time
 
@@ -71,6 +77,15 @@ def val_loss(model, cfg, eval_tokens: int) -> float:
 
 def quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
     """The rows of one run: as trained, then converted to each bit width."""
+    from jaxlm.core.lock import DirLock
+    from jaxlm.training.checkpoint import find_run_dir
+
+    with DirLock(find_run_dir(run)[0], run):
+        return _quantize_run(run, bits_list, tokens)
+
+
+def _quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
+    """`quantize_run` under the run's lock."""
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from jaxlm import cli
-from jaxlm.training.loop import train
+from jaxlm.core.stop import StopFlag
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -23,8 +23,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     extra = [] if args.resume is None else [f"checkpoint.resume={'true' if args.resume else 'false'}"]
     cfg = cli.load_config_from_args(args, extra)
-    with cli.traceback_in(cfg.train.out_dir):
-        summary = train(cfg)
+    # From here a signal is a flag checked at safe points (jaxlm.core.stop), so JAX is imported under it.
+    with StopFlag() as stop, cli.traceback_in(cfg.train.out_dir):
+        from jaxlm.training.loop import train
+
+        stop.check("the first step")
+        summary = train(cfg, stop)
+    if summary["stopped"]:
+        print(f"stopped at step {summary['step']} ({summary['stopped']}); run the same command to resume")
+        return 0
     val = "not evaluated in this invocation" if summary["val_loss"] is None else f"{summary['val_loss']:.4f}"
     print(f"done: step {summary['step']}, val loss {val}, {summary['wall_s']:.1f} s, run dir {summary['run_dir']}")
     return 0

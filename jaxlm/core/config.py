@@ -12,16 +12,17 @@ doc, printed by ``--help-config``. This module declares the tree; the generic ma
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, field
+import math
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from jaxlm.core.errors import ConfigError
+from jaxlm.core.oldkeys import migrate, migrate_override
+from jaxlm.core.presets import PRESETS
 from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
     apply_overrides,
     check_override,
-    copy_tree,
     dumps_toml,
     from_dict,
     help_config,
@@ -43,6 +44,10 @@ def opt(default: Any, doc: str):
 def _check(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key} = {value!r}: {rule}")
+
+
+MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
 
 
 def default_d_ff(d_model: int, ffn: str) -> int:
@@ -109,7 +114,9 @@ class ComputeConfig:
     attention: Literal["xla", "cudnn", "auto"] = opt(
         "xla", "attention kernel: xla (einsums), cudnn (fused, NVIDIA GPU, bfloat16), auto (cudnn where it can run)")
     remat: Literal["none", "full", "dots_saveable", "offload"] = opt(
-        "none", "rematerialisation policy per block: recompute activations in the backward pass to save memory")
+        "none", "what each block keeps for the backward pass (the rest is recomputed): none everything (with "
+        "scan_layers: the matmul outputs, as dots_saveable), full only its input, dots_saveable its matmul "
+        "outputs, offload its matmul outputs in host memory; docs/techniques/remat.md")
     scan_layers: bool = opt(
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
 
@@ -117,30 +124,16 @@ class ComputeConfig:
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
                "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
 
+    @property
+    def remat_policy(self) -> str:
+        """The policy applied to each block (`jaxlm/nn/remat.py`) and priced by the memory estimator.
 
-# --------------------------------------------------------------------------- presets
-
-_SIZES = {  # d_model, d_ff, num_layers, num_heads
-    "small": (768, 3072, 12, 12),
-    "medium": (1024, 4096, 24, 16),
-    "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
-    "2.7B": (2560, 10240, 32, 32),
-}
-
-
-def _preset(d_model, d_ff, num_layers, num_heads, vocab_size=10000, context_length=1024) -> dict:
-    return {"model": dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model, d_ff=d_ff,
-                          num_layers=num_layers, num_heads=num_heads)}
-
-
-# Named model sizes, usable by every command as `--preset NAME`: the curriculum's profiling sizes
-# (vocab 10000) and GPT-2's (vocab 50257, untied here as in docs/spec.md).
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "tinystories-17M": _preset(512, 1344, 4, 16, context_length=256),
-    **{name: _preset(*dims) for name, dims in _SIZES.items()},
-    **{f"gpt2-{name}": _preset(*_SIZES[name], vocab_size=50257) for name in ("small", "medium", "large", "xl")},
-}
+        "none" under scanned layers keeps the matmul outputs and recomputes the elementwise rest, as
+        dots_saveable: unrolled, XLA fuses that cheap work into the backward itself, while a scan body
+        would store every intermediate per layer (CPU, small preset at batch 4 x 256: 5-8 % slower,
+        temporaries 2411 vs 1266 MiB).
+        """
+        return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
 
 
 # --------------------------------------------------------------------------- training run
@@ -192,6 +185,8 @@ class OptimConfig:
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
         _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        for name in ("warmup_steps", "cosine_steps"):
+            _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
             _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
         for name in ("eps", "weight_decay", "grad_clip"):
@@ -214,6 +209,7 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")
@@ -260,7 +256,7 @@ class ParallelConfig:
     """The device mesh (data x fsdp x tensor x pipeline) and multi-process start-up; see docs/parallelism.md."""
 
     data: int = opt(-1, "data-parallel mesh axis size (-1: the devices the other axes leave)")
-    fsdp: int | bool = opt(1, "FSDP mesh axis size: parameters, gradients, optimizer state sharded over it (-1: rest)")
+    fsdp: int = opt(1, "FSDP mesh axis size: parameters, gradients, optimizer state sharded over it (-1: rest)")
     tensor: int = opt(1, "tensor-parallel mesh axis size: heads and d_ff split over it (Megatron style)")
     pipeline: int = opt(1, "pipeline mesh axis size: the layers split into this many stages")
     microbatches: int = opt(1, "micro-batches per step run through the pipeline (GPipe)")
@@ -270,21 +266,26 @@ class ParallelConfig:
     process_id: int | None = opt(None, "this process's index")
 
     def __post_init__(self):
-        if self.fsdp is False:  # the old boolean's off: the same as an fsdp axis of size 1
-            object.__setattr__(self, "fsdp", 1)
-        _check(self.fsdp is not True, "parallel.fsdp", self.fsdp, "now the size of the fsdp mesh axis; for the old "
-               "`fsdp = true` set parallel.fsdp = -1 and parallel.data = 1 (see parallel.data, tensor, pipeline)")
         sizes = {k: getattr(self, k) for k in MESH_AXES}
         for k, v in sizes.items():
             _check(v == -1 or v >= 1, f"parallel.{k}", v, "must be >= 1, or -1 for the devices the other axes leave")
         _check(list(sizes.values()).count(-1) <= 1, "parallel", sizes, "at most one mesh axis may be -1")
         _check(self.microbatches >= 1, "parallel.microbatches", self.microbatches, "must be >= 1")
+        _check(self.microbatches == 1 or self.pipeline != 1, "parallel.microbatches", self.microbatches,
+               "micro-batches feed a pipeline, but parallel.pipeline = 1; set parallel.pipeline > 1, or use "
+               "train.grad_accum to split the batch on one stage")
 
 
 MESH_AXES = ("data", "fsdp", "tensor", "pipeline")
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
+
+
+def quant_block(d_in: int, block: int) -> int:
+    """The block a quantised base uses on an input width d_in: `block`, or the largest divisor of both
+    when d_in is not a multiple of it (what `jaxlm.nn.quant.block_size` computes)."""
+    return block if d_in % block == 0 else math.gcd(d_in, block)
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,22 @@ class LoraConfig:
         _check(bool(self.targets) or self.rank == 0, "targets", self.targets, "must name at least one layer")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        _check(self.base == "float32" or self.rank > 0, "base", self.base, "a quantised base needs lora.rank >= 1")
+        for f in fields(self)[1:] if self.rank == 0 else ():  # LoRA off: another lora.* value would be ignored
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            _check(getattr(self, f.name) == default, f.name, getattr(self, f.name),
+                   "set, but lora.rank = 0 turns LoRA off; set lora.rank >= 1, or leave the lora.* keys unset")
+
+    def check_model(self, m: ModelConfig) -> None:
+        """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
+        nf4 an even block (two codes per byte) on every target's input width."""
+        widths = {t: (m.d_ff if t == "w2" else m.d_model, m.d_ff if t in ("w1", "w3") else m.d_model)
+                  for t in self.targets if self.rank}  # target -> (in, out)
+        for t, (d_in, d_out) in widths.items():
+            _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "
+                   f"{t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): it adds parameters but no rank")
+            block = quant_block(d_in, self.block_size)
+            _check(self.base != "nf4" or block % 2 == 0, "lora.block_size", self.block_size, f"nf4 packs two codes "
+                   f"per byte, so a block must be even; {t}'s input width {d_in} gives blocks of {block}")
 
 
 @dataclass(frozen=True)
@@ -342,56 +358,22 @@ class Config:
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
         _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
-        _check(not ((qat or self.lora.rank) and self.compute.scan_layers), "compute.scan_layers", True,
-               "LoRA (lora.rank) and QAT (qat.*) replace the blocks' layers one by one; set it to false with them")
+        _check(not (self.lora.rank and self.lora.dropout and self.parallel.pipeline != 1), "lora.dropout",
+               self.lora.dropout, "the pipeline (parallel.pipeline) runs the adapters without dropout; set it to 0")
+        self.lora.check_model(self.model)
 
 
 # --------------------------------------------------------------------------- loading
 
 
-# Old keys, moved to their new place (None: dropped) with a warning, so older configs and run directories load.
-_OLD_KEYS: dict[str, str | None] = {**{f"model.{k}": f"compute.{k}" for k in ("dtype", "attention", "remat")},
-                                    "train.eval_batches": None}
-
-
-def _old_key_note(key: str) -> str:
-    new = _OLD_KEYS[key]
-    return (f"{key} is deprecated and will be removed; use {new}" if new else
-            f"{key} is ignored (evaluation scores data.eval_tokens validation targets)")
-
-
-def _migrate(data: dict, where: str) -> dict:
-    """The tree with every `_OLD_KEYS` key moved or dropped, a warning line for each."""
-    old = [k for k in _OLD_KEYS if isinstance(data.get(k.split(".")[0]), dict) and k.split(".")[1] in data[k.split(".")[0]]]
-    if not old:
-        return data
-    data = copy_tree(data)
-    for key in old:
-        section, name = key.split(".")
-        value, new = data[section].pop(name), _OLD_KEYS[key]
-        if new:
-            data.setdefault(new.split(".")[0], {}).setdefault(new.split(".")[1], value)
-        print(f"warning: {where}: {_old_key_note(key)}", file=sys.stderr)
-    return data
-
-
-def _migrate_override(text: str) -> str | None:
-    """The override with an old key moved; None for a dropped one."""
-    key, _, value = text.partition("=")
-    if key.strip() not in _OLD_KEYS:
-        return text
-    print(f"warning: --set {_old_key_note(key.strip())}", file=sys.stderr)
-    return f"{_OLD_KEYS[key.strip()]}={value}" if _OLD_KEYS[key.strip()] else None
-
-
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = _migrate(read_toml(path), str(path)) if path is not None else {}
+    data = migrate(read_toml(path), str(path)) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = merge_trees(data, PRESETS[preset])
-    overrides = [t for t in map(_migrate_override, overrides) if t is not None]
+    overrides = [t for t in map(migrate_override, overrides) if t is not None]
     for text in overrides:
         try:
             check_override(cls, *parse_override(text))

@@ -2,10 +2,20 @@
 
 Every command runs under `jaxlm.cli.run`, which prints a `UserError` on one line
 (``error: <culprit>: <what went wrong>; <what to do>``) and exits with its
-`exit_code`; anything else is a bug and gets a short line plus a traceback file.
+`exit_code`; anything else is a bug and gets a short line plus a traceback file
+(`write_traceback`: RUN/error.log when the command has a run directory).
 """
 
 from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+TRACEBACK_FILE = "error.log"  # in the run directory, when the command has one
 
 
 class UserError(Exception):
@@ -46,3 +56,33 @@ class InternalError(UserError):
     """An unexpected exception, already logged with its traceback; the message says where."""
 
     exit_code = 1
+
+
+class DirectoryInUse(UserError):
+    """Another process holds the directory's lock (jaxlm.core.lock); the message names it."""
+
+
+class WriteFailed(UserError):
+    """A file could not be written (disk full, quota, permission); the message names the file and the cause."""
+
+    exit_code = 1
+
+
+def write_traceback(run_dir: str | Path | None = None) -> Path | None:
+    """Append the exception being handled to RUN/error.log (else a new temp file); its path, or None."""
+    text = (f"--- {datetime.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}: "
+            f"{' '.join(sys.argv)}\n{traceback.format_exc()}\n")
+    if run_dir is not None and Path(run_dir).is_dir():
+        try:
+            with open(Path(run_dir) / TRACEBACK_FILE, "a") as f:
+                f.write(text)
+            return Path(run_dir) / TRACEBACK_FILE
+        except OSError:
+            pass
+    try:
+        fd, name = tempfile.mkstemp(prefix="jaxlm-", suffix="-traceback.log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return Path(name)
+    except OSError:
+        return None

@@ -13,7 +13,8 @@ from types import ModuleType
 from jaxlm.core.errors import MissingExtra
 
 # top-level module -> the extra that installs it
-EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile"}
+EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile",
+          "weasyprint": "pdf"}
 
 
 def missing_message(module: str) -> str:

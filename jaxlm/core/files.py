@@ -73,3 +73,16 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     except OSError as e:
         return f"{probe} is not writable ({e.strerror or e})"
     return None
+
+
+def write_between_markers(path: str | os.PathLike, text: str, begin: str, end: str) -> Path:
+    """Replace what lies between the lines `begin` and `end` in `path` with `text` (or append the block)."""
+    path = Path(path)
+    block = f"{begin}\n{text}\n{end}"
+    old = path.read_text() if path.exists() else ""
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1]
+    else:
+        new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
+    return atomic_write(path, new)

@@ -45,3 +45,29 @@ def tune_for_cpu_backend() -> bool:
     import jax
 
     return jax.default_backend() == "cpu" and keep_large_allocations_in_heap()
+
+
+def describe() -> dict:
+    """The machine a measurement ran on: CPU model, cores, vector extensions and the 1-minute load average.
+
+    Timings on a CPU depend on all four (XLA:CPU and PyTorch use AVX-512 and AMX where present), so
+    every benchmark record carries them."""
+    import os
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    vector = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
+    return {"cpu_model": model, "cpus": os.cpu_count(), "vector_extensions": vector,
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

@@ -103,7 +103,10 @@ def check_override(cls, path: list[str], value: Any) -> None:
             if not dataclasses.is_dataclass(tp):
                 raise ConfigError(f"'{prefix + part}' is a value, not a section")
             hints, prefix = typing.get_type_hints(tp), prefix + part + "."
-        elif not dataclasses.is_dataclass(tp):
+        elif dataclasses.is_dataclass(tp) and not isinstance(value, dict):  # a whole table is checked later
+            raise ConfigError(f"'{prefix + part}' is a section, not a value; set one of its keys "
+                              f"({prefix + part}.KEY=VALUE), e.g. {prefix + part}.{dataclasses.fields(tp)[0].name}")
+        else:
             _coerce(tp, value, prefix + part)
 
 

@@ -224,16 +224,18 @@ def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_wo
     tasks = [(*c, list(special_tokens)) for c in file_chunks(paths, specials_b, chunk_bytes)]
     counts: Counter = Counter()
     bar = _bar(total, "pre-tokenise", progress, unit="B")
-    if num_workers <= 1 or total < _PARALLEL_MIN_BYTES or len(tasks) == 1:
-        for t in tasks:
-            counts.update(_count_pretokens(t))
-            bar.update(t[2] - t[1])
-    else:
-        with mp_context().Pool(min(num_workers, len(tasks))) as pool:
-            for t, c in zip(tasks, pool.imap(_count_pretokens, tasks)):
-                counts.update(c)
+    try:
+        if num_workers <= 1 or total < _PARALLEL_MIN_BYTES or len(tasks) == 1:
+            for t in tasks:
+                counts.update(_count_pretokens(t))
                 bar.update(t[2] - t[1])
-    bar.close()
+        else:
+            with mp_context().Pool(min(num_workers, len(tasks))) as pool:
+                for t, c in zip(tasks, pool.imap(_count_pretokens, tasks)):
+                    counts.update(c)
+                    bar.update(t[2] - t[1])
+    finally:
+        bar.close()  # ends the bar's line before any error message
     return counts
 
 
@@ -331,31 +333,7 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
         merges.append((vocab[a], vocab[b]))
         bar.update()
 
-        delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in where.pop((a, b), ()):
-            w = words[wi]
-            n = len(w)
-            merged: list[int] = []
-            i = 0
-            while i < n:
-                if i + 1 < n and w[i] == a and w[i + 1] == b:
-                    merged.append(new)
-                    i += 2
-                else:
-                    merged.append(w[i])
-                    i += 1
-            if len(merged) == n:  # the index is lazy: this word no longer has the pair
-                continue
-            f = freqs[wi]
-            for pair in zip(w, w[1:]):
-                delta[pair] -= f
-            for pair in zip(merged, merged[1:]):
-                delta[pair] += f
-                if new in pair:
-                    where[pair].add(wi)
-            words[wi] = merged
-
-        for pair, d in delta.items():
+        for pair, d in _rewrite_words(words, freqs, where, (a, b), new).items():
             if d == 0:
                 continue
             c = pair_counts.get(pair, 0) + d
@@ -371,6 +349,36 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
     return merges
 
 
+def _rewrite_words(words: list[list[int]], freqs: list[int], where: dict[tuple[int, int], set[int]],
+                   pair: tuple[int, int], new: int) -> dict[tuple[int, int], int]:
+    """Replace `pair` by token `new` in every word holding it (in place, `where` updated); the pair counts' changes."""
+    a, b = pair
+    delta: dict[tuple[int, int], int] = defaultdict(int)
+    for wi in where.pop(pair, ()):
+        w = words[wi]
+        n = len(w)
+        merged: list[int] = []
+        i = 0
+        while i < n:
+            if i + 1 < n and w[i] == a and w[i + 1] == b:
+                merged.append(new)
+                i += 2
+            else:
+                merged.append(w[i])
+                i += 1
+        if len(merged) == n:  # the index is lazy: this word no longer has the pair
+            continue
+        f = freqs[wi]
+        for p in zip(w, w[1:]):
+            delta[p] -= f
+        for p in zip(merged, merged[1:]):
+            delta[p] += f
+            if new in p:
+                where[p].add(wi)
+        words[wi] = merged
+    return delta
+
+
 def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Sequence[str], out: str | os.PathLike, num_workers: int | None = None, progress: bool = True) -> dict:
     """CLI helper: train, write vocab.json + merges.txt + special_tokens.json, return timings."""
     problem = writable_dir_problem(out)
@@ -379,6 +387,10 @@ def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Seque
     t0 = time.perf_counter()
     vocab, merges = train_bpe(inputs, vocab_size, special_tokens, num_workers=num_workers, progress=progress)
     seconds = time.perf_counter() - t0
+    if len(vocab) < vocab_size:  # the corpus ran out of pairs to merge: a smaller vocabulary than asked for
+        raise DataError(f"vocab_size {vocab_size}: {', '.join(map(str, inputs))} yields only {len(vocab)} tokens "
+                        f"({len(merges)} merges, then no pair is left to merge); give it more text or ask for at "
+                        f"most {len(vocab)}")
     out = Path(out)
     save_vocab_merges(out, vocab, merges)
     atomic_write(out / "special_tokens.json", json.dumps(list(special_tokens)) + "\n")

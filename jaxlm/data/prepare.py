@@ -12,7 +12,8 @@ are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries 
 not change the encoding and encoded in worker processes; chunks are written in order.
 Everything is built in a temporary sibling directory and moved into place only when
 complete (meta.json last), so a failed or interrupted `prepare` leaves the target as
-it was, and a directory with a meta.json is always complete.
+it was, and a directory with a meta.json is always complete. One `prepare` at a time
+per target: it holds the target's lock (jaxlm.core.lock).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxlm.core.errors import DataError
+from jaxlm.core.errors import DataError, WriteFailed
 from jaxlm.core.files import atomic_write, writable_dir_problem
+from jaxlm.core.lock import DirLock
 from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
 from jaxlm.data.corpora import CORPORA, resolve_sources
+from jaxlm.data.maxid import scan_max, stamped_max_ids
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
@@ -130,9 +133,12 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
-                ids.tofile(f)
+                f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
                 n += ids.size
                 bar.update(_task_bytes(task))
+    except OSError as e:
+        e.filename = e.filename or str(path)  # name the file being written
+        raise
     finally:
         if pool is not None:
             pool.terminate()
@@ -164,15 +170,14 @@ def prepare(
     workers: int | None = None,
     dtype: str | None = None,
     progress: bool = True,
+    culprit: str | None = None,
 ) -> dict:
     """Tokenise `inputs` (corpus names, paths or "pydoc") into `out`/train.bin + val.bin + meta.json; returns the meta.
 
-    The validation split is `val_inputs` when given, else the last `val_fraction` of the tokens.
-    `tokenizer` "bpe:N" trains a byte-level BPE of N entries (with <|endoftext|>) on the training inputs
-    first (`jaxlm.data.bpe.train_bpe`, as `python -m jaxlm.data train-bpe`), kept in the directory.
-    Every input is checked before anything is written; the files are built beside `out` and
-    moved in only when all of them are complete.
-    """
+    Validation: `val_inputs` when given, else the last `val_fraction` of the tokens. `tokenizer` "bpe:N"
+    first trains a byte-level BPE of N entries on the training inputs (as `python -m jaxlm.data train-bpe`).
+    Inputs are checked before anything is written; the files are built beside `out` and moved in when all
+    are complete. `culprit` (default: `out`) names the target in a refusal."""
     t0 = time.perf_counter()
     inputs = _check_sources(inputs, "training")
     val_inputs = _check_sources(val_inputs, "validation") if val_inputs else None
@@ -189,48 +194,47 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
-    _remove_stale_builds(build)
-    created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
-    try:
-        build.mkdir(parents=True)
-        source, trained = str(tokenizer), {}
-        if bpe_size:  # trained into a subdirectory, copied beside the tokens by _build like any tokenizer directory
-            trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
-            source, tok = str(build / "bpe"), load_tokenizer(build / "bpe")
-        np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
-        meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
-        if bpe_size:
-            shutil.rmtree(build / "bpe")
-            meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
-        meta["seconds"] = round(time.perf_counter() - t0, 3)
-        atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
-        _move_into(build, out)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        for d in created:  # innermost first
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+    with DirLock(out, culprit or str(out)):
+        _remove_stale_builds(build)
+        created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
+        try:
+            build.mkdir(parents=True)
+            source, tok, trained = _trained_tokenizer(build, inputs, bpe_size, workers, progress) if bpe_size else \
+                (str(tokenizer), tok, {})
+            np_dtype = token_dtype(tok.vocab_size, dtype, where=str(tokenizer))
+            meta = _build(build, inputs, val_inputs, val_fraction, tok, source, np_dtype, workers, progress)
+            if bpe_size:
+                shutil.rmtree(build / "bpe")
+                meta.update(tokenizer=str(tokenizer), bpe_train_seconds=round(trained["seconds"], 3))
+            meta["seconds"] = round(time.perf_counter() - t0, 3)
+            atomic_write(build / META, json.dumps(meta, indent=2) + "\n")
+            _move_into(build, out)
+        except BaseException as e:
+            shutil.rmtree(build, ignore_errors=True)
+            for d in created:  # innermost first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+            if isinstance(e, OSError):  # a full disk, a quota, a file that vanished
+                where = str(e.filename or out).replace(str(build), str(out))
+                raise WriteFailed(f"{where}: preparing the data failed: {e.strerror or e}; {out} is unchanged; "
+                                  "free space (or fix the file) and run again") from e
+            raise
     return meta
 
 
+def _trained_tokenizer(build: Path, inputs, bpe_size: int, workers, progress: bool):
+    """A BPE of `bpe_size` entries trained on the inputs into build/bpe (copied beside the tokens by
+    `_build` like any tokenizer directory): (its directory, the tokenizer, the training record)."""
+    trained = train_and_save(inputs, bpe_size, ["<|endoftext|>"], build / "bpe", num_workers=workers, progress=progress)
+    return str(build / "bpe"), load_tokenizer(build / "bpe"), trained
+
+
 def _remove_stale_builds(build: Path) -> None:
-    """Remove what a killed `prepare` of the same target left beside it (its process is gone)."""
+    """Remove what a killed `prepare` of the same target left beside it (under the target's lock, so
+    no other `prepare` of it is running)."""
     stem = build.name.rsplit("-", 1)[0]
     for old in build.parent.glob(f"{stem}-*") if build.parent.is_dir() else []:
-        pid = old.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokenizer: str, np_dtype, workers: int,
@@ -274,7 +278,7 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         "tokens": {"train": n_train, "val": n_val},
         "val_fraction": None if val_inputs is not None else val_fraction,
         "sources": {"train": describe(inputs), "val": describe(val_inputs) if val_inputs else "tail of train"},
-        **_max_ids({split: _scan_max(build / f"{split}.bin", np_dtype) for split in SPLITS}, build),
+        **stamped_max_ids({split: scan_max(build / f"{split}.bin", np_dtype) for split in SPLITS}, build),
     }
 
 
@@ -339,26 +343,6 @@ def tokens(data_dir: str | os.PathLike, split: str = "train") -> np.memmap:
 
 
 SPLITS = ("train", "val")
-_SCAN_CHUNK = 1 << 26  # tokens per slice of the max-id scan
-
-
-def _scan_max(path: Path, dtype) -> int:
-    """The largest id in a token file (-1 when empty), read memory-mapped in slices."""
-    if path.stat().st_size == 0:
-        return -1
-    ids = np.memmap(path, dtype=dtype, mode="r")
-    return max(int(ids[lo : lo + _SCAN_CHUNK].max()) for lo in range(0, len(ids), _SCAN_CHUNK))
-
-
-def _max_ids(values: dict[str, int], data_dir: Path) -> dict:
-    """meta.json's record of each split's largest id, stamped with the file's size and mtime."""
-    stamps = {}
-    for split in values:
-        st = (data_dir / f"{split}.bin").stat()
-        stamps[split] = [st.st_size, st.st_mtime_ns]
-    return {"max_token_id": values, "max_token_id_stamps": stamps}
-
-
 def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     """The largest token id in SPLIT.bin: meta.json's record when it was made for this very file
     (same size and mtime), else one memory-mapped scan, recorded in meta.json where writable."""
@@ -369,10 +353,10 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
         raise DataError(f"{path}: file not found")
     known = {**meta.get("max_token_id", {})} if isinstance(meta.get("max_token_id"), dict) else {}
     stamps = {**meta.get("max_token_id_stamps", {})} if isinstance(meta.get("max_token_id_stamps"), dict) else {}
-    fresh = _max_ids({split: 0}, data_dir)["max_token_id_stamps"][split]
+    fresh = stamped_max_ids({split: 0}, data_dir)["max_token_id_stamps"][split]
     if split in known and stamps.get(split) == fresh:
         return int(known[split])
-    value = _scan_max(path, meta["dtype"])
+    value = scan_max(path, meta["dtype"])
     try:
         atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
                                                   "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
@@ -409,6 +393,7 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
         _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
-                   val_inputs=val, progress=progress)
+                   val_inputs=val, progress=progress,
+                   culprit=f"data.dir = {str(d)!r}")
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
     return d

@@ -6,9 +6,9 @@ Layout: every array is (batch, seq, heads, head_dim), "BTNH", the layout
 
 Masking semantics (shared by every implementation):
 
-* Positions. Key j sits at position j (0 ... S-1); query t sits at position
-  ``q_offset + t``. A prefill or training step has ``q_offset = 0`` and T == S;
-  a decode step with a KV cache passes the cache length as ``q_offset``.
+* Positions. Key j sits at position j (0 ... S-1), query t at position t. A
+  decode step with a KV cache, whose queries sit elsewhere, passes ``causal=False``
+  and its own ``mask`` (`TransformerLM.extend` builds it from each row's positions).
 * causal: query at position i may attend key j iff ``j <= i``.
 * window (sliding window, needs causal): query i may attend key j iff
   ``i - window <= j <= i``, i.e. it sees at most ``window`` *previous* keys plus
@@ -34,8 +34,7 @@ Implementations (``implementation=``):
   multiple of 8 (<= 256 on Hopper, 128 before). No attention dropout. Sliding
   windows go through ``local_window_size=(window, 0)`` *with* ``is_causal=True``
   (cuDNN with a window and no causal mask is known to attend to the future).
-  A decode step (``q_offset`` != 0 or T != S) or an explicit mask goes to
-  cuDNN as a full (1, 1, T, S) boolean mask instead.
+  An explicit mask, or T != S, goes to cuDNN as a full (1, 1, T, S) boolean mask instead.
 * ``"auto"``: ``"cudnn"`` when the inputs qualify (see `cudnn_supported`) and no
   dropout is requested, else ``"xla"``.
 """
@@ -60,19 +59,13 @@ _MASKED = -1e30
 # --------------------------------------------------------------------------- masks
 
 
-def visibility_mask(
-    q_len: int, k_len: int, *, causal: bool = True, window: int | None = None, q_offset=0
-) -> jax.Array | None:
-    """(T, S) boolean: True where query t (at position q_offset + t) may see key j.
-
-    Returns None when everything is visible (not causal, no window).
-    ``q_offset`` may be a traced integer (a decode step inside jit).
-    """
+def visibility_mask(q_len: int, k_len: int, *, causal: bool = True, window: int | None = None) -> jax.Array | None:
+    """(T, S) boolean: True where query t may see key j. None when everything is visible (not causal, no window)."""
     if window is not None and not causal:
         raise ValueError("a sliding window needs causal=True (window is defined on past keys only)")
     if not causal:
         return None
-    q_pos = q_offset + jnp.arange(q_len)[:, None]  # (T, 1)
+    q_pos = jnp.arange(q_len)[:, None]  # (T, 1)
     k_pos = jnp.arange(k_len)[None, :]  # (1, S)
     mask = k_pos <= q_pos  # (T, S)
     if window is not None:
@@ -172,17 +165,16 @@ def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
     return jnp.swapaxes(out, 1, 2)  # (B, T, N, H)
 
 
-def _attention_cudnn(q, k, v, *, causal, window, mask, q_offset):
+def _attention_cudnn(q, k, v, *, causal, window, mask):
     T, S = q.shape[1], k.shape[1]
-    plain = mask is None and T == S and isinstance(q_offset, int) and q_offset == 0
-    if plain:
+    if mask is None and T == S:
         # The fast path: cuDNN's own causal mask (skips masked blocks), window WITH is_causal.
         local = (window, 0) if window is not None else None
         return jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, local_window_size=local, implementation="cudnn"
         )
-    # Decode step / explicit mask: one full-length boolean mask (cuDNN wants full T and S axes).
-    full = visibility_mask(T, S, causal=causal, window=window, q_offset=q_offset)
+    # Explicit mask: one full-length boolean mask (cuDNN wants full T and S axes).
+    full = visibility_mask(T, S, causal=causal, window=window)
     if full is None:
         full = jnp.ones((T, S), bool)
     full = full[None, None]  # (1, 1, T, S)
@@ -202,12 +194,11 @@ def attention(
     mask: jax.Array | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
-    q_offset=0,
 ) -> jax.Array:
     """softmax(q k^T / sqrt(head_dim) + mask) v on (batch, seq, heads, head_dim) arrays.
 
     q: (B, T, N, H); k, v: (B, S, N, H) with S >= T; returns (B, T, N, H) in v's dtype.
-    See the module docstring for the exact causal / window / q_offset semantics.
+    See the module docstring for the exact causal / window / mask semantics.
     Dropout on the attention probabilities is applied iff ``dropout_rate > 0``
     (pass 0 at evaluation time); it then needs ``dropout_rng`` and the XLA path.
     """
@@ -233,9 +224,9 @@ def attention(
                 "cuDNN attention here has no attention-probability dropout; use implementation='xla' "
                 "or 'auto' (which falls back to XLA when dropout is on), or set dropout to 0"
             )
-        return _attention_cudnn(q, k, v, causal=causal, window=window, mask=mask, q_offset=q_offset)
+        return _attention_cudnn(q, k, v, causal=causal, window=window, mask=mask)
 
-    full = visibility_mask(q.shape[1], k.shape[1], causal=causal, window=window, q_offset=q_offset)
+    full = visibility_mask(q.shape[1], k.shape[1], causal=causal, window=window)
     if mask is not None:
         full = mask if full is None else full & mask  # broadcasts to (B, N, T, S)
     return _attention_xla(q, k, v, full, dropout_rate, dropout_rng)

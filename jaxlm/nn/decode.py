@@ -27,6 +27,9 @@ Design (docs/generate.md has the long version):
   does not recompile. Row r's random key at step n is
   fold_in(fold_in(key(seed), sample_id[r]), n), so a row samples the same tokens
   whether it is generated alone or in a batch.
+* Only ids the tokenizer has are ever drawn: a model whose vocabulary is padded past
+  the tokenizer's (50,304 for GPT-2's 50,257) has its padding logits set to -inf
+  before any sampling (`vocab_size` of the Generator).
 """
 
 from __future__ import annotations
@@ -93,18 +96,14 @@ def filter_logits(logits: jax.Array, top_k, top_p) -> jax.Array:
     return out.reshape(shape)
 
 
-def sampling_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
-    """The distribution `sample_tokens` draws from (one-hot on the argmax when greedy). (..., V)."""
-    logits = logits.astype(jnp.float32)
-    if params.temperature == 0:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
-    temperature, top_k, top_p = params.as_arrays()
-    return jax.nn.softmax(filter_logits(logits / temperature, top_k, top_p), axis=-1)
-
-
 def row_keys(seed_key: jax.Array, sample_ids: jax.Array, step) -> jax.Array:
     """(B,) keys: fold_in(fold_in(seed_key, sample_id), step), one per row."""
     return jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(seed_key, r), step))(sample_ids)
+
+
+def mask_padding(logits: jax.Array, vocab_size) -> jax.Array:
+    """-inf on the logits of ids >= vocab_size (a vocabulary padded past the tokenizer's). (..., V)."""
+    return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
 
 
 def sample_tokens(logits: jax.Array, keys, temperature, top_k, top_p) -> jax.Array:
@@ -155,10 +154,12 @@ class Request:
     temperature: jax.Array  # () float32
     top_k: jax.Array  # () int32
     top_p: jax.Array  # () float32
+    vocab_size: jax.Array  # () int32: the tokenizer's; ids at or past it are never drawn
 
     def next_tokens(self, logits: jax.Array, step: jax.Array) -> jax.Array:
         """logits (B, V) -> (B,) tokens, drawn from each row's stream at `step`."""
         keys = lambda: row_keys(self.seed_key, self.sample_ids, step)  # noqa: E731
+        logits = mask_padding(logits.astype(jnp.float32), self.vocab_size)  # (B, V)
         return sample_tokens(logits, keys, self.temperature, self.top_k, self.top_p)
 
 
@@ -187,8 +188,9 @@ class Generator:
     CACHE_BUCKET = 64  # cache / no-cache window length: a multiple of this, or the context length
     STREAM_CHUNK = 8  # tokens per compiled call when streaming (`on_tokens`)
 
-    def __init__(self, model: TransformerLM):
+    def __init__(self, model: TransformerLM, vocab_size: int | None = None):
         self.cfg = model.cfg
+        self.vocab_size = vocab_size or model.cfg.vocab_size  # the tokenizer's, when the model's is padded past it
         self.graphdef, self.state = nnx.split(model)
         self.traces: Counter = Counter()
         statics = ("prefill", "window", "use_cache", "slides")
@@ -250,7 +252,7 @@ class Generator:
         statics = dict(prefill=min(S, _round_up(max(lengths), self.PREFILL_BUCKET)), window=S, use_cache=use_cache,
                        slides=max(lengths) + max_new_tokens > self.cfg.context_length)
         req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), np.int32(-1 if eot_id is None else eot_id),
-                      jax.random.key(seed), ids, *sampling.as_arrays())
+                      jax.random.key(seed), ids, *sampling.as_arrays(), np.int32(self.vocab_size))
         chunk = max_new_tokens if on_tokens is None else self.STREAM_CHUNK
         d = self._begin(self.state, _pack(seqs, total), req, np.int32(chunk), **statics)
         shown = 0

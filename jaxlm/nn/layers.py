@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -64,13 +65,17 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     return y.reshape(*x.shape[:-1], w.shape[0])  # (..., O)
 
 
+def linear_init(d_in: int, d_out: int, precision: Precision, rngs: nnx.Rngs) -> jax.Array:
+    """A fresh (d_out, d_in) weight, std sqrt(2 / (d_in + d_out)): drawn the same by every linear kind."""
+    return truncated_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out)), precision.param)
+
+
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 
     def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
                  rngs: nnx.Rngs):
-        std = math.sqrt(2.0 / (d_in + d_out))
-        w = truncated_normal(rngs.params(), (d_out, d_in), std, precision.param)
+        w = linear_init(d_in, d_out, precision, rngs)
         self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/core/sharding.py
         self.precision = precision
 
@@ -131,13 +136,18 @@ def silu(x: jax.Array) -> jax.Array:
     return x * jax.nn.sigmoid(x)
 
 
+# What builds a block's projections: linear(name, d_in, d_out, logical axes, rngs) -> a linear layer
+# (`LinearKinds` in jaxlm/nn/model.py chooses the kind: plain, LoRA / QLoRA or QAT).
+MakeLinear = Callable[[str, int, int, tuple[str, str], nnx.Rngs], nnx.Module]
+
+
 class SwiGLU(nnx.Module):
     """w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
-        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
-        self.w3 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
+    def __init__(self, d_model: int, d_ff: int, *, linear: MakeLinear, rngs: nnx.Rngs):
+        self.w1 = linear("w1", d_model, d_ff, ("mlp", "embed"), rngs)
+        self.w2 = linear("w2", d_ff, d_model, ("embed", "mlp"), rngs)
+        self.w3 = linear("w3", d_model, d_ff, ("mlp", "embed"), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = constrain(silu(self.w1(x)) * self.w3(x), "batch", "seq", "mlp")  # (B, T, F)
@@ -147,9 +157,9 @@ class SwiGLU(nnx.Module):
 class SiLUFFN(nnx.Module):
     """The ablation's ungated feed-forward: w2(silu(w1 x)) (no w3)."""
 
-    def __init__(self, d_model: int, d_ff: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        self.w1 = Linear(d_model, d_ff, axes=("mlp", "embed"), precision=precision, rngs=rngs)
-        self.w2 = Linear(d_ff, d_model, axes=("embed", "mlp"), precision=precision, rngs=rngs)
+    def __init__(self, d_model: int, d_ff: int, *, linear: MakeLinear, rngs: nnx.Rngs):
+        self.w1 = linear("w1", d_model, d_ff, ("mlp", "embed"), rngs)
+        self.w2 = linear("w2", d_ff, d_model, ("embed", "mlp"), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.w2(constrain(silu(self.w1(x)), "batch", "seq", "mlp"))  # (B, T, F) -> (B, T, D)

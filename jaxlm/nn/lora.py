@@ -1,18 +1,19 @@
-"""LoRA and QLoRA adapters on the model's Linear layers, and their merge into plain weights.
+"""LoRA and QLoRA: the adapted linear layer kind, its merge into plain weights, what a LoRA state holds.
 
-A target `Linear` (W stored (O, I)) is swapped in place for a `LoRALinear`:
+`LoRALinear` is the kind `LinearKinds` (jaxlm/nn/model.py) builds for every target projection
+when ``lora.rank`` > 0, in either layer layout:
 
     y = x W^T + (alpha / r) dropout(x) A^T B^T        A (r, I) uniform +-1/sqrt(I), B (O, r) zeros
 
 so step 0 computes exactly the base model. A and B are `nnx.LoRAParam`; the train state
-trains only those when a model has any (`jaxlm.step.split_model`), so the base gets no
-gradient and no optimizer state. The base keeps its path (``.../q_proj/weight``) when it
-stays float32; with ``lora.base = "nf4" | "int8"`` (QLoRA) it is stored as blockwise
-codes + absmax scales (`jaxlm.quant`) and dequantised at every use.
+trains only those when a model has any (`jaxlm.training.step.split_model`), so the base gets no
+gradient and no optimizer state. The base keeps the plain layer's path (``.../q_proj/weight``)
+when it stays float32; with ``lora.base = "nf4" | "int8"`` (QLoRA) it is stored as blockwise
+codes + absmax scales (`jaxlm/nn/quant.py`) and dequantised at every use.
 
-The layers are ours rather than qwix's `LoraProvider` (which intercepts the einsum at
-trace time): a module swap keeps the parameter paths that checkpoints, conversion to
-torchref and the merge read.
+The layer is ours rather than qwix's `LoraProvider`, which intercepts the einsum at trace time and
+names its parameters after the op (``weight_lora_a``, A stored (I, r)): ours keep the paths that
+checkpoints, the conversion to torchref and the merge read.
 """
 
 from __future__ import annotations
@@ -26,36 +27,56 @@ from flax import nnx
 
 from jaxlm.core.config import LoraConfig
 from jaxlm.nn import quant
-from jaxlm.nn.layers import dense
-from jaxlm.nn.model import Linear
+from jaxlm.nn.layers import Linear, Precision, dense, linear_init
+from jaxlm.nn.scan import LAYERS
 
 
 class LoRALinear(nnx.Module):
-    """A frozen base weight (float32, or nf4 / int8 codes) plus the trainable low-rank update (alpha / r) B A."""
+    """A frozen base weight (float32, or nf4 / int8 codes) plus the trainable low-rank update (alpha / r) B A.
 
-    def __init__(self, base: Linear, cfg: LoraConfig, rngs: nnx.Rngs):
-        d_out, d_in = base.weight.shape
-        self.precision, self.shape, self.kind = base.precision, (d_out, d_in), cfg.base
+    Every array may carry a leading layers axis (scanned layers): the methods below work on either.
+    """
+
+    def __init__(self, d_in: int, d_out: int, axes: tuple[str, str], cfg: LoraConfig, *, precision: Precision,
+                 rngs: nnx.Rngs):
+        w = linear_init(d_in, d_out, precision, rngs)  # the plain layer's draw: same base as without LoRA
+        self.precision, self.shape, self.axes = precision, (d_out, d_in), axes
+        self.kind, self.block = cfg.base, cfg.block_size
         if cfg.base == "float32":
-            self.weight = base.weight
+            self.weight = nnx.Param(w, logical=axes)
         else:
-            codes, scales = quant.quantize_blockwise(base.weight[...], cfg.base, cfg.block_size)
+            codes, scales = quant.quantize_blockwise(w, cfg.base, cfg.block_size)
             self.codes, self.scales = quant.Frozen(codes), quant.Frozen(scales)
         bound = 1.0 / math.sqrt(d_in)
-        self.lora_a = nnx.LoRAParam(jax.random.uniform(rngs.params(), (cfg.rank, d_in), jnp.float32, -bound, bound))
+        self.lora_a = nnx.LoRAParam(jax.random.uniform(rngs.adapters(), (cfg.rank, d_in), jnp.float32, -bound, bound))
         self.lora_b = nnx.LoRAParam(jnp.zeros((d_out, cfg.rank), jnp.float32))
         self.scale = cfg.alpha / cfg.rank
-        self.dropout = nnx.Dropout(cfg.dropout, deterministic=True, rngs=rngs) if cfg.dropout > 0 else None
+        self.dropout = nnx.Dropout(cfg.dropout, deterministic=True, rngs=rngs["adapters"]) if cfg.dropout > 0 else None
 
     def base_weight(self) -> jax.Array:
-        """The frozen (O, I) weight in float32 (dequantised for QLoRA)."""
+        """The frozen (..., O, I) weight in float32 (dequantised for QLoRA)."""
         if self.kind == "float32":
             return self.weight[...]
         return quant.dequantize_blockwise(self.codes[...], self.scales[...], self.kind, self.shape)
 
+    def set_base(self, w: jax.Array) -> None:
+        """Store `w` (..., O, I) as the frozen base, quantised for QLoRA (train.init_from)."""
+        if self.kind == "float32":
+            self.weight[...] = w
+        else:
+            codes, scales = quant.quantize_blockwise(w, self.kind, self.block)
+            self.codes[...], self.scales[...] = codes, scales
+
     def delta(self) -> jax.Array:
-        """(alpha / r) B A: the (O, I) update the adapters add to the base weight."""
+        """(alpha / r) B A: the (..., O, I) update the adapters add to the base weight."""
         return self.scale * self.lora_b[...] @ self.lora_a[...]
+
+    def merged(self) -> Linear:
+        """The plain layer holding W + (alpha / r) B A in float32."""
+        w = self.base_weight() + self.delta()  # (..., O, I)
+        plain = nnx.eval_shape(lambda: Linear(1, 1, precision=self.precision, rngs=nnx.Rngs(0)))
+        plain.weight = nnx.Param(w, logical=(LAYERS, *self.axes) if w.ndim == 3 else self.axes)
+        return plain
 
     def __call__(self, x: jax.Array) -> jax.Array:
         cast = self.precision.cast
@@ -66,26 +87,26 @@ class LoRALinear(nnx.Module):
         return y + self.scale * dense(h, cast(self.lora_b[...]))  # (..., O)
 
 
-def _slots(model: nnx.Module, targets) -> list:
-    return [(parent, name) for parent, name in quant.linear_slots(model) if name in targets]
+def _adapted(model: nnx.Module) -> list[tuple[tuple, LoRALinear]]:
+    return [(path, m) for path, m in nnx.iter_graph(model) if isinstance(m, LoRALinear)]
 
 
-def apply(model: nnx.Module, cfg: LoraConfig, rngs: nnx.Rngs) -> None:
-    """Swap the target Linears for LoRALinears in place; nothing when lora.rank is 0."""
-    if not cfg.rank:
-        return
-    for parent, name in _slots(model, cfg.targets):
-        setattr(parent, name, LoRALinear(getattr(parent, name), cfg, rngs))
+def set_base(model: nnx.Module, base: nnx.State) -> None:
+    """Give the model the Params `base` of a plain model of the same layer layout (QLoRA layers quantise theirs)."""
+    weights = dict(nnx.to_flat_state(base))
+    for path, layer in _adapted(model):
+        if layer.kind != "float32":
+            layer.set_base(weights.pop((*path, "weight"))[...])
+    nnx.update(model, nnx.from_flat_state(weights))
 
 
 def merge(model: nnx.Module) -> None:
-    """Fold every adapter into its base in place: LoRALinear -> Linear with W + (alpha / r) B A (float32)."""
-    for parent, name in quant.linear_slots(model):
-        layer = getattr(parent, name)
-        if isinstance(layer, LoRALinear):
-            plain = nnx.eval_shape(lambda: Linear(1, 1, precision=layer.precision, rngs=nnx.Rngs(0)))
-            plain.weight = nnx.Param(layer.base_weight() + layer.delta())
-            setattr(parent, name, plain)
+    """Fold every adapter into its base in place: each LoRALinear becomes a plain Linear with W + (alpha / r) B A."""
+    for path, layer in _adapted(model):
+        parent = model
+        for key in path[:-1]:
+            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+        setattr(parent, path[-1], layer.merged())
 
 
 def has_adapters(model: nnx.Module) -> bool:

@@ -4,7 +4,8 @@ Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
 ``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
 and there are no biases, so conversion (parity/convert.py) is a table of names.
 The layers it is built from (Linear, Embedding, RMSNorm, RoPE, the FFNs) are in
-`jaxlm/nn/layers.py`.
+`jaxlm/nn/layers.py`; `LinearKinds` chooses, when the model is built, the kind of every block
+projection: plain, LoRA / QLoRA (`jaxlm/nn/lora.py`) or quantisation-aware (`jaxlm/nn/quant.py`).
 
 `ModelConfig` fixes what the network computes; `ComputeConfig` how it runs.
 
@@ -17,12 +18,11 @@ once from ``compute.dtype`` in `TransformerLM.__init__` and handed to every laye
   * RMSNorm, RoPE rotations, the attention softmax and the loss compute in
     float32 and cast back.
 
-Remat policy (the one place: `REMAT_POLICIES`, used in `TransformerLM.__init__`):
-``compute.remat`` names a `jax.checkpoint` policy that wraps every block (scanned, "none"
-keeps the matmul outputs: `SCAN_NONE`).
+Remat policy: ``compute.remat`` wraps the one per-layer function of every layout
+(`jaxlm/nn/remat.py` says what each policy keeps, unrolled and scanned).
 
 Layer layout: unrolled (``layers/0/...``, a Python loop) or, with ``compute.scan_layers``,
-stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/scan.py`),
+stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/nn/scan.py`),
 through a GPipe schedule when the mesh has a pipeline axis.
 
 Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
@@ -31,21 +31,21 @@ Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.core.sharding import constrain
-from jaxlm.nn import pipeline, scan
+from jaxlm.nn import pipeline, remat, scan
 from jaxlm.nn.attention import attention
 from jaxlm.nn.layers import (
     FFNS,
     Embedding,
     Linear,
+    MakeLinear,
     Precision,
     RMSNorm,
     RotaryEmbedding,
@@ -53,42 +53,43 @@ from jaxlm.nn.layers import (
     dense,
     dropout,
 )
+from jaxlm.nn.lora import LoRALinear
+from jaxlm.nn.quant import QATLinear
 
-# --------------------------------------------------------------------------- remat policies
-
-
-def _offload_policy():
-    # Save matmul outputs to pinned host memory instead of recomputing them.
-    # Works on GPU/TPU backends that expose a "pinned_host" memory kind; the CPU
-    # backend also exposes one (tested), so this runs everywhere JAX 0.10+ does.
-    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+# --------------------------------------------------------------------------- linear kinds
 
 
-# name -> jax.checkpoint policy factory (None: no remat at all). "full" saves
-# nothing and recomputes each block's forward in the backward pass.
-REMAT_POLICIES: dict[str, Callable[[], Any] | None] = {
-    "none": None,
-    "full": lambda: jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": lambda: jax.checkpoint_policies.dots_saveable,
-    "offload": _offload_policy,
-}
+@dataclasses.dataclass(frozen=True)
+class LinearKinds:
+    """The one place a block projection's kind is chosen, when the model is built: LoRA / QLoRA on
+    ``lora.targets`` (rank > 0), quantisation-aware with ``qat.*`` bits set, else the plain `Linear`.
 
+    Every kind draws its weight as `Linear` does (the same base numbers) and keeps its path
+    (``.../q_proj/weight``; QLoRA ``codes`` and ``scales``), so checkpoints and the torch conversion
+    read them by name. The output head is not a block projection: it stays a plain float32 weight.
+    """
 
-# "none" inside a scan: keep the matmul outputs, recompute the elementwise rest in the backward.
-# Unrolled, XLA fuses that cheap work into the backward itself; a scan would store every
-# intermediate per layer instead (on CPU, small preset at batch 4 x 256: 5-8 % slower, temporaries 2411 vs 1266 MiB).
-SCAN_NONE = REMAT_POLICIES["dots_saveable"]
+    precision: Precision = dataclasses.field(default_factory=Precision)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    qat: QatConfig = dataclasses.field(default_factory=QatConfig)
+
+    def __call__(self, name: str, d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs) -> nnx.Module:
+        if self.lora.rank and name in self.lora.targets:
+            return LoRALinear(d_in, d_out, axes, self.lora, precision=self.precision, rngs=rngs)
+        if self.qat.weight_bits or self.qat.activation_bits:
+            return QATLinear(d_in, d_out, axes, self.qat, precision=self.precision, rngs=rngs)
+        return Linear(d_in, d_out, axes=axes, precision=self.precision, rngs=rngs)
 
 
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal self-attention; RoPE on q and k when the caller passes tables."""
 
-    def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
         d = cfg.d_model
-        self.q_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
-        self.k_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
-        self.v_proj = Linear(d, d, axes=("heads", "embed"), precision=precision, rngs=rngs)
-        self.output_proj = Linear(d, d, axes=("embed", "heads"), precision=precision, rngs=rngs)
+        self.q_proj = linear("q_proj", d, d, ("heads", "embed"), rngs)
+        self.k_proj = linear("k_proj", d, d, ("heads", "embed"), rngs)
+        self.v_proj = linear("v_proj", d, d, ("heads", "embed"), rngs)
+        self.output_proj = linear("output_proj", d, d, ("embed", "heads"), rngs)
         self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, implementation
         self.dropout_rate = cfg.dropout
 
@@ -161,13 +162,13 @@ def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 class TransformerBlock(nnx.Module):
     """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
 
-    def __init__(self, cfg: ModelConfig, attention: str = "xla", *, precision: Precision = Precision(), rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, attention: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
         self.norm = cfg.norm
         if cfg.norm != "none":
             self.ln1 = RMSNorm(cfg.d_model, cfg.eps)
             self.ln2 = RMSNorm(cfg.d_model, cfg.eps)
-        self.attn = CausalSelfAttention(cfg, attention, precision=precision, rngs=rngs)
-        self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, precision=precision, rngs=rngs)
+        self.attn = CausalSelfAttention(cfg, attention, linear=linear, rngs=rngs)
+        self.ffn = FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, linear=linear, rngs=rngs)
         self.dropout_rate = cfg.dropout
 
     def __call__(self, x: jax.Array, rope=None, dropout_key: jax.Array | None = None) -> jax.Array:
@@ -213,16 +214,22 @@ def _block_forward(block: TransformerBlock, x, rope, dropout_key):
 
 
 class TransformerLM(nnx.Module):
-    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding)."""
+    """Embeddings -> blocks -> ln_final (absent when norm='none') -> lm_head (or the tied embedding).
+
+    rngs: ``params`` draws the weights, ``dropout`` the dropout stream, ``adapters`` LoRA's A
+    matrices and adapter dropout (with ``nnx.Rngs(seed)`` all come from one stream).
+    lora, qat: the kinds of the block projections (`LinearKinds`); off by default.
+    """
 
     def __init__(self, cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), *, rngs: nnx.Rngs,
-                 microbatches: int = 1):
+                 lora: LoraConfig = LoraConfig(), qat: QatConfig = QatConfig(), microbatches: int = 1):
         self.cfg, self.compute = cfg, compute
         self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
         precision = Precision.from_config(compute)
         self.precision = precision
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
-        blocks = [TransformerBlock(cfg, compute.attention, precision=precision, rngs=rngs) for _ in range(cfg.num_layers)]
+        linear = LinearKinds(precision, lora, qat)
+        blocks = [TransformerBlock(cfg, compute.attention, linear=linear, rngs=rngs) for _ in range(cfg.num_layers)]
         self.layers = scan.stack(blocks) if compute.scan_layers else nnx.List(blocks)  # same numbers either way
         if cfg.norm != "none":
             self.ln_final = RMSNorm(cfg.d_model, cfg.eps)
@@ -233,8 +240,7 @@ class TransformerLM(nnx.Module):
         # One dropout stream, forked after every parameter is drawn, so the initial
         # parameters do not depend on cfg.dropout. None when dropout is off.
         self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
-        if compute.remat not in REMAT_POLICIES:
-            raise ValueError(f"unknown remat policy {compute.remat!r}; known: {', '.join(REMAT_POLICIES)}")
+        remat.check(compute.remat)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
         """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
@@ -252,18 +258,18 @@ class TransformerLM(nnx.Module):
         keys = None
         if not deterministic and self.dropout_rngs is not None:
             keys = jax.random.split(self.dropout_rngs(), self.cfg.num_layers)  # (L,) keys
-        policy = REMAT_POLICIES[self.compute.remat]  # the one place remat is applied
-        if self.compute.scan_layers:  # remat inside the scanned body: per layer, as unrolled
-            fn, policy = (lambda b, h, k: (_block_forward(b, h, rope, k), None)), (policy or SCAN_NONE)()
-            if pipeline.pipeline_stages() > 1:
-                x = pipeline.pipeline(self.layers, fn, x, keys, policy, microbatches=self.microbatches)  # (B, T, D)
-            else:
-                x, _ = scan.scan(self.layers, fn, x, keys, policy)  # (B, T, D)
-            return self._head(x)
-        block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
-        for i, block in enumerate(self.layers):
-            x = block_fwd(block, x, rope, None if keys is None else keys[i])  # (B, T, D)
-        return self._head(x)
+        return self._head(self._blocks(x, rope, keys))
+
+    def _blocks(self, x: jax.Array, rope, keys: jax.Array | None) -> jax.Array:
+        """Every block on x (B, T, D) in the model's layer layout; `keys` (L,) dropout keys or None."""
+        fn = remat.wrap(lambda b, h, k: (_block_forward(b, h, rope, k), None), self.compute)  # per layer
+        if not self.compute.scan_layers:
+            for i, block in enumerate(self.layers):
+                x, _ = fn(block, x, None if keys is None else keys[i])  # (B, T, D)
+            return x
+        if pipeline.pipeline_stages() > 1:
+            return pipeline.pipeline(self.layers, fn, x, keys, microbatches=self.microbatches)  # (B, T, D)
+        return scan.scan(self.layers, fn, x, keys)[0]  # (B, T, D)
 
     def _head(self, x: jax.Array) -> jax.Array:
         """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""
@@ -359,16 +365,3 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean of argmax(logits) == target, float32."""
     return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
-
-
-def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """Float32 mean cross-entropy of the model's next-token predictions."""
-    return cross_entropy(model(tokens, deterministic=deterministic), targets)
-
-
-def count_params(model: nnx.Module, *, non_embedding: bool = False) -> int:
-    """Number of trainable parameters (nnx.Param leaves); a tied head counts once."""
-    n = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    if non_embedding and hasattr(model, "token_embeddings"):
-        n -= int(np.prod(model.token_embeddings.weight.shape))
-    return n

@@ -20,8 +20,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, policy: Any = None, *,
-             microbatches: int, axis: str = "pipeline") -> jax.Array:
+def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, *, microbatches: int,
+             axis: str = "pipeline") -> jax.Array:
     """`scan`'s result for the carry x (B, ...), computed by a GPipe schedule over mesh axis `axis`.
 
     The stacked layers' leading axis is split over `axis` (stage s holds its L/P layers);
@@ -29,7 +29,10 @@ def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, pol
     device keeps its rows). In M + P - 1 ticks stage 0 takes micro-batch t, every stage
     runs its layers on what it holds and `ppermute` hands the result one stage on; the
     last stage's outputs, summed over `axis` (zeros elsewhere), give every stage the batch.
-    Reverse-mode autodiff of the loop is GPipe's backward pass (ppermute reversed).
+    Reverse-mode autodiff of the loop is GPipe's backward pass (ppermute reversed). The layers'
+    own state is read, never written: config.py refuses LoRA adapter dropout with a pipeline.
+    `xs`: per-layer random keys (dropout); micro-batch m runs with each key folded with m, so
+    rows of different micro-batches draw different masks, as they would in one batch.
     """
     graphdef, state = nnx.split(module)
     M, B = microbatches, x.shape[0]
@@ -42,8 +45,6 @@ def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, pol
             s, x_i = inp
             return fn(nnx.merge(graphdef, s), c, x_i if keyed else None)
 
-        if policy is not None:
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         return jax.lax.scan(body, h, (layer_state, stage_xs))[0]
 
     def gpipe(layer_state, stage_xs, mb):
@@ -52,7 +53,9 @@ def pipeline(module: nnx.Module, fn: Callable, x: jax.Array, xs: Any = None, pol
 
         def tick(carry, t):
             held, out = carry  # (B/M, ...), (M, B/M, ...)
-            y = stage(layer_state, jnp.where(i == 0, mb[jnp.minimum(t, M - 1)], held), stage_xs)
+            m = jnp.clip(t - i, 0, M - 1)  # the micro-batch this stage holds at tick t
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(stage_xs, m) if keyed else stage_xs  # (L/P,)
+            y = stage(layer_state, jnp.where(i == 0, mb[jnp.minimum(t, M - 1)], held), keys)
             done = jnp.maximum(t - (P - 1), 0)  # the micro-batch the last stage finishes at tick t
             keep = (i == P - 1) & (t >= P - 1)
             out = jax.lax.dynamic_update_index_in_dim(out, jnp.where(keep, y, out[done]), done, 0)

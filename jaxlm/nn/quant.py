@@ -3,11 +3,15 @@
 * QLoRA's frozen base: blockwise absmax NF4 (4-bit NormalFloat, the QLoRA paper's 16 levels) or int8.
   Written here rather than with qwix's "nf4": two codes are packed per uint8, so checkpoints hold
   plain uint8 arrays and the stored bytes are the real 4 bits per weight.
-* QAT: `QATLinear` fake-quantises its weight (per output channel) and its input (per token) with
-  qwix's symmetric absmax quantiser, straight-through gradients.
+* QAT: `QATLinear`, the kind `LinearKinds` (jaxlm/nn/model.py) builds for every block projection when
+  ``qat.*`` bits are set, fake-quantises its weight (per output channel) and its input (per token)
+  with qwix's symmetric absmax quantiser, straight-through gradients. A layer kind rather than qwix's
+  QatProvider (which rewrites every dot it intercepts at trace time): the output head stays float32
+  and the parameters keep the plain layer's path.
 * PTQ: `quantize_weight` is the same per-channel quantiser, returning the integer weights.
 
-Shapes: W (O, I) as stored by `Linear`; blocks run along the input axis I.
+Shapes: W (..., O, I) as stored by `Linear`, with a leading layers axis when the layers are scanned;
+blocks run along the input axis I.
 """
 
 from __future__ import annotations
@@ -21,8 +25,7 @@ import qwix
 from flax import nnx
 
 from jaxlm.core.config import QatConfig
-from jaxlm.nn.layers import dense
-from jaxlm.nn.model import Linear
+from jaxlm.nn.layers import Precision, dense, linear_init
 
 # NF4 levels: the quantiles of N(0, 1) normalised to [-1, 1] with an exact 0 (QLoRA paper, appendix E).
 NF4 = np.array([
@@ -40,40 +43,33 @@ def block_size(d_in: int, block: int) -> int:
 
 
 def _blocks(w: jax.Array, block: int) -> jax.Array:
-    """(O, I) -> (O, I/b, b) with b = block_size(I, block)."""
-    O, I = w.shape
-    b = block_size(I, block)
-    return w.reshape(O, I // b, b)
+    """(..., O, I) -> (..., O, I/b, b) with b = block_size(I, block)."""
+    b = block_size(w.shape[-1], block)
+    return w.reshape(*w.shape[:-1], w.shape[-1] // b, b)
 
 
 def quantize_blockwise(w: jax.Array, kind: str, block: int) -> tuple[jax.Array, jax.Array]:
-    """(codes, scales): nf4 codes packed two per uint8 (O, nb, b/2), or int8 (O, nb, b); absmax (O, nb, 1); nb = I / b."""
-    if kind == "nf4" and block_size(w.shape[1], block) % 2:
-        raise ValueError(f"nf4 packs two codes per byte: the block must be even, got {block_size(w.shape[1], block)}")
-    wb = _blocks(w.astype(jnp.float32), block)  # (O, nb, block)
-    absmax = jnp.max(jnp.abs(wb), axis=-1, keepdims=True)  # (O, nb, 1)
+    """(codes, scales): nf4 codes packed two per uint8 (..., O, nb, b/2), or int8 (..., O, nb, b); absmax
+    (..., O, nb, 1); nb = I / b."""
+    if kind == "nf4" and block_size(w.shape[-1], block) % 2:
+        raise ValueError(f"nf4 packs two codes per byte: the block must be even, got {block_size(w.shape[-1], block)}")
+    wb = _blocks(w.astype(jnp.float32), block)  # (..., O, nb, block)
+    absmax = jnp.max(jnp.abs(wb), axis=-1, keepdims=True)  # (..., O, nb, 1)
     safe = jnp.where(absmax > 0, absmax, 1.0)
     if kind == "int8":
         return jnp.round(wb / safe * 127).astype(jnp.int8), absmax
-    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - jnp.asarray(NF4)), axis=-1).astype(jnp.uint8)  # (O, nb, block)
-    return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax  # (O, nb, block/2)
+    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - jnp.asarray(NF4)), axis=-1).astype(jnp.uint8)  # (..., O, nb, block)
+    return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax  # (..., O, nb, block/2)
 
 
 def dequantize_blockwise(codes: jax.Array, scales: jax.Array, kind: str, shape: tuple[int, int]) -> jax.Array:
-    """The float32 (O, I) weight back from `quantize_blockwise`."""
+    """The float32 (..., O, I) weight back from `quantize_blockwise`; `shape` is (O, I)."""
     if kind == "int8":
-        wb = codes.astype(jnp.float32) / 127 * scales  # (O, nb, block)
+        wb = codes.astype(jnp.float32) / 127 * scales  # (..., O, nb, block)
     else:
-        idx = jnp.stack((codes & 0xF, codes >> 4), axis=-1).reshape(*codes.shape[:-1], -1)  # (O, nb, block)
+        idx = jnp.stack((codes & 0xF, codes >> 4), axis=-1).reshape(*codes.shape[:-1], -1)  # (..., O, nb, block)
         wb = jnp.asarray(NF4)[idx] * scales
-    return wb.reshape(shape)
-
-
-def nf4_error_bound(w: jax.Array, block: int) -> jax.Array:
-    """The largest error NF4 rounding can make on each weight: half the widest gap between levels, times its block's absmax."""
-    half_gap = float(np.max(np.diff(NF4))) / 2
-    absmax = jnp.max(jnp.abs(_blocks(w, block)), axis=-1, keepdims=True)  # (O, nb, 1)
-    return jnp.broadcast_to(absmax * half_gap, _blocks(w, block).shape).reshape(w.shape)
+    return wb.reshape(*codes.shape[:-3], *shape)
 
 
 class Frozen(nnx.Variable):
@@ -84,12 +80,12 @@ class Frozen(nnx.Variable):
 
 
 def quantize_weight(w: jax.Array, bits: int) -> qwix.QArray:
-    """Symmetric absmax integer weights, one scale per output channel (row of the (O, I) weight)."""
-    return qwix.quantize(w, INT_BITS[bits], channelwise_axes=(0,))
+    """Symmetric absmax integer weights, one scale per output channel (row of the (..., O, I) weight)."""
+    return qwix.quantize(w, INT_BITS[bits], channelwise_axes=tuple(range(w.ndim - 1)))
 
 
 def dequantize_weight(q: qwix.QArray) -> jax.Array:
-    """The float (O, I) weight an integer one stands for: qvalue * scale."""
+    """The float (..., O, I) weight an integer one stands for: qvalue * scale."""
     return qwix.dequantize(q)
 
 
@@ -102,8 +98,10 @@ def fake_quant(x: jax.Array, bits: int, channel_axes: tuple[int, ...]) -> jax.Ar
 class QATLinear(nnx.Module):
     """`Linear` with fake-quantised weights (per output channel) and inputs (per token); the same `weight` Param."""
 
-    def __init__(self, base: Linear, cfg: QatConfig):
-        self.weight, self.precision = base.weight, base.precision
+    def __init__(self, d_in: int, d_out: int, axes: tuple[str, str], cfg: QatConfig, *, precision: Precision,
+                 rngs: nnx.Rngs):
+        self.weight = nnx.Param(linear_init(d_in, d_out, precision, rngs), logical=axes)
+        self.precision = precision
         self.weight_bits, self.activation_bits = cfg.weight_bits, cfg.activation_bits
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -114,23 +112,3 @@ class QATLinear(nnx.Module):
         if self.activation_bits:
             x = fake_quant(x, self.activation_bits, tuple(range(x.ndim - 1)))
         return dense(x, self.precision.cast(w))  # (..., O)
-
-
-def linear_slots(model: nnx.Module):
-    """(parent module, attribute name) of the blocks' Linear layers (attention, feed-forward). The output
-    head is not one: the model reads its weight directly (it may be tied), so it stays float32."""
-    for block in model.layers:
-        for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
-            yield block.attn, name
-        for name in ("w1", "w2", "w3"):
-            if hasattr(block.ffn, name):
-                yield block.ffn, name
-
-
-def apply_qat(model: nnx.Module, cfg: QatConfig) -> None:
-    """Swap every block Linear for a QATLinear in place (parameter paths unchanged); nothing when QAT is off."""
-    if not (cfg.weight_bits or cfg.activation_bits):
-        return
-    for parent, name in linear_slots(model):
-        setattr(parent, name, QATLinear(getattr(parent, name), cfg))
-

@@ -5,7 +5,8 @@ and loops, so compile time stops growing with depth. The stacked module is the b
 itself with every variable given a leading axis of num_layers (path
 ``layers/attn/q_proj/weight``, shape (L, d_out, d_in), logical axes ("layers", ...)):
 `stack` builds it from separately initialised blocks (so both layouts start from the
-same numbers) and `unstack` takes it apart again (torch conversion, tests).
+same numbers), `unstack` takes it apart again, and `relayout` moves a whole model
+between the two (runs of either layout load into either).
 """
 
 from __future__ import annotations
@@ -51,18 +52,30 @@ def unstack(module: nnx.Module, n: int) -> list[nnx.Module]:
     return [take(i) for i in range(n)]
 
 
-def scan(module: nnx.Module, fn: Callable, carry: Any, xs: Any = None, policy: Any = None):
+def relayout(model: nnx.Module, scanned: bool) -> None:
+    """Put `model.layers` (a TransformerLM's blocks) in the stacked (`scanned`) or the list layout, in place."""
+    unrolled = isinstance(model.layers, nnx.List)
+    if unrolled and scanned:
+        model.layers = stack(list(model.layers))
+    elif not unrolled and not scanned:
+        model.layers = nnx.List(unstack(model.layers, model.cfg.num_layers))
+
+
+def scan(module: nnx.Module, fn: Callable, carry: Any, xs: Any = None):
     """carry, ys = lax.scan over the stacked layers: fn(layer_i, carry, xs_i) -> (carry, y_i).
 
-    `policy` (a jax.checkpoint policy) rematerialises inside the body, i.e. per layer.
-    The layers are read, never written (no mutable state inside a block).
+    What a layer changes of its own state (the RNG counters of LoRA's adapter dropout) is written
+    back to `module`, as the unrolled loop does.
     """
     graphdef, state = nnx.split(module)
 
     def body(c, inp):
         layer_state, x_i = inp
-        return fn(nnx.merge(graphdef, layer_state), c, x_i)
+        layer = nnx.merge(graphdef, layer_state)
+        c, y = fn(layer, c, x_i)
+        return c, (y, nnx.state(layer, nnx.RngState))
 
-    if policy is not None:
-        body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, carry, (state, xs))
+    carry, (ys, rng) = jax.lax.scan(body, carry, (state, xs))
+    if jax.tree.leaves(rng):
+        nnx.update(module, rng)
+    return carry, ys

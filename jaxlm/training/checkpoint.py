@@ -11,7 +11,9 @@ The data loader's batch of global step s is a pure function of (seed, s), so the
 data position is the step itself. Orbax writes each step to a temporary directory
 and renames it when complete, so a killed run leaves its last complete checkpoint
 usable (and the orphaned temporary directory, removed when the run restarts).
-Saving is asynchronous; `close()` waits for it. Restores go against an abstract
+Saving is asynchronous; `wait()` and `close()` wait for it. A save that fails (a full
+disk, no permission) is one `WriteFailed` line naming the directory and the cause;
+orbax's own log (and its tracebacks) go to RUN/error.log. Restores go against an abstract
 target (shapes, dtypes, shardings), never into plain dicts, and take the newest
 checkpoint that restores cleanly: a damaged newer one is named in a warning and
 skipped, never deleted.
@@ -21,19 +23,24 @@ PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
+from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.core.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
-from jaxlm.core.errors import CheckpointError, ConfigError
+from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
 from jaxlm.core.files import atomic_write
+from jaxlm.nn import scan
 from jaxlm.nn.lora import has_adapters
 from jaxlm.training.step import TrainState, build_model, split_model
 
@@ -77,7 +84,10 @@ class Checkpointer:
     """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy."""
 
     def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
-        self.dir = Path(run_dir).absolute() / "checkpoints"
+        self.run_dir = Path(run_dir).absolute()
+        self.dir = self.run_dir / "checkpoints"
+        self.saving: int | None = None  # the step of the save in flight
+        self.failed = False
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.keep_best:
             policies.append(
@@ -88,24 +98,56 @@ class Checkpointer:
             enable_async_checkpointing=True,
             create=True,
             cleanup_tmp_directories=True,  # what a killed save left behind
+            # Directories made in save() itself: made in the background, a failure left orbax's other
+            # threads waiting 5 minutes for it, and the process hanging at exit.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
-        self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
+        _mute_failed_read_aftermath()
+        self._undo_logs = _orbax_log_to(self.run_dir / "error.log")
+        try:
+            self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
+        except BaseException:
+            self._undo_logs()
+            raise
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, state: TrainState, meta: dict, val_loss: float | None = None) -> None:
+        """Start saving `state` as checkpoint meta["step"] (after the previous save is on disk)."""
         step = int(meta["step"])
         if step in self.manager.all_steps():
             return
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(to_savable(state.as_dict())), meta=ocp.args.JsonSave(meta)
-            ),
-            metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
-            force=True,
-        )
+        self.wait()
+        with self._writing(step):
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(to_savable(state.as_dict())), meta=ocp.args.JsonSave(meta)
+                ),
+                metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
+                force=True,
+            )
+        self.saving = step
+
+    def wait(self) -> None:
+        """Block until the save in flight is complete on disk."""
+        if self.saving is not None:
+            with self._writing(self.saving):
+                self.manager.wait_until_finished()
+            self.saving = None
+
+    @contextlib.contextmanager
+    def _writing(self, step: int) -> Iterator[None]:
+        """A failure inside is one WriteFailed line naming the directory and the cause (traceback: RUN/error.log)."""
+        try:
+            yield
+        except Exception as e:
+            self.failed = True
+            log = write_traceback(self.run_dir)
+            raise WriteFailed(f"{self.dir}: saving checkpoint {step} failed: {_cause(e)}; free space or fix the "
+                              f"directory, then run again to resume from the newest complete checkpoint "
+                              f"(full traceback in {log})") from e
 
     def restore(self, abstract_state: TrainState) -> tuple[TrainState, dict]:
         """The newest checkpoint that restores cleanly. Newer ones that do not are renamed
@@ -132,8 +174,48 @@ class Checkpointer:
         self.manager.reload()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Wait for the save in flight (unless one failed already), then close the manager."""
+        try:
+            if not self.failed:
+                self.wait()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:  # after a failed save, orbax's close reports that failure again
+                if not self.failed:
+                    raise
+            finally:
+                self._undo_logs()
+
+
+def _cause(e: BaseException) -> str:
+    """The reason a write failed, in words: an OSError's, TensorStore's os_error_code, else the first line."""
+    for err in (e, e.__cause__, e.__context__):
+        if isinstance(err, OSError) and err.strerror:
+            return f"{err.strerror} ({err.filename or type(err).__name__})"
+    code = re.search(r"os_error_code='?(\d+)", str(e))
+    if code:
+        return f"{os.strerror(int(code.group(1)))} (errno {code.group(1)})"
+    return _first_line(e)
+
+
+def _orbax_log_to(path: Path) -> Callable[[], None]:
+    """Route orbax's log (absl) to `path` instead of the terminal; returns the undo. A failed save logs a
+    page of traceback per background thread; the failure itself is the one WriteFailed line."""
+    logger = logging.getLogger("absl")
+    handler = logging.FileHandler(path, delay=True)  # the file is created by the first record
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("--- %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def undo() -> None:
+        logger.removeHandler(handler)
+        handler.close()
+        logger.propagate = propagate
+
+    return undo
 
 
 def saved_steps(run_dir: str | Path) -> list[int]:
@@ -225,8 +307,6 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     checkpoint that restores is taken (unless a step is named). Creates and changes nothing.
     `tokenizer` is None when the run has no tokenizer/meta.json.
     """
-    from flax import nnx
-
     run_dir, found_step = find_run_dir(run_or_ckpt_dir)
     step = step if step is not None else found_step
     cfg = read_run_config(run_dir)
@@ -269,17 +349,11 @@ def load_base_weights(path: str | Path, cfg: Config):
     """The nnx.Param weights of the run at `path` (a run, or RUN/checkpoints/STEP), checked against the
     model `cfg` builds: train.init_from. Either layer layout loads into either (compute.scan_layers).
     One CheckpointError line naming the first mismatch."""
-    from flax import nnx
-
     model, saved, _ = restore_for_inference(path)
     if has_adapters(model):
         raise CheckpointError(f"train.init_from = {str(path)!r}: a LoRA run (lora.rank = {saved.lora.rank}); fold its "
                               f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
-    if saved.compute.scan_layers != cfg.compute.scan_layers:  # the other layer layout: same numbers, restacked
-        from jaxlm.nn import scan
-
-        layers = model.layers
-        model.layers = scan.stack(list(layers)) if cfg.compute.scan_layers else nnx.List(scan.unstack(layers, saved.model.num_layers))
+    scan.relayout(model, cfg.compute.scan_layers)  # either layer layout: the same numbers, (un)stacked
     loaded = nnx.state(model, nnx.Param)
     want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
     have = _shapes(loaded)
@@ -299,11 +373,6 @@ def load_base_weights(path: str | Path, cfg: Config):
 
 def load_for_generation(path: str | Path, cfg: Config | None = None):
     """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
-    import jax
-    from flax import nnx
-
-    from jaxlm.training.step import build_model
-
     if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
                           "devices; use 'xla' or 'auto'")
@@ -316,6 +385,7 @@ def load_for_generation(path: str | Path, cfg: Config | None = None):
     if tokenizer is None:
         raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
+        scan.relayout(model, cfg.compute.scan_layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
                                                                   saved.lora, saved.qat)))
         model = nnx.merge(graphdef, nnx.state(model))

@@ -6,13 +6,15 @@ Each call runs `steps_in_call` optimizer steps in one jitted, donated function
 (the batch of global step s is a pure function of (seed, s)); the previous
 call's metrics are then checked (a non-finite loss stops the run without
 saving) and logged, and evaluation, sampling and checkpoints follow their
-schedules. SIGTERM / SIGINT finish the current call, save and exit.
+schedules. SIGTERM / SIGINT (a flag, `jaxlm.core.stop`) finish the current call,
+save and exit; during start-up they stop before the first step, and a second
+SIGINT stops at once. A run that is already complete writes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxlm.analysis import flops
@@ -27,20 +30,15 @@ from jaxlm.core import sharding
 from jaxlm.core.config import Config
 from jaxlm.core.errors import TrainingDiverged
 from jaxlm.core.host import tune_for_cpu_backend
+from jaxlm.core.stop import StopFlag
 from jaxlm.data.loader import eval_batches, train_batches
 from jaxlm.data.prepare import load_tokenizer_from_meta
 from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.nn.lora import memory_summary
-from jaxlm.training.checkpoint import Checkpointer, load_base_weights, write_run_files
+from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
-from jaxlm.training.preflight import preflight
-from jaxlm.training.step import (
-    TrainState,
-    init_state,
-    make_eval_step,
-    make_multi_step,
-    make_train_step,
-)
+from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, run_identity
+from jaxlm.training.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
 
@@ -119,6 +117,7 @@ class Loop:
     profiler: Profiler
     bar: Any
     lead: bool  # process 0: the one that writes and prints
+    lock: Any  # train.out_dir's DirLock (process 0)
     pending: list = field(default_factory=list)  # (first step, n, device metrics) not yet checked
     window: Window = field(default_factory=Window)
     train_loss: float | None = None
@@ -126,46 +125,95 @@ class Loop:
     eval_loss: float | None = None
 
     def close(self) -> None:
-        self.bar.close()
-        self.batches.close()
-        self.profiler.close()
-        self.ckpt.close()
-        self.tracker.close()
+        """Close everything, the checkpointer's wait included, even when one of them fails; the lock last."""
+        with contextlib.ExitStack() as stack:
+            for closer in (getattr(self.lock, "release", None), self.tracker.close, self.ckpt.close,
+                           self.profiler.close, getattr(self.batches, "close", None), self.bar.close):
+                if closer is not None:
+                    stack.callback(closer)
+
+    def abort_note(self) -> str:
+        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not."""
+        saving = self.ckpt.saving
+        if saving is None:
+            return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
+        done = (self.ckpt.dir / str(saving)).is_dir()
+        return f"checkpoint {saving} {'was saved' if done else 'was not completed'} in {self.ckpt.dir}"
 
 
-def start(cfg: Config) -> Loop:
-    """Preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run files, trackers."""
-    data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
-    tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-    mesh = sharding.make_mesh(cfg=cfg.parallel)
-    built = build(cfg, mesh)
-    run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
-    ckpt = Checkpointer(run_dir, cfg.checkpoint)
+def start(cfg: Config, stop: StopFlag) -> Loop:
+    """The run's lock, preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run
+    files, trackers. A run already complete gets none of the writers: nothing in it changes."""
+    lock = lock_run(cfg)  # before anything in train.out_dir is read or written
+    if lock is not None:
+        stop.on_abort.append(lambda: lock.release() or "")
     try:
-        state, step = restore_or_init(cfg, built, ckpt)
-        if lead:
-            write_run_files(run_dir, cfg, data_dir)
-        tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead, start_step=step)
-        report_memory(state, tracker, lead, fresh=step == 0)
+        data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
+        stop.check("the first step")
+        tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
+        mesh = sharding.make_mesh(cfg=cfg.parallel)
+        built = build(cfg, mesh)
+        run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
+        latest = (saved_steps(run_dir) or [None])[-1] if cfg.checkpoint.resume else None
+        if latest is None or latest < cfg.train.steps:  # before anything is created or allocated
+            check_disk(cfg, sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(built.abstract)))
+            compile_first_call(cfg, built, mesh, latest or 0)
+        stop.check("the first step")
+        ckpt = Checkpointer(run_dir, cfg.checkpoint)
     except BaseException:
-        ckpt.close()
+        if lock is not None:
+            lock.release()
         raise
-    batches = train_batches(data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.train.seed, start_step=step,
-                            process_index=jax.process_index(), process_count=jax.process_count(),
-                            num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch)
+    try:
+        state, step = restore_or_init(cfg, built, ckpt, mesh)
+        complete = step >= cfg.train.steps
+        if lead and not complete:
+            write_run_files(run_dir, cfg, data_dir)
+        tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead and not complete, start_step=step)
+        if not complete:
+            report_memory(state, tracker, lead, fresh=step == 0)
+    except BaseException:
+        with contextlib.ExitStack() as stack:
+            if lock is not None:
+                stack.callback(lock.release)
+            ckpt.close()
+        raise
+    batches = None if complete else train_batches(
+        data_dir, cfg.data.batch_size, cfg.model.context_length, cfg.train.seed, start_step=step,
+        process_index=jax.process_index(), process_count=jax.process_count(), num_workers=cfg.data.num_workers,
+        prefetch=cfg.data.prefetch)
     from tqdm import tqdm
 
-    bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead), dynamic_ncols=True)
+    bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead and not complete),
+               dynamic_ncols=True)
     return Loop(cfg, mesh, built, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
-                Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead)
+                Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead, lock)
 
 
-def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[TrainState, int]:
+def compile_first_call(cfg: Config, built: Built, mesh, step: int) -> None:
+    """Compile the first call's step ahead of time (the call reuses the executable) and hold its memory
+    against the device's (preflight.check_memory) before any state is allocated."""
+    n = steps_in_call(step, cfg)
+    shape = (cfg.data.batch_size, cfg.model.context_length)
+    fn, shape, where = ((built.step_fn, shape, sharding.batch_sharding(mesh)) if n == 1 else
+                        (built.multi_fn, (n, *shape), sharding.stacked_batch_sharding(mesh)))
+    x = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=where)
+    compiled = fn.lower(built.abstract, x, x).compile()
+    try:
+        stats = compiled.memory_analysis()
+    except NotImplementedError:  # a backend without the analysis: nothing to hold against the device
+        stats = None
+    check_memory(cfg, stats, sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches)
+
+
+def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer, mesh) -> tuple[TrainState, int]:
     """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state
-    (with the weights of train.init_from when set: a fresh optimizer and schedule on them)."""
+    (with the weights of train.init_from when set, placed with the state's shardings: a fresh optimizer
+    and schedule on them)."""
     if not (cfg.checkpoint.resume and ckpt.latest_step() is not None):
         base = load_base_weights(cfg.train.init_from, cfg) if cfg.train.init_from else None
         if base is not None:
+            base = jax.device_put(base, sharding.state_shardings(base, mesh))
             print(f"initialised from the weights of {cfg.train.init_from}", file=sys.stderr)
         return jax.jit(built.make_state, out_shardings=built.shardings)(base), 0
     state, meta = ckpt.restore(built.abstract)
@@ -173,7 +221,8 @@ def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer) -> tuple[Trai
     print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
     if step >= cfg.train.steps:
         print(f"the run in {cfg.train.out_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
-              "raise train.steps to continue it, or choose another train.out_dir to start over", file=sys.stderr)
+              "nothing was changed; raise train.steps to continue it, or choose another train.out_dir to start over",
+              file=sys.stderr)
     return state, step
 
 
@@ -281,13 +330,14 @@ def save(loop: Loop) -> None:
     """Checkpoint the state after the pending metrics proved it finite (with the val loss if just measured)."""
     drain(loop)
     val = loop.eval_loss if loop.eval_step == loop.step else None
-    loop.ckpt.save(loop.state, {"step": loop.step, "data_step": loop.step, "seed": loop.cfg.train.seed}, val_loss=val)
+    meta = {"step": loop.step, "data_step": loop.step, "seed": loop.cfg.train.seed, "identity": run_identity(loop.cfg)}
+    loop.ckpt.save(loop.state, meta, val_loss=val)
 
 
 def write_sample(loop: Loop) -> str:
     """A text sample from the current weights (the decoding Generator, sliding past the context), logged."""
     cfg, tok = loop.cfg, loop.tokenizer
-    out = Generator(loop.state.model(loop.built.graphdef)).generate(
+    out = Generator(loop.state.model(loop.built.graphdef), tok.vocab_size).generate(
         [encode_prompt(tok, cfg.log.sample_prompt)], cfg.log.sample_tokens,
         SamplingParams(temperature=cfg.log.sample_temperature), seed=cfg.train.seed)
     text = cfg.log.sample_prompt + tok.decode(out.tokens[0])
@@ -295,7 +345,7 @@ def write_sample(loop: Loop) -> str:
     return text
 
 
-def on_schedule(loop: Loop, stop: "_StopFlag") -> bool:
+def on_schedule(loop: Loop, stop: StopFlag) -> bool:
     """Evaluate, sample and checkpoint where due after a call; True when a signal asks to stop."""
     cfg, done = loop.cfg, loop.step
     final = done == cfg.train.steps
@@ -305,53 +355,35 @@ def on_schedule(loop: Loop, stop: "_StopFlag") -> bool:
         write_sample(loop)
     if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
         if stop.signal is not None and loop.lead:
-            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} and exiting")
+            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} (Ctrl-C again stops at once, without it)")
         save(loop)
     return stop.signal is not None
 
 
-def train(cfg: Config) -> dict:
-    """Run (or continue) the training run `cfg` describes; returns a summary of the end state."""
+def train(cfg: Config, stop: StopFlag | None = None) -> dict:
+    """Run (or continue) the training run `cfg` describes; returns a summary of the end state. `stop`: the
+    signal flag the command installed before importing JAX (else one is installed here)."""
+    if stop is None:
+        with StopFlag() as stop:
+            return train(cfg, stop)
     t_start = time.time()
-    loop = start(cfg)
-    sample = None
+    loop = start(cfg, stop)
+    stop.on_abort.append(loop.abort_note)
+    sample, complete = None, loop.step >= cfg.train.steps
     try:
-        with _StopFlag() as stop:
-            while loop.step < cfg.train.steps:
-                run_call(loop)
-                if on_schedule(loop, stop):
-                    break
-            drain(loop)
-            if loop.step == cfg.train.steps:
-                sample = write_sample(loop)
+        while loop.step < cfg.train.steps:
+            run_call(loop)
+            if on_schedule(loop, stop):
+                break
+        drain(loop)
+        if loop.step == cfg.train.steps and not complete and stop.signal is None:
+            sample = write_sample(loop)
     finally:
-        loop.close()
+        loop.close()  # waits for the last checkpoint: only then is it reported saved
+        stop.on_abort.remove(loop.abort_note)
     if loop.lead and sample is not None:
         print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
+    stopped = f"{stop.signal}: checkpoint {loop.step} saved in {loop.ckpt.dir}" if stop.signal and not complete and \
+        loop.step < cfg.train.steps else None
     return {"step": loop.step, "train_loss": loop.train_loss, "val_loss": loop.eval_loss, "sample": sample,
-            "wall_s": time.time() - t_start, "run_dir": str(cfg.train.out_dir)}
-
-
-class _StopFlag:
-    """Set by SIGTERM / SIGINT; a second SIGINT interrupts at once."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-
-    def _handler(self, signum, frame):
-        if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-
-    def __enter__(self):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._old[s] = signal.signal(s, self._handler)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
+            "wall_s": time.time() - t_start, "run_dir": str(cfg.train.out_dir), "stopped": stopped}

@@ -1,15 +1,20 @@
 """Check a training run before it starts, so that a bad input costs seconds, not a run.
 
-`preflight(cfg)` runs at the top of `jaxlm.train.start`, before any run directory is
-created or any step is compiled: the output directory and the saved run when resuming,
+`lock_run(cfg)` takes train.out_dir's lock first (one writer per run), then
+`preflight(cfg)` runs before any run directory is created or any step is compiled:
+the output directory, its checkpoints/ and the saved run when resuming,
 jax.distributed start-up, the attention kernel and the batch on this machine's devices,
 then the data (prepared here when needed: the only thing written, atomically), its
-tokenizer against the saved run's, each split's size and its token ids. Every failure
+tokenizer against the saved run's (or train.init_from's), each split's size and its
+token ids. Once the step is built, `check_disk` and `check_memory` hold one checkpoint
+and the compiled step against the free disk and the device's memory. Every failure
 is one UserError line naming the key, file or value.
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -18,7 +23,8 @@ import numpy as np
 from jaxlm.core import sharding
 from jaxlm.core.config import ComputeConfig, Config, ModelConfig, to_dict, toml_value
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
-from jaxlm.core.files import writable_dir_problem
+from jaxlm.core.files import read_json, writable_dir_problem
+from jaxlm.core.lock import DirLock
 from jaxlm.core.typedconfig import flatten_tree
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
@@ -42,12 +48,28 @@ def preflight(cfg: Config) -> Path:
     return data_dir
 
 
+def lock_run(cfg: Config) -> DirLock | None:
+    """train.out_dir's lock (jaxlm.core.lock), taken by process 0 before anything in it is read or written;
+    None on the other processes."""
+    _check_writable(Path(cfg.train.out_dir))
+    if cfg.parallel.distributed:
+        start_distributed(cfg)
+        if jax.process_index() != 0:
+            return None
+    return DirLock(cfg.train.out_dir, f"train.out_dir = {cfg.train.out_dir!r}").acquire()
+
+
+def _check_writable(run_dir: Path) -> None:
+    for d in (run_dir, run_dir / "checkpoints"):
+        problem = writable_dir_problem(d)
+        if problem:
+            raise ConfigError(f"train.out_dir = {str(run_dir)!r}: {problem}; choose another train.out_dir")
+
+
 def check_run_dir(cfg: Config) -> None:
-    """train.out_dir can be written; a run there is continued only by a compatible config."""
+    """train.out_dir and its checkpoints/ can be written; a run there is continued only by a compatible config."""
     run_dir = Path(cfg.train.out_dir)
-    problem = writable_dir_problem(run_dir)
-    if problem:
-        raise ConfigError(f"train.out_dir = {str(run_dir)!r}: {problem}; choose another train.out_dir")
+    _check_writable(run_dir)
     steps = saved_steps(run_dir)
     if not steps:
         return
@@ -56,8 +78,15 @@ def check_run_dir(cfg: Config) -> None:
             f"train.out_dir = {str(run_dir)!r}: holds checkpoints (newest: step {steps[-1]}) and checkpoint.resume is "
             f"false, so a fresh run would mix with them; resume it, choose another train.out_dir, or move "
             f"{run_dir / 'checkpoints'} away")
-    if (run_dir / "config.toml").is_file():
-        check_compatible(read_run_config(run_dir), cfg, run_dir)
+    toml = run_dir / "config.toml"
+    written = run_identity(read_run_config(run_dir)) if toml.is_file() else None
+    saved = checkpoint_identity(run_dir, steps[-1])
+    if saved is None:  # checkpoints from before the identity was recorded in them: config.toml stands in
+        if written is not None:
+            check_compatible(written, cfg, toml, "saved")
+        return
+    note = "" if written in (None, saved) else f" ({toml} no longer matches its checkpoints: edited?)"
+    check_compatible(saved, cfg, run_dir / "checkpoints" / str(steps[-1]), "checkpoint", note)
 
 
 # The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).
@@ -80,16 +109,27 @@ def check_init_from(cfg: Config) -> None:
                               f"{toml_value(getattr(saved, key))}, this run's is {toml_value(getattr(cfg.model, key))}")
 
 
-def check_compatible(saved: Config, cfg: Config, run_dir: Path) -> None:
+def run_identity(cfg: Config) -> dict:
+    """The MUST_MATCH keys of `cfg` (flat) and whether it clips gradients (clipping adds an optimizer state):
+    recorded in every checkpoint's meta, compared on resume."""
+    flat = flatten_tree(to_dict(cfg))
+    return {**{k: v for k, v in flat.items() if k.startswith(MUST_MATCH)}, "optim.grad_clip > 0": cfg.optim.grad_clip > 0}
+
+
+def checkpoint_identity(run_dir: Path, step: int) -> dict | None:
+    """The identity checkpoint `step` was saved with (its meta JSON), None when it records none."""
+    meta = read_json(Path(run_dir) / "checkpoints" / str(step) / "meta" / "metadata", default={})
+    return meta.get("identity") if isinstance(meta, dict) and isinstance(meta.get("identity"), dict) else None
+
+
+def check_compatible(saved: dict, cfg: Config, where: Path, what: str, note: str = "") -> None:
     """One CheckpointError naming every key the resumed run may not change (`model.d_model: checkpoint 128, config 64`)."""
-    old, new = flatten_tree(to_dict(saved)), flatten_tree(to_dict(cfg))
-    keys = [k for k in sorted(old.keys() | new.keys()) if k.startswith(MUST_MATCH) and old.get(k) != new.get(k)]
-    if (saved.optim.grad_clip > 0) != (cfg.optim.grad_clip > 0):  # clipping adds a state to the optimizer
-        keys.append("optim.grad_clip")
+    new = run_identity(cfg)
+    keys = [k for k in sorted(saved.keys() | new.keys()) if saved.get(k) != new.get(k)]
     if keys:
-        shown = "; ".join(f"{k}: checkpoint {_show(old.get(k))}, config {_show(new.get(k))}" for k in keys)
-        raise CheckpointError(f"{run_dir / 'config.toml'}: the saved run differs: {shown}; use the saved values to "
-                              "resume it, or another train.out_dir to start a new run")
+        shown = "; ".join(f"{k}: {what} {_show(saved.get(k))}, config {_show(new.get(k))}" for k in keys)
+        raise CheckpointError(f"{where}: the saved run differs: {shown}{note}; use the saved values to resume it, "
+                              "or another train.out_dir to start a new run")
 
 
 def _show(value) -> str:
@@ -170,13 +210,83 @@ def check_data(cfg: Config, data_dir: Path) -> None:
 
 
 def check_same_tokenizer(cfg: Config, data_dir: Path) -> None:
-    """A resumed run reads token ids that mean what they meant when it was saved."""
+    """A resumed run (or one that starts from train.init_from's weights) reads token ids that mean what
+    they meant when those weights were trained."""
     run_dir = Path(cfg.train.out_dir)
-    saved = run_dir / "tokenizer"
-    if not (cfg.checkpoint.resume and saved_steps(run_dir) and (saved / META).is_file()):
+    if cfg.checkpoint.resume and saved_steps(run_dir):
+        saved, whose, fix = run_dir / "tokenizer", f"the run in {run_dir}", "or use another train.out_dir"
+    elif cfg.train.init_from:
+        saved, whose = find_run_dir(cfg.train.init_from)[0] / "tokenizer", f"train.init_from = {cfg.train.init_from!r}"
+        fix = "or start from a run trained on this tokenizer"
+    else:
+        return
+    if not (saved / META).is_file():
         return
     was, now = read_meta(saved).get("tokenizer_sha256"), read_meta(data_dir).get("tokenizer_sha256")
     if was and now and was != now:
-        raise DataError(f"{Path(data_dir) / META}: made with tokenizer {read_meta(data_dir)['tokenizer']!r}, but the run in "
-                        f"{run_dir} was trained with {read_meta(saved)['tokenizer']!r} ({saved / META}); point "
-                        "data.dir at data made with that tokenizer, or use another train.out_dir")
+        raise DataError(f"{Path(data_dir) / META}: made with tokenizer {read_meta(data_dir)['tokenizer']!r}, but "
+                        f"{whose} was trained with {read_meta(saved)['tokenizer']!r} ({saved / META}); point "
+                        f"data.dir at data made with that tokenizer, {fix}")
+
+
+# --------------------------------------------------------------------------- once the step is built
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def check_disk(cfg: Config, checkpoint_bytes: int) -> None:
+    """The file system of train.out_dir holds the next checkpoint (refused when not even one fits; a warning
+    when the checkpoint.keep + 1 that exist during a save do not)."""
+    probe = Path(cfg.train.out_dir).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < checkpoint_bytes:
+        raise ConfigError(f"train.out_dir = {cfg.train.out_dir!r}: its file system has {_gib(free)} free, one "
+                          f"checkpoint of this run takes {_gib(checkpoint_bytes)}; free space or choose another "
+                          "train.out_dir")
+    if free < (cfg.checkpoint.keep + 1) * checkpoint_bytes:
+        print(f"warning: train.out_dir = {cfg.train.out_dir!r}: {_gib(free)} free holds fewer than checkpoint.keep + 1 "
+              f"= {cfg.checkpoint.keep + 1} checkpoints of {_gib(checkpoint_bytes)}", file=sys.stderr)
+
+
+def available_memory() -> tuple[int, str] | None:
+    """(bytes one device may still use, what that is), or None where it cannot be known. A GPU/TPU reports
+    its own limit; the CPU devices share the host's available memory (/proc/meminfo)."""
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0), f"this {device.device_kind} has"
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    kib = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("MemAvailable:")), None)
+    if kib is None or device.platform != "cpu":
+        return None
+    n = len(jax.local_devices())
+    return kib * 1024 // n, "this host has available" + (f" per each of its {n} CPU devices" if n > 1 else "")
+
+
+def check_memory(cfg: Config, stats, batch_unit: int) -> None:
+    """The compiled step (`memory_analysis()`: arguments + outputs - donated + temporaries, per device) fits
+    the device; else one line with the figure and the largest data.batch_size that fits (temporaries
+    scale with the batch; `batch_unit` = what the batch must be a multiple of)."""
+    have = available_memory()
+    if stats is None or have is None:
+        return
+    free, where = have
+    need = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+    if need <= free:
+        return
+    B, fixed, temp = cfg.data.batch_size, need - stats.temp_size_in_bytes, max(stats.temp_size_in_bytes, 1)
+    fits = int((free - fixed) / temp * B) // batch_unit * batch_unit
+    figure = (f"the compiled train step needs {_gib(need)} per device ({_gib(fixed)} parameters, optimizer state "
+              f"and batch, {_gib(stats.temp_size_in_bytes)} temporaries), but {where} {_gib(free)}")
+    if fits >= batch_unit:
+        raise ConfigError(f"data.batch_size = {B}: {figure}; about {fits} fits: lower data.batch_size, raise "
+                          "train.grad_accum or set compute.remat")
+    raise ConfigError(f"model.d_model = {cfg.model.d_model}, model.num_layers = {cfg.model.num_layers} (a --preset?): "
+                      f"{figure}, so no batch fits; choose a smaller model, or shard it over more devices (parallel.fsdp)")

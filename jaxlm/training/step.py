@@ -21,7 +21,6 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
-from jaxlm.nn import quant
 from jaxlm.nn.model import TransformerLM, cross_entropy, token_cross_entropy
 
 
@@ -52,15 +51,14 @@ class TrainState:
 def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
                 lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None,
                 microbatches: int = 1):
-    """The LM, with the weights `base` (an nnx.State of its Params) when given, then its LoRA adapters
-    (`lora.rank` > 0) or quantisation-aware layers (`qat` bits set). `microbatches`: GPipe's, on a pipeline mesh."""
-    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(params=seed, dropout=seed + 1), microbatches=microbatches)
+    """The LM with its block projections of the kind `lora` / `qat` ask for (LoRA adapters when `lora.rank` > 0,
+    quantisation-aware layers when `qat` bits are set), given the weights `base` (the Params of a plain model of
+    the same layer layout) when set. `microbatches`: GPipe's, on a pipeline mesh."""
+    rngs = nnx.Rngs(params=seed, dropout=seed + 1, adapters=seed + 2)
+    model = TransformerLM(cfg, compute, rngs=rngs, lora=lora or LoraConfig(), qat=qat or QatConfig(),
+                          microbatches=microbatches)
     if base is not None:
-        nnx.update(model, base)
-    if lora is not None:
-        lora_lib.apply(model, lora, nnx.Rngs(params=seed + 2, dropout=seed + 3))
-    if qat is not None:
-        quant.apply_qat(model, qat)
+        lora_lib.set_base(model, base)
     return model
 
 

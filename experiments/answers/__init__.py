@@ -1,0 +1,10 @@
+"""The curriculum's questions answered: `python -m experiments.answers --out docs/answers.md`.
+
+One section per question id, every number computed when the page is generated: from the library's
+analysis modules (`accounting`: parameters, FLOPs, memory, training days; `adamw`: adamwAccounting's
+formula and FLOP count), from Python run here (`text`: unicode and tokenizer questions), from the
+committed records (`studies`: learning_rate, generate; `measured`: benchmarking_script) and from GPU
+records when they exist (`gpu`: memory_profiling, nsys_profile, mixed precision). A question that needs a
+GPU or a corpus this machine lacks says so and gives the command that answers it. The command is
+`__main__`; this package exports nothing.
+"""

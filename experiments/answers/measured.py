@@ -1,0 +1,183 @@
+"""benchmarking_script: forward and backward times and the effect of warm-up, from benchmark records.
+
+The warm-up answer reads the `benchmarking` plan's records (`python -m experiments.run benchmarking`, one
+`jaxlm.bench model` run per number of warm-up steps; on a GPU also the curriculum's size table); `--bench`
+adds any other `jaxlm.bench model --json` result (with `--breakdown`: feed-forward against attention time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.answers.accounting import table
+from experiments.results import load_results
+from jaxlm.core.errors import DataError
+from jaxlm.core.files import read_json
+
+PLAN = "benchmarking"
+
+
+def ms(v: float) -> str:
+    """Milliseconds without exponents: 3 significant digits below 100, whole numbers above."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def load_bench_file(path: Path) -> tuple[list[dict], dict]:
+    """Rows and meta of a bench JSON, a run directory holding bench.json, or a bench run's result.json."""
+    path = Path(path)
+    if path.is_dir():
+        path = next((p for p in (path / "bench.json", path / "result.json") if p.is_file()), path / "bench.json")
+    if not path.is_file():
+        raise DataError(f"--bench {path}: no such file; give a `jaxlm.bench model --json` file or its run directory")
+    data = read_json(path, default=None)
+    if isinstance(data, dict) and "bench_rows" in data:
+        return list(data["bench_rows"] or []), {}
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        return data["rows"], data.get("meta") or {}
+    raise DataError(f"--bench {path}: not a bench result (no 'rows' or 'bench_rows' list in it)")
+
+
+def measured_section(bench: Path | None) -> list[str]:
+    out = ["#### A benchmark result given with `--bench`", ""]
+    if bench is None:
+        return []
+    rows, meta = load_bench_file(bench)
+    ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
+    out += [f"From `{bench}` ({len(ok)} measured rows). Mean and standard deviation over the timed steps, after warm-up.", ""]
+    body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
+            + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
+            for r in ok]
+    out += table(["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"], body) if body else ["No measured rows.", ""]
+    out += backward_lines(ok) + breakdown_lines(meta.get("breakdown") or [])
+    return out
+
+
+def backward_lines(rows: list[dict]) -> list[str]:
+    """Backward time = forward+backward - forward, where both modes were measured at the same setting."""
+    key = lambda r: tuple(str(r.get(k)) for k in ("framework", "dtype", "attention", "remat", "context", "batch"))
+    fwd = {key(r): r for r in rows if r.get("mode") == "forward"}
+    out = []
+    for r in rows:
+        f = fwd.get(key(r))
+        if r.get("mode") == "forward_backward" and f:
+            b = r["step_ms"] - f["step_ms"]
+            out.append(f"- {r.get('framework')} {r.get('dtype')} T={r.get('context')} B={r.get('batch')}: forward "
+                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward; the FLOP count says 2x).")
+    return out + [""] if out else []
+
+
+def breakdown_lines(breakdowns: list[dict]) -> list[str]:
+    out = []
+    for bd in breakdowns:
+        c = bd.get("components") or {}
+        if "ffn" not in c or "attention" not in c or not c["attention"].get("forward_s"):
+            continue
+        t = c["ffn"]["forward_s"] / c["attention"]["forward_s"]
+        fl = c["ffn"]["flops_forward"] / c["attention"]["flops_forward"]
+        why = ("attention takes a larger share of the time than of the FLOPs: its softmax, masking and T x T "
+               "memory traffic are not in the FLOP count" if t < fl else
+               "the feed-forward takes a larger share of the time than of the FLOPs")
+        out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} {bd.get('dtype')}: "
+                   f"time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
+    return out + [""] if out else []
+
+
+def plan_runs(root: Path) -> list[dict]:
+    """The benchmarking plan's completed bench runs under ROOT (its committed records, or runs/ as the runner leaves them)."""
+    for where in (root / PLAN / "records", root / PLAN):
+        if where.is_dir():
+            return [r for r in load_results(where) if r.get("status") == "ok" and r.get("bench_rows")]
+    return []
+
+
+def machine(run: dict) -> str:
+    h = run.get("host") or {}
+    what = h.get("cpu_model") or f"{run.get('device', '?')}"
+    cores = f", {h['cpus']} cores" if h.get("cpus") else ""
+    load = [h.get(k) for k in ("load_avg_1m_start", "load_avg_1m_end") if isinstance(h.get(k), (int, float))]
+    return what + cores + (f", load average {min(load):.1f}-{max(load):.1f}" if load else "")
+
+
+def by_mode(run: dict) -> dict[str, dict]:
+    return {row.get("mode"): row for row in run["bench_rows"] if row.get("status") == "ok"}
+
+
+def axis(run: dict, key: str):
+    return (run.get("axes") or {}).get(key, run["name"])
+
+
+def timing_rows(runs: list[dict], key: str, first: bool = False) -> list[list[str]]:
+    """A row per run: its `key` axis, forward and forward+backward (mean ± std, and the first timed step when
+    `first`), backward (the difference of the means), compile seconds."""
+    out = []
+    for r in runs:
+        f, fb = (by_mode(r).get(m) for m in ("forward", "forward_backward"))
+        cells = []
+        for row in (f, fb):
+            cells.append(f"{ms(row['step_ms'])} ± {ms(row['step_ms_std'])}" if row else "–")
+            if first:
+                cells.append(ms(row["step_ms_first"]) if row and row.get("step_ms_first") is not None else "–")
+        back = ms(fb["step_ms"] - f["step_ms"]) if f and fb else "–"
+        compiles = [row["compile_s"] for row in (f, fb) if row and row.get("compile_s") is not None]
+        out.append([str(axis(r, key)), *cells, back, f"{max(compiles):.2f}" if compiles else "–"])
+    return out
+
+
+def warmup_lines(warm: list[dict]) -> list[str]:
+    """What the records show: the first timed step without warm-up against the median after the most warm-up."""
+    cold, hot = warm[0], warm[-1]
+    out = []
+    for mode in ("forward", "forward_backward"):
+        c, h = by_mode(cold).get(mode), by_mode(hot).get(mode)
+        if not (c and h and c.get("step_ms_first") and h.get("step_ms_median")):
+            continue
+        out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took {ms(c['step_ms_first'])} ms, "
+                   f"{c['step_ms_first'] / h['step_ms_median']:.1f}x the median after {axis(hot, 'warmup')} warm-up steps "
+                   f"({ms(h['step_ms_median'])} ms); the standard deviation over the 10 steps was {ms(c['step_ms_std'])} ms "
+                   f"against {ms(h['step_ms_std'])} ms.")
+    for r in warm[1:-1]:
+        fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
+        if fb and h and fb.get("step_ms_first"):
+            out.append(f"- after {axis(r, 'warmup')} warm-up step(s) the first timed forward + backward took "
+                       f"{ms(fb['step_ms_first'])} ms ({fb['step_ms_first'] / h['step_ms_median']:.1f}x that median).")
+    return out + [""]
+
+
+def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
+    runs = plan_runs(root)
+    warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
+    sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
+    out = ["(a) is `python -m jaxlm.bench model` (docs/benchmarks.md): it builds the model from a preset or config, "
+           "makes a random batch, compiles the step ahead of time (`jit(...).lower(...).compile()`, timed apart as "
+           "compile_s), runs `--warmup` untimed steps, then times `--steps` steps, each ended with "
+           "`jax.block_until_ready` (JAX dispatches asynchronously, as CUDA does). Times are mean ± standard "
+           "deviation over 10 timed steps.", ""]
+    if sizes:
+        out += ["#### (b) The size table", "", f"On {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
+        out += table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
+                     timing_rows(sizes, "preset"))
+    else:
+        out += ["#### (b) The size table", "",
+                "**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a GPU, not "
+                "a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and 10 timed steps, "
+                "context 512, batch 4, float32), then `python -m experiments.answers` reads its records. The rows "
+                "below are the CPU-sized model of the same plan.", ""]
+    if not warm:
+        return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
+                      f"`python -m experiments.run {PLAN}` then `python -m experiments.report runs/{PLAN} "
+                      f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
+    spec = warm[0].get("spec") or {}
+    setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items() if k in ("config", "preset", "context", "batch"))
+    warm = sorted(warm, key=lambda r: axis(r, "warmup"))
+    head = ["warm-up steps", "forward (ms)", "first (ms)", "forward + backward (ms)", "first (ms)", "backward (ms)",
+            "compile (s)"]
+    out += ["#### (c) Warm-up", "",
+            f"**CPU timings** ({setting}) on {machine(warm[0])}: a shared machine, so compare spreads and first "
+            "steps, not the third digit of a mean. *first*: the first timed step.", ""]
+    return out + table(head, timing_rows(warm, "warmup", first=True)) + warmup_lines(warm) + [
+        "The first calls of a compiled step do one-time work: XLA:CPU allocates and first touches the step's "
+        "temporary buffers (page faults), its thread pool and caches start cold, and the donated parameters are "
+        "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "
+        "Compilation is not among it here because it is timed apart (compile column); timed through a plain "
+        "`jax.jit` call it would fall into the first step and dominate a mean over 10. On a GPU the first calls also "
+        "create the CUDA context and the cuBLAS/cuDNN handles and choose their algorithms.", ""] + measured_section(bench)

@@ -1,0 +1,140 @@
+"""Re-measure the README's headline figures in one sitting: `python -m experiments.headline [--dry-run] [--out DIR]`.
+
+Runs each figure's command in turn, from the repository root, and records the machine (CPU model, cores,
+vector extensions; `jaxlm.core.host.describe`), the load before and after each command, its wall time and
+what it reports (the run's final validation loss, or the JSON the command writes). Writes DIR/headline.json
+and prints a Markdown table of the figures with the CPU named. Run it on an otherwise idle machine: every
+figure but parity is a time, and `cpu_dependent` marks those whose ratio to PyTorch changes from one CPU to
+another (XLA:CPU and PyTorch use AVX2, AVX-512 and AMX differently).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.results import read_metrics, summarise_train
+from jaxlm import cli
+from jaxlm.core import host
+from jaxlm.core.files import read_json, write_json
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    what: str
+    argv: tuple[str, ...]  # {python} and {out} are filled in
+    result: str  # "run:DIR" (a training run under OUT), "json:FILE" (under OUT) or "stdout" (the last line, JSON)
+    cpu_dependent: bool  # a ratio against PyTorch, which depends on the CPU, not only on its speed
+
+
+TRAIN = ("{python}", "-m", "jaxlm.train", "--set", "log.progress=false", "--config")
+FIGURES = (
+    Figure("quickstart", "the quickstart from a fresh directory: tokenise, 600 steps, evaluations, sample",
+           (*TRAIN, "experiments/configs/quickstart.toml", "--set", 'train.out_dir="{out}/quickstart"',
+            "--set", 'data.dir="{out}/quickstart-data"'), "run:quickstart", False),
+    Figure("shakespeare_char", "nanoGPT's shakespeare_char CPU recipe, end to end",
+           (*TRAIN, "experiments/configs/shakespeare_char.toml", "--set", 'train.out_dir="{out}/shakespeare"'),
+           "run:shakespeare", False),
+    Figure("nanogpt_torch", "the same recipe as a plain PyTorch loop (torchref), 200 timed steps",
+           ("{python}", "-m", "parity.bench", "nanogpt", "--steps", "200"), "stdout", True),
+    Figure("torch_compile_17m", "train step against torch.compile, tinystories-17M, T=256, B=4",
+           ("{python}", "-m", "parity.bench", "model", "--preset", "tinystories-17M", "--context", "256", "--batch", "4",
+            "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_17m.json"),
+           "json:torch_compile_17m.json", True),
+    Figure("torch_compile_shakespeare", "train step against torch.compile, shakespeare_char size, T=64, B=12",
+           ("{python}", "-m", "parity.bench", "model", "--config", "experiments/configs/shakespeare_char.toml", "--batch",
+            "12", "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_shakespeare.json"),
+           "json:torch_compile_shakespeare.json", True),
+    Figure("parity", "JAX against the PyTorch reference over 100 float32 training steps",
+           ("{python}", "-m", "parity.check", "--steps", "100", "--json", "{out}/parity.json"), "json:parity.json", False),
+    Figure("decode", "decoding 256 tokens with and without the KV cache, quickstart model",
+           ("{python}", "-m", "jaxlm.bench", "decode", "--config", "experiments/configs/quickstart.toml", "--json",
+            "{out}/decode.json"), "json:decode.json", False),
+)
+
+
+def command(fig: Figure, out: Path) -> list[str]:
+    return [a.replace("{python}", sys.executable).replace("{out}", str(out)) for a in fig.argv]
+
+
+def read_result(fig: Figure, out: Path, stdout: str):
+    """What the command reports: a run's final numbers, the JSON file it wrote, or its last stdout line as JSON."""
+    kind, _, where = fig.result.partition(":")
+    if kind == "run":
+        return summarise_train(read_metrics(out / where / "metrics.jsonl"))
+    if kind == "json":
+        return read_json(out / where, default=None)
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+
+
+def measure(fig: Figure, out: Path) -> dict:
+    argv = command(fig, out)
+    before = host.describe()["load_avg_1m"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    return {"name": fig.name, "what": fig.what, "command": " ".join(argv), "returncode": proc.returncode,
+            "wall_s": round(wall, 2), "load_avg_1m": [before, host.describe()["load_avg_1m"]],
+            "cpu_dependent": fig.cpu_dependent, "result": read_result(fig, out, proc.stdout),
+            "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
+
+
+def summary(record: dict) -> str:
+    """The few numbers a README row needs, from a figure's result."""
+    r = record.get("result")
+    if isinstance(r, dict) and "eval_loss" in r:
+        return f"val loss {r['eval_loss']:.3f}"
+    if isinstance(r, dict) and isinstance(r.get("rows"), list):
+        speeds = [row["jax_torch_speed"] for row in r["rows"] if row.get("jax_torch_speed")]
+        times = {row["framework"]: row.get("step_ms") for row in r["rows"] if row.get("status") == "ok"}
+        return (f"jax {times.get('jax', 0):.1f} ms vs torch {times.get('torch', 0):.1f} ms"
+                + (f": {speeds[0]:.2f}x" if speeds else ""))
+    return json.dumps(r)[:160] if r is not None else "no result"
+
+
+def table(machine: dict, records: list[dict]) -> str:
+    lines = [f"Measured on {machine['cpu_model']} ({machine['cpus']} cores; {', '.join(machine['vector_extensions'])}):",
+             "", "| figure | wall | result | load before/after | depends on the CPU model | command |", "|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['what']} | {r['wall_s']:.1f} s | {summary(r)} | {r['load_avg_1m'][0]:.1f} / "
+                     f"{r['load_avg_1m'][1]:.1f} | {'yes' if r['cpu_dependent'] else 'speed only'} | `{r['command']}` |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.ArgumentParser(prog="python -m experiments.headline", formatter_class=cli.HelpFormatter, description=__doc__)
+    p.add_argument("--out", default="runs/headline", help="where the runs and headline.json go (a fresh one: the "
+                   "quickstart figure includes tokenising)")
+    p.add_argument("--only", nargs="+", choices=[f.name for f in FIGURES], help="measure these figures only")
+    p.add_argument("--dry-run", action="store_true", help="print the commands; run nothing")
+    args = p.parse_args(argv)
+    out = Path(args.out).absolute()
+    figures = [f for f in FIGURES if not args.only or f.name in args.only]
+    if args.dry_run:
+        print("\n".join(" ".join(command(f, out)) for f in figures))
+        return 0
+    cli.check_option(not (out / "quickstart").exists() or args.only is not None, "--out", args.out,
+                     "already holds a quickstart run: give a fresh directory so the quickstart starts from nothing")
+    os.makedirs(out, exist_ok=True)
+    machine = host.describe()
+    records = []
+    for f in figures:
+        print(f"[{f.name}] {f.what} ...", flush=True)
+        records.append(measure(f, out))
+        write_json(out / "headline.json", {"machine": machine, "figures": records})
+    print(table(machine, records))
+    return 0 if all(r["returncode"] == 0 for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

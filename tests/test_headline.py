@@ -1,0 +1,29 @@
+"""experiments.headline: the README's headline figures, re-measured in one sitting (commands and table only here)."""
+
+from experiments import headline
+from jaxlm import cli
+
+
+def test_dry_run_lists_every_figure_and_runs_nothing(tmp_path, capsys):
+    assert cli.run(headline.main, ["--dry-run", "--out", str(tmp_path / "h")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == len(headline.FIGURES) and not (tmp_path / "h").exists()
+    assert "-m jaxlm.train --set log.progress=false --config experiments/configs/quickstart.toml" in lines[0]
+    assert f'train.out_dir="{tmp_path}/h/quickstart"' in lines[0] and "--framework both" in lines[3]
+
+
+def test_results_are_read_from_what_each_command_writes(tmp_path):
+    (tmp_path / "quickstart").mkdir()
+    (tmp_path / "quickstart" / "metrics.jsonl").write_text('{"step": 600, "kind": "eval", "eval/loss": 1.2981}\n')
+    train, nanogpt = headline.FIGURES[0], headline.FIGURES[2]
+    assert headline.read_result(train, tmp_path, "")["eval_loss"] == 1.2981
+    assert headline.read_result(nanogpt, tmp_path, 'log line\n{"train_s": 69.4}\n') == {"train_s": 69.4}
+    rows = {"rows": [{"framework": "jax", "status": "ok", "step_ms": 25.9, "jax_torch_speed": 1.066},
+                     {"framework": "torch", "status": "ok", "step_ms": 27.6}]}
+    record = {"what": "step", "wall_s": 12.34, "result": rows, "load_avg_1m": [0.1, 0.4], "cpu_dependent": True,
+              "command": "python -m parity.bench model"}
+    assert headline.summary(record) == "jax 25.9 ms vs torch 27.6 ms: 1.07x"
+    machine = {"cpu_model": "Test CPU", "cpus": 2, "vector_extensions": ["avx2"]}
+    assert ("| step | 12.3 s | jax 25.9 ms vs torch 27.6 ms: 1.07x | 0.1 / 0.4 | yes | `python -m parity.bench model` |"
+            in headline.table(machine, [record]))
+    assert headline.table(machine, [record]).startswith("Measured on Test CPU (2 cores; avx2):")
