@@ -106,19 +106,21 @@ def mask_padding(logits: jax.Array, vocab_size) -> jax.Array:
     return jnp.where(jnp.arange(logits.shape[-1]) < vocab_size, logits, -jnp.inf)
 
 
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p) -> jax.Array:
+def sample_tokens(logits: jax.Array, keys, temperature, top_k, top_p) -> jax.Array:
     """logits (B, V), keys (B,) -> next tokens (B,) int32. temperature == 0: argmax (keys unused).
 
     Each `lax.cond` runs one branch: greedy is the argmax alone, and the sort behind top-k / top-p
     (a full sort of the vocabulary per row, a large part of a small model's CPU decode step) runs
-    only when one of them is on. A mask on the logits belongs at the top, before both branches.
+    only when one of them is on. `keys` may be a function returning them, called in the sampling
+    branch only, so greedy decoding skips deriving them. A mask on the logits belongs at the top,
+    before both branches.
     """
     logits = logits.astype(jnp.float32)  # (B, V)
 
     def draw(z):  # (B, V) -> (B,)
         z = z / jnp.maximum(temperature, 1e-6)
         z = jax.lax.cond((top_k > 0) | (top_p < 1.0), filter_logits, lambda z, k, p: z, z, top_k, top_p)
-        return jax.vmap(jax.random.categorical)(keys, z)
+        return jax.vmap(jax.random.categorical)(keys() if callable(keys) else keys, z)
 
     return jax.lax.cond(temperature > 0, draw, lambda z: jnp.argmax(z, axis=-1), logits).astype(jnp.int32)
 
@@ -156,7 +158,7 @@ class Request:
 
     def next_tokens(self, logits: jax.Array, step: jax.Array) -> jax.Array:
         """logits (B, V) -> (B,) tokens, drawn from each row's stream at `step`."""
-        keys = row_keys(self.seed_key, self.sample_ids, step)
+        keys = lambda: row_keys(self.seed_key, self.sample_ids, step)  # noqa: E731
         logits = mask_padding(logits.astype(jnp.float32), self.vocab_size)  # (B, V)
         return sample_tokens(logits, keys, self.temperature, self.top_k, self.top_p)
 
