@@ -6,8 +6,9 @@
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
 + activations. Activations are, per layer, the tensors the backward pass needs
-(counted below by component), the output head's logits, and under remat the
-working set of the one block being rebuilt.
+(counted below by component), the output head's logits (with a chunked loss,
+``compute.loss_chunk``, one block's: chunk x V instead of B x T x V), and under remat
+the working set of the one block being rebuilt.
 
 The per-component tensor counts are those of jaxlm's own forward (jaxlm.model,
 jaxlm.attention "xla"): which tensors `jax.grad` saves, less what XLA fuses away,
@@ -132,10 +133,11 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
 
 
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-                mode: str = "train_step", fused: bool | None = None) -> dict[str, float]:
+                mode: str = "train_step", fused: bool | None = None, devices: int = 1) -> dict[str, float]:
     """Activation bytes at the step's peak, by component, all layers (see the module docstring).
 
     fused: attention is a fused kernel keeping no T x T tensor (default: compute.attention == "cudnn").
+    devices: how many share the global batch (`batch` is each one's part; a chunked loss's block is split too).
     forward keeps nothing for a backward pass: one layer's tensors and the logits.
     """
     if mode not in MODES:
@@ -147,7 +149,9 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     if cfg.norm == "none":
         per_layer["norms"] = 0.0
     working = _per_token(WORKING, cfg, seq_len, a, fused)
-    logits = tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
+    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
+    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
+    logits = head_tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
     kept = _remat_saved(per_layer, cfg, seq_len, a, fused, compute.remat)
@@ -177,16 +181,25 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
     if mesh.fsdp and mesh.devices > 1:  # one layer's parameters gathered at a time
         state["FSDP gathered layer"] = DTYPE_BYTES[compute.dtype] * (p - cfg.vocab_size * cfg.d_model) / cfg.num_layers
     per_device = math.ceil(batch / mesh.devices)
-    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused), per_device)
+    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused, mesh.devices), per_device)
 
 
 def largest_batch(cfg: ModelConfig, seq_len: int, capacity: float, compute: ComputeConfig = ComputeConfig(),
                   mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None) -> int:
     """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does).
 
-    The estimate is affine in the per-device batch, so this is a division, not a search.
+    The estimate grows with the per-device batch (affine in it, but for a chunked loss's one block of
+    logits), so a doubling then a bisection finds it.
     """
-    one = estimate(cfg, mesh.devices, seq_len, compute, mode, mesh, fused)
-    per_seq = one.activation_total
-    room = capacity - one.state_total
-    return max(int(room // per_seq), 0) * mesh.devices if per_seq > 0 else 0
+    def fits(per_device: int) -> bool:
+        return estimate(cfg, per_device * mesh.devices, seq_len, compute, mode, mesh, fused).total <= capacity
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * mesh.devices

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
-from jaxlm.nn.model import TransformerLM, cross_entropy
+from jaxlm.nn.model import TransformerLM, lm_loss
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.step import TrainState, make_train_step, split_model
 from jaxlm.training.tracking import peak_memory_bytes
@@ -55,7 +55,7 @@ def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
     tokens, targets = batch_arrays(cfg, batch, context, seed)
 
     def loss_fn(p, r, x, y):
-        return cross_entropy(nnx.merge(graphdef, p, r)(x), y)
+        return lm_loss(nnx.merge(graphdef, p, r), x, y)
 
     if mode == "forward":
 

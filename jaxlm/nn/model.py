@@ -40,7 +40,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.sharding import constrain
-from jaxlm.nn import pipeline, scan
+from jaxlm.nn import loss, pipeline, scan
 from jaxlm.nn.attention import attention
 from jaxlm.nn.layers import (
     FFNS,
@@ -240,6 +240,10 @@ class TransformerLM(nnx.Module):
         positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
         deterministic=False turns dropout on (training).
         """
+        return self._head(self.hidden(tokens, positions, deterministic=deterministic))
+
+    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+        """tokens (B, T) int -> the last block's output (B, T, D), before the final norm (arguments as __call__)."""
         T = tokens.shape[-1]
         if T > self.cfg.context_length:
             raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
@@ -257,16 +261,21 @@ class TransformerLM(nnx.Module):
                 x = pipeline.pipeline(self.layers, fn, x, keys, policy, microbatches=self.microbatches)  # (B, T, D)
             else:
                 x, _ = scan.scan(self.layers, fn, x, keys, policy)  # (B, T, D)
-            return self._head(x)
+            return x
         block_fwd = _block_forward if policy is None else nnx.remat(_block_forward, policy=policy())
         for i, block in enumerate(self.layers):
             x = block_fwd(block, x, rope, None if keys is None else keys[i])  # (B, T, D)
-        return self._head(x)
+        return x
 
     def _head(self, x: jax.Array) -> jax.Array:
         """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""
-        if self.cfg.norm != "none":
-            x = self.ln_final(x)
+        return self.project(self.final_norm(x))
+
+    def final_norm(self, x: jax.Array) -> jax.Array:
+        return self.ln_final(x) if self.cfg.norm != "none" else x  # (B, T, D)
+
+    def project(self, x: jax.Array) -> jax.Array:
+        """The output projection (lm_head, or the tied embedding): (B, T, D) -> logits (B, T, V), compute dtype."""
         head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
         logits = dense(x, self.precision.cast(head[...]))  # (B, T, V)
         return constrain(logits, "batch", "seq", "vocab")
@@ -338,11 +347,7 @@ class KVCache:
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
-    logits = logits.astype(jnp.float32)  # (..., V)
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
-    lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[..., 0]  # (...,)
-    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # (...,)
-    return jnp.mean(lse - target_logit)
+    return jnp.mean(loss.token_nll(logits, targets))
 
 
 def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -350,9 +355,30 @@ def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
 
 
+def loss_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True,
+               accuracy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """Per-position cross-entropy (B, T) float32 (and argmax == target (B, T) with `accuracy`).
+
+    With ``compute.loss_chunk`` the head and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole
+    logits (B, T, V) never exist; otherwise from the whole logits. Both are the same function.
+    """
+    B, T = tokens.shape
+    x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
+    positions = model.compute.loss_positions(model.cfg.vocab_size, B, T)
+    if positions < T:
+        return loss.blockwise(x, targets, model.project, positions, accuracy)
+    return loss.token_terms(model.project(x), targets, accuracy)
+
+
 def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """Float32 mean cross-entropy of the model's next-token predictions."""
-    return cross_entropy(model(tokens, deterministic=deterministic), targets)
+    """Float32 mean cross-entropy of the model's next-token predictions (in blocks with compute.loss_chunk)."""
+    return jnp.mean(loss_terms(model, tokens, targets, deterministic=deterministic)[0])
+
+
+def lm_metrics(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
+    """Evaluation: {"loss", "accuracy"} means over the batch, no dropout (in blocks with compute.loss_chunk)."""
+    nll, correct = loss_terms(model, tokens, targets, accuracy=True)
+    return {"loss": jnp.mean(nll), "accuracy": jnp.mean(correct.astype(jnp.float32))}
 
 
 def count_params(model: nnx.Module, *, non_embedding: bool = False) -> int:

@@ -22,7 +22,7 @@ from flax import nnx
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
 from jaxlm.nn import quant
-from jaxlm.nn.model import TransformerLM, cross_entropy, token_accuracy
+from jaxlm.nn.model import TransformerLM, lm_loss, lm_metrics
 
 
 @jax.tree_util.register_dataclass
@@ -93,7 +93,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         rest = jax.tree.map(lambda v: v, rest)
         model = nnx.merge(graphdef, params, rest)
         model.set_attributes(deterministic=False, raise_if_not_found=False)  # LoRA adapter dropout
-        loss = cross_entropy(model(x, deterministic=False), y)
+        loss = lm_loss(model, x, y, deterministic=False)
         _, _, rest = split_model(model)  # dropout RNG counters advance
         return loss, rest
 
@@ -145,7 +145,6 @@ def make_eval_step(graphdef):
     """(state, x, y) -> {"loss", "accuracy"} means over the batch, no dropout."""
 
     def eval_step(state: TrainState, x, y):
-        logits = state.model(graphdef)(x, deterministic=True)
-        return {"loss": cross_entropy(logits, y), "accuracy": token_accuracy(logits, y)}
+        return lm_metrics(state.model(graphdef), x, y)
 
     return eval_step
