@@ -1,1 +1,6 @@
-"""Plans and runners that reproduce the curriculum's studies."""
+"""The lab: study plans and their runner, reports, the GPU campaign and the analytical answers.
+
+It may import jaxlm, parity and torchref; nothing imports it (docs/code.md). The plan format is
+`spec` (a run's fields) and `plan` (the file); `commands`, `device`, `estimate` and `run` execute
+it; `results` reads what runs leave; `report/`, `gpu/` and `answers` turn that into documents.
+"""

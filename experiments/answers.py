@@ -1,8 +1,9 @@
 """The curriculum's resource-accounting questions, answered: `python -m experiments.answers --out docs/answers.md`.
 
-Every number comes from `jaxlm.flops` (parameters, matmul FLOPs, the activation
-model, peak FLOP/s), so the answers and the MFU the benchmarks report share one
-convention. With `--bench` the measured questions (forward / backward time with
+Every number comes from `jaxlm.analysis.flops` (parameters, matmul FLOPs, peak FLOP/s)
+and `jaxlm.analysis.memory` (the activation model), so the answers and the MFU and memory
+the benchmarks report share one convention. It lives in the lab, not the library: it is a
+curriculum deliverable built on the library's analysis modules. With `--bench` the measured questions (forward / backward time with
 mean and std, feed-forward vs attention time against their FLOP ratio) are read
 from a `python -m jaxlm.bench model --json` result instead of being left open.
 """

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable
 
-from experiments.plan import RunSpec
+from experiments.spec import RunSpec
 
 
 @dataclass(frozen=True)

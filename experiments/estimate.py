@@ -21,15 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.commands import bench_overrides, train_overrides
 from experiments.device import Device, unmet_requirement
-from experiments.plan import (
-    Plan,
-    RunSpec,
-    bench_overrides,
-    load_plan,
-    plan_names,
-    train_overrides,
-)
+from experiments.plan import Plan, load_plan, plan_names
+from experiments.spec import RunSpec
 from jaxlm.analysis.flops import step_flops
 from jaxlm.core.config import Config, load_config
 

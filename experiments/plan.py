@@ -38,80 +38,32 @@ Errors raise `PlanError` naming the plan file and the offending key.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
-import math
 import re
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxlm.core.config import load_config, to_dict, toml_value
+from experiments.spec import (
+    SPEC_KEYS,
+    PlanError,
+    RunSpec,
+    check_keys,
+    normalise,
+    to_spec,
+)
 from jaxlm.core.errors import ConfigError
-
-
-class PlanError(ConfigError):
-    """A plan file is malformed; the message names the file and the key."""
-
-
-KINDS = ("train", "bench", "command")
-# What each kind needs, and which requirement names the runner knows (see run.REQUIREMENTS).
-REQUIREMENT_NAMES = ("gpu",)
+from jaxlm.core.typedconfig import flatten_tree, merge_trees, read_toml
 
 TOP_KEYS = {"plan", "defaults", "sizes", "runs", "report"}
 PLAN_KEYS = {"name", "description", "default_size", "include", "seeds"}
 SEED_KEY = "train.seed"  # the config field a plan's `seeds` sets on each train run
 SEED_AXIS = "seed"  # the axis that labels a run's seed; the report averages over it
-# Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
-SPEC_KEYS = {
-    "kind",  # train | bench | command
-    "config",  # train: base config TOML
-    "set",  # train / bench: dotted config overrides (`--set section.key=value`)
-    "args",  # bench / command: CLI arguments {flag: value}
-    "argv",  # command: the program and its arguments; {run_dir} and {python} are substituted, {seed} runs it per seed
-    "requires",  # "gpu": skipped (with the reason recorded) where no GPU is present
-    "reason",  # why the requirement exists, shown when skipped
-    "tokens",  # train: token budget; sets train.steps = round(tokens / (batch_size * context_length))
-    "timeout",  # seconds before the run is stopped and recorded as failed
-    "env",  # extra environment variables
-    "axes",  # explicit {axis: value} labels for the report (grid runs get them automatically)
-    "note",  # free text carried into result.json
-}
 # `seeded = false` keeps a train run out of the plan's seeds (one run, e.g. the pre-training that
 # every seeded fine-tune starts from).
 ENTRY_KEYS = SPEC_KEYS | {"name", "grid", "sizes", "only_sizes", "seeded"}
 AXIS_TABLE_KEYS = (SPEC_KEYS - {"axes"}) | {"label"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One concrete run: what to execute and how the report should label it."""
-
-    name: str
-    kind: str
-    config: str | None = None
-    set: dict[str, Any] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)
-    argv: list[str] = field(default_factory=list)
-    requires: str | None = None
-    reason: str | None = None
-    tokens: int | None = None
-    timeout: float | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    axes: dict[str, Any] = field(default_factory=dict)
-    note: str | None = None
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @property
-    def hash(self) -> str:
-        """Identifies what the run computes: a changed spec means old results are stale."""
-        keep = {k: v for k, v in self.to_dict().items() if k not in ("note", "timeout", "reason")}
-        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -136,32 +88,6 @@ class Plan:
         return chosen
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
-    """{"optim": {"lr": 1}} and {"optim.lr": 1} both become {"optim.lr": 1}."""
-    out: dict[str, Any] = {}
-    for k, v in table.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def merge(base: dict, over: dict) -> dict:
-    """Deep merge: tables merge key by key, everything else in `over` replaces."""
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
 def format_value(v: Any) -> str:
     """How an axis value appears in a run name: 0.001 -> '0.001', 1e-05 -> '1e-05', True -> 'true'."""
     if isinstance(v, bool):
@@ -172,37 +98,6 @@ def format_value(v: Any) -> str:
 
 
 # --------------------------------------------------------------------------- parsing
-
-
-def _check_keys(table: Any, allowed: set[str], where: str) -> dict:
-    if not isinstance(table, dict):
-        raise PlanError(f"{where}: expected a table, got {table!r}")
-    for k in table:
-        if k not in allowed:
-            raise PlanError(f"{where}: unknown key '{k}'; valid keys: {', '.join(sorted(allowed))}")
-    return table
-
-
-def _normalise(entry: dict, where: str) -> dict:
-    """Flatten `set` and check the types of the fields that have one."""
-    out = dict(entry)
-    if "set" in out:
-        if not isinstance(out["set"], dict):
-            raise PlanError(f"{where}.set: expected a table of overrides, got {out['set']!r}")
-        out["set"] = flatten(out["set"])
-    for key in ("args", "env", "axes"):
-        if key in out and not isinstance(out[key], dict):
-            raise PlanError(f"{where}.{key}: expected a table, got {out[key]!r}")
-    if "kind" in out and out["kind"] not in KINDS:
-        raise PlanError(f"{where}.kind: {out['kind']!r} is not one of {', '.join(KINDS)}")
-    if "requires" in out and out["requires"] not in REQUIREMENT_NAMES:
-        raise PlanError(f"{where}.requires: {out['requires']!r} is not one of {', '.join(REQUIREMENT_NAMES)}")
-    if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
-        raise PlanError(f"{where}.argv: expected a list of strings")
-    for key in ("tokens", "timeout"):
-        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or out[key] <= 0):
-            raise PlanError(f"{where}.{key}: expected a positive number, got {out[key]!r}")
-    return out
 
 
 def _grid_points(grid: Any, where: str) -> list[list[tuple[str, Any, dict]]]:
@@ -217,10 +112,10 @@ def _grid_points(grid: Any, where: str) -> list[list[tuple[str, Any, dict]]]:
         options = []
         for i, v in enumerate(values):
             if isinstance(v, dict):
-                _check_keys(v, AXIS_TABLE_KEYS, f"{w}[{i}]")
+                check_keys(v, AXIS_TABLE_KEYS, f"{w}[{i}]")
                 if "label" not in v:
                     raise PlanError(f"{w}[{i}]: a table value needs a 'label'")
-                fields = _normalise({k: x for k, x in v.items() if k != "label"}, f"{w}[{i}]")
+                fields = normalise({k: x for k, x in v.items() if k != "label"}, f"{w}[{i}]")
                 options.append((axis, v["label"], fields))
             elif "." in axis:
                 options.append((axis, v, {"set": {axis: v}}))
@@ -241,35 +136,6 @@ def _expand_name(template: str, labels: dict[str, Any], where: str) -> str:
     if not NAME_RE.match(name):
         raise PlanError(f"{where}.name: {name!r} is not a usable directory name (letters, digits, . _ = + -)")
     return name
-
-
-def _to_spec(name: str, fields: dict, where: str) -> RunSpec:
-    kind = fields.get("kind")
-    if kind is None:
-        raise PlanError(f"{where}: no 'kind' (set it in [defaults] or the run)")
-    if kind == "train" and not fields.get("config"):
-        raise PlanError(f"{where}: a train run needs 'config' (a base config TOML)")
-    if kind == "train" and fields.get("args"):
-        raise PlanError(f"{where}.args: a train run takes dotted 'set' overrides, not args {sorted(fields['args'])}")
-    if kind == "command" and not fields.get("argv"):
-        raise PlanError(f"{where}: a command run needs 'argv'")
-    if fields.get("tokens") and kind != "train":
-        raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
-    return RunSpec(
-        name=name,
-        kind=kind,
-        config=fields.get("config"),
-        set=dict(fields.get("set", {})),
-        args=dict(fields.get("args", {})),
-        argv=list(fields.get("argv", [])),
-        requires=fields.get("requires"),
-        reason=fields.get("reason"),
-        tokens=int(fields["tokens"]) if fields.get("tokens") else None,
-        timeout=fields.get("timeout"),
-        env={k: str(v) for k, v in fields.get("env", {}).items()},
-        axes=dict(fields.get("axes", {})),
-        note=fields.get("note"),
-    )
 
 
 PLANS_DIR = Path(__file__).parent / "plans"
@@ -293,11 +159,9 @@ def resolve_plan_path(plan: str | Path) -> Path:
 
 def _read_toml(path: Path) -> dict:
     try:
-        return tomllib.loads(path.read_text())
-    except OSError as e:
-        raise PlanError(f"{path}: cannot read: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PlanError(f"{path}: not valid TOML: {e}") from None
+        return read_toml(path)
+    except ConfigError as e:  # named as the plan's error, like every other problem of the file
+        raise PlanError(str(e)) from None
 
 
 def _read_with_includes(path: Path) -> dict:
@@ -314,18 +178,18 @@ def _read_with_includes(path: Path) -> dict:
         inc_data = _read_toml(inc)
         if "runs" in inc_data or "plan" in inc_data:
             raise PlanError(f"{inc} (included by {path}): an include holds [defaults], [sizes] or [report] only")
-        base = merge(base, _normalise_sets(inc_data))
-    return merge(base, _normalise_sets(data))
+        base = merge_trees(base, _normalise_sets(inc_data))
+    return merge_trees(base, _normalise_sets(data))
 
 
 def _normalise_sets(data: dict) -> dict:
     """Flatten the `set` tables of [defaults] and [sizes.*] so that includes merge key by key."""
     out = dict(data)
     if isinstance(out.get("defaults"), dict) and isinstance(out["defaults"].get("set"), dict):
-        out["defaults"] = {**out["defaults"], "set": flatten(out["defaults"]["set"])}
+        out["defaults"] = {**out["defaults"], "set": flatten_tree(out["defaults"]["set"])}
     if isinstance(out.get("sizes"), dict):
         out["sizes"] = {
-            k: {**v, "set": flatten(v["set"])} if isinstance(v, dict) and isinstance(v.get("set"), dict) else v
+            k: {**v, "set": flatten_tree(v["set"])} if isinstance(v, dict) and isinstance(v.get("set"), dict) else v
             for k, v in out["sizes"].items()
         }
     return out
@@ -333,7 +197,7 @@ def _normalise_sets(data: dict) -> dict:
 
 def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], where: str) -> list[RunSpec]:
     """One [[runs]] entry at one size: no run (not in `only_sizes`), one run, or one per grid point."""
-    _check_keys(entry, ENTRY_KEYS, where)
+    check_keys(entry, ENTRY_KEYS, where)
     if "name" not in entry or not isinstance(entry["name"], str):
         raise PlanError(f"{where}: every run needs a 'name' (a template like 'lr{{optim.lr}}' for a grid)")
     only = entry.get("only_sizes")
@@ -345,26 +209,26 @@ def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], whe
     if not isinstance(entry.get("seeded", True), bool):
         raise PlanError(f"{where}.seeded: expected true or false, got {entry['seeded']!r}")
     own_sizes = entry.get("sizes", {})
-    _check_keys(own_sizes, set(sizes), f"{where}.sizes")
-    fields = _normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
+    check_keys(own_sizes, set(sizes), f"{where}.sizes")
+    fields = normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
     grid = entry.get("grid")
     if size in own_sizes:
-        own = _check_keys(own_sizes[size], SPEC_KEYS | {"grid"}, f"{where}.sizes.{size}")
+        own = check_keys(own_sizes[size], SPEC_KEYS | {"grid"}, f"{where}.sizes.{size}")
         if "grid" in own:
-            grid = merge(grid or {}, own["grid"])
-        fields = merge(fields, _normalise({k: v for k, v in own.items() if k != "grid"}, f"{where}.sizes.{size}"))
-    fields = merge(base, fields)
+            grid = merge_trees(grid or {}, own["grid"])
+        fields = merge_trees(fields, normalise({k: v for k, v in own.items() if k != "grid"}, f"{where}.sizes.{size}"))
+    fields = merge_trees(base, fields)
     if grid is None:
-        return [_to_spec(_expand_name(entry["name"], {}, where), fields, where)]
+        return [to_spec(_expand_name(entry["name"], {}, where), fields, where)]
     runs = []
     for point in _grid_points(grid, where):
         labels = {axis: label for axis, label, _ in point}
         point_fields = fields
         for _, _, f in point:
-            point_fields = merge(point_fields, f)
-        point_fields = merge(point_fields, {"axes": labels})
+            point_fields = merge_trees(point_fields, f)
+        point_fields = merge_trees(point_fields, {"axes": labels})
         name = _expand_name(entry["name"], labels, where)
-        runs.append(_to_spec(name, point_fields, f"{where} -> {name}"))
+        runs.append(to_spec(name, point_fields, f"{where} -> {name}"))
     return runs
 
 
@@ -372,9 +236,9 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     """Parse a plan file and expand it for one size (default: the plan's `default_size`, else the first size)."""
     path = resolve_plan_path(plan)
     data = _read_with_includes(path)
-    _check_keys(data, TOP_KEYS, str(path))
-    meta = _check_keys(data.get("plan", {}), PLAN_KEYS, f"{path}: [plan]")
-    defaults = _normalise(_check_keys(data.get("defaults", {}), SPEC_KEYS, f"{path}: [defaults]"), f"{path}: [defaults]")
+    check_keys(data, TOP_KEYS, str(path))
+    meta = check_keys(data.get("plan", {}), PLAN_KEYS, f"{path}: [plan]")
+    defaults = normalise(check_keys(data.get("defaults", {}), SPEC_KEYS, f"{path}: [defaults]"), f"{path}: [defaults]")
 
     sizes_table = data.get("sizes", {})
     if not isinstance(sizes_table, dict):
@@ -386,7 +250,7 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     size_fields = {}
     if size in sizes_table:
         w = f"{path}: [sizes.{size}]"
-        size_fields = _normalise(_check_keys(sizes_table[size], SPEC_KEYS, w), w)
+        size_fields = normalise(check_keys(sizes_table[size], SPEC_KEYS, w), w)
 
     entries = data.get("runs")
     if not isinstance(entries, list) or not entries:
@@ -395,7 +259,7 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     if not isinstance(report, dict):
         raise PlanError(f"{path}: [report]: expected a table")
 
-    base = merge(defaults, size_fields)
+    base = merge_trees(defaults, size_fields)
     runs: list[RunSpec] = []
     unseeded: set[str] = set()
     for i, entry in enumerate(entries):
@@ -458,25 +322,3 @@ def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str] 
     return out
 
 
-def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:
-    """Optimizer steps that consume (about) `tokens` tokens at this batch shape."""
-    return max(1, math.ceil(tokens / (batch_size * context_length)))
-
-
-def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The run's `--set` overrides, with the token budget turned into steps and out_dir pointed at the run."""
-    overrides = {**spec.set, "train.out_dir": str(run_dir)}
-    if spec.tokens:
-        cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
-        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
-    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
-
-
-def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
-    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
-
-
-def bench_overrides(spec: RunSpec) -> list[str]:
-    """The model and compute overrides of a bench run: a plan's data/optim/train settings are left
-    out, so a bench run in a training plan measures the same model the training runs use."""
-    return [f"{k}={toml_value(v)}" for k, v in spec.set.items() if k.startswith(("model.", "compute."))]

@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
+from experiments.commands import BUILDERS, resolved_train_config
 from experiments.device import (
     Device,
     detect_device,
@@ -37,16 +37,7 @@ from experiments.estimate import (
     list_plans,
     plan_estimate,
 )
-from experiments.plan import (
-    Plan,
-    PlanError,
-    RunSpec,
-    bench_overrides,
-    load_plan,
-    plan_names,
-    resolved_train_config,
-    train_overrides,
-)
+from experiments.plan import Plan, PlanError, load_plan, plan_names
 from experiments.results import (
     DONE_STATUSES,
     RESULT,
@@ -55,11 +46,10 @@ from experiments.results import (
     read_metrics,
     summarise_train,
 )
+from experiments.spec import RunSpec
 from jaxlm import cli
 from jaxlm.core.files import read_json, write_json
 
-TRAIN_MODULE = "jaxlm.train"
-BENCH_MODULE = "jaxlm.bench"
 ERROR_TAIL_LINES = 40
 # Output of a training run that stopped on a non-finite loss (the train CLI's message).
 # The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
@@ -80,53 +70,6 @@ def git_info() -> dict:
 
 
 # --------------------------------------------------------------------------- commands per kind
-
-
-def cli_args(args: dict) -> list[str]:
-    """{"batch": [4, 8], "find_max_batch": True, "json": "x"} -> --batch 4 8 --find-max-batch --json x."""
-    out: list[str] = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            out.append(flag)
-        elif v is False or v is None:
-            continue
-        elif isinstance(v, list):
-            out += [flag, *map(str, v)]
-        else:
-            out += [flag, str(v)]
-    return out
-
-
-def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
-    for o in train_overrides(spec, run_dir):
-        argv += ["--set", o]
-    return argv
-
-
-def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args)]
-    for o in bench_overrides(spec):
-        argv += ["--set", o]
-    return argv + ["--json", str(run_dir / "bench.json")]
-
-
-def build_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    subs = {"{run_dir}": str(run_dir), "{python}": sys.executable}
-    argv = []
-    for a in spec.argv:
-        for k, v in subs.items():
-            a = a.replace(k, v)
-        argv.append(a)
-    return argv + cli_args(spec.args)
-
-
-BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
-    "train": build_train,
-    "bench": build_bench,
-    "command": build_command,
-}
 
 
 def validate(plan: Plan, plan_dir: Path) -> None:
@@ -280,19 +223,21 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
     result.update(collect(spec, run_dir))
     result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall, "max_rss_bytes": max_rss})
     result["host"]["load_avg_1m_end"] = os.getloadavg()[0]  # other work on the machine skews timings
-    tail = _tail(log_path, start)
-    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
+    return {**result, **outcome(spec, run_dir, rc, timed_out, _tail(log_path, start))}
+
+
+def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -> dict:
+    """The status of a finished child (failed, diverged or ok), with the reason and its output's tail."""
     if timed_out:
-        result.update(status="failed", reason=f"timed out after {spec.timeout:g} s", error_tail=tail)
-    elif spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
+        return {"status": "failed", "reason": f"timed out after {spec.timeout:g} s", "error_tail": tail}
+    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
+    if spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
         said = DIVERGED_RE.search(tail)
         line = tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said else "the loss became NaN/inf"
-        result.update(status="diverged", reason=line, error_tail=tail if rc else None)
-    elif rc != 0:
-        result.update(status="failed", reason=f"exit code {rc}", error_tail=tail)
-    else:
-        result["status"] = "ok"
-    return result
+        return {"status": "diverged", "reason": line, "error_tail": tail if rc else None}
+    if rc != 0:
+        return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
+    return {"status": "ok"}
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:

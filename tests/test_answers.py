@@ -1,4 +1,4 @@
-"""jaxlm.answers: the analytical answers against hand calculations, and the measured answers from a bench result."""
+"""experiments.answers: the analytical answers against hand calculations, and the measured answers from a bench result."""
 
 import json
 

@@ -217,8 +217,8 @@ def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
 
 
 def test_experiments_bench_runs_call_the_model_command(tmp_path):
-    from experiments.plan import RunSpec
-    from experiments.run import build_bench
+    from experiments.commands import build_bench
+    from experiments.spec import RunSpec
 
     spec = RunSpec(name="b", kind="bench", set={"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
                                                 "model.vocab_size": 67, "optim.lr": 1.0},

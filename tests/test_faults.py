@@ -373,6 +373,8 @@ INVOCATIONS = {
         ("run {bad_plan}", 2, "bogus"),
         ("run profiling --only zzz --dry-run", 2, "zzz"),
         ("report {tmp}/noplan", 2, "noplan"),
+        ("gpu --budget 60", 2, "no GPU here"),
+        ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
 }
 MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.generate", "bench": "jaxlm.bench",

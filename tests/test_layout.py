@@ -10,11 +10,11 @@ PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
 LAYERS = (("cli", "bench"), "training", ("nn", "data", "analysis"), "core")  # bench: the benchmark commands
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = REPO) -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
-        for path in (REPO / pkg).rglob("*.py"):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+        for path in (root / pkg).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -90,3 +90,64 @@ def test_jaxlm_imports_only_down_and_never_the_lab():
             elif layer(src) is not None and layer(dst) is not None and layer(dst) < layer(src):
                 upward.append(f"{src} -> {dst}")
     assert not upward, upward
+
+
+# Beside jaxlm: torchref stands alone, parity may import jaxlm and torchref, experiments (the lab) anything.
+MAY_IMPORT = {"jaxlm": {"jaxlm"}, "torchref": {"torchref"}, "parity": {"parity", "jaxlm", "torchref"},
+              "experiments": {"experiments", "jaxlm", "parity", "torchref"}}
+
+
+def test_packages_import_only_what_sits_below_them():
+    wrong = [f"{src} -> {dst}" for src, targets in import_graph().items() for dst in targets
+             if dst.split(".")[0] not in MAY_IMPORT[src.split(".")[0]]]
+    assert not wrong, wrong
+
+
+def private_imports(package: str, root: Path = REPO) -> list[str]:
+    """`from mod import _name` and `mod._name` where mod is another module of the project."""
+    mods, found = modules(root), []
+    for name, path in mods.items():
+        if not name.startswith(package):
+            continue
+        aliases = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "") in mods and node.module != name:
+                found += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+                aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in mods}
+            elif isinstance(node, ast.Import):
+                aliases |= {a.asname or a.name for a in node.names if a.name in mods}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                found.append(f"{name}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_name_checker_finds_a_crossing(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "__init__.py").write_text("")
+    (tmp_path / "experiments" / "a.py").write_text("def _helper(): pass\n_helper()\n")
+    (tmp_path / "experiments" / "b.py").write_text("from experiments.a import _helper\nfrom experiments import a\na._helper()\n")
+    assert private_imports("experiments", tmp_path) == ["experiments.b: from experiments.a import _helper", "experiments.b: a._helper"]
+
+
+def test_no_private_name_crosses_a_module_in_the_lab():
+    assert not private_imports("experiments") and not private_imports("parity")
+
+
+SIZED = ("experiments", "parity")  # jaxlm joins once its last long function is split
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_files_and_functions_stay_readable():
+    long = []
+    for pkg in SIZED:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            text = path.read_text()
+            if len(text.splitlines()) > MAX_FILE_LINES:
+                long.append(f"{path.relative_to(REPO)}: {len(text.splitlines())} lines")
+            long += [f"{path.relative_to(REPO)}:{n.lineno} {n.name}: {n.end_lineno - n.lineno + 1} lines"
+                     for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long

@@ -24,7 +24,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 
 def test_single_run_page_has_curves_numbers_and_a_256_token_sample(tiny_run, tmp_path):
-    from experiments.run_report import fluency
+    from experiments.report.run_page import fluency
     from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
     from jaxlm.training.checkpoint import load_for_generation
 
@@ -45,7 +45,7 @@ def test_single_run_page_has_curves_numbers_and_a_256_token_sample(tiny_run, tmp
 
 
 def test_fluency_measures_repetition():
-    from experiments.run_report import fluency
+    from experiments.report.run_page import fluency
 
     lines = fluency([1, 2] * 10, "a b c d " * 5)
     assert lines[0].startswith("11% of its 19 token bigrams") and "occurs 5 times" in lines[1]
@@ -126,7 +126,7 @@ def test_all_needs_out(tmp_path, capsys):
 
 
 def test_findings_of_every_plan_in_one_table_with_the_tally(tmp_path):
-    from experiments.written_report import findings_section
+    from experiments.report.written import findings_section
 
     for plan, verdicts in (("ablations", ["agree", "disagree"]), ("lr_sweep", ["agree"])):
         (tmp_path / "plans" / plan).mkdir(parents=True)
@@ -139,7 +139,7 @@ def test_findings_of_every_plan_in_one_table_with_the_tally(tmp_path):
 
 
 def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
-    from experiments.figures import before_after_bars
+    from experiments.report.figures import before_after_bars
 
     def bench(tech, tps, mem):
         return {"name": f"before_after_{tech}", "plan": "optimizations", "status": "ok", "kind": "bench", "axes": {"technique": tech},
@@ -158,7 +158,7 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
 
 
 def test_gpu_campaign_report_is_included(tmp_path):
-    from experiments.written_report import gpu_section
+    from experiments.report.written import gpu_section
 
     (tmp_path / "results" / "gpu").mkdir(parents=True)
     (tmp_path / "results" / "gpu" / "report.md").write_text("# GPU campaign\n\n## Attention\n\n![a](attention.png)\n")
@@ -168,7 +168,7 @@ def test_gpu_campaign_report_is_included(tmp_path):
 
 
 def test_html_renders_tables_inside_details(tmp_path):
-    from experiments.written_report import to_html
+    from experiments.report.written import to_html
 
     html = to_html("# t\n\n<details><summary>Every run</summary>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n</details>\n", tmp_path)
     assert "<summary>Every run</summary>" in html and "<td>1</td>" in html

@@ -17,6 +17,11 @@ metrics.jsonl, bench.json) into OUT/records, so the report can be rebuilt from a
 `python -m experiments.report docs/results/PLAN/records --out docs/results/PLAN`.
 
 Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise"),
-`compare` (per-run comparisons), `bench` (bench rows, memory fits), `findings` (the
-published findings and their checks), `plots`, `build` (the report itself).
+`compare` (per-run comparisons), `bench` (bench rows, memory fits), `backend` (what a CPU
+run can show of bfloat16 and remat), `parallel` and `peft` (those studies' tables),
+`findings` (the published findings and their checks), `plots`, `output` (the report's
+folder, matplotlib, PNGs), `build` (a plan's report). `run_page` writes one training run's
+page (`python -m experiments.report RUN_DIR`); `written` the written report from every plan
+(`--all`), with the required plots from `figures`. The command is `__main__`; this package
+exports nothing.
 """

@@ -3,9 +3,9 @@
 import sys
 from pathlib import Path
 
-from experiments import run_report
+from experiments.report import run_page
 from experiments.report.build import write_report
-from experiments.written_report import write_all
+from experiments.report.written import write_all
 from jaxlm import cli
 from jaxlm.core.errors import UsageError
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", metavar="ROOT", help="one written report (Markdown + HTML) from every plan under ROOT (runs/ or docs/results)")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report; with --all: required)")
     p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, bench.json) to OUT/records")
-    run_report.add_args(p)
+    run_page.add_args(p)
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else None
     if args.all:
@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         path = write_all(Path(args.all), out)
     elif args.plan_dir is None:
         raise UsageError("python -m experiments.report: give PLAN_DIR, a run directory, or --all ROOT --out DIR")
-    elif run_report.is_run_dir(Path(args.plan_dir)):
-        path = run_report.write_run_report(Path(args.plan_dir), out, args)
+    elif run_page.is_run_dir(Path(args.plan_dir)):
+        path = run_page.write_run_report(Path(args.plan_dir), out, args)
     else:
         path = write_report(Path(args.plan_dir), out, args.records)
     print(path)

@@ -23,9 +23,10 @@ from experiments.report.compare import (
     train_table,
 )
 from experiments.report.findings import findings_rows, findings_table
+from experiments.report.output import report_dir, shrink_png
 from experiments.report.parallel import parallel
 from experiments.report.peft import peft, quantization, quantize_rows
-from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis, shrink_png
+from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis
 from experiments.report.seeds import (
     NOISE_SE,
     baseline_of,
@@ -37,7 +38,7 @@ from experiments.report.seeds import (
 )
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
-from jaxlm.core.files import read_json, writable_dir_problem, write_json
+from jaxlm.core.files import read_json, write_json
 
 SPREAD_NOTE = (f"Values are the mean ± the sample standard deviation over seeds; a difference is *beyond noise* when the "
                f"difference of the means exceeds {NOISE_SE:g} standard errors (from the two settings' seed spreads, Welch's form; "
@@ -144,10 +145,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     runs = load_results(plan_dir)
     if not runs:
         raise DataError(f"{plan_dir}: no result.json under it; run the plan first (python -m experiments.run PLAN)")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise DataError(f"{out}: cannot hold the report: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
+    report_dir(out)
     meta = read_json(plan_dir / "plan.json", default={}) or {}
     cfg, name = meta.get("report", {}), meta.get("name", plan_dir.name)
     train_runs = [r for r in runs if r.get("kind") != "bench"]

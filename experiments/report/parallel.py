@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.report.format import table
+from experiments.report.output import COLOURS, pyplot
 from jaxlm.core.files import read_json
 
 
@@ -86,12 +87,10 @@ def _bubble(r: dict) -> str:
 
 def plot_memory(by_run: dict[str, list[dict]], out: Path) -> str | None:
     """Per-device state as a share of the replicated layout's, one panel per run that has one (MiB on the bars)."""
-    from experiments.report.plots import _plt
-
     panels = [(name, g, ref) for name, g in by_run.items() if (ref := _replicated(g)) and len(g) > 1]
     if not panels:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (name, group, ref) in zip(axes[0], panels):
         shares = [r["state_mb_per_device"] / ref["state_mb_per_device"] for r in group]
@@ -112,12 +111,10 @@ def plot_memory(by_run: dict[str, list[dict]], out: Path) -> str | None:
 
 def plot_bubble(rows: list[dict], out: Path) -> str | None:
     """Bubble fraction against micro-batches: GPipe's formula and the measured step-time loss, per layout."""
-    from experiments.report.plots import COLOURS, _plt
-
     timed = [r for r in rows if "bubble_measured" in r]
     if not timed:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for i, layout in enumerate(dict.fromkeys(r["layout"] for r in timed)):
         pts = sorted((r["microbatches"], r["bubble"], r["bubble_measured"]) for r in timed if r["layout"] == layout)

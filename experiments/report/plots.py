@@ -7,30 +7,10 @@ from pathlib import Path
 
 from experiments.plan import format_value
 from experiments.report.format import QUANTITIES, x_value
+from experiments.report.output import COLOURS, pyplot
 from experiments.report.seeds import Setting, group_settings
 from experiments.results import read_metrics, series
-from jaxlm.core.extras import require
 
-
-def _plt():
-    require("matplotlib").use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def shrink_png(path: Path, colours: int = 96) -> None:
-    """Re-encode a plot with an adaptive palette: line plots keep their look at a third of the bytes."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        if im.mode == "P":
-            return
-        small = im.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT)
-    small.save(path, optimize=True)
-
-
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 MAX_LINES = 8  # lines per panel; more settings make more panel rows
 X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)", "time": "wall time since the first log (s)"}
@@ -74,7 +54,7 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
     settings = [s for s in group_settings(runs) if _curve_runs(s)[0]]
     if not settings:
         return []
-    plt = _plt()
+    plt = pyplot()
     chunks = [settings[i : i + MAX_LINES] for i in range(0, len(settings), MAX_LINES)]
     written = []
     for by in bys:
@@ -155,7 +135,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         groups.setdefault(rest, []).append((sum(xs) / len(xs), s))
     if not groups:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axs = plt.subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
     for ax, q in zip(axs[0], ys):
         for k, (label, pts) in enumerate(groups.items()):

@@ -1,14 +1,14 @@
-"""Benchmarks, all behind `python -m jaxlm.bench WHAT` (model, data, decode, nanogpt, plot; docs/benchmarks.md).
+"""Benchmarks, all behind `python -m jaxlm.bench WHAT` (model, data, decode, parallel, plot; docs/benchmarks.md).
 
-The model-step sweep (jaxlm and torchref side by side: speed, FLOPs, MFU, memory):
+The model-step sweep (speed, FLOPs, MFU, memory; torchref rows beside them through `python -m parity.bench`):
 - core: `Setting`, `Options`, `run_sweep`, `run_one`, `find_max_batch`, `batch_fits`, table/JSON/CSV output
-- jax_side / torch_side: one row's measurement in each framework
+- jax_side: one row's measurement (the torch side: parity/bench_torch.py)
 - breakdown: attention vs feed-forward vs output head, timed standalone
-- memory: `--memory-profile` (pprof device-memory profiles, live buffers, torch snapshot)
+- memory_profile: `--memory-profile` (pprof device-memory profiles, live buffers)
 - plots: `plot_results(rows, out_dir)`
 - sweep: the `model` command
 The other commands: data (tokenizer and loader), decode (tokens/s with and without the
-KV cache), nanogpt (the torchref plain-loop baseline of the nanoGPT CPU recipe).
+KV cache), parallel (the train step on a device mesh, layouts).
 
 Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).

@@ -123,9 +123,18 @@ def copy_tree(d):
 
 
 def merge_trees(base: dict, top: dict) -> dict:
+    """Deep merge into a copy of `base`: tables merge key by key, anything else in `top` replaces."""
     out = copy_tree(base)
     for k, v in top.items():
-        out[k] = merge_trees(out.get(k, {}), v) if isinstance(v, dict) else v
+        out[k] = merge_trees(out[k] if isinstance(out.get(k), dict) else {}, v) if isinstance(v, dict) else v
+    return out
+
+
+def flatten_tree(tree: dict, prefix: str = "") -> dict:
+    """Dotted keys: {"optim": {"lr": 1}} and {"optim.lr": 1} both become {"optim.lr": 1}."""
+    out = {}
+    for k, v in tree.items():
+        out.update(flatten_tree(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
     return out
 
 

@@ -19,6 +19,7 @@ from jaxlm.core import sharding
 from jaxlm.core.config import ComputeConfig, Config, ModelConfig, to_dict, toml_value
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
 from jaxlm.core.files import writable_dir_problem
+from jaxlm.core.typedconfig import flatten_tree
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
@@ -81,7 +82,7 @@ def check_init_from(cfg: Config) -> None:
 
 def check_compatible(saved: Config, cfg: Config, run_dir: Path) -> None:
     """One CheckpointError naming every key the resumed run may not change (`model.d_model: checkpoint 128, config 64`)."""
-    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
+    old, new = flatten_tree(to_dict(saved)), flatten_tree(to_dict(cfg))
     keys = [k for k in sorted(old.keys() | new.keys()) if k.startswith(MUST_MATCH) and old.get(k) != new.get(k)]
     if (saved.optim.grad_clip > 0) != (cfg.optim.grad_clip > 0):  # clipping adds a state to the optimizer
         keys.append("optim.grad_clip")
@@ -89,13 +90,6 @@ def check_compatible(saved: Config, cfg: Config, run_dir: Path) -> None:
         shown = "; ".join(f"{k}: checkpoint {_show(old.get(k))}, config {_show(new.get(k))}" for k in keys)
         raise CheckpointError(f"{run_dir / 'config.toml'}: the saved run differs: {shown}; use the saved values to "
                               "resume it, or another train.out_dir to start a new run")
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
 
 
 def _show(value) -> str:

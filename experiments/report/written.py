@@ -19,15 +19,16 @@ import os
 import re
 from pathlib import Path
 
-from experiments import figures
 from experiments.plan import plan_names
+from experiments.report import figures
 from experiments.report.build import write_report
+from experiments.report.output import report_dir
 from experiments.results import load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.extras import require
-from jaxlm.core.files import read_json, writable_dir_problem
+from jaxlm.core.files import read_json
 
-TECHNIQUES_DIR = Path(__file__).resolve().parents[1] / "docs" / "techniques"
+TECHNIQUES_DIR = Path(__file__).resolve().parents[2] / "docs" / "techniques"
 TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "scanned-layers", "data-parallel",
               "fsdp", "tensor-parallel", "pipeline-parallel", "lora", "quantization", "kv-cache")
 PROFILING, TRADEOFFS = ("profiling",), ("optimizations",)
@@ -284,10 +285,7 @@ def write_all(root: Path, out: Path) -> Path:
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise DataError(f"--all {root}: no such directory; give runs/ or docs/results")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise DataError(f"--out {out}: cannot hold the report: {problem}")
-    out.mkdir(parents=True, exist_ok=True)
+    report_dir(out)
     text = "\n".join(build(root, out))
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(to_html(text, out))

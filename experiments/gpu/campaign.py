@@ -1,14 +1,16 @@
 """One command for a GPU: every GPU figure the curriculum asks for, inside one 9-minute call.
 
-    python -m experiments.gpu_campaign --dry-run          # the steps, their estimated H100 seconds, exit 0
-    python -m experiments.gpu_campaign                    # on a GPU: writes docs/results/gpu/
-    python -m experiments.gpu_campaign --smoke --out DIR  # every step at a tiny size (CPU is fine)
+    python -m experiments.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
+    python -m experiments.gpu                    # on a GPU only: writes docs/results/gpu/
+    python -m experiments.gpu --smoke [--out DIR]  # every step at a tiny size, any machine (default runs/gpu_smoke)
 
 Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
 ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
 remaining `--budget` is deferred with that reason; `--only NAME` runs chosen steps (e.g. the deferred ones in
-a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench); memory: the device's
-peak from its memory stats, next to jaxlm.memory's estimate. The steps live in experiments/gpu_steps.py and gpu_profile.py.
+a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after
+5 warm-up steps (jaxlm.bench); memory: the device's peak from its memory stats, next to jaxlm.memory's
+estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into docs/results/gpu/:
+its tiny-model figures are no GPU results.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ from pathlib import Path
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
 
 from jaxlm import cli  # noqa: E402
+from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
-DEFAULT_OUT = "docs/results/gpu"
+PROG = "python -m experiments.gpu"
+DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on a GPU only
+SMOKE_OUT = Path("runs/gpu_smoke")
+REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
 
 
 def steps():
     """The steps, most important first (imported on use: they load JAX)."""
-    from experiments.gpu_profile import estimate_profile, run_profile
-    from experiments.gpu_steps import (
+    from experiments.gpu.profile import estimate_profile, run_profile
+    from experiments.gpu.steps import (
         TARGET_VAL_LOSS,
         Step,
         estimate_attention,
@@ -92,7 +98,7 @@ def format_plan(rows, budget: float) -> str:
 
 def write_report(out: Path, results: dict, rows, meta: dict) -> None:
     """report.md: every step's section, or the reason it has none; results.json: everything."""
-    from experiments import gpu_report
+    from experiments.gpu.sections import section
 
     parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
              f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
@@ -106,7 +112,7 @@ def write_report(out: Path, results: dict, rows, meta: dict) -> None:
         elif "error" in res:
             parts += [f"Failed: {res['error']}", ""]
         else:
-            parts += [gpu_report.section(step.name, res), ""]
+            parts += [section(step.name, res), ""]
     atomic_write(out / "report.md", "\n".join(parts))
     atomic_write(out / "results.json", json.dumps({"meta": meta, "steps": results}, indent=1, default=str))
 
@@ -121,16 +127,15 @@ def _earlier(out: Path, smoke: bool) -> dict:
     return dict(data.get("steps", {})) if same else {}
 
 
-def run(args) -> int:
+def run(args, out: Path) -> int:
     import jax
 
-    from experiments import gpu_steps
+    from experiments.gpu.steps import Context
 
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = plan(steps(), args.budget, args.only, args.smoke)
-    ctx = gpu_steps.Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
-    meta = {"command": "python -m experiments.gpu_campaign " + " ".join(args.argv), "device": ctx.device,
+    ctx = Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
+    meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device,
             "jax": jax.__version__, "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke}
     results = _earlier(out, args.smoke)
     write_report(out, results, rows, meta)
@@ -151,15 +156,32 @@ def run(args) -> int:
     return 0
 
 
+def output_dir(args) -> Path:
+    """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
+    tiny-model figures are no GPU results and stay out of that report."""
+    if args.smoke:
+        out = Path(args.out) if args.out else SMOKE_OUT
+        report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
+        cli.check_option(not report, "--out", args.out,
+                         f"a --smoke run's tiny-model figures never go into {DEFAULT_OUT}/; give another --out")
+        return out
+    import jax
+
+    if jax.default_backend() != "gpu":
+        raise UsageError(f"{PROG}: no GPU here (JAX's backend is {jax.default_backend()}); run it on a GPU, "
+                         "or use --dry-run (the plan) or --smoke (every step at a tiny size, any machine)")
+    return Path(args.out) if args.out else DEFAULT_OUT
+
+
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog="python -m experiments.gpu_campaign", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
     parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
     parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,
                         help="seconds the whole call may take; steps that would not fit are deferred")
     parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="where report.md, results.json and STEP.json go")
+    parser.add_argument("--out", help=f"where report.md, results.json and STEP.json go (default: {DEFAULT_OUT}, "
+                        f"with --smoke {SMOKE_OUT})")
     args = parser.parse_args(argv)
     args.argv = argv
     names = [s.name for s in steps()]
@@ -168,7 +190,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
         return 0
-    return run(args)
+    return run(args, output_dir(args))
 
 
 if __name__ == "__main__":

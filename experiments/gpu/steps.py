@@ -1,8 +1,8 @@
-"""The GPU campaign's measuring steps (the order is `STEPS` in experiments/gpu_campaign.py).
+"""The GPU campaign's measuring steps (their order: `steps()` in experiments/gpu/campaign.py).
 
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
-section is in experiments/gpu_report.py. Sizes shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU;
-cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
+section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
+shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
 layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
 bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
@@ -296,15 +296,16 @@ def estimate_max_batch(smoke: bool) -> float:
     return 8.0 if smoke else 4 * 4 * _row_seconds(ModelConfig.from_name("small"), "train_step", "bfloat16", 32, 1024)
 
 
-# --------------------------------------------------------------------------- 5. profile, 6. shakespeare
+# --------------------------------------------------------------------------- 6. shakespeare (5. profile: profile.py)
 
 def run_shakespeare(ctx: Context) -> dict:
     """The shakespeare GPU recipe (experiments/plans/_shakespeare.toml, size gpu) as a `jaxlm.train`
     subprocess; time to the first evaluation with validation loss <= 1.47."""
-    from experiments.plan import _read_toml, flatten
+    from jaxlm.core.typedconfig import flatten_tree, read_toml
 
-    recipe = _read_toml(Path("experiments/plans/_shakespeare.toml"))
-    sets = {**flatten(recipe["defaults"].get("set", {})), **flatten(recipe["sizes"]["cpu" if ctx.smoke else "gpu"]["set"])}
+    recipe = read_toml(Path("experiments/plans/_shakespeare.toml"))
+    size = recipe["sizes"]["cpu" if ctx.smoke else "gpu"]["set"]
+    sets = {**flatten_tree(recipe["defaults"].get("set", {})), **flatten_tree(size)}
     run_dir = ctx.scratch / "shakespeare_run"
     sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
     if ctx.smoke:
@@ -342,7 +343,7 @@ def estimate_shakespeare(smoke: bool) -> float:
     return 30.0 if smoke else 120.0
 
 
-# --------------------------------------------------------------------------- report sections and plots
+# --------------------------------------------------------------------------- plots
 
 def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
     from jaxlm.bench import plot_results

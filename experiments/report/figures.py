@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from experiments.report.format import fmt, pct_change, value
-from experiments.report.plots import _plt, shrink_png
+from experiments.report.output import pyplot, shrink_png
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
@@ -34,7 +34,7 @@ def lines_by(rows: list[dict], x: str, y: str, fixed: tuple[str, ...]) -> dict[s
 
 
 def line_plot(lines: dict, xlabel: str, ylabel: str, path: Path, logx: bool = True) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         ax.plot(*zip(*pts), marker="o", label=label)
@@ -122,7 +122,7 @@ def before_after(runs: list[dict], out: Path) -> list[str]:
     if len(bars) < 2 or not qs:
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
     names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
-    plt = _plt()
+    plt = pyplot()
     fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
     for ax, (q, title, lower) in zip(axs[0], qs):
         ax.bar(range(len(names)), [bars[n].get(q, float("nan")) for n in names],

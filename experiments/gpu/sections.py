@@ -1,4 +1,4 @@
-"""Every GPU campaign step's Markdown section (the steps: experiments/gpu_steps.py, gpu_profile.py)."""
+"""Every GPU campaign step's Markdown section (the steps: experiments/gpu/steps.py, profile.py)."""
 
 from __future__ import annotations
 

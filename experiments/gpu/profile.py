@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from experiments.gpu_steps import TINY, Context, attention_fns
+from experiments.gpu.steps import TINY, Context, attention_fns
 
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10

@@ -1,0 +1,85 @@
+"""What each run executes: the child command of a train, bench or command run, and its overrides."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+from experiments.spec import RunSpec
+from jaxlm.core.config import load_config, to_dict, toml_value
+
+TRAIN_MODULE = "jaxlm.train"
+BENCH_MODULE = "jaxlm.bench"
+
+
+def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:
+    """Optimizer steps that consume (about) `tokens` tokens at this batch shape."""
+    return max(1, math.ceil(tokens / (batch_size * context_length)))
+
+
+def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The run's `--set` overrides, with the token budget turned into steps and out_dir pointed at the run."""
+    overrides = {**spec.set, "train.out_dir": str(run_dir)}
+    if spec.tokens:
+        cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
+        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
+    return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
+
+
+def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
+    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
+
+
+def bench_overrides(spec: RunSpec) -> list[str]:
+    """The model and compute overrides of a bench run: a plan's data/optim/train settings are left
+    out, so a bench run in a training plan measures the same model the training runs use."""
+    return [f"{k}={toml_value(v)}" for k, v in spec.set.items() if k.startswith(("model.", "compute."))]
+
+
+def cli_args(args: dict) -> list[str]:
+    """{"batch": [4, 8], "find_max_batch": True, "json": "x"} -> --batch 4 8 --find-max-batch --json x."""
+    out: list[str] = []
+    for k, v in args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, list):
+            out += [flag, *map(str, v)]
+        else:
+            out += [flag, str(v)]
+    return out
+
+
+def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
+    for o in train_overrides(spec, run_dir):
+        argv += ["--set", o]
+    return argv
+
+
+def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args)]
+    for o in bench_overrides(spec):
+        argv += ["--set", o]
+    return argv + ["--json", str(run_dir / "bench.json")]
+
+
+def build_command(spec: RunSpec, run_dir: Path) -> list[str]:
+    subs = {"{run_dir}": str(run_dir), "{python}": sys.executable}
+    argv = []
+    for a in spec.argv:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        argv.append(a)
+    return argv + cli_args(spec.args)
+
+
+BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
+    "train": build_train,
+    "bench": build_bench,
+    "command": build_command,
+}

@@ -1,0 +1,39 @@
+"""What every report writes into: its folder, headless matplotlib with one palette, and compact PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxlm.core.errors import UsageError
+from jaxlm.core.extras import require
+from jaxlm.core.files import writable_dir_problem
+
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+def report_dir(out: Path) -> Path:
+    """Create the report's folder, or stop with one line saying why it cannot hold the report."""
+    problem = writable_dir_problem(out)
+    if problem:
+        raise UsageError(f"{out}: cannot hold the report: {problem}; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), or one line naming the extra to install."""
+    require("matplotlib").use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def shrink_png(path: Path, colours: int = 96) -> None:
+    """Re-encode a plot with an adaptive palette: line plots keep their look at a third of the bytes."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if im.mode == "P":
+            return
+        small = im.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
