@@ -1,10 +1,14 @@
 from pathlib import Path
 
-import pytest
-import torch
+from jaxlm.core import platform
 
-from jaxlm.core.errors import DataError
-from jaxlm.data.corpora import corpus_files
+platform.prepare()  # as every command does: CPU and a quiet JAX start where a CUDA plugin has no GPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from jaxlm.core.errors import DataError  # noqa: E402
+from jaxlm.data.corpora import corpus_files  # noqa: E402
 
 # The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
 # threads and the other pytest-xdist worker (a 1 s test took 70 s that way).

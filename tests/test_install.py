@@ -19,8 +19,11 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras():
     core = " ".join(project["dependencies"])
     assert "torch" not in core and "matplotlib" not in core and "xprof" not in core
     opt = project["optional-dependencies"]
-    assert {"torch", "plots", "profile", "test", "cuda12", "cuda13"} <= set(opt)
-    assert any(d.startswith("jaxlm[") and all(e in d for e in ("torch", "plots", "profile")) for d in opt["test"])
+    assert {"torch", "plots", "profile", "gpu-compile", "test", "cuda12", "cuda13"} <= set(opt)
+    assert any(d.startswith("jaxlm[") and all(e in d for e in ("torch", "plots", "profile", "gpu-compile"))
+               for d in opt["test"])
+    # the CUDA plugin must match jaxlib exactly: jax's own cuda12-local extra pins it to jax's version
+    assert "jax[cuda12-local]" in opt["gpu-compile"]
 
 
 def test_the_library_imports_neither_its_reference_nor_its_lab():

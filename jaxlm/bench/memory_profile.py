@@ -125,15 +125,15 @@ def validation_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_validation(text: str, out: Path) -> None:
-    """Replace the table between the markers in `out` (or write a file holding only the table)."""
+def write_validation(text: str, out: Path, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Replace the table between the markers in `out` (or append it with its markers)."""
     from jaxlm.core.files import atomic_write
 
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
+    block = f"{begin}\n{text}\n{end}"
     old = out.read_text() if out.exists() else ""
-    if MARK_BEGIN in old and MARK_END in old:
-        head, rest = old.split(MARK_BEGIN, 1)
-        new = head + block + rest.split(MARK_END, 1)[1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1]
     else:
         new = (old.rstrip() + "\n\n" if old else "") + block + "\n"
     atomic_write(out, new)
@@ -144,10 +144,20 @@ def validate_main(argv: list[str]) -> int:
 
     parser = cli.ArgumentParser(prog="python -m jaxlm.memory validate", formatter_class=cli.HelpFormatter,
                                 description="Compare the memory estimate with XLA's memory_analysis() of the "
-                                            "compiled float32 train step on this machine's backend, row by row.")
+                                            "compiled float32 train step on this machine's backend, row by row; "
+                                            "with --target, with the GPU compiler's plan of each step.")
     parser.add_argument("--out", type=Path, help="write the table into this Markdown file (between its markers)")
-    parser.add_argument("--rows", type=cli.bounded(int, 1), default=len(VALIDATION_ROWS), help="first N rows only")
+    parser.add_argument("--rows", type=cli.bounded(int, 1), help="first N rows only (default: all)")
+    parser.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...")
+    parser.add_argument("--cache", type=Path, metavar="JSON", help="with --target: keep the compiled figures here "
+                        "and reuse them (per row, target and jax version)")
     args = parser.parse_args(argv)
+    if args.target:
+        from jaxlm.bench import gpu_validation
+
+        print(gpu_validation.validate(args.target, args.out, args.cache, args.rows))
+        return 0
+    args.rows = args.rows or len(VALIDATION_ROWS)
     rows = []
     for i, shape in enumerate(VALIDATION_ROWS[:args.rows]):
         rows.append(validation_row(*shape))

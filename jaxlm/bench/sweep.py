@@ -8,6 +8,8 @@ Examples:
   python -m jaxlm.bench model --preset small --context 1024 --mode train_step --dtype bfloat16 --find-max-batch
   python -m jaxlm.bench model --set model.d_model=64 --set model.num_layers=2 --context 64 --batch 1 1000 \\
       --memory-limit-gb 0.5          # the second row is marked OOM without running
+  python -m jaxlm.bench model --target h100-80gb --preset small --context 1024 --batch 8 --mode train_step \\
+      --dtype bfloat16 --remat none full --attention xla cudnn   # compiled for an H100 on any machine, no timing
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", metavar="N", type=int, help="CPU threads for both frameworks (torch.set_num_threads; XLA's "
                    "intra-op pool), for fair CPU comparisons on a shared machine (default: each framework's own)")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
+    g = p.add_argument_group("compile for a GPU instead of running (the gpu-compile extra; docs/memory.md)")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--target", metavar="GPU[:N]", help="compile every row for N of a known GPU (h100-80gb, h200, "
+                       "a100-40gb, a100-80gb, l4, rtx4090) and report the compiler's memory plan; nothing runs")
+    which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
 
 
 def check_args(args: argparse.Namespace, cfg: Config) -> None:
@@ -168,9 +175,40 @@ def write_outputs(args, rows: list[dict], meta: dict) -> None:
             print(f"wrote {path}")
 
 
+def compiled_sweep(args, cfg: Config, name: str) -> int:
+    """--target: every row compiled for the target GPU (train_step, or forward as the eval step); no timing."""
+    from jaxlm.bench import target as gpu
+
+    t = gpu.parse_target(args.target, args.target_config)
+    gpu.require_compiler()
+    cli.check_option(args.framework == "jax", "--framework", args.framework, "--target compiles JAX steps only")
+    for mode in args.mode:
+        cli.check_option(mode in ("train_step", "forward"), "--mode", mode,
+                         "with --target: train_step or forward (the eval step training runs)")
+    rows, meta = [], {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name,
+                      "label": t.label}
+    for s in settings_from(args, cfg.compute):
+        for context in args.context:
+            for batch in args.batch:
+                rows.append(gpu.bench_row(s, cfg, context, batch, t, name))
+                if args.find_max_batch and rows[-1]["status"] == "ok":
+                    shaped = gpu.setting_config(s, cfg, context, batch)
+                    rows[-1]["largest_batch"] = gpu.largest_batch(shaped, t, s.mode, limit=args.max_batch_limit)
+                if not args.quiet:
+                    r = rows[-1]
+                    what = f"{r['total_gb']:.3f} GB per GPU" if r["status"] == "ok" else r.get("error", "")
+                    print(f"[compiled] {s.label} T={context} B={batch}: {r['status']} {what}", flush=True)
+    print(f"\n{t.label}")
+    print(core.format_table(rows, gpu.BENCH_COLUMNS))
+    write_outputs(args, rows, meta)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = cli.load_config_from_args(args)
     check_args(args, cfg)
+    if args.target or args.target_config:
+        return compiled_sweep(args, cfg, args.preset or (Path(args.config).stem if args.config else "default"))
     if args.threads:
         set_cpu_threads(args.threads)
     from jaxlm.core.host import tune_for_cpu_backend

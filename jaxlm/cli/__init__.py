@@ -22,8 +22,11 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterator
 
+from jaxlm.core import platform
 from jaxlm.core.config import PRESETS, Config, help_config, load_config
 from jaxlm.core.errors import InternalError, UsageError, UserError
+
+platform.prepare()  # before any command imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
 
 TRACEBACK_FILE = "error.log"  # in the run directory, when the command has one
 

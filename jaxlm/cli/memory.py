@@ -1,7 +1,10 @@
-"""`python -m jaxlm.memory`: one step's memory per device and the largest batch that fits (jaxlm.analysis.memory).
+"""`python -m jaxlm.memory`: one step's memory per device and the largest batch that fits (jaxlm.analysis.memory),
+or, with --target, the GPU compiler's own plan for the step (jaxlm.bench.target).
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
+    python -m jaxlm.memory --target h100-80gb --preset small --context 1024 --batch 8 --dtype bfloat16 --json
     python -m jaxlm.memory validate --out docs/memory.md   # estimate vs XLA's memory_analysis() on CPU
+    python -m jaxlm.memory validate --target h100-80gb --out docs/memory.md   # ... vs the H100 compiler
 """
 
 from __future__ import annotations
@@ -55,8 +58,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     where = d.add_mutually_exclusive_group()
     where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory")
     where.add_argument("--memory", type=parse_size, metavar="SIZE", help="memory per device, e.g. 24GiB or 80GB")
-    d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True), default=DEFAULT_USABLE,
-                   help="share of the device's memory a step may plan for")
+    d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True),
+                   help=f"share of the device's memory a step may plan for (default: {DEFAULT_USABLE} for the "
+                        "estimate; with --target, JAX's allocator share XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unset)")
+    g = parser.add_argument_group("compile for a GPU, on any machine (the gpu-compile extra; docs/memory.md)")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument("--target", metavar="GPU[:N]",
+                       help="compile the step for N of a known GPU: h100-80gb, h200, a100-40gb, a100-80gb, l4, "
+                            "rtx4090 (N: the mesh of parallel.*) and report the compiler's plan")
+    which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
+    g.add_argument("--find-max-batch", action="store_true", help="with --target: the largest batch that fits, "
+                   "by compiling (a few compiles)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON instead of a table")
 
 
@@ -80,6 +92,7 @@ def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, m
            "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
            "state_bytes": est.state, "activation_bytes": est.activations, "peak_bytes": est.total}
     if capacity is not None:
+        usable = DEFAULT_USABLE if usable is None else usable
         out.update(device=device, capacity_bytes=capacity, usable=usable, fits=est.total <= capacity * usable,
                    largest_batch=largest_batch(cfg, context, capacity * usable, compute, mode, mesh))
     return out
@@ -111,6 +124,46 @@ activations by component) and the largest batch that fits a device (docs/memory.
 `python -m jaxlm.memory validate` compares the estimate with XLA's compiled memory_analysis() on CPU."""
 
 
+def target_report(args) -> dict:
+    """The compiled plan of the step the flags describe, for --target / --target-config, beside the estimate."""
+    from jaxlm.bench import target as gpu
+
+    t = gpu.parse_target(args.target, args.target_config)
+    gpu.require_compiler()
+    cli.check_option(args.devices in (1, t.count), "--devices", args.devices,
+                     f"with a target the GPU count comes from it ({t.name}:{t.count})")
+    model, compute, context, batch, _ = _configs(args)
+    cfg = gpu.with_shape(cli.load_config_from_args(args), batch, context, dtype=compute.dtype,
+                         remat=compute.remat, attention=compute.attention)
+    r = {"parameters": param_counts(model)["total"], "mode": args.mode, "context": context, "batch": batch,
+         "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
+         **gpu.compiled_row(cfg, t, args.mode, args.usable)}
+    est = estimate(model, batch, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1))
+    r["estimate_bytes"] = est.total
+    if args.find_max_batch:
+        r["largest_batch"] = gpu.largest_batch(cfg, t, args.mode, fraction=args.usable)
+    return r
+
+
+def format_target_report(r: dict) -> str:
+    gib = lambda x: f"{x / 2**30:.2f} GiB"  # noqa: E731
+    dtypes = ", ".join(f"{k} {v}" for k, v in r["matmul_dtypes"].items())
+    lines = [r["label"], f"step: {r['mode']}, batch {r['batch']}, context {r['context']}, {r['dtype']}, attention "
+             f"{r['attention']}, remat {r['remat']}; {r['parameters'] / 1e6:.1f}M parameters; compiled in "
+             f"{r['compile_s']:.1f} s", "", "bytes per GPU"]
+    lines += [f"  {k:10s} {gib(r[k + '_bytes']):>12s}" for k in ("argument", "output", "alias", "temp")]
+    lines += [f"  {'total':10s} {gib(r['total_bytes']):>12s}   (argument + output + temp - alias)",
+              f"  {'estimate':10s} {gib(r['estimate_bytes']):>12s}   (python -m jaxlm.memory without --target)", "",
+              f"matmuls {r['matmuls']} ({dtypes}); cuDNN attention calls {r['cudnn_attention_calls']}"]
+    if "collectives" in r:
+        lines.append("collectives (static count): " + ", ".join(f"{op} {c['count']}" for op, c in r["collectives"].items()))
+    lines.append(f"fits: {'yes' if r['fits'] else 'NO'} ({gib(r['total_bytes'])} of {gib(r['usable_bytes'])} usable: "
+                 f"{r['usable_fraction']:.2f} of {gib(r['capacity_bytes'])}, JAX's allocator share)")
+    if "largest_batch" in r:
+        lines.append(f"largest batch that fits: {r['largest_batch']} (by compiling)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "validate":
         from jaxlm.bench import memory_profile as bench_memory
@@ -120,6 +173,12 @@ def main(argv: list[str]) -> int:
                                 formatter_class=cli.HelpFormatter)
     add_args(parser)
     args = parser.parse_args(argv)
+    if args.target or args.target_config:
+        r = target_report(args)
+        print(json.dumps(r, indent=1) if args.json else format_target_report(r))
+        return 0
+    if args.find_max_batch:
+        raise UsageError("--find-max-batch: it compiles the step, so it needs --target or --target-config")
     cfg, compute, context, batch, mesh = _configs(args)
     capacity = DEVICES[args.device] if args.device else args.memory
     r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device)

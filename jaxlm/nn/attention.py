@@ -42,7 +42,10 @@ Implementations (``implementation=``):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -80,23 +83,46 @@ def visibility_mask(
 # --------------------------------------------------------------------------- cuDNN availability
 
 
-@functools.cache
-def _cuda_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the first NVIDIA GPU JAX sees, or None without one."""
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:  # no GPU backend at all
-        return None
+def _compute_capability(devices) -> tuple[int, int] | None:
+    """(major, minor) of the first NVIDIA GPU among `devices`, or None."""
     for d in devices:
         cc = getattr(d, "compute_capability", None)
-        if cc:
+        if d.platform == "gpu" and cc:
             major, minor = str(cc).split(".")[:2]
             return int(major), int(minor)
     return None
 
 
+@functools.cache
+def _attached_compute_capability() -> tuple[int, int] | None:
+    try:
+        return _compute_capability(jax.devices("gpu"))
+    except RuntimeError:  # no GPU backend at all
+        return None
+
+
+_TARGET: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("jaxlm_attention_target", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(devices) -> Iterator[None]:
+    """Inside the block the cuDNN guard asks `devices`, the GPUs a step is compiled for (a topology from
+    jax.experimental.topologies on a machine without one), instead of the attached devices."""
+    token = _TARGET.set(tuple(devices))
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+def _cuda_compute_capability() -> tuple[int, int] | None:
+    """The GPU the computation is built for: the target of `compiling_for`, else the attached GPU."""
+    target = _TARGET.get()
+    return _compute_capability(target) if target is not None else _attached_compute_capability()
+
+
 def cudnn_problem(dtype, head_dim: int) -> str | None:
-    """Why cuDNN fused attention cannot run `dtype` x `head_dim` on this machine, or None when it can."""
+    """Why cuDNN fused attention cannot run `dtype` x `head_dim` on the target GPU, or None when it can."""
     cc = _cuda_compute_capability()
     if cc is None:
         return f"needs an NVIDIA GPU with cuDNN, but JAX sees only {jax.default_backend()!r} devices"

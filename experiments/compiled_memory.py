@@ -1,0 +1,173 @@
+"""The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine (docs/results/compiled/).
+
+    python -m experiments.compiled_memory --target h100-80gb            # every section, cached compiles reused
+    python -m experiments.compiled_memory --only rtx5090 techniques-small
+
+Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
+of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
+target by jaxlm.bench.target: the GPU compiler's plan, not a measurement. Compiled figures
+are kept in docs/results/compiled/TARGET.json (shared with `python -m jaxlm.memory validate
+--target`), so the page regenerates without compiling what is already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jaxlm import cli
+from jaxlm.bench import target as gpu
+from jaxlm.bench.gpu_validation import CompileCache, validation_job
+from jaxlm.core.errors import UserError
+
+OUT_DIR = Path("docs/results/compiled")
+GIB = 2**30
+RTX5090 = ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024", "model.vocab_size=50257",
+           "model.tie_embeddings=true"]
+# (label, dtype, remat, attention, window): the memory techniques, alone and combined.
+TECHNIQUES = [("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
+              ("bfloat16 + remat full", "bfloat16", "full", "xla", None),
+              ("bfloat16 + remat dots_saveable", "bfloat16", "dots_saveable", "xla", None),
+              ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
+              ("bfloat16 + cuDNN + remat full", "bfloat16", "full", "cudnn", None),
+              ("bfloat16 + cuDNN + dots_saveable", "bfloat16", "dots_saveable", "cudnn", None),
+              ("bfloat16 + window 256", "bfloat16", "none", "xla", 256),
+              ("bfloat16 + cuDNN + window 256", "bfloat16", "none", "cudnn", 256)]
+
+
+def job(preset=None, context=1024, batch=8, dtype="bfloat16", remat="none", attention="xla", window=None,
+        mode="train_step", extra=()) -> dict:
+    """A compile job; without a window or extra keys, the same job (and cache entry) as the validation's."""
+    j = validation_job(preset, dtype, remat, attention, context, batch)
+    j["set"] += [*extra, *([f"model.window={window}"] if window else [])]
+    return {**j, "mode": mode}
+
+
+@dataclass
+class Section:
+    """One table: rows of (label, job); `reference` (a label) adds each row's reduction against it."""
+
+    name: str
+    title: str
+    text: str
+    rows: list[tuple[str, dict]] = field(default_factory=list)
+    reference: str | None = None
+    largest: bool = False  # also the largest batch that fits, by compiling
+
+
+def sections() -> list[Section]:
+    rtx = Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
+                  "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
+                  "embeddings, AdamW train step.", reference="float32, batch {b}")
+    for b in (32, 64, 128):
+        for label, dtype, remat, attention, window in (
+                ("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
+                ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
+                ("bfloat16 + cuDNN + window 16", "bfloat16", "none", "cudnn", 16),
+                ("bfloat16 + cuDNN + window 32", "bfloat16", "none", "cudnn", 32),
+                ("float32 + remat full", "float32", "full", "xla", None)):
+            rtx.rows.append((f"{label}, batch {b}", job(None, 256, b, dtype, remat, attention, window, extra=RTX5090)))
+    out = [rtx]
+    for preset, batch in (("small", 8), ("large", 2)):
+        s = Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
+                    f"The `{preset}` preset (vocabulary 10,000), AdamW train step.", reference="float32")
+        s.rows = [(label, job(preset, 1024, batch, d, r, a, w)) for label, d, r, a, w in TECHNIQUES]
+        out.append(s)
+    ctx = Section("context", "Memory against context length, `small`, batch 8",
+                  "bfloat16; the train step and the eval step (forward and loss, no gradients).")
+    ctx.rows = [(f"{mode}, {attention}, context {t}", job("small", t, 8, attention=attention, mode=mode))
+                for mode in ("train_step", "forward") for attention in ("xla", "cudnn") for t in (256, 512, 1024, 2048)]
+    bat = Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.")
+    bat.rows = [(f"{d}, batch {b}", job("small", 256, b, d)) for d in ("float32", "bfloat16") for b in (1, 8, 32, 64)]
+    mixed = Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
+                    "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).")
+    mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                  for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]
+    most = Section("largest-batch", "The largest batch that fits one H100, per technique, `small`, context 1024",
+                   "By compiling: an affine guess from two batch sizes, then a search around it.", largest=True)
+    most.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in TECHNIQUES[:6]]
+    big = Section("2.7B", "The 2.7B model's memory profile, batch 4",
+                  "The `2.7B` preset (32 layers, d_model 2560, vocabulary 10,000): the forward pass (the eval "
+                  "step) and the full AdamW train step, float32 and bfloat16 (mixed precision).")
+    big.rows = [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
+                for mode in ("forward", "train_step") for d in ("float32", "bfloat16") for t in (128, 256, 512)]
+    return [*out, ctx, bat, mixed, most, big]
+
+
+def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True) -> list[dict]:
+    """The section's rows: compiled now, or (compile=False) only those already in the cache."""
+    rows = []
+    for label, j in section.rows:
+        if not compile and not store.has(j, target):
+            rows.append({"label": label, "error": f"not compiled yet (--only {section.name})"})
+            continue
+        try:
+            r = {"label": label, **store.row(j, target, log=lambda m: print(f"[{section.name}] {m}", flush=True))}
+        except UserError as e:  # a setting the compiler or the config refuses: a row that says so
+            r = {"label": label, "error": str(e).splitlines()[0][:160]}
+        if section.largest and "error" not in r:
+            r["largest_batch"] = store.largest(j, target) if compile else "-"
+        rows.append(r)
+    return rows
+
+
+def table(section: Section, rows: list[dict]) -> str:
+    by_label = {r["label"]: r for r in rows}
+    head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"
+    extra = (" vs reference |" if section.reference else "") + (" largest batch |" if section.largest else "")
+    lines = [head + extra, "|---|" + "---:|" * (head.count("|") - 2 + extra.count("|"))]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['label']} | {r['error']} |")
+            continue
+        cells = [r["label"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
+                 f"{r['argument_bytes'] / GIB:.2f}", str(r["matmuls"]), str(r["cudnn_attention_calls"])]
+        if section.reference:
+            batch = r["label"].rsplit("batch ", 1)[-1]
+            ref = by_label.get(section.reference.format(b=batch))
+            cells.append(f"{100 * (r['total_bytes'] / ref['total_bytes'] - 1):+.0f}%" if ref and "error" not in ref
+                         else "-")
+        if section.largest:
+            cells.append(str(r["largest_batch"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
+    import jax
+
+    parts = [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
+             f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
+             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
+             "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
+             f"one {target.description} when its total is within JAX's allocator share, {gpu.DEFAULT_MEM_FRACTION} x "
+             f"{target.memory_bytes / GIB:.1f} GiB = {gpu.DEFAULT_MEM_FRACTION * target.memory_bytes / GIB:.1f} GiB. Regenerate with "
+             f"`python -m experiments.compiled_memory --target {target.name}`; docs/memory.md says how these "
+             "figures compare with the analytic estimate."]
+    for s, rows in done:
+        parts += ["", f"## {s.title}", "", s.text, "", table(s, rows)]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    names = [s.name for s in sections()]
+    p = cli.ArgumentParser(prog="python -m experiments.compiled_memory", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
+    p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.bench.target.TARGETS)")
+    p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
+    p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-memory.md)")
+    args = p.parse_args(argv)
+    target = gpu.parse_target(args.target)
+    gpu.require_compiler()
+    store = CompileCache(OUT_DIR / f"{target.name}.json")
+    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only)) for s in sections()]
+    out = args.out or OUT_DIR / f"{target.name}-memory.md"
+    out.write_text(page(target, done))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,151 @@
+"""Compiling training's step for a GPU on a machine without one (jaxlm.bench.target, the gpu-compile extra)."""
+
+import dataclasses
+import math
+
+import pytest
+
+from jaxlm.bench import target as gpu
+from jaxlm.core import platform
+from jaxlm.core.config import load_config
+from jaxlm.core.errors import DataError, MissingExtra, UsageError
+
+needs_compiler = pytest.mark.skipif(not platform.cuda_plugin_installed(),
+                                    reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
+
+HLO = """\
+%gemm_fusion_dot.1_computation (parameter_0: bf16[512,128], parameter_1: bf16[128,384]) -> bf16[512,384] {
+  %parameter_0 = bf16[512,128]{1,0} parameter(0)
+  %parameter_1 = bf16[128,384]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[512,384]{1,0} dot(%parameter_0, %parameter_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_computation (parameter_0: f32[8,64], parameter_1: f32[64,64]) -> f32[8,64] {
+  %parameter_0 = f32[8,64]{1,0} parameter(0)
+  %parameter_1 = f32[64,64]{1,0} parameter(1)
+  ROOT %dot.2 = f32[8,64]{1,0} dot(%parameter_0, %parameter_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (p0: bf16[4,128,2,64], p1: bf16[64,64], p2: bf16[64,64]) -> f32[] {
+  %p0 = bf16[4,128,2,64]{3,2,1,0} parameter(0)
+  %p1 = bf16[64,64]{1,0} parameter(1)
+  %p2 = bf16[64,64]{1,0} parameter(2)
+  %c = (bf16[64,64]{1,0}, s8[1024]{0}) custom-call(%p1, %p2), custom_call_target="__cublas$gemm"
+  %f = (bf16[4,2,128,64]{3,2,1,0}, f32[4,2,128]{2,1,0}) custom-call(%p0, %p0, %p0), custom_call_target="__cudnn$fmhaSoftmax"
+  %b = (bf16[4,2,128,64]{3,2,1,0}) custom-call(%p0, %p0), custom_call_target="__cudnn$fmhaSoftmaxBackward"
+}
+"""
+
+
+def test_program_facts_count_matmuls_by_operand_dtype_and_cudnn_calls():
+    facts = gpu.program_facts(HLO)
+    assert facts["matmul_dtypes"] == {"bf16xbf16": 2, "f32xf32": 1}  # two dots in fusions and one cuBLAS call
+    assert facts["matmuls"] == 3
+    assert facts["cudnn_calls"] == {"fmhaSoftmax": 1, "fmhaSoftmaxBackward": 1}
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 3, 7, 8, 9, 31, 100, 1000])
+@pytest.mark.parametrize("guess", [1, 2, 5, 9, 64, 2000])
+def test_search_largest_finds_the_threshold_from_any_guess(threshold, guess):
+    calls = []
+
+    def fits(k):
+        calls.append(k)
+        return k <= threshold
+
+    assert gpu.search_largest(fits, guess, limit=1000) == min(threshold, 1000)
+    assert len(calls) <= 2 * math.ceil(math.log2(1000)) + 2 and 1001 not in calls
+
+
+def test_targets_parse_with_a_count_and_unknown_names_are_one_line():
+    t = gpu.parse_target("h100-80gb:8")
+    assert (t.name, t.count, t.description, t.memory_bytes) == ("h100-80gb", 8, "NVIDIA H100 80GB HBM3", 84_942_979_072)
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in t.config and "core_count: 132" in t.config
+    with pytest.raises(UsageError, match="--target h900: unknown GPU; known: h100-80gb"):
+        gpu.parse_target("h900")
+    with pytest.raises(UsageError, match="positive integer"):
+        gpu.parse_target("h100-80gb:0")
+
+
+def test_a_target_config_file_is_read_and_checked(tmp_path):
+    f = tmp_path / "mygpu.txtpb"
+    f.write_text(gpu.TARGETS["l4"].config_text())
+    t = gpu.parse_target(None, f"{f}:2")
+    assert (t.name, t.count, t.description, t.memory_bytes) == ("mygpu", 2, "NVIDIA L4", 23_034 * 2**20)
+    (tmp_path / "bad.txtpb").write_text("platform_name: \"CUDA\"\n")
+    with pytest.raises(DataError, match="bad.txtpb: no device_memory_size"):
+        gpu.parse_target(None, tmp_path / "bad.txtpb")
+
+
+def test_without_the_extra_target_stops_naming_it(monkeypatch):
+    monkeypatch.setattr(platform, "cuda_plugin_installed", lambda: False)
+    with pytest.raises(MissingExtra, match=r"'gpu-compile' extra: pip install -e '\.\[gpu-compile\]'"):
+        gpu.require_compiler()
+
+
+TINY = ["model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=256",
+        "model.context_length=64", "data.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Four compiles of a tiny model for one H100: float32, bfloat16, bfloat16 + remat full, bfloat16 + cuDNN."""
+    t = gpu.parse_target("h100-80gb")
+    settings = {"f32": ('"float32"', '"none"', '"xla"'), "bf16": ('"bfloat16"', '"none"', '"xla"'),
+                "bf16_full": ('"bfloat16"', '"full"', '"xla"'), "cudnn": ('"bfloat16"', '"none"', '"cudnn"')}
+    out = {}
+    for name, (dtype, remat, attention) in settings.items():
+        cfg = load_config(None, [*TINY, f"compute.dtype={dtype}", f"compute.remat={remat}",
+                                 f"compute.attention={attention}"])
+        out[name] = gpu.compiled_row(cfg, t)
+    out["cfg"] = cfg
+    return out
+
+
+@needs_compiler
+def test_compiled_matmuls_run_in_the_compute_dtype(compiled):
+    assert set(compiled["f32"]["matmul_dtypes"]) == {"f32xf32"}
+    assert set(compiled["cudnn"]["matmul_dtypes"]) == {"bf16xbf16"}
+    bf16 = compiled["bf16"]["matmul_dtypes"]
+    assert bf16["bf16xbf16"] > 3 * bf16.get("f32xf32", 0)  # only the XLA attention's score gradients stay float32
+
+
+@needs_compiler
+def test_remat_full_lowers_temp_bytes_by_recomputing(compiled):
+    assert compiled["bf16_full"]["temp_bytes"] < 0.8 * compiled["bf16"]["temp_bytes"]
+    assert compiled["bf16_full"]["matmuls"] > compiled["bf16"]["matmuls"]  # the forward, again in the backward
+
+
+@needs_compiler
+def test_cudnn_attention_becomes_cudnn_calls(compiled):
+    assert compiled["cudnn"]["cudnn_attention_calls"] >= 4  # forward and backward of each of the 2 layers
+    assert compiled["bf16"]["cudnn_attention_calls"] == 0
+    assert "H100" in compiled["cudnn"]["label"] and "not measured" in compiled["cudnn"]["label"]
+
+
+@needs_compiler
+def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
+    """argument bytes = the train state's bytes (float32 parameters and AdamW moments, step, RNG) + 2 batches
+    of int32 tokens, counted from the abstract state; the state comes back aliased to its donated input."""
+    import jax
+
+    from jaxlm.core import sharding
+    from jaxlm.training.loop import build
+
+    cfg = compiled["cfg"]
+    built = build(cfg, sharding.make_mesh(devices=list(gpu.devices(gpu.parse_target("h100-80gb"))), cfg=cfg.parallel))
+    state = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(built.abstract))
+    row = compiled["cudnn"]
+    assert row["argument_bytes"] == state + 2 * 4 * 64 * 4
+    assert state - 16 <= row["alias_bytes"] <= state
+    assert row["total_bytes"] == row["argument_bytes"] + row["output_bytes"] + row["temp_bytes"] - row["alias_bytes"]
+    assert row["fits"] and row["usable_bytes"] == int(0.75 * 84_942_979_072)
+
+
+@needs_compiler
+def test_the_cudnn_guard_asks_the_target_not_the_machine():
+    cfg = load_config(None, [*TINY, 'compute.dtype="bfloat16"', 'compute.attention="cudnn"'])
+    older = dataclasses.replace(gpu.parse_target("h100-80gb"), name="old",
+                                config=gpu.TARGETS["h100-80gb"].config_text().replace("major: 9", "major: 7"))
+    with pytest.raises(Exception, match="compute capability \\(7, 0\\)"):
+        gpu.compile_step(cfg, older)
