@@ -138,7 +138,7 @@ def test_block_geometry_and_default():
     assert c(loss_chunk=2).loss_positions(V, 3, 13) == 1  # fewer tokens than rows: one position of each
     assert c(loss_chunk=39).loss_positions(V, 3, 13) == 13  # the whole batch: one block, the whole logits
     assert c(loss_chunk=0).loss_positions(50257, 128, 256) == 256
-    assert c().loss_chunk_for(50257) == 1024 and c().loss_chunk_for(32768) == 1024 and c().loss_chunk_for(32767) == 0
+    assert c().loss_chunk_for(50257) == 1024 and c().loss_chunk_for(32000) == 1024 and c().loss_chunk_for(31999) == 0
     with pytest.raises(ConfigError, match=r"loss_chunk = -1: must be >= 0 or unset"):
         c(loss_chunk=-1)
 

@@ -114,8 +114,8 @@ class ComputeConfig:
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
     loss_chunk: int | None = opt(
         None, "tokens per block of the LM head + cross-entropy, whose logits are recomputed in the backward pass "
-        "instead of kept; 0: whole logits; unset: 1024 from a 32,768-token vocabulary on (its logits outweigh the "
-        "rest of a small model's step), else 0 (docs/techniques/loss-chunking.md)")
+        "instead of kept; 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
+        "are a large share of a step's memory, at no cost in CPU step time), else 0 (docs/techniques/loss-chunking.md)")
 
     def __post_init__(self):
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
@@ -138,7 +138,7 @@ class ComputeConfig:
         return -(-seq // blocks)
 
 
-AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32768  # compute.loss_chunk unset: its value from this vocabulary on
+AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
 
 
 # --------------------------------------------------------------------------- presets

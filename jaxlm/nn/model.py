@@ -274,10 +274,14 @@ class TransformerLM(nnx.Module):
     def final_norm(self, x: jax.Array) -> jax.Array:
         return self.ln_final(x) if self.cfg.norm != "none" else x  # (B, T, D)
 
-    def project(self, x: jax.Array) -> jax.Array:
-        """The output projection (lm_head, or the tied embedding): (B, T, D) -> logits (B, T, V), compute dtype."""
-        head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        logits = dense(x, self.precision.cast(head[...]))  # (B, T, V)
+    def head_weight(self) -> jax.Array:
+        """The output projection's weight (V, D), float32: lm_head's, or the tied embedding's."""
+        return (self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight)[...]
+
+    def project(self, x: jax.Array, w: jax.Array | None = None) -> jax.Array:
+        """The output projection: (B, T, D) -> logits (B, T, V), compute dtype. w: the head weight (default: its own)."""
+        w = self.head_weight() if w is None else w
+        logits = dense(x, self.precision.cast(w))  # (B, T, V)
         return constrain(logits, "batch", "seq", "vocab")
 
     # ----------------------------------------------------------------------- KV cache (generation)
@@ -355,29 +359,29 @@ def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
 
 
-def loss_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True,
-               accuracy: bool = False) -> tuple[jax.Array, jax.Array | None]:
-    """Per-position cross-entropy (B, T) float32 (and argmax == target (B, T) with `accuracy`).
-
-    With ``compute.loss_chunk`` the head and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole
-    logits (B, T, V) never exist; otherwise from the whole logits. Both are the same function.
-    """
+def _final(model: TransformerLM, tokens: jax.Array, deterministic: bool) -> tuple[jax.Array, int]:
+    """The final norm's output (B, T, D) and the positions per block of the loss (T: the whole logits at once)."""
     B, T = tokens.shape
     x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
-    positions = model.compute.loss_positions(model.cfg.vocab_size, B, T)
-    if positions < T:
-        return loss.blockwise(x, targets, model.project, positions, accuracy)
-    return loss.token_terms(model.project(x), targets, accuracy)
+    return x, model.compute.loss_positions(model.cfg.vocab_size, B, T)
 
 
 def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """Float32 mean cross-entropy of the model's next-token predictions (in blocks with compute.loss_chunk)."""
-    return jnp.mean(loss_terms(model, tokens, targets, deterministic=deterministic)[0])
+    """Float32 mean cross-entropy of the model's next-token predictions. With ``compute.loss_chunk`` the head
+    and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole logits (B, T, V) never exist: the same function."""
+    x, positions = _final(model, tokens, deterministic)
+    if positions < tokens.shape[1]:
+        return loss.blockwise_mean(x, model.head_weight(), targets, model.project, positions)
+    return cross_entropy(model.project(x), targets)
 
 
 def lm_metrics(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
     """Evaluation: {"loss", "accuracy"} means over the batch, no dropout (in blocks with compute.loss_chunk)."""
-    nll, correct = loss_terms(model, tokens, targets, accuracy=True)
+    x, positions = _final(model, tokens, True)
+    if positions < tokens.shape[1]:
+        nll, correct = loss.blockwise(x, model.head_weight(), targets, model.project, positions, accuracy=True)
+    else:
+        nll, correct = loss.token_terms(model.project(x), targets, accuracy=True)
     return {"loss": jnp.mean(nll), "accuracy": jnp.mean(correct.astype(jnp.float32))}
 
 
