@@ -49,7 +49,7 @@ class Setting:
     attention: str = "xla"
     remat: str = "none"
     compile: bool = True  # torch.compile (JAX is always jitted)
-    compute: ComputeConfig = ComputeConfig()  # the config's other compute keys (scan_layers, loss_chunk), kept on JAX rows
+    compute: ComputeConfig = ComputeConfig()  # the config's other compute keys (scan_layers, loss_chunk): JAX rows
 
     def configs(self, base: ModelConfig, context: int) -> tuple[ModelConfig, ComputeConfig]:
         """The row's model (context raised to fit, window from `attention`) and how it runs.

@@ -138,14 +138,16 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
             out = compiled(*args)
             jax.block_until_ready(out)
             args = step.advance(args, out)
-        times = []
+        times, cpu0 = [], time.process_time()
         for _ in range(opts.steps):
             t = time.perf_counter()
             out = compiled(*args)
             jax.block_until_ready(out)
             times.append(time.perf_counter() - t)
             args = step.advance(args, out)
+        cpu = time.process_time() - cpu0
     del out, args
+    row["step_cpu_ms"] = 1e3 * cpu / opts.steps  # this process's CPU time per step: steadier than wall time under load
     row["step_ms"] = 1e3 * float(np.mean(times))
     row["step_ms_std"] = 1e3 * float(np.std(times))
     row["step_ms_median"] = 1e3 * float(np.median(times))

@@ -279,7 +279,7 @@ class TransformerLM(nnx.Module):
         return (self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight)[...]
 
     def project(self, x: jax.Array, w: jax.Array | None = None) -> jax.Array:
-        """The output projection: (B, T, D) -> logits (B, T, V), compute dtype. w: the head weight (default: its own)."""
+        """The output projection: (B, T, D) -> logits (B, T, V), compute dtype; w: the head weight (default: own)."""
         w = self.head_weight() if w is None else w
         logits = dense(x, self.precision.cast(w))  # (B, T, V)
         return constrain(logits, "batch", "seq", "vocab")
