@@ -6,7 +6,7 @@ dtype, so at bfloat16 the figures measure bfloat16's error against float32.
 Error measures (all "max over ..." so one bad element shows):
 - logits_max_rel_err: max |jax - torch| / max |torch| over the whole logits tensor
   (normwise; elementwise relative error is meaningless for logits near zero);
-- loss_abs_err: |loss_jax - loss_torch|;
+- loss_abs_err: |loss_jax - loss_torch|, jaxlm's loss being its training loss (in blocks with compute.loss_chunk);
 - grad_max_rel_err: max over parameters of max |g_jax - g_torch| / max |g_torch|;
 - train_loss_max_abs_diff: max over steps of |loss_jax(t) - loss_torch(t)| when both
   train with AdamW + warmup-cosine + clipping on identical batches (jaxlm through
@@ -38,7 +38,7 @@ from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfi
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import writable_dir_problem, write_json  # noqa: E402
 from jaxlm.core.host import tune_for_cpu_backend  # noqa: E402
-from jaxlm.nn.model import TransformerLM, cross_entropy  # noqa: E402
+from jaxlm.nn.model import TransformerLM, lm_loss  # noqa: E402
 from jaxlm.training.optim import make_optimizer  # noqa: E402
 from jaxlm.training.preflight import check_attention  # noqa: E402
 from jaxlm.training.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
@@ -111,11 +111,9 @@ def compare_forward(setup: Setup) -> dict[str, float | bool]:
     loss_t = torchref.cross_entropy(logits_t, y_t)
     loss_t.backward()
 
-    def loss_fn(m):
-        logits = m(jnp.asarray(x_np, jnp.int32))
-        return cross_entropy(logits, jnp.asarray(y_np, jnp.int32)), logits
-
-    (loss_j, logits_j), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    x_j, y_j = jnp.asarray(x_np, jnp.int32), jnp.asarray(y_np, jnp.int32)
+    loss_j, grads = nnx.value_and_grad(lambda m: lm_loss(m, x_j, y_j))(model)  # in blocks with compute.loss_chunk
+    logits_j = model(x_j)
     lt = logits_t.detach().cpu().double().numpy()
     lj = np.asarray(logits_j, dtype=np.float64)
     grad_j = _flat_grads(grads)
@@ -217,7 +215,8 @@ def main(argv=None) -> int:
     print(
         f"parity.check: d_model={m.d_model} layers={m.num_layers} heads={m.num_heads} vocab={m.vocab_size} "
         f"norm={m.norm} rope={m.rope} ffn={m.ffn} tied={m.tie_embeddings} window={m.window} "
-        f"dtype={c.dtype} attention={c.attention}"
+        f"dtype={c.dtype} attention={c.attention} loss blocks of "
+        f"{setup.batch} x {c.loss_positions(m.vocab_size, setup.batch, setup.seq)} tokens"
         + (f" lora rank={setup.lora.rank} alpha={setup.lora.alpha} targets={','.join(setup.lora.targets)}"
            if setup.lora.rank else "")
         + f"; batch={setup.batch} seq={setup.seq}; "

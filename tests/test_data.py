@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jaxlm.core.config import DataConfig
-from jaxlm.data import corpora, encode
+from jaxlm.data import corpora
+from jaxlm.data import prepare as prepare_module
 from jaxlm.data.bpe import DataError, save_vocab_merges, train_bpe
 from jaxlm.data.loader import eval_batches, get_batch, step_offsets, train_batches
 from jaxlm.data.prepare import (
@@ -67,8 +68,8 @@ def test_prepare_tokens_and_meta(prepared, docs):
 
 
 def test_parallel_prepare_equals_serial(docs, tmp_path, monkeypatch, prepared):
-    monkeypatch.setattr(encode, "_PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(encode, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(prepare_module, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(prepare_module, "_CHUNK_BYTES", 4096)
     prepare([str(p) for p in docs], "gpt2", tmp_path, workers=2, progress=False)
     for split in ("train", "val"):
         assert np.array_equal(tokens(tmp_path, split), tokens(prepared, split))

@@ -89,7 +89,7 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     from flax import nnx
 
     from jaxlm.core import sharding
-    from jaxlm.nn.model import cross_entropy
+    from jaxlm.nn.model import lm_loss
     from jaxlm.training.loop import build
 
     b = build(cfg, mesh)
@@ -98,7 +98,7 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     x, y = (sharding.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
 
     def loss(params, x, y):
-        return cross_entropy(nnx.merge(b.graphdef, params, state.rest)(x), y)
+        return lm_loss(nnx.merge(b.graphdef, params, state.rest), x, y)
 
     bsh = sharding.batch_sharding(mesh)
     fn = sharding.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
@@ -130,6 +130,9 @@ LAYOUTS = {
                 "lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16},
     "pp_qat": {"parallel.data": 4, "parallel.pipeline": 2, "parallel.microbatches": 2, "compute.scan_layers": "true",
                "qat.weight_bits": 8},
+    # the chunked loss with the vocabulary split over tensor (264 divides by 8): blocks of 6 and 3 positions, padded
+    "tp2_chunk": {"parallel.data": 4, "parallel.tensor": 2, "model.vocab_size": 264, "compute.loss_chunk": 100},
+    "tp4_chunk": {"parallel.data": 2, "parallel.tensor": 4, "model.vocab_size": 264, "compute.loss_chunk": 48},
 }
 
 

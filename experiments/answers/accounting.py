@@ -32,9 +32,10 @@ DEVICES = {d.name: d for d in (
     Device("a100-80gb", "A100", 80e9),
     Device("a100-40gb", "A100", 40e9),
 )}
-SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path
-    "float32, xla attention": ComputeConfig(),
-    "bfloat16, fused (cuDNN) attention": ComputeConfig(dtype="bfloat16", attention="cudnn"),
+SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
+    # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
+    "float32, xla attention": ComputeConfig(loss_chunk=0),
+    "bfloat16, fused (cuDNN) attention": ComputeConfig(dtype="bfloat16", attention="cudnn", loss_chunk=0),
 }
 
 
@@ -169,7 +170,7 @@ def memory_section(names: list[str], device: Device) -> list[str]:
         out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
                                               f"largest B in {device.memory_bytes / 1e9:g} GB"], rows)
     m = model("gpt2-xl")
-    fixed, per_seq = memory_terms(m, 1024, ComputeConfig())
+    fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 the expression is **{per_seq / 1e9:.4g} GB · batch_size + "
             f"{sum(fixed.values()) / 1e9:.4g} GB**: " + ", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()) + ".", ""]
     return out

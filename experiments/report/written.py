@@ -32,8 +32,8 @@ from jaxlm.core.extras import require
 from jaxlm.core.files import read_json
 
 TECHNIQUES_DIR = Path(__file__).resolve().parents[2] / "docs" / "techniques"
-TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "scanned-layers", "data-parallel",
-              "fsdp", "tensor-parallel", "pipeline-parallel", "lora", "quantization", "kv-cache")
+TECHNIQUES = ("mixed-precision", "remat", "flash-attention", "sliding-window", "loss-chunking", "scanned-layers",
+              "data-parallel", "fsdp", "tensor-parallel", "pipeline-parallel", "lora", "quantization", "kv-cache")
 PROFILING, TRADEOFFS = ("profiling",), ("optimizations",)
 EXTRAS = {"Parallelism": ("parallel", "fsdp", "tensor", "pipeline"), "LoRA and QLoRA": ("lora", "peft"),
           "Quantisation-aware training": ("qat", "quant")}  # a plan whose name contains one of these words

@@ -9,7 +9,8 @@ moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
 + activations. Activations are what the backward pass needs, by kind of tensor:
 D-wide and F-wide (feed-forward hidden) per layer and token, the attention scores
 (N x T x T per layer and sequence, none with cuDNN attention), the logits (V per
-token) and the embedding side (D per token).
+token; with a chunked loss, ``compute.loss_chunk``, one block's) and the embedding
+side (D per token).
 
 Two calibrations, because two compilers keep different tensors:
 - "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
@@ -186,9 +187,12 @@ def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
-def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool):
+def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
+                     head_share: float = 1.0):
+    """GPU_BYTES times gpu_features; head_share: the part of the tokens whose logits live at once (chunked loss)."""
     remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
     values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
+    values[3] *= head_share
     if fused:
         values[2] = 0.0  # a fused kernel keeps no T x T tensor
     where = "one layer (remat)" if remat == "full" else "layers"
@@ -198,10 +202,12 @@ def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: Comput
 
 
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-                mode: str = "train_step", fused: bool | None = None, backend: str = "gpu") -> dict[str, float]:
+                mode: str = "train_step", fused: bool | None = None, backend: str = "gpu",
+                devices: int = 1) -> dict[str, float]:
     """Activation bytes at the step's peak, by component, all layers (see the module docstring).
 
     fused: attention is a fused kernel keeping no T x T tensor (default: compute.attention == "cudnn").
+    devices: how many share the global batch (`batch` is each one's part; a chunked loss's block is split too).
     forward keeps nothing for a backward pass: one layer's tensors and the logits.
     """
     if mode not in MODES:
@@ -210,14 +216,16 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
-    if backend == "gpu" and mode != "forward":
-        return _gpu_activations(cfg, batch, seq_len, compute, fused)
     tokens = batch * seq_len
+    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
+    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
+    if backend == "gpu" and mode != "forward":
+        return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
     if cfg.norm == "none":
         per_layer["norms"] = 0.0
     working = _per_token(WORKING, cfg, seq_len, a, fused)
-    logits = tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
+    logits = head_tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
     remat = compute.remat_policy  # what the model applies: "none" is dots_saveable under scanned layers
@@ -251,16 +259,26 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
     if mesh.fsdp and mesh.devices > 1:  # one layer's parameters gathered at a time
         state["FSDP gathered layer"] = DTYPE_BYTES[compute.dtype] * (p - cfg.vocab_size * cfg.d_model) / cfg.num_layers
     per_device = math.ceil(batch / mesh.devices)
-    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused, backend), per_device)
+    return Estimate(state, activations(cfg, per_device, seq_len, compute, mode, fused, backend, mesh.devices),
+                    per_device)
 
 
 def largest_batch(cfg: ModelConfig, seq_len: int, capacity: float, compute: ComputeConfig = ComputeConfig(),
                   mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> int:
     """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does).
 
-    The estimate is affine in the per-device batch, so this is a division, not a search.
+    The estimate grows with the per-device batch (affine in it, but for a chunked loss's one block of
+    logits), so a doubling then a bisection finds it.
     """
-    one = estimate(cfg, mesh.devices, seq_len, compute, mode, mesh, fused, backend)
-    per_seq = one.activation_total
-    room = capacity - one.state_total
-    return max(int(room // per_seq), 0) * mesh.devices if per_seq > 0 else 0
+    def fits(per_device: int) -> bool:
+        return estimate(cfg, per_device * mesh.devices, seq_len, compute, mode, mesh, fused, backend).total <= capacity
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * mesh.devices

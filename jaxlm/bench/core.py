@@ -49,6 +49,7 @@ class Setting:
     attention: str = "xla"
     remat: str = "none"
     compile: bool = True  # torch.compile (JAX is always jitted)
+    compute: ComputeConfig = ComputeConfig()  # the config's other compute keys (scan_layers, loss_chunk): JAX rows
 
     def configs(self, base: ModelConfig, context: int) -> tuple[ModelConfig, ComputeConfig]:
         """The row's model (context raised to fit, window from `attention`) and how it runs.
@@ -60,7 +61,7 @@ class Setting:
         model = dataclasses.replace(base, context_length=max(context, base.context_length), window=window)
         if self.framework == "torch":
             return model, ComputeConfig(dtype=self.dtype, attention="xla" if impl == "xla" else "auto")
-        return model, ComputeConfig(dtype=self.dtype, attention=impl, remat=self.remat)
+        return model, dataclasses.replace(self.compute, dtype=self.dtype, attention=impl, remat=self.remat)
 
     @property
     def label(self) -> str:

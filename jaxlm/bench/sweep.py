@@ -93,7 +93,7 @@ def check_args(args: argparse.Namespace, cfg: Config) -> None:
             raise UserError(f"--attention: {e}") from None
 
 
-def settings_from(args) -> list[core.Setting]:
+def settings_from(args, compute: ComputeConfig) -> list[core.Setting]:
     frameworks = ["jax", "torch"] if args.framework == "both" else [args.framework]
     out = []
     for fw in frameworks:
@@ -102,7 +102,8 @@ def settings_from(args) -> list[core.Setting]:
             for dtype in args.dtype:
                 for attn in args.attention:
                     for remat in remats:
-                        out.append(core.Setting(fw, mode, dtype, attn, remat, compile=not args.no_compile))
+                        out.append(core.Setting(fw, mode, dtype, attn, remat, compile=not args.no_compile,
+                                                compute=compute))
     return out
 
 
@@ -188,7 +189,7 @@ def compiled_sweep(args, cfg: Config, name: str) -> int:
                          "with --target: train_step or forward (the eval step training runs)")
     rows, meta = [], {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name,
                       "label": t.label}
-    for s in settings_from(args):
+    for s in settings_from(args, cfg.compute):
         for context in args.context:
             for batch in args.batch:
                 rows.append(gpu.bench_row(s, cfg, context, batch, t, name))
@@ -220,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
     opts = core.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
                         peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
                         seed=args.seed, torch_optimizer=args.torch_optimizer)
-    settings = settings_from(args)
+    settings = settings_from(args, cfg.compute)
     meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads, "host": describe()}
     on_row = None if args.quiet else progress_line
     if args.find_max_batch:

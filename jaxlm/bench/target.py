@@ -182,10 +182,10 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step"):
     built = build(cfg, mesh)
     x = jax.ShapeDtypeStruct((cfg.data.batch_size, cfg.model.context_length), np.int32,
                              sharding=sharding.batch_sharding(mesh))
-    fn = built.step_fn if mode == "train_step" else built.eval_fn
+    fn, args = (built.step_fn, (x, x)) if mode == "train_step" else (built.eval_fn, (x, x, x.update(dtype=np.float32)))
     t0 = time.perf_counter()
     with compiling_for(gpus):
-        compiled = fn.lower(built.abstract, x, x).compile()
+        compiled = fn.lower(built.abstract, *args).compile()
     return compiled, time.perf_counter() - t0
 
 

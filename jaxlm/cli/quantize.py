@@ -61,10 +61,11 @@ def val_loss(model, cfg, eval_tokens: int) -> float:
     from flax import nnx
 
     from jaxlm.data.loader import eval_batches
+    from jaxlm.nn.model import lm_terms
     from jaxlm.training.step import eval_sums
 
     graphdef, state = nnx.split(model)
-    sums = jax.jit(lambda state, x, y, mask: eval_sums(nnx.merge(graphdef, state)(x), y, mask))
+    sums = jax.jit(lambda state, x, y, mask: eval_sums(*lm_terms(nnx.merge(graphdef, state), x, y), mask))
     data_dir = Path(cfg.data.dir)
     if not (data_dir / "val.bin").is_file():
         raise DataError(f"{data_dir}/val.bin: the run's validation data is missing (data.dir of its config.toml)")

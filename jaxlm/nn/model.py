@@ -39,7 +39,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.core.sharding import constrain
-from jaxlm.nn import pipeline, remat, scan
+from jaxlm.nn import loss, pipeline, remat, scan
 from jaxlm.nn.attention import attention
 from jaxlm.nn.layers import (
     FFNS,
@@ -248,6 +248,10 @@ class TransformerLM(nnx.Module):
         positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
         deterministic=False turns dropout on (training).
         """
+        return self._head(self.hidden(tokens, positions, deterministic=deterministic))
+
+    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+        """tokens (B, T) int -> the last block's output (B, T, D), before the final norm (arguments as __call__)."""
         T = tokens.shape[-1]
         if T > self.cfg.context_length:
             raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
@@ -273,10 +277,19 @@ class TransformerLM(nnx.Module):
 
     def _head(self, x: jax.Array) -> jax.Array:
         """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""
-        if self.cfg.norm != "none":
-            x = self.ln_final(x)
-        head = self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        logits = dense(x, self.precision.cast(head[...]))  # (B, T, V)
+        return self.project(self.final_norm(x))
+
+    def final_norm(self, x: jax.Array) -> jax.Array:
+        return self.ln_final(x) if self.cfg.norm != "none" else x  # (B, T, D)
+
+    def head_weight(self) -> jax.Array:
+        """The output projection's weight (V, D), float32: lm_head's, or the tied embedding's."""
+        return (self.token_embeddings.weight if self.cfg.tie_embeddings else self.lm_head.weight)[...]
+
+    def project(self, x: jax.Array, w: jax.Array | None = None) -> jax.Array:
+        """The output projection: (B, T, D) -> logits (B, T, V), compute dtype; w: the head weight (default: own)."""
+        w = self.head_weight() if w is None else w
+        logits = dense(x, self.precision.cast(w))  # (B, T, V)
         return constrain(logits, "batch", "seq", "vocab")
 
     # ----------------------------------------------------------------------- KV cache (generation)
@@ -348,20 +361,36 @@ class KVCache:
 # --------------------------------------------------------------------------- loss and metrics
 
 
-def token_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """logsumexp(logits) - logits[target] at every position, in float32 (stable: max subtracted)."""
-    logits = logits.astype(jnp.float32)  # (..., V)
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
-    lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[..., 0]  # (...,)
-    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # (...,)
-    return lse - target_logit  # (...,)
-
-
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean over all positions of the float32 cross-entropy."""
-    return jnp.mean(token_cross_entropy(logits, targets))
+    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
+    return jnp.mean(loss.token_nll(logits, targets))
 
 
 def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean of argmax(logits) == target, float32."""
     return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def _final(model: TransformerLM, tokens: jax.Array, deterministic: bool) -> tuple[jax.Array, int]:
+    """The final norm's output (B, T, D) and the positions per block of the loss (T: the whole logits at once)."""
+    B, T = tokens.shape
+    x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
+    return x, model.compute.loss_positions(model.cfg.vocab_size, B, T)
+
+
+def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """Float32 mean cross-entropy of the model's next-token predictions. With ``compute.loss_chunk`` the head
+    and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole logits (B, T, V) never exist: the same function."""
+    x, positions = _final(model, tokens, deterministic)
+    if positions < tokens.shape[1]:
+        return loss.blockwise_mean(x, model.head_weight(), targets, model.project, positions)
+    return cross_entropy(model.project(x), targets)
+
+
+def lm_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Evaluation, no dropout: the cross-entropy (B, T) float32 and argmax == target (B, T) at every position
+    (in blocks with compute.loss_chunk)."""
+    x, positions = _final(model, tokens, True)
+    if positions < tokens.shape[1]:
+        return loss.blockwise(x, model.head_weight(), targets, model.project, positions, accuracy=True)
+    return loss.token_terms(model.project(x), targets, accuracy=True)

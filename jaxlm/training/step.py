@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
-from jaxlm.nn.model import TransformerLM, cross_entropy, token_cross_entropy
+from jaxlm.nn.model import TransformerLM, lm_loss, lm_terms
 
 
 @jax.tree_util.register_dataclass
@@ -91,7 +91,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
         rest = jax.tree.map(lambda v: v, rest)
         model = nnx.merge(graphdef, params, rest)
         model.set_attributes(deterministic=False, raise_if_not_found=False)  # LoRA adapter dropout
-        loss = cross_entropy(model(x, deterministic=False), y)
+        loss = lm_loss(model, x, y, deterministic=False)
         _, _, rest = split_model(model)  # dropout RNG counters advance
         return loss, rest
 
@@ -139,11 +139,10 @@ def make_multi_step(train_step):
     return multi_step
 
 
-def eval_sums(logits: jax.Array, y: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-    """Sums over the scored targets (mask 1): summed, not averaged, so that batches of any size
-    and a padded last batch add up to the same totals."""
-    hit = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)  # (B, T)
-    return {"loss_sum": jnp.sum(token_cross_entropy(logits, y) * mask), "correct": jnp.sum(hit * mask),
+def eval_sums(nll: jax.Array, correct: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Sums over the scored targets (mask 1) of the cross-entropy and argmax == target, each (B, T): summed,
+    not averaged, so that batches of any size and a padded last batch add up to the same totals."""
+    return {"loss_sum": jnp.sum(nll * mask), "correct": jnp.sum(correct.astype(jnp.float32) * mask),
             "tokens": jnp.sum(mask)}
 
 
@@ -151,6 +150,6 @@ def make_eval_step(graphdef):
     """(state, x, y, mask) -> `eval_sums` of the batch, no dropout."""
 
     def eval_step(state: TrainState, x, y, mask):
-        return eval_sums(state.model(graphdef)(x, deterministic=True), y, mask)
+        return eval_sums(*lm_terms(state.model(graphdef), x, y), mask)
 
     return eval_step
