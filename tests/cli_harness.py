@@ -21,7 +21,9 @@ import warnings
 
 
 def run_one(module: str, args: list[str], cwd: str) -> dict:
-    """`python -m module *args` in `cwd`, in this process: its exit status and stderr."""
+    """`python -m module *args` in `cwd`, in this process: its exit status and stderr (the working directory
+    and sys.argv are restored afterwards, so a test calling this leaves its process as it found it)."""
+    here, argv = os.getcwd(), sys.argv
     os.chdir(cwd)
     sys.argv = [module, *args]
     err = io.StringIO()
@@ -36,6 +38,9 @@ def run_one(module: str, args: list[str], cwd: str) -> dict:
         except BaseException:  # what the interpreter does with an uncaught exception
             traceback.print_exc()
             code = 1
+        finally:
+            os.chdir(here)
+            sys.argv = argv
     return {"code": code, "stderr": err.getvalue()}
 
 
