@@ -21,17 +21,8 @@ from jaxlm.core.errors import ConfigError
 from jaxlm.core.oldkeys import migrate, migrate_override
 from jaxlm.core.presets import PRESETS
 from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
-    apply_overrides,
-    check_override,
-    dumps_toml,
-    from_dict,
-    help_config,
-    merge_trees,
-    parse_override,
-    read_toml,
-    to_dict,
-    toml_value,
-)
+    apply_overrides, blame, check_override, dumps_toml, from_dict, help_config, merge_trees, parse_override, read_toml,
+    to_dict, toml_value)
 
 
 def opt(default: Any, doc: str):
@@ -120,8 +111,8 @@ class ComputeConfig:
     scan_layers: bool = opt(
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
     loss_chunk: int | None = opt(
-        None, "tokens per block of the LM head + cross-entropy, whose logits are recomputed in the backward pass "
-        "instead of kept; 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
+        None, "tokens per block of the LM head + cross-entropy, so only one block's logits ever exist (each block's "
+        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
         "are a large share of a step's memory, at no cost in CPU step time), else 0 (docs/techniques/loss-chunking.md)")
 
     def __post_init__(self):
@@ -144,9 +135,6 @@ class ComputeConfig:
         blocks = -(-seq // max(1, chunk // batch))
         return -(-seq // blocks)
 
-
-AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
-
     @property
     def remat_policy(self) -> str:
         """The policy applied to each block (`jaxlm/nn/remat.py`) and priced by the memory estimator.
@@ -157,6 +145,9 @@ AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset
         temporaries 2411 vs 1266 MiB).
         """
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
+
+
+AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
 
 
 # --------------------------------------------------------------------------- training run
@@ -405,16 +396,5 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
     try:
         return from_dict(cls, apply_overrides(data, overrides))
     except ConfigError as e:
-        raise ConfigError(f"{_blame(str(e), path, overrides)}: {e}") from None
+        raise ConfigError(f"{blame(str(e), path, overrides)}: {e}") from None
 
-
-def _blame(message: str, path, overrides: list[str]) -> str:
-    """The --set flag that set the failing key, else the file (with the flags of the same section)."""
-    keys = [t.split("=", 1)[0].strip() for t in overrides]
-    exact = [t for t, k in zip(overrides, keys) if message.startswith(k + " ")]
-    if exact:
-        return f"--set {exact[-1]}"
-    section = message.split(".", 1)[0]
-    near = [t for t, k in zip(overrides, keys) if k.split(".", 1)[0] == section]
-    where = str(path) if path is not None else "defaults"
-    return where + "".join(f" with --set {t}" for t in near)

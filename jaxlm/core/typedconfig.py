@@ -198,3 +198,15 @@ def _type_name(tp) -> str:
     if origin in (list, tuple):
         return f"list of {_type_name(args[0])}" if args else "list"
     return getattr(tp, "__name__", str(tp))
+
+
+def blame(message: str, path, overrides: list[str]) -> str:
+    """The --set flag that set the failing key, else the file (with the flags of the same section)."""
+    keys = [t.split("=", 1)[0].strip() for t in overrides]
+    exact = [t for t, k in zip(overrides, keys) if message.startswith(k + " ")]
+    if exact:
+        return f"--set {exact[-1]}"
+    section = message.split(".", 1)[0]
+    near = [t for t, k in zip(overrides, keys) if k.split(".", 1)[0] == section]
+    where = str(path) if path is not None else "defaults"
+    return where + "".join(f" with --set {t}" for t in near)
