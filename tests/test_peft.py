@@ -165,6 +165,17 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
         np.testing.assert_allclose(b[k], a[k], atol=1e-6, err_msg=str(k))
 
 
+def test_scanned_lora_with_adapter_dropout_decodes():
+    """Decoding runs the layers inside its own compiled loop, where they are only read: the greedy tokens of
+    both layouts."""
+    from jaxlm.nn.decode import Generator, SamplingParams
+
+    kw = {"seed": 3, "lora": LoraConfig(rank=4, dropout=0.1)}
+    unrolled, scanned = (Generator(build_model(CFG, ComputeConfig(scan_layers=s), **kw)).generate(
+        [[1, 2, 3, 4]], 6, SamplingParams(temperature=0.0)).tokens for s in (False, True))
+    assert scanned == unrolled and len(unrolled[0]) == 6
+
+
 @pytest.mark.parametrize("override, message", [
     ("lora.rank=-1", "lora.rank = -1: must be >= 1"),
     ('lora.targets=["q_proj", "qkv"]', "lora.targets = 'qkv': unknown target"),

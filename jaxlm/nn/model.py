@@ -262,9 +262,9 @@ class TransformerLM(nnx.Module):
         keys = None
         if not deterministic and self.dropout_rngs is not None:
             keys = jax.random.split(self.dropout_rngs(), self.cfg.num_layers)  # (L,) keys
-        return self._head(self._blocks(x, rope, keys))
+        return self._blocks(x, rope, keys, train=not deterministic)  # (B, T, D)
 
-    def _blocks(self, x: jax.Array, rope, keys: jax.Array | None) -> jax.Array:
+    def _blocks(self, x: jax.Array, rope, keys: jax.Array | None, train: bool) -> jax.Array:
         """Every block on x (B, T, D) in the model's layer layout; `keys` (L,) dropout keys or None."""
         fn = remat.wrap(lambda b, h, k: (_block_forward(b, h, rope, k), None), self.compute)  # per layer
         if not self.compute.scan_layers:
@@ -273,7 +273,7 @@ class TransformerLM(nnx.Module):
             return x
         if pipeline.pipeline_stages() > 1:
             return pipeline.pipeline(self.layers, fn, x, keys, microbatches=self.microbatches)  # (B, T, D)
-        return scan.scan(self.layers, fn, x, keys)[0]  # (B, T, D)
+        return scan.scan(self.layers, fn, x, keys, advance_rngs=train)[0]  # (B, T, D)
 
     def _head(self, x: jax.Array) -> jax.Array:
         """Final norm and output projection: (B, T, D) -> logits (B, T, V)."""

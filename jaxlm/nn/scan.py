@@ -61,11 +61,12 @@ def relayout(model: nnx.Module, scanned: bool) -> None:
         model.layers = nnx.List(unstack(model.layers, model.cfg.num_layers))
 
 
-def scan(module: nnx.Module, fn: Callable, carry: Any, xs: Any = None):
+def scan(module: nnx.Module, fn: Callable, carry: Any, xs: Any = None, *, advance_rngs: bool = False):
     """carry, ys = lax.scan over the stacked layers: fn(layer_i, carry, xs_i) -> (carry, y_i).
 
-    What a layer changes of its own state (the RNG counters of LoRA's adapter dropout) is written
-    back to `module`, as the unrolled loop does.
+    advance_rngs (training): what the layers advanced of their own RNG streams (LoRA's adapter
+    dropout) is written back to `module`, as the unrolled loop does. Off, the layers are only read,
+    so `module` may come from outside the current trace (a decoding loop).
     """
     graphdef, state = nnx.split(module)
 
@@ -76,6 +77,6 @@ def scan(module: nnx.Module, fn: Callable, carry: Any, xs: Any = None):
         return c, (y, nnx.state(layer, nnx.RngState))
 
     carry, (ys, rng) = jax.lax.scan(body, carry, (state, xs))
-    if jax.tree.leaves(rng):
+    if advance_rngs and jax.tree.leaves(rng):
         nnx.update(module, rng)
     return carry, ys
