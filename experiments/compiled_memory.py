@@ -25,7 +25,8 @@ from jaxlm.core.errors import UserError
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
 RTX5090 = ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024", "model.vocab_size=50257",
-           "model.tie_embeddings=true"]
+           "model.tie_embeddings=true", "compute.loss_chunk=0"]  # the study's step: the whole logits
+GPT2_VOCAB = ["model.vocab_size=50257"]
 # (label, dtype, remat, attention, window): the memory techniques, alone and combined.
 TECHNIQUES = [("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
               ("bfloat16 + remat full", "bfloat16", "full", "xla", None),
@@ -69,7 +70,28 @@ def sections() -> list[Section]:
                 ("bfloat16 + cuDNN + window 32", "bfloat16", "none", "cudnn", 32),
                 ("float32 + remat full", "float32", "full", "xla", None)):
             rtx.rows.append((f"{label}, batch {b}", job(None, 256, b, dtype, remat, attention, window, extra=RTX5090)))
-    out = [rtx]
+    chunk = Section("loss-chunk", "The chunked loss at the RTX 5090 study's configuration",
+                    "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
+                    "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
+                    "the reduction is against float32 with the whole logits at the same batch.",
+                    reference="float32, whole logits, batch {b}")
+    for b in (32, 64, 128):
+        for label, dtype, remat, attention in (("float32", "float32", "none", "xla"),
+                                               ("bfloat16", "bfloat16", "none", "xla"),
+                                               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn"),
+                                               ("bfloat16 + remat full", "bfloat16", "full", "xla")):
+            for loss, c in (("whole logits", 0), ("chunked", 1024)):
+                extra = [*RTX5090[:-1], f"compute.loss_chunk={c}"]
+                chunk.rows.append((f"{label}, {loss}, batch {b}", job(None, 256, b, dtype, remat, attention,
+                                                                      extra=extra)))
+    gpt2 = Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
+                   "The presets with a 50,257-token vocabulary, bfloat16, context 1024, AdamW train step.",
+                   reference="{p}, whole logits")
+    for preset, batch in (("small", 8), ("large", 2)):
+        for loss, c in (("whole logits", 0), ("chunked", 1024)):
+            gpt2.rows.append((f"{preset}, {loss}", job(preset, 1024, batch,
+                                                       extra=[*GPT2_VOCAB, f"compute.loss_chunk={c}"])))
+    out = [rtx, chunk, gpt2]
     for preset, batch in (("small", 8), ("large", 2)):
         s = Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
                     f"The `{preset}` preset (vocabulary 10,000), AdamW train step.", reference="float32")
@@ -135,8 +157,8 @@ def table(section: Section, rows: list[dict]) -> str:
         cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
                  f"{r['argument_bytes'] / GIB:.2f}", str(r["matmuls"]), str(r["cudnn_attention_calls"])]
         if section.reference:
-            batch = r["setting"].rsplit("batch ", 1)[-1]
-            ref = by_label.get(section.reference.format(b=batch))
+            batch, preset = r["setting"].rsplit("batch ", 1)[-1], r["setting"].split(",")[0]
+            ref = by_label.get(section.reference.format(b=batch, p=preset))
             cells.append(f"{100 * (r['total_bytes'] / ref['total_bytes'] - 1):+.0f}%" if ref and "error" not in ref
                          else "-")
         if section.largest:
