@@ -4,3 +4,7 @@ It may import jaxlm, parity and torchref; nothing imports it (docs/code.md). The
 `spec` (a run's fields) and `plan` (the file); `commands`, `device`, `estimate` and `run` execute
 it; `results` reads what runs leave; `report/`, `gpu/` and `answers` turn that into documents.
 """
+
+from jaxlm.core import platform
+
+platform.prepare()  # before any of its commands imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
