@@ -73,7 +73,8 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
     kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
     train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
-    train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8}, **kw))
+    first = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8, "log.sample_tokens": 0}, **kw))
+    assert first["sample"] is None and '"sample"' not in (tmp_path / "cut" / "metrics.jsonl").read_text()  # 0: none
     out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
     full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
     assert sorted(cut) == list(range(1, 17))

@@ -237,7 +237,7 @@ class LogConfig:
     tensorboard: bool = opt(True, "write TensorBoard event files to RUN/tb")
     profile_steps: list[int] = opt([], "[first, last] global steps to trace with the XLA profiler; empty: none")
     sample_every: int = opt(0, "print a text sample every this many steps; 0: only at the end")
-    sample_tokens: int = opt(200, "tokens per sample")
+    sample_tokens: int = opt(200, "tokens per sample; 0: no samples")
     sample_prompt: str = opt("The ", "prompt of the samples")
     sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
     progress: bool = opt(True, "show a progress bar")

@@ -351,7 +351,7 @@ def on_schedule(loop: Loop, stop: StopFlag) -> bool:
     final = done == cfg.train.steps
     if done % cfg.train.eval_every == 0 or final:
         evaluate_and_log(loop)
-    if cfg.log.sample_every and done % cfg.log.sample_every == 0 and not final:
+    if cfg.log.sample_every and cfg.log.sample_tokens and done % cfg.log.sample_every == 0 and not final:
         write_sample(loop)
     if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
         if stop.signal is not None and loop.lead:
@@ -376,7 +376,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
             if on_schedule(loop, stop):
                 break
         drain(loop)
-        if loop.step == cfg.train.steps and not complete and stop.signal is None:
+        if loop.step == cfg.train.steps and not complete and stop.signal is None and cfg.log.sample_tokens:
             sample = write_sample(loop)
     finally:
         loop.close()  # waits for the last checkpoint: only then is it reported saved
