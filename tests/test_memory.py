@@ -110,7 +110,7 @@ def test_the_gpu_model_by_hand():
 
 def test_the_gpu_model_against_the_compiled_h100_figures():
     """The stored H100-compiled totals of the validation rows (docs/results/compiled, jax 0.10.2; nothing
-    compiles here): the GPU calibration keeps 32 of the 36 within 10 % and none beyond 20 % (docs/memory.md)."""
+    compiles here): the GPU calibration keeps 33 of the 36 within 10 % and none beyond 20 % (docs/memory.md)."""
     from jaxlm.bench import gpu_validation as gv
 
     stored = json.loads((Path(__file__).resolve().parents[1] / "docs/results/compiled/h100-80gb.json").read_text())
@@ -119,4 +119,4 @@ def test_the_gpu_model_against_the_compiled_h100_figures():
     rows = [{**dict(zip(gv.FIELDS, spec)), **by_job[json.dumps(gv.validation_job(*spec), sort_keys=True)]}
             for spec in gv.ROWS]
     errors = [abs(r["error"]) for r in gv.with_estimates(rows)]
-    assert len(errors) == 36 and max(errors) < 0.20 and sum(e <= 0.10 for e in errors) >= 32
+    assert len(errors) == 36 and max(errors) < 0.20 and sum(e <= 0.10 for e in errors) >= 33
