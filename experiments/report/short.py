@@ -20,8 +20,7 @@ from jaxlm.core.files import read_json
 
 TEMPLATE = Path(__file__).with_name("template.md")
 TECHNIQUES_INDEX = Path(__file__).resolve().parents[2] / "docs" / "techniques" / "index.md"
-GPU_COMMANDS = ("`python -m experiments.gpu` (attention kernels, bench tables in both dtypes, techniques, largest "
-                "batch, profile) and `python -m experiments.run profiling --size gpu`")
+GPU_COMMANDS = "`python -m experiments.gpu` and `python -m experiments.run profiling --size gpu`"
 TARGET_COMMAND = "`python -m experiments.compiled_memory --target h100-80gb` (the memory questions compiled for an H100)"
 
 
@@ -339,7 +338,7 @@ def build(root: Path, out: Path, runs: list[dict], plans: list[str], missing: li
                                          f"{len(runs)} run records of {len(plans) - len(missing)} plans; every number is "
                                          "computed from them or from the library's analytic models, none typed in."),
              "corpora": corpora(runs, corpus), "models": models(runs), "seeds": seeds(runs),
-             "records": f"`result.json`, `metrics.jsonl` and benchmark JSON under `{root}`",
+             "records": f"under `{root}`",
              "host": host(runs), "gpu": gpu_short(runs, root, out), "techniques": techniques(docs),
              "mem_batch": measured(rows, "profiling", "linearly with batch", "profiling", first=True),
              "mem_context": measured(rows, "profiling", "faster than linearly", "profiling", first=True),
