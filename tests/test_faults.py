@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -281,13 +282,14 @@ def _limited(max_bytes: int, module: str, args: list[str]) -> subprocess.Complet
 
 
 def test_a_failed_checkpoint_save_ends_in_one_line_without_hanging(corpus, tmp_path):
-    """A full disk (a file size limit) at the first save: exit 1 within the timeout, one line naming
-    checkpoints/ and the cause, orbax's tracebacks only in RUN/error.log."""
+    """A full disk (a file size limit): exit 1 within the timeout, one line naming checkpoints/ and the cause,
+    orbax's tracebacks only in RUN/error.log. Which save fails first depends on how orbax splits the state into
+    files (its writes are concurrent), so either of the two."""
     run = tmp_path / "run"
     r = _limited(200_000, "jaxlm.train", _sets(tiny_overrides(corpus, run, **{"train.steps": 4, "checkpoint.every": 2})))
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert f"{run}/checkpoints: saving checkpoint 2 failed: File too large" in errors[0]
+    assert re.search(rf"{re.escape(str(run))}/checkpoints: saving checkpoint [24] failed: File too large", errors[0])
     assert "Traceback" in (run / "error.log").read_text()
 
 

@@ -86,9 +86,8 @@ def test_evaluation_loss_and_accuracy_unchanged():
     np.testing.assert_allclose(nll1, nll0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compute", [dict(remat="full"), dict(remat="dots_saveable", scan_layers=True),
-                                     dict(remat="offload"), dict(scan_layers=True)],
-                         ids=["full", "dots_saveable-scan", "offload", "scan"])
+@pytest.mark.parametrize("compute", [dict(remat="full"), dict(remat="dots_saveable", scan_layers=True)],
+                         ids=["full", "dots_saveable-scan"])
 def test_remat_and_scanned_layers(compute):
     cfg, (x, y) = cfg_for(), batch()
     l0, g0 = loss_and_grads(build(cfg, 0, **compute), x, y)

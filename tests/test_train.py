@@ -182,26 +182,21 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp", "pp_lora"]
-CHUNK_LAYOUTS = ["tp2_chunk"]
+FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp", "pp_lora", "tp2_chunk"]
 
 
 def test_mesh_layouts_on_8_devices_equal_one_device():
-    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data, QLoRA through the pipeline."""
+    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data, QLoRA through the pipeline, and
+    compute.loss_chunk under tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4: the
+    extended test)."""
     _check_layouts(FAST_LAYOUTS)
-
-
-def test_chunked_loss_with_the_vocabulary_split_over_tensor_equals_one_device():
-    """compute.loss_chunk under tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4:
-    the extended test)."""
-    _check_layouts(CHUNK_LAYOUTS)
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
     """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages), QAT through
     the pipeline, the chunked loss under tensor = 4."""
-    _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS + CHUNK_LAYOUTS])
+    _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
 
 
 def _free_port() -> int:
