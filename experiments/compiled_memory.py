@@ -24,8 +24,9 @@ from jaxlm.core.errors import UserError
 
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
-RTX5090 = ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024", "model.vocab_size=50257",
-           "model.tie_embeddings=true", "compute.loss_chunk=0"]  # the study's step: the whole logits
+RTX5090_MODEL = ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
+                 "model.vocab_size=50257", "model.tie_embeddings=true"]
+RTX5090 = [*RTX5090_MODEL, "compute.loss_chunk=0"]  # the study's step: the whole logits
 GPT2_VOCAB = ["model.vocab_size=50257"]
 # (label, dtype, remat, attention, window): the memory techniques, alone and combined.
 TECHNIQUES = [("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
@@ -81,7 +82,7 @@ def sections() -> list[Section]:
                                                ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn"),
                                                ("bfloat16 + remat full", "bfloat16", "full", "xla")):
             for loss, c in (("whole logits", 0), ("chunked", 1024)):
-                extra = [*RTX5090[:-1], f"compute.loss_chunk={c}"]
+                extra = [*RTX5090_MODEL, f"compute.loss_chunk={c}"]
                 chunk.rows.append((f"{label}, {loss}, batch {b}", job(None, 256, b, dtype, remat, attention,
                                                                       extra=extra)))
     gpt2 = Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",

@@ -180,9 +180,14 @@ def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list
             tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
 
 
+def _gpu_remat(compute: ComputeConfig) -> str:
+    """The GPU_BYTES row's remat policy: offload is priced as full (its saved tensors live on the host)."""
+    return "full" if compute.remat_policy == "offload" else compute.remat_policy
+
+
 def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
     """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
-    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
+    remat = _gpu_remat(compute)
     fused = compute.attention == "cudnn" if fused is None else fused
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
@@ -190,7 +195,7 @@ def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
                      head_share: float = 1.0):
     """GPU_BYTES times gpu_features; head_share: the part of the tokens whose logits live at once (chunked loss)."""
-    remat = "full" if compute.remat_policy == "offload" else compute.remat_policy
+    remat = _gpu_remat(compute)
     values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
     values[3] *= head_share
     if fused:
