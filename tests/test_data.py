@@ -28,7 +28,7 @@ EOT = "<|endoftext|>"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def docs(cs336, tinyshakespeare, tmp_path_factory):
     d = tmp_path_factory.mktemp("docs")
     a = d / "a.txt"
@@ -38,7 +38,7 @@ def docs(cs336, tinyshakespeare, tmp_path_factory):
     return [a, b]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prepared(docs, tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared")
     prepare([str(p) for p in docs], "gpt2", out, val_fraction=0.1, progress=False)

@@ -55,12 +55,12 @@ def _rows(run: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(corpus, tmp_path_factory):
     """The uninterrupted 30-step run every interrupted one must reproduce."""
     from jaxlm.training.loop import train
@@ -283,13 +283,15 @@ def _limited(max_bytes: int, module: str, args: list[str]) -> subprocess.Complet
 
 def test_a_failed_checkpoint_save_ends_in_one_line_without_hanging(corpus, tmp_path):
     """A full disk (a file size limit): exit 1 within the timeout, one line naming checkpoints/ and the cause,
-    orbax's tracebacks only in RUN/error.log. Which save fails first depends on how orbax splits the state into
-    files (its writes are concurrent), so either of the two."""
+    orbax's tracebacks only in RUN/error.log. d_model 512 makes one array (the 257 x 512 embedding, 526 KB) larger
+    than the limit, so the first save fails however orbax groups its arrays into files (a 37k-parameter state
+    can fit in files under the limit)."""
     run = tmp_path / "run"
-    r = _limited(200_000, "jaxlm.train", _sets(tiny_overrides(corpus, run, **{"train.steps": 4, "checkpoint.every": 2})))
+    sets = {"train.steps": 4, "checkpoint.every": 2, "model.d_model": 512}
+    r = _limited(200_000, "jaxlm.train", _sets(tiny_overrides(corpus, run, **sets)))
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert re.search(rf"{re.escape(str(run))}/checkpoints: saving checkpoint [24] failed: File too large", errors[0])
+    assert re.search(rf"{re.escape(str(run))}/checkpoints: saving checkpoint 2 failed: File too large", errors[0])
     assert "Traceback" in (run / "error.log").read_text()
 
 
@@ -688,7 +690,7 @@ def test_the_table_covers_every_cli_with_30_rows():
     assert sum(map(len, INVOCATIONS.values())) >= 30 and set(INVOCATIONS) == set(MODULES)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def files(corpus, tmp_path_factory) -> Iterator[dict[str, str]]:
     """The broken inputs the table refers to, and a small trained run (checkpoints 2 and 4)."""
     from jaxlm.data.bpe import train_and_save

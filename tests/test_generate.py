@@ -40,20 +40,20 @@ PROMPTS = [[3, 14, 15, 9, 26], [5, 35], list(range(1, 23))]
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torch_model():
     torch.manual_seed(0)
     return torchref.TransformerLM(torch_config(CFG)).eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gen(torch_model):
     """A Generator over the same weights as `torch_model`, traced at highest matmul precision."""
     model = torch_to_jax(torch_model.state_dict(), TransformerLM(CFG, rngs=nnx.Rngs(1)))
     return Generator(model)  # compiled lazily: callers trace under jax.default_matmul_precision("highest")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def greedy_batch(gen):
     with jax.default_matmul_precision("highest"):
         return gen.generate(PROMPTS, 24, GREEDY)
@@ -354,7 +354,7 @@ def test_stream_decoder_holds_partial_utf8():
 # --------------------------------------------------------------------------- checkpoints and the CLI
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
     from jaxlm.training.loop import train
 
@@ -384,7 +384,7 @@ def test_compute_flags_change_how_the_run_decodes(trained_run):
     np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def scanned_run(tmp_path_factory):
     from jaxlm.training.loop import train
 

@@ -51,7 +51,7 @@ def test_smoke_without_out_goes_to_runs():
     assert not campaign.SMOKE_OUT.resolve().is_relative_to((campaign.REPO / campaign.DEFAULT_OUT).resolve())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory, tinyshakespeare):
     out = tmp_path_factory.mktemp("gpu")
     assert cli.run(campaign.main, ["--smoke", "--out", str(out)]) == 0

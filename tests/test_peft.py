@@ -194,7 +194,7 @@ def test_bad_keys_are_one_line(override, message):
 # --------------------------------------------------------------------------- through the trainer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
     from jaxlm.training.loop import train
 
@@ -246,7 +246,7 @@ def test_init_from_across_layer_layouts(base_run):
         np.testing.assert_array_equal(np.asarray(weights["layers"][i]["attn"]["q_proj"]["weight"][...]), stacked[i])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def scanned_lora_run(base_run):
     """A scanned LoRA run started from the unrolled base run, and its merge (a scanned plain run)."""
     from jaxlm.cli.lora import merge_run

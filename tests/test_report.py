@@ -14,7 +14,7 @@ from jaxlm.core.config import load_config
 from tests.train_helpers import make_corpus, tiny_overrides
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     from jaxlm.training.loop import train
 

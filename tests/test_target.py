@@ -91,7 +91,7 @@ TINY = ["model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.d_
         "model.context_length=64", "data.batch_size=4"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def compiled():
     """Four compiles of a tiny model for one H100: float32, bfloat16, bfloat16 + remat full, bfloat16 + cuDNN."""
     t = gpu.parse_target("h100-80gb")

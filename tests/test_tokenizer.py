@@ -20,12 +20,12 @@ FIXTURES = ["address.txt", "german.txt", "tinystories_sample.txt", "special_toke
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gpt2(cs336):
     return load_tokenizer("gpt2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiktoken_gpt2(cs336, tmp_path_factory):
     """tiktoken's own gpt2 Encoding, rebuilt offline: vocab.bpe is the version line + gpt2_merges.txt."""
     d = tmp_path_factory.mktemp("gpt2")

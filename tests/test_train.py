@@ -35,7 +35,7 @@ from tests.train_helpers import (
 PY = sys.executable
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus"))
 
@@ -177,26 +177,29 @@ def _check_layouts(names: list[str]) -> None:
         assert res["loss_rel"] < 1e-5 and res["grad_rel"] < 1e-5, (name, res)
         assert res["traj_rel"] < 1e-4, (name, res)
     for name, axis in (("fsdp", "fsdp"), ("tp", "tensor"), ("tp_fsdp", "fsdp"), ("scan_fsdp_tp", "tensor"),
-                       ("pp_dp", "pipeline"), ("tp2_chunk", "tensor"), ("tp4_chunk", "tensor")):
+                       ("pp_dp", "pipeline"), ("pp_lora", "pipeline"), ("tp2_chunk", "tensor"), ("tp4_chunk", "tensor")):
         if name in out:  # the strategy really splits the parameters over its axis
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-FAST_LAYOUTS = ["dp", "fsdp", "tp_dp", "scan_fsdp_tp", "pp_dp", "pp_lora", "tp2_chunk"]
+# Two subprocesses, so that two workers share them. Data parallel alone and pipeline + data without LoRA are in
+# pp_lora (data 4, pipeline 2) and tp_dp (data 2); they run alone in the extended test.
+FAST_LAYOUTS = {"fsdp_tensor_scan": ["fsdp", "tp_dp", "scan_fsdp_tp"], "pipeline_chunked_loss": ["pp_lora", "tp2_chunk"]}
 
 
-def test_mesh_layouts_on_8_devices_equal_one_device():
-    """Data parallel, FSDP, tensor + data, scanned FSDP + tensor, pipeline + data, QLoRA through the pipeline, and
-    compute.loss_chunk under tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4: the
-    extended test)."""
-    _check_layouts(FAST_LAYOUTS)
+@pytest.mark.parametrize("group", list(FAST_LAYOUTS))
+def test_mesh_layouts_on_8_devices_equal_one_device(group):
+    """FSDP, tensor + data, scanned FSDP + tensor; QLoRA through a pipeline + data, and compute.loss_chunk under
+    tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4: the extended test)."""
+    _check_layouts(FAST_LAYOUTS[group])
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
-    """FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages), QAT through
-    the pipeline, the chunked loss under tensor = 4."""
-    _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
+    """Data alone, FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages),
+    pipeline + data, QAT through the pipeline, the chunked loss under tensor = 4."""
+    fast = {n for names in FAST_LAYOUTS.values() for n in names}
+    _check_layouts([n for n in LAYOUTS if n not in fast])
 
 
 def _free_port() -> int:

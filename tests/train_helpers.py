@@ -160,7 +160,8 @@ def _devices_main():
         l1, g1, t1 = one_device[key]
         l8, g8 = loss_and_grads(cfg8, mesh8)
         t8, _ = run_steps(cfg8, mesh8, 20)
-        specs = {str(s.spec) for s in jax.tree.leaves(build(cfg8, mesh8).shardings.params)}
+        shardings = build(cfg8, mesh8).shardings  # trainable and frozen (a LoRA base) parameters
+        specs = {str(s.spec) for s in jax.tree.leaves((shardings.params, shardings.rest))}
         out[name] = {"loss_rel": abs(l8 - l1) / abs(l1), "grad_rel": max_rel_diff(g8, g1),
                      "traj_rel": float(np.max(np.abs(t8 - t1) / np.abs(t1))), "specs": sorted(specs)}
         print(name, out[name], file=sys.stderr, flush=True)
