@@ -364,7 +364,10 @@ def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
     (runs / "BLOCK").touch()
     cmd = [sys.executable, "-m", "experiments.run", str(plan), "--runs-dir", str(tmp_path / "runs"), "--draft"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # As from a terminal: a test runner started in the background (`cmd &`) passes SIGINT on ignored.
+    terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=terminal)
     while not (runs / "calls-second").exists() and proc.poll() is None:  # no time limit: the machine may be busy
         time.sleep(0.1)
     assert (runs / "first" / "result.json").exists()

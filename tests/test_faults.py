@@ -481,6 +481,19 @@ def test_a_signal_during_start_up_stops_before_the_first_step(corpus, tmp_path, 
     assert not run.exists() and not (tmp_path / ".run.lock").exists()
 
 
+def test_after_a_signal_the_previous_handlers_are_back():
+    """In-process (a notebook, a test runner) a handled SIGTERM leaves Ctrl-C and SIGTERM as they were; only a
+    command that exits ignores them (jaxlm.cli.run)."""
+    from jaxlm.core.stop import StopFlag
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with StopFlag() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs in the main thread at the next bytecode
+    assert stop.signal == "SIGTERM"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 @pytest.mark.parametrize("presses", [pytest.param(1, marks=pytest.mark.extended), 2])
 def test_ctrl_c_is_one_line_and_a_true_one(presses, corpus, tmp_path):
     """Once at a random moment of start-up or training: 130 before the first step, else a saved

@@ -1,6 +1,11 @@
 """experiments.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
 
+import pytest
+
 from experiments.report import backend
+from jaxlm.core import platform
+
+needs_compiler = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs the gpu-compile extra")
 
 ROW = dict(framework="jax", mode="train_step", attention="xla", context=64, batch=4, status="ok", device="cpu",
            memory_source="memory_analysis", run="bench")
@@ -27,14 +32,50 @@ def test_annotate_marks_technique_memory_sentences_on_cpu_only():
     assert backend.annotate(s, cpu=False) == s
 
 
-def test_estimate_table_labels_measured_figures_and_the_h100_estimate():
+def _runs(n_train: int = 3):
     run_b = {"name": "bench", "kind": "bench", "device": "cpu", "status": "ok",
              "spec": {"set": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.vocab_size": 257}, "args": {}}}
-    run_t = {"name": "train", "kind": "train", "device": "cpu", "status": "ok", "max_rss_bytes": 6e8,
-             "config": {"model": {"d_model": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 257, "context_length": 64},
-                        "compute": {"dtype": "float32", "attention": "xla", "remat": "none"}, "data": {"batch_size": 16}}}
-    rows = [dict(ROW, dtype="float32", remat="none", memory_gb=0.01)]
-    text = backend.estimate_table([run_b, run_t], rows)
-    assert "**estimate**" in text and "(compiled estimate)" in text and "(peak host RSS)" in text
-    assert "`bench` train_step float32 xla remat=none" in text and "`train`" in text
-    assert backend.section([{**run_t, "device": "gpu"}], []) == []
+    config = {"model": {"d_model": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 257, "context_length": 64},
+              "compute": {"dtype": "float32", "attention": "xla", "remat": "none"}, "data": {"batch_size": 16}}
+    train = [{"name": f"train{i}", "kind": "train", "device": "cpu", "status": "ok", "max_rss_bytes": 6e8 + i * 2**20,
+              "config": config} for i in range(n_train)]
+    other = {**train[0], "name": "wide", "config": {**config, "model": {**config["model"], "d_model": 128}}}
+    return [run_b, *train, other], [dict(ROW, dtype="float32", remat="none", memory_gb=0.01)]
+
+
+def test_gpu_table_groups_equal_steps_and_labels_every_figure(tmp_path):
+    """Without a compiled figure (an empty cache, no --compile), the compiled cells say so; the estimate is
+    jaxlm.memory's for that very step; the three identical training steps share one row."""
+    from jaxlm.analysis import memory
+    from jaxlm.core.config import ComputeConfig, ModelConfig
+
+    runs, rows = _runs()
+    text = backend.gpu_table(runs, rows, cache=tmp_path / "h100.json")
+    assert "**not a measurement**" in text and "not compiled here" in text and not (tmp_path / "h100.json").exists()
+    lines = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(lines) == 3  # the bench step, the three training runs, the wide model
+    assert lines[0].startswith("| `bench` train_step float32 xla remat=none | 64 | 4 |") and "(compiled estimate)" in lines[0]
+    assert lines[1].startswith("| `train0`, `train1`, `train2` | 64 | 16 | 572 MiB to 574 MiB (peak host RSS) | - | - |")
+    model = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=64)
+    est = memory.estimate(model, 16, 64, ComputeConfig(), "train_step").total
+    assert f"| {backend.fmt(est, 'bytes')} |" in lines[1]
+    assert backend.section([{**runs[1], "device": "gpu"}], []) == []
+
+
+@needs_compiler
+def test_gpu_table_compiles_each_step_once_for_the_h100(tmp_path):
+    """With --compile: one compile per distinct step, kept in the cache; the compiled total holds at least the
+    float32 parameters and both AdamW moments (12 bytes a parameter) and fits the H100."""
+    import json
+
+    from jaxlm.analysis.flops import param_counts
+    from jaxlm.core.config import ModelConfig
+
+    runs, _ = _runs(2)
+    text = backend.gpu_table(runs[1:3], [], compile=True, cache=tmp_path / "h100.json")
+    stored = list(json.loads((tmp_path / "h100.json").read_text()).values())
+    assert len(stored) == 1
+    params = param_counts(ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=64))["total"]
+    assert stored[0]["total_bytes"] >= 12 * params
+    row = next(line for line in text.splitlines() if line.startswith("| `train0`"))
+    assert f"| {backend.fmt(stored[0]['total_bytes'], 'bytes')} | yes |" in row and "not compiled here" not in text

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pdf", action="store_true", help="with --all: also report.pdf (the 'pdf' extra: WeasyPrint, "
                    "which needs the system Pango library)")
     p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, bench.json) to OUT/records")
+    p.add_argument("--compile", action="store_true", help="compile each CPU-measured step for an 80 GB H100 (XLA's GPU "
+                   "compiler, the 'gpu-compile' extra) unless docs/results/compiled/h100-80gb.json has it already")
     run_page.add_args(p)
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else None
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     elif run_page.is_run_dir(Path(args.plan_dir)):
         path = run_page.write_run_report(Path(args.plan_dir), out, args)
     else:
-        path = write_report(Path(args.plan_dir), out, args.records)
+        path = write_report(Path(args.plan_dir), out, args.records, args.compile)
     print(path)
     return 0
 

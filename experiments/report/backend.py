@@ -1,5 +1,5 @@
-"""What the backend behind a plan's rows can show, said with evidence recorded in the run itself, and
-jaxlm.memory's estimate for an 80 GB H100 beside the CPU-measured rows (labelled as an estimate).
+"""What the backend behind a plan's rows can show, said with evidence recorded in the run itself, and each
+CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler (labelled as its plan), the estimate beside it.
 
 XLA's CPU backend is faithful for float32 results, not for memory or speed of bfloat16 and remat: its
 compiled bfloat16 matmuls produce float32, and whether remat's recomputation survives compilation is
@@ -8,6 +8,7 @@ read from the compiled step (jaxlm.bench records the matmul count, their output 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from experiments.report.format import fmt, table
@@ -82,54 +83,111 @@ def _toml(v) -> str:
     return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
 
 
-def _estimate_row(label: str, cfg, compute, batch: int, context: int, mode: str, measured: str) -> list:
-    from jaxlm.analysis import memory
-
-    est = memory.estimate(cfg, batch, context, compute, mode).total
-    cap = memory.DEVICES[DEVICE] * memory.DEFAULT_USABLE
-    return [label, str(context), str(batch), measured, fmt(est, "bytes"),
-            str(memory.largest_batch(cfg, context, cap, compute, mode))]
+def _job(model, compute, batch: int, mode: str) -> dict:
+    """The step as a compile job (jaxlm.bench.gpu_validation's form): every model and compute key it ran with."""
+    keys = [("model", dataclasses.asdict(model)), ("compute", dataclasses.asdict(compute))]
+    sets = [f"{part}.{k}={_toml(v)}" for part, d in keys for k, v in sorted(d.items()) if v is not None]
+    return {"preset": None, "set": [*sets, f"data.batch_size={batch}"], "mode": mode}
 
 
-def estimate_table(runs: list[dict], brows: list[dict]) -> str | None:
-    """Each CPU-measured row beside jaxlm.memory's estimate for an 80 GB H100 (an estimate, not measured)."""
-    from jaxlm.analysis import memory
+def _steps(runs: list[dict], brows: list[dict]) -> list[dict]:
+    """Each CPU-measured step: its label, what was measured, and its compile job (bench rows, then training runs)."""
     from jaxlm.core.config import ComputeConfig, ModelConfig
 
-    rows = []
+    out = []
     by_name = {r["name"]: r for r in runs}
     for row in brows:
         if row.get("status") != "ok" or row.get("device") != "cpu" or row.get("framework", "jax") != "jax":
             continue
         try:
-            cfg, compute = _bench_config(by_name.get(row["run"], {}), row)
+            model, compute = _bench_config(by_name.get(row["run"], {}), row)
         except (KeyError, TypeError, ValueError, UserError):  # a record without the fields to rebuild its model
             continue
         what = {"memory_analysis": "compiled estimate", "memory_stats": "peak device memory"}.get(row.get("memory_source"), "?")
-        gb = row.get("memory_gb")
-        measured = f"{fmt(gb * 1e9, 'bytes')} ({what})" if isinstance(gb, (int, float)) else "-"
-        rows.append(_estimate_row(f"`{row['run']}` {row['mode']} {row['dtype']} {row.get('attention')} remat={row.get('remat')}",
-                                  cfg, compute, row["batch"], row["context"], row["mode"], measured))
+        model = dataclasses.replace(model, context_length=row["context"])
+        out.append({"label": f"`{row['run']}` {row['mode']} {row['dtype']} {row.get('attention')} remat={row.get('remat')}",
+                    "bytes": row["memory_gb"] * 1e9 if isinstance(row.get("memory_gb"), (int, float)) else None,
+                    "what": what, "job": _job(model, compute, row["batch"], row["mode"])})
     for r in runs:
         c = r.get("config") or {}
         if r.get("kind") == "bench" or not c or r.get("device") != "cpu" or r.get("status") != "ok":
             continue
         try:
-            cfg, compute, batch = ModelConfig(**c["model"]), ComputeConfig(**c.get("compute", {})), c["data"]["batch_size"]
+            model, compute = ModelConfig(**c["model"]), ComputeConfig(**c.get("compute", {}))
+            job = _job(model, compute, c["data"]["batch_size"], "train_step")
         except (KeyError, TypeError, ValueError, UserError):
             continue
-        measured = f"{fmt(r.get('max_rss_bytes'), 'bytes')} (peak host RSS)" if r.get("max_rss_bytes") else "-"
-        rows.append(_estimate_row(f"`{r['name']}`", cfg, compute, batch, cfg.context_length,
-                                  "train_step", measured))
-    if not rows:
+        out.append({"label": f"`{r['name']}`", "bytes": r.get("max_rss_bytes"), "what": "peak host RSS", "job": job})
+    return out
+
+
+def _compiled(job: dict, store, target, compile: bool) -> dict | None:
+    """The job's compiled figures: from the cache, or compiled now (`compile`); None when neither can be had."""
+    from jaxlm.core.errors import MissingExtra
+
+    if not (compile or store.has(job, target)):
         return None
-    return (f"Beside each CPU-measured row, `python -m jaxlm.memory`'s estimate of the same step on an 80 GB H100 "
-            f"(`--device {DEVICE}`, {100 * memory.DEFAULT_USABLE:.0f}% usable): an **estimate**, not a measurement.\n\n"
-            + table(["run", "context", "batch", "measured here", "H100 estimate (peak)", "H100 estimate (largest batch)"], rows))
+    try:
+        return store.row(job, target, log=lambda m: print(f"compiled for {target.name}: {m}", flush=True))
+    except MissingExtra:
+        return None
+    except UserError as e:  # a setting the GPU compiler refuses: the row says so
+        return {"error": str(e).splitlines()[0][:120]}
 
 
-def section(runs: list[dict], brows: list[dict]) -> list[str]:
-    """The report section, on CPU runs only."""
+def _measured(steps: list[dict]) -> str:
+    values = sorted(s["bytes"] for s in steps if s["bytes"])
+    if not values:
+        return "-"
+    span = fmt(values[0], "bytes") + ("" if fmt(values[0], "bytes") == fmt(values[-1], "bytes") else f" to {fmt(values[-1], 'bytes')}")
+    return f"{span} ({steps[0]['what']})"
+
+
+def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=None) -> str | None:
+    """The CPU-measured steps compiled for an 80 GB H100 (the GPU compiler's plan), with jaxlm.memory's estimate
+    beside them; steps with the same model, compute settings and batch share a row. Compiled figures are kept in
+    `cache` (default: experiments.compiled_memory's, docs/results/compiled/)."""
+    import json
+
+    from experiments.compiled_memory import OUT_DIR
+    from jaxlm.analysis import memory
+    from jaxlm.bench import target as gpu
+    from jaxlm.bench.gpu_validation import CompileCache, job_config
+
+    groups: dict[str, list[dict]] = {}
+    for step in _steps(runs, brows):
+        groups.setdefault(json.dumps(step["job"], sort_keys=True), []).append(step)
+    if not groups:
+        return None
+    target, store = gpu.parse_target(DEVICE), CompileCache(cache or OUT_DIR / f"{DEVICE}.json")
+    cap = memory.DEVICES[DEVICE] * memory.DEFAULT_USABLE
+    rows, missing = [], False
+    for steps in groups.values():
+        job = steps[0]["job"]
+        cfg = job_config(job)
+        names = [s["label"] for s in steps]
+        label = ", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]} ({len(names)} runs)"
+        c = _compiled(job, store, target, compile)
+        missing |= c is None
+        compiled = "-" if c is None else c.get("error") or fmt(c["total_bytes"], "bytes")
+        fits = "-" if c is None or "error" in c else "yes" if c["total_bytes"] <= cap else "no"
+        est = memory.estimate(cfg.model, cfg.data.batch_size, cfg.model.context_length, cfg.compute, job["mode"]).total
+        rows.append([label, str(cfg.model.context_length), str(cfg.data.batch_size), _measured(steps), compiled, fits,
+                     fmt(est, "bytes"), str(memory.largest_batch(cfg.model, cfg.model.context_length, cap, cfg.compute,
+                                                                 job["mode"]))])
+    text = (f"Each CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler on a CPU-only machine "
+            f"(`python -m jaxlm.memory --target {DEVICE}`): the compiler's plan (arguments + outputs + temporaries "
+            f"- donated), **not a measurement**; *fits*: within JAX's allocator share, {100 * memory.DEFAULT_USABLE:.0f}% "
+            "of 80 GB. Beside it, `python -m jaxlm.memory`'s analytic estimate of the same step and the largest batch "
+            "it predicts. Steps with the same model, compute settings and batch share a row.")
+    if missing:
+        text += (" *-*: not compiled here (rebuild the report with `--compile`, which needs the `gpu-compile` extra).")
+    return text + "\n\n" + table(["run", "context", "batch", "measured here", "H100 compiled", "fits",
+                                   "H100 estimate", "largest batch (estimate)"], rows)
+
+
+def section(runs: list[dict], brows: list[dict], compile: bool = False) -> list[str]:
+    """The report section, on CPU runs only; `compile` compiles for the H100 what the cache does not hold."""
     if not is_cpu(runs):
         return []
     lines = [f"## {SECTION}", "", "This plan ran on a CPU. XLA's CPU backend gives faithful float32 results and a "
@@ -139,5 +197,5 @@ def section(runs: list[dict], brows: list[dict]) -> list[str]:
              "*peak device memory* (an accelerator's allocator).", ""]
     found = evidence(brows)
     lines += [f"- {s}" for s in found] + ([""] if found else [])
-    est = estimate_table(runs, brows)
-    return lines + ([est, ""] if est else [])
+    gpu_rows = gpu_table(runs, brows, compile)
+    return lines + ([gpu_rows, ""] if gpu_rows else [])

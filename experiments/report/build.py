@@ -188,8 +188,9 @@ def measured_parts(runs: list[dict], train_runs: list[dict], brows: list[dict], 
     return sentences + study_findings, study_lines, table
 
 
-def write_report(plan_dir: Path, out: Path | None = None, records: bool = False) -> Path:
-    """The report in OUT/report.md (with its plots and findings.json); `records` also copies the runs' records to OUT/records."""
+def write_report(plan_dir: Path, out: Path | None = None, records: bool = False, compile: bool = False) -> Path:
+    """The report in OUT/report.md (with its plots and findings.json); `records` also copies the runs' records to
+    OUT/records; `compile` compiles for an H100 the CPU-measured steps whose figures are not in the cache yet."""
     plan_dir = Path(plan_dir)
     out = Path(out) if out else plan_dir / "report"
     runs = load_results(plan_dir)
@@ -217,7 +218,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False)
     lines += ["## Measured", ""] + [f"- {s}" for s in measured + parallel_findings]
     if mnoise.size:
         lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
-    lines += [""] + study_lines + parallel_lines + backend.section(runs, brows)
+    lines += [""] + study_lines + parallel_lines + backend.section(runs, brows, compile)
     if cfg.get("divergence") and cfg.get("x"):
         lines += divergence_section(settings, cfg["x"], ctx["untrained_loss"])
     if train_runs:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Iterator
@@ -120,7 +121,10 @@ def traceback_in(run_dir: str | Path) -> Iterator[None]:
 
 
 def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
-    """Call `main(argv)` behind the error boundary (see the module docstring); returns the exit code."""
+    """Call `main(argv)` behind the error boundary (see the module docstring); returns the exit code. As the
+    process's own command (argv None), an interrupted command ignores SIGINT/SIGTERM while the interpreter exits:
+    a second Ctrl-C there (joining a checkpoint writer) would kill it mid-way."""
+    own_command = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("JAXLM_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
@@ -131,6 +135,9 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
             raise
         if str(e):  # an Interrupted stop at a safe point says what was and was not done
             print(f"interrupted: {_one_line(e)}", file=sys.stderr)
+        if own_command:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
         return 130
     except UserError as e:
         if debug:

@@ -28,13 +28,11 @@ class StopFlag:
         self.signal: str | None = None
         self.on_abort: list[Callable[[], str]] = []
         self._old = {}
-        self._received = False
 
     def _handler(self, signum, frame):
         if self.signal is not None and signum == signal.SIGINT:
             self.abort()
         self.signal = self.signal or signal.Signals(signum).name
-        self._received = True
 
     def check(self, stage: str) -> None:
         """Stop (Interrupted) when a signal came in, before `stage` starts."""
@@ -62,8 +60,8 @@ class StopFlag:
         return self
 
     def __exit__(self, *exc) -> None:
-        """Restores the previous handlers; after a real signal the command has stopped and only exits, so
-        further signals are ignored (a second Ctrl-C during the exit would otherwise kill the process mid-way)."""
+        """Restores the previous handlers (a process that goes on, a notebook, keeps its Ctrl-C; a command
+        that stops ignores further signals while it exits: jaxlm.cli.run)."""
         for s, h in self._old.items():
-            signal.signal(s, signal.SIG_IGN if self._received else h)
+            signal.signal(s, h)
         self._old = {}
