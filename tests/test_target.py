@@ -153,3 +153,23 @@ def test_the_cudnn_guard_asks_the_target_not_the_machine():
                                 config=gpu.TARGETS["h100-80gb"].config_text().replace("major: 9", "major: 7"))
     with pytest.raises(Exception, match="compute capability \\(7, 0\\)"):
         gpu.compile_step(cfg, older)
+
+
+@needs_compiler
+def test_the_compile_cache_reuses_a_figure_of_the_same_lowered_program(tmp_path, monkeypatch):
+    """After an edit to the step's sources (a new code fingerprint) the same program is lowered again but not
+    compiled: its figures come back as stored; a different program (another batch) is compiled."""
+    from jaxlm.bench import gpu_validation as gv
+
+    t, cache = gpu.parse_target("h100-80gb"), tmp_path / "h100.json"
+    job = {"preset": None, "set": [*TINY, 'compute.dtype="bfloat16"'], "mode": "train_step"}
+    first = gv.CompileCache(cache).row(job, t)
+    monkeypatch.setattr(gv, "code_fingerprint", lambda: "edited")
+    compiles = []
+    real = gpu.compiled_row
+    monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or real(*a, **k))
+    store = gv.CompileCache(cache)
+    assert store.row(job, t) == first and compiles == []
+    other = store.row({**job, "set": [*job["set"], "data.batch_size=8"]}, t)
+    assert len(compiles) == 1 and other["program"] != first["program"] and other["temp_bytes"] > first["temp_bytes"]
+    assert len(gv.CompileCache(cache).stored) == 3  # the first job under both fingerprints, the new one

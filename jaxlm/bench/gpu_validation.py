@@ -79,7 +79,8 @@ def code_fingerprint() -> str:
 
 class CompileCache:
     """Compiled figures by (job, target, jax version, code fingerprint) in a JSON file, saved after every
-    new compile; a figure compiled from other sources of the step is never reused."""
+    new compile. A job whose key is missing (new, or the step's sources changed) is lowered first: a figure
+    compiled from the same lowered program (`program` in every figure) is reused, anything else compiled."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -104,12 +105,18 @@ class CompileCache:
     def row(self, job: dict, target: gpu.Target, log=None) -> dict:
         key = self.key(job, target)
         if key not in self.stored:
-            r = gpu.compiled_row(job_config(job), target, job.get("mode", "train_step"))
-            self.stored[key] = {k: r[k] for k in KEPT}
+            cfg, mode = job_config(job), job.get("mode", "train_step")
+            lowered = gpu.lower_step(cfg, target, mode)
+            program = gpu.program_hash(lowered, target)
+            same = next((v for v in self.stored.values() if v.get("program") == program), None)
+            if same is None:
+                r = gpu.compiled_row(cfg, target, mode, lowered=lowered)
+                same = {**{k: r[k] for k in KEPT}, "program": program}
+                if log:
+                    log(f"{job}: {r['total_bytes'] / 2**30:.2f} GiB (temp {r['temp_bytes'] / 2**30:.2f}), "
+                        f"compiled in {r['compile_s']:.0f} s")
+            self.stored[key] = same
             self._save()
-            if log:
-                log(f"{job}: {r['total_bytes'] / 2**30:.2f} GiB (temp {r['temp_bytes'] / 2**30:.2f}), "
-                    f"compiled in {r['compile_s']:.0f} s")
         return self.stored[key]
 
     def largest(self, job: dict, target: gpu.Target) -> int:

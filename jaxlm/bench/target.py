@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -165,9 +166,9 @@ def devices(target: Target) -> tuple:
     return tuple(topo.devices)
 
 
-def compile_step(cfg: Config, target: Target, mode: str = "train_step"):
-    """(compiled, seconds): cfg's train step (or its eval step: "forward") as `python -m jaxlm.train` jits it,
-    on a mesh of the target's GPUs laid out by cfg.parallel, compiled by XLA's GPU compiler."""
+def lower_step(cfg: Config, target: Target, mode: str = "train_step"):
+    """cfg's train step (or its eval step: "forward") as `python -m jaxlm.train` jits it, on a mesh of the
+    target's GPUs laid out by cfg.parallel, lowered (traced, not yet compiled) for them."""
     import jax
     import numpy as np
 
@@ -183,9 +184,28 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step"):
     x = jax.ShapeDtypeStruct((cfg.data.batch_size, cfg.model.context_length), np.int32,
                              sharding=sharding.batch_sharding(mesh))
     fn, args = (built.step_fn, (x, x)) if mode == "train_step" else (built.eval_fn, (x, x, x.update(dtype=np.float32)))
+    with compiling_for(gpus):  # the cuDNN guard asks the target while tracing
+        return fn.lower(built.abstract, *args)
+
+
+def program_hash(lowered, target: Target) -> str:
+    """What decides a compiled row: the lowered program (without source locations), the target and jax's version.
+    Equal hashes compile to the same plan, whatever edits to jaxlm's sources led there."""
+    import jax
+
+    text = lowered.as_text(debug_info=False)
+    parts = (text, target.config, str(target.count), jax.__version__)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None):
+    """(compiled, seconds): the step of `lower_step` (or `lowered`, already lowered) compiled by XLA's GPU compiler."""
+    from jaxlm.nn.attention import compiling_for
+
+    lowered = lowered if lowered is not None else lower_step(cfg, target, mode)
     t0 = time.perf_counter()
-    with compiling_for(gpus):
-        compiled = fn.lower(built.abstract, *args).compile()
+    with compiling_for(devices(target)):
+        compiled = lowered.compile()
     return compiled, time.perf_counter() - t0
 
 
@@ -256,8 +276,9 @@ def with_shape(cfg: Config, batch: int | None = None, context: int | None = None
         raise UsageError(str(e)) from None
 
 
-def compiled_row(cfg: Config, target: Target, mode: str = "train_step", fraction: float | None = None) -> dict:
-    compiled, seconds = compile_step(cfg, target, mode)
+def compiled_row(cfg: Config, target: Target, mode: str = "train_step", fraction: float | None = None,
+                 lowered=None) -> dict:
+    compiled, seconds = compile_step(cfg, target, mode, lowered)
     return {**describe(compiled, target, fraction), "compile_s": seconds}
 
 

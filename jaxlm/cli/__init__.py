@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jaxlm.core import platform
+from jaxlm.core import platform, stop
 from jaxlm.core.config import PRESETS, Config, help_config, load_config
 from jaxlm.core.errors import InternalError, UsageError, UserError, write_traceback
 
@@ -122,22 +122,21 @@ def traceback_in(run_dir: str | Path) -> Iterator[None]:
 
 def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Call `main(argv)` behind the error boundary (see the module docstring); returns the exit code. As the
-    process's own command (argv None), an interrupted command ignores SIGINT/SIGTERM while the interpreter exits:
-    a second Ctrl-C there (joining a checkpoint writer) would kill it mid-way."""
+    process's own command (argv None), a command stopped by a signal ignores further SIGINT/SIGTERM while the
+    interpreter exits: a second Ctrl-C there (joining a checkpoint writer) would kill it mid-way."""
     own_command = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("JAXLM_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
+    interrupted = False
     try:
         return main(argv)
     except KeyboardInterrupt as e:
         if debug:
             raise
+        interrupted = True
         if str(e):  # an Interrupted stop at a safe point says what was and was not done
             print(f"interrupted: {_one_line(e)}", file=sys.stderr)
-        if own_command:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(s, signal.SIG_IGN)
         return 130
     except UserError as e:
         if debug:
@@ -149,6 +148,10 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
             raise
         print(f"error: {_unexpected(e)}", file=sys.stderr)
         return 1
+    finally:
+        if own_command and (interrupted or stop.caught_signal()):
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
 
 
 def check_option(ok: bool, flag: str, value, rule: str) -> None:

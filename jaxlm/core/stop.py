@@ -17,6 +17,13 @@ import sys
 from typing import Callable
 
 
+_caught = False  # a StopFlag of this process caught a signal (jaxlm.cli.run reads it as the process exits)
+
+
+def caught_signal() -> bool:
+    return _caught
+
+
 class Interrupted(KeyboardInterrupt):
     """A stop asked for by a signal, at a safe point; the message says what was and was not done."""
 
@@ -30,8 +37,10 @@ class StopFlag:
         self._old = {}
 
     def _handler(self, signum, frame):
+        global _caught
         if self.signal is not None and signum == signal.SIGINT:
             self.abort()
+        _caught = True
         self.signal = self.signal or signal.Signals(signum).name
 
     def check(self, stage: str) -> None:
