@@ -83,10 +83,18 @@ def _toml(v) -> str:
     return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
 
 
-def _job(model, compute, batch: int, mode: str) -> dict:
-    """The step as a compile job (jaxlm.bench.gpu_validation's form): every model and compute key it ran with."""
-    keys = [("model", dataclasses.asdict(model)), ("compute", dataclasses.asdict(compute))]
-    sets = [f"{part}.{k}={_toml(v)}" for part, d in keys for k, v in sorted(d.items()) if v is not None]
+def _sets(part: str, keys: dict) -> list[str]:
+    return [f"{part}.{k}={_toml(v)}" for k, v in sorted(keys.items()) if v is not None]
+
+
+def _job(model, compute, batch: int, mode: str, config: dict | None = None) -> dict:
+    """The step as a compile job (jaxlm.bench.gpu_validation's form): every model and compute key it ran with,
+    and a training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
+    config = config or {}
+    sets = _sets("model", dataclasses.asdict(model)) + _sets("compute", dataclasses.asdict(compute))
+    if (config.get("lora") or {}).get("rank"):
+        sets += _sets("lora", config["lora"])
+    sets += _sets("qat", config.get("qat") or {})
     return {"preset": None, "set": [*sets, f"data.batch_size={batch}"], "mode": mode}
 
 
@@ -114,7 +122,7 @@ def _steps(runs: list[dict], brows: list[dict]) -> list[dict]:
             continue
         try:
             model, compute = ModelConfig(**c["model"]), ComputeConfig(**c.get("compute", {}))
-            job = _job(model, compute, c["data"]["batch_size"], "train_step")
+            job = _job(model, compute, c["data"]["batch_size"], "train_step", c)
         except (KeyError, TypeError, ValueError, UserError):
             continue
         out.append({"label": f"`{r['name']}`", "bytes": r.get("max_rss_bytes"), "what": "peak host RSS", "job": job})
@@ -125,6 +133,8 @@ def _compiled(job: dict, store, target, compile: bool) -> dict | None:
     """The job's compiled figures: from the cache, or compiled now (`compile`); None when neither can be had."""
     from jaxlm.core.errors import MissingExtra
 
+    if job["mode"] not in ("train_step", "forward"):
+        return {"error": "(train_step and forward only)"}
     if not (compile or store.has(job, target)):
         return None
     try:
