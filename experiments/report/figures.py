@@ -34,7 +34,7 @@ def bench_rows(runs: list[dict]) -> list[dict]:
 def memory_of(row: dict) -> tuple[float, str] | None:
     """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
     if isinstance(row.get("total_gb"), (int, float)):
-        return row["total_gb"], f"compiled for {row.get('device') or 'a GPU'}"
+        return row["total_gb"], row.get("device") or "compiled for a GPU"  # the target's label says "compiled for"
     if isinstance(row.get("memory_gb"), (int, float)):
         return row["memory_gb"], str(row.get("memory_source") or "measured")
     return None
