@@ -34,7 +34,8 @@ def bench_rows(runs: list[dict]) -> list[dict]:
 def memory_of(row: dict) -> tuple[float, str] | None:
     """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
     if isinstance(row.get("total_gb"), (int, float)):
-        return row["total_gb"], row.get("device") or "compiled for a GPU"  # the target's label says "compiled for"
+        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
+        return row["total_gb"], device if device.startswith("compiled for") else f"compiled for {device}"
     if isinstance(row.get("memory_gb"), (int, float)):
         return row["memory_gb"], str(row.get("memory_source") or "measured")
     return None
@@ -103,8 +104,9 @@ def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
                             "(`python -m jaxlm.bench model --target h100-80gb ...` adds it)."])
     return (["![memory vs sequence length](figures/memory_vs_context.png)", "", *note,
              "Memory vs sequence length: compiled memory plans are exact for their program, so these points carry no "
-             "error bars.", ""]
-            + [f"- {s}" for s in growth(lines, "peak memory", "T", lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
+             "error bars. The train steps' growth:", ""]
+            + [f"- {s}" for s in growth({k: v for k, v in lines.items() if "train_step" in k}, "peak memory", "T",
+                                        lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
 
 
 def _throughput(row: dict) -> tuple[float, float, str] | None:
