@@ -384,6 +384,7 @@ def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
     assert (runs / "first" / "result.json").stat().st_mtime_ns == first_mtime
     assert (runs / "calls-first").read_text() == "1" and (runs / "calls-second").read_text() == "2"
     assert json.loads((runs / "second" / "result.json").read_text())["resumed"] is True
+    assert json.loads((runs / "plan.json").read_text())["file"] == "fakeplan.toml"  # no machine path
 
 
 # --------------------------------------------------------------------------- real training, end to end
