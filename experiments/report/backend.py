@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 from experiments.report.format import fmt, table
+from jaxlm.core.config import to_dict, toml_value
 from jaxlm.core.errors import UserError
 
 SECTION = "What this backend can show"
@@ -70,28 +71,22 @@ def _bench_config(run: dict, row: dict):
     from jaxlm.core.config import load_config
 
     spec = run.get("spec") or {}
-    overrides = [f"{k}={_toml(v)}" for k, v in (spec.get("set") or {}).items() if k.split(".")[0] in ("model", "compute")]
+    overrides = [f"{k}={toml_value(v)}" for k, v in (spec.get("set") or {}).items() if k.split(".")[0] in ("model", "compute")]
     cfg = load_config(None, overrides, preset=(spec.get("args") or {}).get("preset"))
     setting = Setting(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
                       remat=row.get("remat") or "none")
     return setting.configs(cfg.model, row["context"])
 
 
-def _toml(v) -> str:
-    import json
-
-    return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
-
-
 def _sets(part: str, keys: dict) -> list[str]:
-    return [f"{part}.{k}={_toml(v)}" for k, v in sorted(keys.items()) if v is not None]
+    return [f"{part}.{k}={toml_value(v)}" for k, v in sorted(keys.items())]
 
 
 def _job(model, compute, batch: int, mode: str, config: dict | None = None) -> dict:
     """The step as a compile job (jaxlm.bench.gpu_validation's form): every model and compute key it ran with,
     and a training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
     config = config or {}
-    sets = _sets("model", dataclasses.asdict(model)) + _sets("compute", dataclasses.asdict(compute))
+    sets = _sets("model", to_dict(model)) + _sets("compute", to_dict(compute))
     if (config.get("lora") or {}).get("rank"):
         sets += _sets("lora", config["lora"])
     sets += _sets("qat", config.get("qat") or {})
