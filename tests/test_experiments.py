@@ -591,7 +591,7 @@ def test_lr_sweet_spot_by_hand(tmp_path):
                                  "best beyond noise of every other rate; this best is 3x the seed reports' 1e-3 "
                                  "(where it lies depends on model and batch)")
     assert diverge["verdict"] == "agree" and diverge["measured"] == (
-        "lr 0.1 (33x the best): 3 of 3 seeds diverged (non-finite by step 100; non-finite by step 100; non-finite by step 100)")
+        "lr 0.1 (33x the best): 3 of 3 seeds diverged (non-finite after step 100; non-finite after step 100; non-finite after step 100)")
 
 
 def test_divergence_defined_and_the_edge_located(tmp_path):
@@ -602,11 +602,13 @@ def test_divergence_defined_and_the_edge_located(tmp_path):
     nan = float("nan")
     fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.01": [2.1, 2.12, 2.08], "lr=0.02": [2.3, 2.2, 2.25],
                                                    "lr=0.05": [6.0, 2.9, 3.1], "lr=0.1": [nan, 6.1, nan]}, "optim.lr", {})
+    stopped = tmp_path / "lr" / "lr=0.1-s2" / "result.json"  # the runner keeps the trainer's stop message as `reason`
+    stopped.write_text(json.dumps({**json.loads(stopped.read_text()), "reason": "error: loss 9.1, parameter norm nan at step 45 (lr 0.1)"}))
     text = "\n".join(divergence_section(group_settings(load_results(tmp_path / "lr")), "optim.lr", math.log(257)))
     assert "final validation loss is above ln V" in text
     # ln 257 = 5.549: 6.0 and 6.1 ended above it, the NaN runs stopped; 0.05 is mixed, 0.1 diverged at every seed
     assert "| 0.05 | 3 | 1 | final val loss 6.00 > ln V = 5.55; val loss 2.900; val loss 3.100 |" in text
-    assert "| 0.1 | 3 | 3 | non-finite by step 100; final val loss 6.10 > ln V = 5.55; non-finite by step 100 |" in text
+    assert "| 0.1 | 3 | 3 | non-finite after step 100; final val loss 6.10 > ln V = 5.55; non-finite at step 45 |" in text
     assert ("Edge of stability: every seed trained at lr 0.02 and every seed diverged from lr 0.1 (5x higher); "
             "between them some seeds diverged (lr 0.05).") in text
 

@@ -8,6 +8,7 @@ model's uniform prediction: training left it worse than where it started.
 from __future__ import annotations
 
 import math
+import re
 
 from experiments.plan import format_value
 from experiments.report.format import table
@@ -19,11 +20,15 @@ DEFINITION = ("A run *diverged* when its loss or parameters became non-finite (t
 
 
 def outcome(run: dict, untrained: float) -> tuple[bool, str]:
-    """(diverged, how): 'non-finite by step 41 of 300', 'final val loss 8.91 > ln V = 8.32', or 'val loss 4.01'."""
+    """(diverged, how): 'non-finite at step 45 of 300', 'final val loss 8.91 > ln V = 8.32', or 'val loss 4.01'.
+
+    The step is the trainer's own (its stop message, the runner's `reason`), else the run's last logged step."""
     m = run.get("metrics") or {}
     if run.get("status") == "diverged":
         planned = ((run.get("config") or {}).get("train") or {}).get("steps")
-        return True, f"non-finite by step {m.get('steps', '?')}" + (f" of {planned}" if planned else "")
+        at = re.search(r"at step (\d+)", run.get("reason") or "")
+        when = f"at step {at.group(1)}" if at else f"after step {m.get('steps', '?')}"
+        return True, f"non-finite {when}" + (f" of {planned}" if planned else "")
     loss = m.get("eval_loss")
     if isinstance(loss, (int, float)) and math.isfinite(loss) and loss > untrained:
         return True, f"final val loss {loss:.2f} > ln V = {untrained:.2f}"
