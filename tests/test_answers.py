@@ -153,6 +153,7 @@ def test_learning_rate_from_records_names_the_best_rate_the_edge_and_the_grid(tm
     assert "| 10 | 2 | – | 2 of 2 |" in md
     assert "The best rate is 0.01. The largest rate that trained is 0.1 (10x the best); 10 (1000x) diverged" in md
     assert "bracketed only within a factor 100" in md and "2 layers x 32" in md
+    assert "its neighbours (0.001 and 0.1)" in md and "the best rate is just below the edge) holds at this size" in md
 
 
 def test_generate_answer_quotes_the_run_pages_sample(tmp_path):

@@ -61,13 +61,16 @@ def learning_rate_section(root: Path) -> list[str]:
         out += [f"(b) The best rate is {best:g}; the largest rate on the grid, {stable:g}, still trained, so this grid "
                 "does not reach the edge of stability.", ""]
     else:
-        neighbours = [lr for lr in ok if lr != best]
+        rates = sorted(ok)
+        i = rates.index(best)
+        neighbours = rates[max(i - 1, 0):i] + rates[i + 1:i + 2]  # the grid points on either side of the best
+        folk = "does not hold" if stable / best > 10 else "holds"
         out += [f"(b) The best rate is {best:g}. The largest rate that trained is {stable:g} ({stable / best:g}x the "
                 f"best); {edge:g} ({edge / best:g}x) diverged. The edge of stability lies between the two, so here the "
                 f"best rate sits at least {stable / best:g}x below it: the folk wisdom (the best rate is just below the "
-                f"edge) holds only loosely at this size. **The grid's limits**: {len(settings)} rates, so the edge is "
+                f"edge) {folk} at this size. **The grid's limits**: {len(settings)} rates, so the edge is "
                 f"bracketed only within a factor {edge / stable:g} and the best within its neighbours "
-                f"({', '.join(f'{lr:g}' for lr in neighbours)}); a finer grid between {stable:g} and {edge:g} places the "
+                f"({' and '.join(f'{lr:g}' for lr in neighbours)}); a finer grid between {stable:g} and {edge:g} places the "
                 "edge, and one around the best places it.", ""]
     return out
 
