@@ -216,6 +216,11 @@ def test_required_figures_keep_models_apart_with_intervals(tmp_path):
     # one line per model: neither joins 100k to 400k (both stay flat)
     assert "100k params, train_step float32, context=64 (CPU): from B 1 to 2 (2x) throughput went 1.00x" in text
     assert "400k params, train_step float32, context=64 (CPU): from B 1 to 2 (2x) throughput went 1.00x" in text
+    # a run that set compute.loss_chunk is another setting: its batch-3 row does not extend the 100k line
+    chunked = _bench_run("maxbatch_chunked", 5, [{**small[0], "batch": 3, "tokens_per_s": 9000.0}])
+    chunked["spec"]["set"] = {"compute.loss_chunk": 1024, "model.d_model": 8}
+    text = "\n".join(throughput_vs_batch(rows + bench_rows([chunked]), tmp_path))
+    assert "100k params, train_step float32, context=64 (CPU): from B 1 to 2 (2x)" in text and "B 1 to 3" not in text
     # 95 % half-width of a 10 ms step: 2.776 x (2 x sqrt(5/4)) / sqrt(5) = 2.776 ms
     assert rows[0]["step_ms_ci95"] == pytest.approx(2.776, abs=1e-3)
     longer = bench_rows([_bench_run("long", 5, [{**small[0], "context": 128, "memory_gb": 0.3}])])

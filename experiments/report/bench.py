@@ -40,12 +40,17 @@ MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compi
 
 def bench_rows(runs: list[dict]) -> list[dict]:
     """Every bench row, with its run's name, how many steps it timed (the run's --steps, else jaxlm.bench's
-    default) and the half-width of the 95 % interval of its mean step time."""
+    default), the half-width of the 95 % interval of its mean step time, and the `compute.*` keys its run set
+    beyond the row's own columns (`loss_chunk=1024`: a figure must not join it to the whole-logits rows)."""
     rows = []
     for r in runs:
-        n = int(((r.get("spec") or {}).get("args") or {}).get("steps", BENCH_DEFAULTS["steps"]))
+        spec = r.get("spec") or {}
+        n = int((spec.get("args") or {}).get("steps", BENCH_DEFAULTS["steps"]))
+        compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
+                           if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n)})
+            rows.append({"run": r["name"], **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
+                         "compute_set": compute})
     return rows
 
 

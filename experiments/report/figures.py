@@ -43,7 +43,8 @@ def memory_of(row: dict) -> tuple[float, str] | None:
 
 def line_label(row: dict, fixed: str, where: str) -> str:
     """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
-    setting = " ".join(str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none"))
+    setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
+                       + ([row["compute_set"]] if row.get("compute_set") else []))
     model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
     return f"{model}{setting}, {fixed}={row.get(fixed)} ({where})"
 
