@@ -33,7 +33,7 @@ HELPERS = str(ROOT / "tests" / "train_helpers.py")
 # Checkpoints every 3 steps (the newest 2 kept), dropout on (its RNG stream is state too),
 # a fixed cosine length (the schedule does not depend on train.steps), a metrics row per step.
 RUN = {"train.steps": 30, "checkpoint.every": 3, "optim.cosine_steps": 40, "train.eval_every": 10,
-       "model.dropout": 0.1}
+       "model.dropout": 0.1, "log.sample_tokens": 8}
 
 
 def _env(**extra):

@@ -19,7 +19,7 @@ def tiny_run(tmp_path_factory) -> Path:
     from jaxlm.training.loop import train
 
     tmp = tmp_path_factory.mktemp("run")
-    train(load_config(None, tiny_overrides(make_corpus(tmp / "data"), tmp / "run")))
+    train(load_config(None, tiny_overrides(make_corpus(tmp / "data"), tmp / "run", **{"log.sample_tokens": 8})))
     return tmp / "run"
 
 

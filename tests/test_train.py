@@ -57,7 +57,7 @@ def _env(**extra):
 def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
     from jaxlm.training.loop import train
 
-    out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30}))
+    out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30, "log.sample_tokens": 8}))
     ls = losses(tmp_path / "run")
     assert np.mean([ls[s] for s in range(26, 31)]) < np.mean([ls[s] for s in range(1, 6)]) - 1.0
     assert out["val_loss"] < 4.0 and out["sample"].startswith("The ")
