@@ -84,7 +84,7 @@ def growth(lines: dict, what: str, axis: str, show) -> list[str]:
     for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         (x0, y0, _), (x1, y1, _) = pts[0], pts[-1]
         if y0 > 0:
-            out.append(f"{label}: from {axis} {x0:g} to {x1:g} ({x1 / x0:g}x) {what} went {y1 / y0:.2f}x "
+            out.append(f"{label}: from {axis} {x0:g} to {x1:g} ({x1 / x0:.3g}x) {what} went {y1 / y0:.2f}x "
                        f"({show(y0)} to {show(y1)}).")
     return out
 
