@@ -280,8 +280,8 @@ def headline(result: dict) -> str:
 def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     """plan.json; the plan file named from the working directory, as the run directories are (no machine path)."""
     plan_dir.mkdir(parents=True, exist_ok=True)
-    path = plan.path.resolve()
-    file = path.relative_to(Path.cwd().resolve()) if path.is_relative_to(Path.cwd().resolve()) else path
+    path, cwd = plan.path.resolve(), Path.cwd().resolve()
+    file = path.relative_to(cwd) if path.is_relative_to(cwd) else path
     write_json(
         plan_dir / "plan.json",
         {
