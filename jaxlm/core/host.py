@@ -1,4 +1,5 @@
-"""Host-side tuning for CPU runs: keep large temporary buffers in the malloc heap.
+"""Host-side tuning for CPU runs: keep large temporary buffers in the malloc heap; limit the CPUs a
+benchmark runs on (`limit_cpu_threads`); describe the machine a timing ran on.
 
 XLA:CPU allocates each step's temporaries (tens of MB for a small model) with
 malloc and frees them after the call. glibc serves blocks above its mmap
@@ -15,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+
+from jaxlm.core.errors import UserError
 
 M_TRIM_THRESHOLD = -1  # glibc mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -45,6 +48,27 @@ def tune_for_cpu_backend() -> bool:
     import jax
 
     return jax.default_backend() == "cpu" and keep_large_allocations_in_heap()
+
+
+def limit_cpu_threads(n: int) -> int:
+    """Run this process, and so both frameworks, on n of its CPUs; returns how many it got (n or fewer).
+
+    Must run before JAX starts its CPU backend: XLA sizes its thread pool (the dots' threads
+    too) from the CPUs the process may run on, and threads started later inherit the set.
+    Torch is told with `torch.set_num_threads` where it is loaded, and OpenMP by OMP_NUM_THREADS.
+    """
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        raise UserError(f"--threads {n}: limiting the CPU threads needs CPU affinity, which this OS "
+                        "(not Linux) does not offer; leave --threads out")
+    cpus = sorted(os.sched_getaffinity(0))[:n]
+    os.sched_setaffinity(0, cpus)
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+    torch = sys.modules.get("torch")  # loaded when parity.bench added the torch side
+    if torch is not None:
+        torch.set_num_threads(len(cpus))
+    return len(cpus)
 
 
 def describe() -> dict:
