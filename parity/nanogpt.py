@@ -6,6 +6,12 @@ is compared with: the same model, batch, learning-rate schedule, AdamW and clipp
 token files. Times --steps steps after --warmup untimed ones and extrapolates to the
 config's train.steps; --full trains the whole run and reports the final validation
 loss too. Prints one JSON line.
+
+`--framework both` times jaxlm's train step beside the loop, as the trainer compiles it
+(`jaxlm.training.loop.build`: train.steps_per_call steps per jitted call) on batches drawn
+the same way: the two alternate in blocks of steps_per_call steps, each block settled
+first (`jaxlm.bench.core.SETTLE_S`), and `jax_torch` is the median over the blocks of the
+loop's time per step / jaxlm's in the same round.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true", help="train the config's whole run (train.steps) and report "
                    "the final validation loss; the steps after --warmup are timed")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--threads", metavar="N", type=int, help="torch.set_num_threads (default: torch's own choice)")
+    p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (Linux; default: every CPU the process may use)")
+    p.add_argument("--framework", default="torch", choices=["torch", "both"],
+                   help="both: jaxlm's train step timed beside the loop, block by block")
 
 
 def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[torch.nn.Module, dict]:
@@ -85,6 +93,68 @@ def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[to
                    "wall_s": time.perf_counter() - t0}
 
 
+def side_by_side(cfg, train_tokens, blocks: int) -> dict:
+    """jaxlm's train step (the trainer's, steps_per_call per call) and the torchref loop, in alternating blocks."""
+    import statistics
+
+    import jax
+
+    from jaxlm.bench.core import SETTLE_S
+    from jaxlm.core import sharding
+    from jaxlm.training.loop import build
+
+    n, B, T = cfg.train.steps_per_call, cfg.data.batch_size, cfg.model.context_length
+    built = build(cfg, sharding.make_mesh(jax.devices()[:1], cfg.parallel))
+    rng = np.random.default_rng(cfg.train.seed)
+    state = {"s": built.make_state()}
+
+    def jax_block():
+        xy = [get_batch(train_tokens, B, T, "cpu", rng) for _ in range(n)]
+        xs, ys = (np.stack([b[i].numpy() for b in xy]) for i in (0, 1))  # (n, B, T) each
+        step = built.multi_fn if n > 1 else lambda s, x, y: built.step_fn(s, x[0], y[0])
+        state["s"], metrics = step(state["s"], xs, ys)
+        state["loss"] = float(np.ravel(metrics["loss"])[-1])
+
+    torch_block = torch_steps(cfg, train_tokens, n)
+    times = {"jax": [], "torch": []}
+    for r in range(blocks + 1):  # block 0: compile and warm up, untimed
+        for name, block in ((("jax", jax_block), ("torch", torch_block)) if r % 2 == 0 else
+                            (("torch", torch_block), ("jax", jax_block))):
+            start = time.perf_counter()
+            while time.perf_counter() - start < SETTLE_S:
+                block()
+            t = time.perf_counter()
+            block()
+            if r:
+                times[name].append((time.perf_counter() - t) / n)
+    return {"steps_per_block": n, "blocks": blocks, "jax_step_time_s": statistics.median(times["jax"]),
+            "torch_step_time_s": statistics.median(times["torch"]),
+            "jax_torch": statistics.median(t / j for j, t in zip(times["jax"], times["torch"])),
+            "jax_train_loss": state["loss"], "torch_train_loss": torch_block.loss}
+
+
+def torch_steps(cfg, train_tokens, n: int):
+    """A call that runs n steps of the loop (the recipe's model, AdamW, clipping; the learning rate at its peak)."""
+    torch.manual_seed(cfg.train.seed)
+    model = TransformerLM(torch_config(cfg.model))
+    o = cfg.optim
+    opt = AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    rng = np.random.default_rng(cfg.train.seed)
+
+    def block():
+        for _ in range(n):
+            x, y = get_batch(train_tokens, cfg.data.batch_size, cfg.model.context_length, "cpu", rng)
+            loss = cross_entropy(model(x).reshape(-1, cfg.model.vocab_size), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if o.grad_clip > 0:
+                clip_grad_norm(model.parameters(), o.grad_clip)
+            opt.step()
+        block.loss = loss.item()  # the float() of a loss is a host sync either side, as in a logging loop
+
+    return block
+
+
 def main(args: argparse.Namespace) -> int:
     cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
     cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
@@ -93,11 +163,20 @@ def main(args: argparse.Namespace) -> int:
     if args.full:
         cli.check_option(cfg.train.steps > args.warmup, "--warmup", args.warmup,
                     f"must be below train.steps ({cfg.train.steps}) with --full")
+    cli.check_option(not (args.full and args.framework == "both"), "--framework", args.framework,
+                     "times the two side by side for --steps; leave out --full")
+    from jaxlm.core.host import limit_cpu_threads, tune_for_cpu_backend
+
     if args.threads:
-        torch.set_num_threads(args.threads)
+        limit_cpu_threads(args.threads)
     data_dir = ensure_prepared(cfg.data)
     meta = read_meta(data_dir)
     train_tokens = np.memmap(data_dir / "train.bin", dtype=meta["dtype"], mode="r")
+    if args.framework == "both":
+        tune_for_cpu_backend()
+        out = side_by_side(cfg, train_tokens, max(1, args.steps // cfg.train.steps_per_call))
+        print(json.dumps(out))
+        return 0
     steps = cfg.train.steps if args.full else args.warmup + args.steps
     model, out = train(cfg, train_tokens, steps, args.warmup, args.compile)
     if args.full:

@@ -343,6 +343,12 @@ def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
     assert main(["nanogpt", *flags, "--full", "--warmup", "1"]) == 0
     full = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert full["timed_steps"] == 5 and math.isfinite(full["val_loss"]) and full["val_loss"] < math.log(257) + 0.5
+    # side by side: jaxlm's train step (the trainer's, 2 steps per call) and the loop, 3 timed blocks each
+    assert main(["nanogpt", *flags, "--set", "train.steps_per_call=2", "--steps", "6", "--framework", "both"]) == 0
+    both = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (both["steps_per_block"], both["blocks"]) == (2, 3) and both["jax_torch"] > 0
+    for side in ("jax", "torch"):  # each side trained: its loss fell below ln(vocab) (settling adds many steps)
+        assert both[f"{side}_step_time_s"] > 0 and 0 < both[f"{side}_train_loss"] < math.log(257) - 0.5
 
 
 def test_experiments_bench_runs_call_the_model_command(tmp_path):

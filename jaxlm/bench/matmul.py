@@ -104,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
     tokens = args.batch * (args.context or cfg.context_length)
     rows = bench(cfg, tokens, args.repeats, frameworks)
     host = describe()
-    print(f"{host['cpu_model']}, {args.threads or host['cpus']} CPU(s); float32; GFLOP/s, median of {args.repeats} calls")
+    print(f"{host['cpu_model']} ({host['cpu_family_model'] or 'family unknown'}), {args.threads or host['cpus']} CPU(s); "
+          f"float32; GFLOP/s, median of {args.repeats} calls")
     for r in rows:
         line = f"{r['projection']:>28} {r['form']:>11} {r['m_k_n']:>18}: jax {r['jax_gflops']:6.0f}"
         if "jax_torch" in r:

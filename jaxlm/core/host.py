@@ -72,26 +72,28 @@ def limit_cpu_threads(n: int) -> int:
 
 
 def describe() -> dict:
-    """The machine a measurement ran on: CPU model, cores, vector extensions and the 1-minute load average.
+    """The machine a measurement ran on: CPU model (with its family and model numbers, which name the
+    generation where a virtual machine shows only "Intel(R) Xeon(R) Processor"), cores, vector extensions
+    and the 1-minute load average.
 
-    Timings on a CPU depend on all four (XLA:CPU and PyTorch use AVX-512 and AMX where present), so
+    Timings on a CPU depend on all of them (XLA:CPU and PyTorch use AVX-512 and AMX where present), so
     every benchmark record carries them."""
     import os
     import platform
 
-    model, flags = platform.processor() or platform.machine(), set()
+    fields = {"model name": platform.processor() or platform.machine()}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                if model and flags:
-                    break
+                if key.strip() in ("model name", "cpu family", "model", "flags"):
+                    fields[key.strip()] = value.strip()
+                if not line.strip() and "flags" in fields:
+                    break  # the first processor's block is enough
     except OSError:
         pass
+    flags = set(fields.get("flags", "").split())
     vector = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
-    return {"cpu_model": model, "cpus": os.cpu_count(), "vector_extensions": vector,
-            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    family = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None
+    return {"cpu_model": fields["model name"], "cpu_family_model": family, "cpus": os.cpu_count(),
+            "vector_extensions": vector, "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
