@@ -109,6 +109,12 @@ def summary(record: dict) -> str:
     if isinstance(r, dict) and "jax_step_time_s" in r:
         return (f"jaxlm {1e3 * r['jax_step_time_s']:.1f} ms vs torch loop {1e3 * r['torch_step_time_s']:.1f} ms per "
                 f"step: {r['jax_torch']:.2f}x")
+    if isinstance(r, dict) and "train_loss_max_abs_diff" in r:
+        return (f"{'PASS' if r.get('passed') else 'FAIL'}: losses over {r['steps']} steps differ by at most "
+                f"{r['train_loss_max_abs_diff']:.1e}, logits {r['logits_max_rel_err']:.1e} relative")
+    if isinstance(r, dict) and "speedup" in r.get("jax", {}):
+        return (f"jax with the KV cache {r['jax']['cache']['tokens_per_second']:,.0f} vs without "
+                f"{r['jax']['no-cache']['tokens_per_second']:,.0f} tokens/s: {r['jax']['speedup']:.1f}x")
     if isinstance(r, dict) and isinstance(r.get("jax_torch"), dict):
         return "; ".join(f"{mode}: jax {r['jax'][mode]['tokens_per_second']:.0f} vs torch "
                          f"{r['torch'][mode]['tokens_per_second']:.0f} tokens/s, {v['speed']:.2f}x, greedy tokens "
