@@ -185,14 +185,13 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
     return path
 
 
-def matmul_call(form: str, a, b):
-    """torch's `@` of `form` (a `jaxlm.bench.matmul.FORMS` key) on numpy operands, as `jax_side.matmul_call`:
-    a call that returns the product once it is computed."""
+def matmul_call(product, a, b):
+    """`product(a, b)` (a `jaxlm.bench.matmul.FORMS` form) on numpy operands as torch tensors, as
+    `jax_side.matmul_call`: a call that returns the product once it is computed."""
     a, b = torch.from_numpy(a).to(device()), torch.from_numpy(b).to(device())
-    f = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b, "weight grad": lambda: a.T @ b}[form]
 
     def call():
-        out = f()
+        out = product(a, b)
         synchronize()
         return out
 

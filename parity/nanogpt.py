@@ -64,28 +64,39 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="both: jaxlm's train step timed beside the loop, block by block")
 
 
-def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[torch.nn.Module, dict]:
-    """nanoGPT's loop on torchref: (model, timings of the steps after `warmup`, last training loss)."""
+def loop_step(cfg, compile: bool):
+    """nanoGPT's step on torchref: (model, step(t, x, y) -> loss) with the recipe's AdamW, learning-rate
+    schedule (at step t) and clipping."""
     torch.manual_seed(cfg.train.seed)
     model = TransformerLM(torch_config(cfg.model))
     o = cfg.optim
     opt = AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
     fwd = torch.compile(model) if compile else model
+
+    def step(t: int, x, y):
+        for g in opt.param_groups:
+            g["lr"] = lr_cosine_schedule(t, o.lr, o.min_lr, o.warmup_steps, o.cosine_steps or cfg.train.steps)
+        loss = cross_entropy(fwd(x).reshape(-1, cfg.model.vocab_size), y.reshape(-1))  # x, y (B, T)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if o.grad_clip > 0:
+            clip_grad_norm(model.parameters(), o.grad_clip)
+        opt.step()
+        return loss
+
+    return model, step
+
+
+def train(cfg, train_tokens, steps: int, warmup: int, compile: bool) -> tuple[torch.nn.Module, dict]:
+    """nanoGPT's loop on torchref: (model, timings of the steps after `warmup`, last training loss)."""
+    model, step = loop_step(cfg, compile)
     B, T, total = cfg.data.batch_size, cfg.model.context_length, cfg.train.steps
     rng = np.random.default_rng(cfg.train.seed)
     t0 = t_timed = time.perf_counter()
     for t in range(steps):
         if t == warmup:
             t_timed = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_cosine_schedule(t, o.lr, o.min_lr, o.warmup_steps, o.cosine_steps or total)
-        x, y = get_batch(train_tokens, B, T, "cpu", rng)  # (B, T), (B, T)
-        loss = cross_entropy(fwd(x).reshape(-1, cfg.model.vocab_size), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if o.grad_clip > 0:
-            clip_grad_norm(model.parameters(), o.grad_clip)
-        opt.step()
+        loss = step(t, *get_batch(train_tokens, B, T, "cpu", rng))
     timed, n = time.perf_counter() - t_timed, steps - warmup
     return model, {"threads": torch.get_num_threads(), "compile": compile, "timed_steps": n,
                    "step_time_s": timed / n, "tokens_per_s": n * B * T / timed,
@@ -134,22 +145,14 @@ def side_by_side(cfg, train_tokens, blocks: int) -> dict:
 
 
 def torch_steps(cfg, train_tokens, n: int):
-    """A call that runs n steps of the loop (the recipe's model, AdamW, clipping; the learning rate at its peak)."""
-    torch.manual_seed(cfg.train.seed)
-    model = TransformerLM(torch_config(cfg.model))
-    o = cfg.optim
-    opt = AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-    rng = np.random.default_rng(cfg.train.seed)
+    """A call that runs the next n steps of the loop (its `loss` attribute: the last step's)."""
+    _, step = loop_step(cfg, compile=False)
+    rng, done = np.random.default_rng(cfg.train.seed), [0]
 
     def block():
         for _ in range(n):
-            x, y = get_batch(train_tokens, cfg.data.batch_size, cfg.model.context_length, "cpu", rng)
-            loss = cross_entropy(model(x).reshape(-1, cfg.model.vocab_size), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if o.grad_clip > 0:
-                clip_grad_norm(model.parameters(), o.grad_clip)
-            opt.step()
+            loss = step(done[0], *get_batch(train_tokens, cfg.data.batch_size, cfg.model.context_length, "cpu", rng))
+            done[0] += 1
         block.loss = loss.item()  # the float() of a loss is a host sync either side, as in a logging loop
 
     return block

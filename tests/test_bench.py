@@ -218,10 +218,12 @@ def test_matmul_calls_compute_the_forms_of_a_train_step(form):
     from jaxlm.bench.matmul import FORMS
     from parity import bench_torch
 
-    a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in FORMS[form][1](24, 7, 5))
-    expected = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b, "weight grad": lambda: a.T @ b}[form]()
-    np.testing.assert_allclose(np.asarray(jax_side.matmul_call(form, a, b)()), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(bench_torch.matmul_call(form, a, b)().numpy(), expected, rtol=1e-5, atol=1e-5)
+    _, shapes, product = FORMS[form]
+    a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float64) for s in shapes(24, 7, 5))
+    expected = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b, "weight grad": lambda: a.T @ b}[form]()  # float64
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    np.testing.assert_allclose(np.asarray(jax_side.matmul_call(product, a, b)()), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bench_torch.matmul_call(product, a, b)().numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_matmul_command_times_every_projection_in_every_form(tmp_path, capsys):

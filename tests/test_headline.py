@@ -34,5 +34,10 @@ def test_results_are_read_from_what_each_command_writes(tmp_path):
               "jax_torch": {"cache": {"speed": 2.173, "greedy_tokens_identical": True}}}
     assert headline.summary({"result": decode}) == ("cache: jax 326 vs torch 150 tokens/s, 2.17x, greedy tokens "
                                                     "identical")
+    cache = {"jax": {"cache": {"tokens_per_second": 3880.1}, "no-cache": {"tokens_per_second": 129.9}, "speedup": 29.87}}
+    assert headline.summary({"result": cache}) == "jax with the KV cache 3,880 vs without 130 tokens/s: 29.9x"
+    parity = {"passed": True, "steps": 100, "train_loss_max_abs_diff": 2.38e-6, "logits_max_rel_err": 4.05e-7}
+    assert headline.summary({"result": parity}) == ("PASS: losses over 100 steps differ by at most 2.4e-06, logits "
+                                                    "4.0e-07 relative")
     loop = {"jax_step_time_s": 0.0448, "torch_step_time_s": 0.0677, "jax_torch": 1.506}
     assert headline.summary({"result": loop}) == "jaxlm 44.8 ms vs torch loop 67.7 ms per step: 1.51x"

@@ -162,14 +162,11 @@ def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     return run, finish
 
 
-MATMULS = {"forward": lambda x, w: x @ w.T, "input grad": lambda g, w: g @ w, "weight grad": lambda g, x: g.T @ x}
-
-
-def matmul_call(form: str, a, b) -> Callable[[], Any]:
-    """One jitted matmul of `form` (a `jaxlm.bench.matmul.FORMS` key) on numpy operands: a call that returns the
+def matmul_call(product: Callable, a, b) -> Callable[[], Any]:
+    """`product(a, b)` (a `jaxlm.bench.matmul.FORMS` form) jitted on numpy operands: a call that returns the
     product once it is computed."""
     a, b = jax.device_put(a), jax.device_put(b)
-    compiled = jax.jit(MATMULS[form]).lower(a, b).compile()
+    compiled = jax.jit(product).lower(a, b).compile()
     return lambda: compiled(a, b).block_until_ready()
 
 

@@ -19,10 +19,11 @@ from jaxlm.bench import core
 from jaxlm.core.config import ModelConfig
 from jaxlm.core.files import write_json
 
-FORMS = {  # name: (what the train step computes, the operand shapes from (tokens, d_in, d_out))
-    "forward": ("x @ W.T", lambda k, i, o: ((k, i), (o, i))),
-    "input grad": ("g @ W", lambda k, i, o: ((k, o), (o, i))),
-    "weight grad": ("g.T @ x", lambda k, i, o: ((k, o), (k, i))),
+FORMS = {  # name: (what the train step computes, the operand shapes from (tokens, d_in, d_out), the product of
+    # two operands, written once for a JAX array and a torch tensor alike)
+    "forward": ("x @ W.T", lambda k, i, o: ((k, i), (o, i)), lambda x, w: x @ w.T),
+    "input grad": ("g @ W", lambda k, i, o: ((k, o), (o, i)), lambda g, w: g @ w),
+    "weight grad": ("g.T @ x", lambda k, i, o: ((k, o), (k, i)), lambda g, x: g.T @ x),
 }
 
 
@@ -60,9 +61,9 @@ def bench(cfg: ModelConfig, tokens: int, repeats: int, frameworks=("jax",), seed
     rng = np.random.default_rng(seed)
     rows = []
     for name, (d_in, d_out) in projections(cfg).items():
-        for form, (expr, shapes) in FORMS.items():
+        for form, (expr, shapes, product) in FORMS.items():
             a, b = (rng.standard_normal(s, dtype=np.float32) for s in shapes(tokens, d_in, d_out))
-            calls = {fw: core.framework_side(fw, "matmul").matmul_call(form, a, b) for fw in frameworks}
+            calls = {fw: core.framework_side(fw, "matmul").matmul_call(product, a, b) for fw in frameworks}
             times = {fw: [] for fw in frameworks}
             for r in range(-(-repeats // BLOCK)):
                 for fw in (frameworks if r % 2 == 0 else frameworks[::-1]):
