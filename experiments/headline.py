@@ -41,8 +41,8 @@ FIGURES = (
     Figure("shakespeare_char", "nanoGPT's shakespeare_char CPU recipe, end to end",
            (*TRAIN, "experiments/configs/shakespeare_char.toml", "--set", 'train.out_dir="{out}/shakespeare"'),
            "run:shakespeare", False),
-    Figure("nanogpt_torch", "the same recipe as a plain PyTorch loop (torchref), 200 timed steps",
-           ("{python}", "-m", "parity.bench", "nanogpt", "--steps", "200"), "stdout", True),
+    Figure("nanogpt_torch", "the same recipe as a plain PyTorch loop (torchref) beside jaxlm's train step, 200 steps each",
+           ("{python}", "-m", "parity.bench", "nanogpt", "--steps", "200", "--framework", "both"), "stdout", True),
     Figure("torch_compile_17m", "train step against torch.compile, tinystories-17M, T=256, B=4",
            ("{python}", "-m", "parity.bench", "model", "--preset", "tinystories-17M", "--context", "256", "--batch", "4",
             "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_17m.json"),
@@ -56,6 +56,9 @@ FIGURES = (
     Figure("decode", "decoding 256 tokens with and without the KV cache, quickstart model",
            ("{python}", "-m", "jaxlm.bench", "decode", "--config", "experiments/configs/quickstart.toml", "--json",
             "{out}/decode.json"), "json:decode.json", False),
+    Figure("decode_torch", "decoding 256 tokens with the KV cache against torchref's cached loop, tinystories-17M",
+           ("{python}", "-m", "parity.bench", "decode", "--preset", "tinystories-17M", "--new-tokens", "256", "--mode",
+            "cache", "--framework", "both", "--json", "{out}/decode_torch.json"), "json:decode_torch.json", True),
 )
 
 
@@ -95,15 +98,33 @@ def summary(record: dict) -> str:
     if isinstance(r, dict) and "eval_loss" in r:
         return f"val loss {r['eval_loss']:.3f}"
     if isinstance(r, dict) and isinstance(r.get("rows"), list):
-        speeds = [row["jax_torch_speed"] for row in r["rows"] if row.get("jax_torch_speed")]
+        jax_row = next((row for row in r["rows"] if row.get("jax_torch_speed")), None)
         times = {row["framework"]: row.get("step_ms") for row in r["rows"] if row.get("status") == "ok"}
-        return (f"jax {times.get('jax', 0):.1f} ms vs torch {times.get('torch', 0):.1f} ms"
-                + (f": {speeds[0]:.2f}x" if speeds else ""))
+        text = f"jax {times.get('jax', 0):.1f} ms vs torch {times.get('torch', 0):.1f} ms"
+        if jax_row:
+            text += f": {jax_row['jax_torch_speed']:.2f}x"
+            if jax_row.get("jax_torch_speed_iqr"):  # the median of paired rounds, with its interquartile range
+                text += " (IQR {:.2f}-{:.2f})".format(*jax_row["jax_torch_speed_iqr"])
+        return text
+    if isinstance(r, dict) and "jax_step_time_s" in r:
+        return (f"jaxlm {1e3 * r['jax_step_time_s']:.1f} ms vs torch loop {1e3 * r['torch_step_time_s']:.1f} ms per "
+                f"step: {r['jax_torch']:.2f}x")
+    if isinstance(r, dict) and "train_loss_max_abs_diff" in r:
+        return (f"{'PASS' if r.get('passed') else 'FAIL'}: losses over {r['steps']} steps differ by at most "
+                f"{r['train_loss_max_abs_diff']:.1e}, logits {r['logits_max_rel_err']:.1e} relative")
+    if isinstance(r, dict) and "speedup" in r.get("jax", {}):
+        return (f"jax with the KV cache {r['jax']['cache']['tokens_per_second']:,.0f} vs without "
+                f"{r['jax']['no-cache']['tokens_per_second']:,.0f} tokens/s: {r['jax']['speedup']:.1f}x")
+    if isinstance(r, dict) and isinstance(r.get("jax_torch"), dict):
+        return "; ".join(f"{mode}: jax {r['jax'][mode]['tokens_per_second']:.0f} vs torch "
+                         f"{r['torch'][mode]['tokens_per_second']:.0f} tokens/s, {v['speed']:.2f}x, greedy tokens "
+                         f"{'identical' if v['greedy_tokens_identical'] else 'differ'}" for mode, v in r["jax_torch"].items())
     return json.dumps(r)[:160] if r is not None else "no result"
 
 
 def table(machine: dict, records: list[dict]) -> str:
-    lines = [f"Measured on {machine['cpu_model']} ({machine['cpus']} cores; {', '.join(machine['vector_extensions'])}):",
+    family = f"{machine['cpu_family_model']}; " if machine.get("cpu_family_model") else ""
+    lines = [f"Measured on {machine['cpu_model']} ({family}{machine['cpus']} cores; {', '.join(machine['vector_extensions'])}):",
              "", "| figure | wall | result | load before/after | depends on the CPU model | command |", "|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['what']} | {r['wall_s']:.1f} s | {summary(r)} | {r['load_avg_1m'][0]:.1f} / "

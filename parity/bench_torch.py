@@ -25,7 +25,6 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import torchref
@@ -128,14 +127,16 @@ def time_steps(step, n: int) -> list[float]:
     return times
 
 
-def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
+def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict):
+    """Build, compile (the first call, reported as compile_s) and warm up one torch setting; returns its
+    (run, finish) pair for `jaxlm.bench.core.run_group`, or None when the row is OOM by the analytic estimate."""
     fused = compute.attention != "xla"
     estimate = memory.estimate(cfg, batch, context, compute, setting.mode, fused=fused).total
     row["estimate_gb"] = estimate / 1e9
     if opts.memory_limit_gb is not None and estimate > opts.memory_limit_gb * 1e9:
         row["status"], row["memory_source"] = "OOM", "analytic estimate"
         row["error"] = f"estimated {estimate / 1e9:.3f} GB > --memory-limit-gb {opts.memory_limit_gb}"
-        return
+        return None
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.empty_cache()
@@ -149,17 +150,16 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     for _ in range(max(opts.warmup - 1, 0)):
         step()
     synchronize()
-    times = time_steps(step, opts.steps)
-    row["step_ms"] = 1e3 * float(np.mean(times))
-    row["step_ms_std"] = 1e3 * float(np.std(times))
-    row["step_ms_median"] = 1e3 * float(np.median(times))
-    if cuda:
-        row["memory_gb"], row["memory_source"] = torch.cuda.max_memory_allocated() / 1e9, "torch.cuda.max_memory_allocated"
-    else:
-        row["memory_gb"], row["memory_source"] = None, "n/a (cpu)"
-    del step
-    if cuda:
-        torch.cuda.empty_cache()
+
+    def finish(times: list[float]) -> None:
+        if cuda:
+            row["memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            row["memory_source"] = "torch.cuda.max_memory_allocated"
+            torch.cuda.empty_cache()
+        else:
+            row["memory_gb"], row["memory_source"] = None, "n/a (cpu)"
+
+    return (lambda n, timed=True: time_steps(step, n)), finish
 
 
 def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out: Path) -> Path:
@@ -183,6 +183,19 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+def matmul_call(product, a, b):
+    """`product(a, b)` (a `jaxlm.bench.matmul.FORMS` form) on numpy operands as torch tensors, as
+    `jax_side.matmul_call`: a call that returns the product once it is computed."""
+    a, b = torch.from_numpy(a).to(device()), torch.from_numpy(b).to(device())
+
+    def call():
+        out = product(a, b)
+        synchronize()
+        return out
+
+    return call
 
 
 def decode_runner(model, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int, use_cache: bool):

@@ -19,7 +19,7 @@ from flax import nnx
 import torchref
 from jaxlm import cli
 from jaxlm.analysis import flops
-from jaxlm.bench import core, jax_side
+from jaxlm.bench import core, jax_side, output
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.model import TransformerLM
 from parity.bench import (  # jaxlm.bench's commands with the torch side added
@@ -126,6 +126,116 @@ def test_invalid_setting_is_a_row_not_a_crash():
     (row,) = core.run_sweep(TINY_CFG, [core.Setting("jax", "forward", "float32", "cudnn")], [16], [1],
                             core.Options(warmup=0, steps=1))
     assert row["status"] == "invalid" and "cudnn" in row["error"]
+
+
+class ScriptedSide:
+    """A framework side whose steps take scripted times (no clock): what `core.run_group` asks of a side."""
+
+    def __init__(self, name, seconds, device="cpu", fail_at=None):
+        self.name, self.seconds, self.device, self.fail_at, self.log = name, seconds, device, fail_at, []
+
+    def device_kind(self):
+        return self.device
+
+    def prepare(self, setting, cfg, compute, batch, context, opts, row):
+        done = []
+
+        def run(n, timed=True):
+            if not timed:
+                return [0.0] * n  # settling calls
+            if self.fail_at is not None and len(done) == self.fail_at:
+                raise RuntimeError("a step failed half way")
+            times = [self.seconds[(len(done) + i) % len(self.seconds)] for i in range(n)]
+            done.extend(times)
+            self.log.append((self.name, n))
+            return times
+
+        return run, lambda times: row.update(memory_gb=0.0, memory_source="scripted")
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Install scripted jax and torch sides; returns a function that sets them up."""
+
+    def install(jax_side_, torch_side_):
+        for fw, side in (("jax", jax_side_), ("torch", torch_side_)):
+            monkeypatch.setitem(sys.modules, f"scripted_{fw}", side)
+            monkeypatch.setitem(core.SIDES, fw, f"scripted_{fw}")
+
+    return install
+
+
+def test_rows_on_the_cpu_are_timed_in_alternating_rounds_and_compared_round_by_round(scripted):
+    # jax is twice as fast in every round but the last, where the machine slows it 10x: the median of
+    # the paired ratios says 2.0, a ratio of the mean times would say 8 / 13 = 0.62.
+    jax_s, torch_s = ScriptedSide("jax", [1.0, 1.0, 1.0, 10.0]), ScriptedSide("torch", [2.0])
+    scripted(jax_s, torch_s)
+    settings = [core.Setting("jax", "forward"), core.Setting("torch", "forward")]
+    rows = core.run_sweep(TINY_CFG, settings, [16], [1], core.Options(warmup=0, steps=4))
+    assert jax_s.log == [("jax", 1)] * 4 and torch_s.log == [("torch", 1)] * 4  # one timed step per round
+    jax_row, torch_row = rows
+    assert jax_row["step_ms"] == pytest.approx(1e3 * 13 / 4) and torch_row["step_ms"] == pytest.approx(2e3)
+    assert jax_row["jax_torch_speed"] == pytest.approx(2.0)
+    assert jax_row["jax_torch_speed_iqr"] == pytest.approx([2.0 * 0.75 + 0.2 * 0.25, 2.0])
+    assert "2 (1.55-2)" in output.format_table(rows)
+
+
+def test_interleaved_rounds_alternate_their_order(scripted):
+    order = []
+
+    class Logged(ScriptedSide):
+        def prepare(self, *a):
+            run, finish = super().prepare(*a)
+            return (lambda n, timed=True: (timed and order.append(self.name)) or run(n, timed)), finish
+
+    scripted(Logged("jax", [1.0]), Logged("torch", [1.0]))
+    core.run_sweep(TINY_CFG, [core.Setting("jax", "forward"), core.Setting("torch", "forward")], [16], [1],
+                   core.Options(warmup=0, steps=4))
+    assert order == ["jax", "torch", "torch", "jax", "jax", "torch", "torch", "jax"]
+
+
+def test_a_row_that_fails_half_way_is_an_error_row_and_the_others_finish(scripted):
+    scripted(ScriptedSide("jax", [1.0], fail_at=2), ScriptedSide("torch", [2.0]))
+    jax_row, torch_row = core.run_sweep(TINY_CFG, [core.Setting("jax", "forward"), core.Setting("torch", "forward")],
+                                        [16], [1], core.Options(warmup=0, steps=4))
+    assert jax_row["status"] == "error" and "half way" in jax_row["error"] and jax_row.get("jax_torch_speed") is None
+    assert torch_row["status"] == "ok" and torch_row["step_ms"] == pytest.approx(2e3)
+
+
+def test_rows_off_the_cpu_are_timed_one_after_the_other(scripted):
+    jax_s, torch_s = ScriptedSide("jax", [1.0], device="gpu"), ScriptedSide("torch", [2.0], device="gpu")
+    scripted(jax_s, torch_s)
+    jax_row, _ = core.run_sweep(TINY_CFG, [core.Setting("jax", "forward"), core.Setting("torch", "forward")],
+                                [16], [1], core.Options(warmup=0, steps=5))
+    assert jax_s.log == [("jax", 5)] and torch_s.log == [("torch", 5)]
+    assert jax_row["jax_torch_speed"] == pytest.approx(2.0) and "jax_torch_speed_iqr" not in jax_row
+
+
+@pytest.mark.parametrize("form", ["forward", "input grad", "weight grad"])
+def test_matmul_calls_compute_the_forms_of_a_train_step(form):
+    import numpy as np
+
+    from jaxlm.bench.matmul import FORMS
+    from parity import bench_torch
+
+    _, shapes, product = FORMS[form]
+    a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float64) for s in shapes(24, 7, 5))
+    expected = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b, "weight grad": lambda: a.T @ b}[form]()  # float64
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    np.testing.assert_allclose(np.asarray(jax_side.matmul_call(product, a, b)()), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bench_torch.matmul_call(product, a, b)().numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_command_times_every_projection_in_every_form(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert main(["matmul", *TINY, "--context", "16", "--batch", "2", "--repeats", "2", "--framework", "both",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    shapes = {(r["projection"], r["form"]): r["m_k_n"] for r in rows}
+    assert len(shapes) == 4 * 3
+    assert shapes["feed-forward in", "weight grad"] == "32x32->96" and shapes["output head", "forward"] == "32x32->67"
+    assert all(r["jax_gflops"] > 0 and r["torch_gflops"] > 0 and r["jax_torch"] > 0 for r in rows)
+    assert "jax/torch" in capsys.readouterr().out
 
 
 def test_find_max_batch_search():
@@ -235,6 +345,12 @@ def test_nanogpt_baseline_trains_the_recipe(tmp_path, capsys):
     assert main(["nanogpt", *flags, "--full", "--warmup", "1"]) == 0
     full = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert full["timed_steps"] == 5 and math.isfinite(full["val_loss"]) and full["val_loss"] < math.log(257) + 0.5
+    # side by side: jaxlm's train step (the trainer's, 2 steps per call) and the loop, 3 timed blocks each
+    assert main(["nanogpt", *flags, "--set", "train.steps_per_call=2", "--steps", "6", "--framework", "both"]) == 0
+    both = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (both["steps_per_block"], both["blocks"]) == (2, 3) and both["jax_torch"] > 0
+    for side in ("jax", "torch"):  # each side trained: its loss fell below ln(vocab) (settling adds many steps)
+        assert both[f"{side}_step_time_s"] > 0 and 0 < both[f"{side}_train_loss"] < math.log(257) - 0.5
 
 
 def test_experiments_bench_runs_call_the_model_command(tmp_path):

@@ -23,7 +23,21 @@ def test_results_are_read_from_what_each_command_writes(tmp_path):
     record = {"what": "step", "wall_s": 12.34, "result": rows, "load_avg_1m": [0.1, 0.4], "cpu_dependent": True,
               "command": "python -m parity.bench model"}
     assert headline.summary(record) == "jax 25.9 ms vs torch 27.6 ms: 1.07x"
-    machine = {"cpu_model": "Test CPU", "cpus": 2, "vector_extensions": ["avx2"]}
+    machine = {"cpu_model": "Test CPU", "cpu_family_model": "family 6 model 207", "cpus": 2, "vector_extensions": ["avx2"]}
     assert ("| step | 12.3 s | jax 25.9 ms vs torch 27.6 ms: 1.07x | 0.1 / 0.4 | yes | `python -m parity.bench model` |"
             in headline.table(machine, [record]))
-    assert headline.table(machine, [record]).startswith("Measured on Test CPU (2 cores; avx2):")
+    assert headline.table(machine, [record]).startswith("Measured on Test CPU (family 6 model 207; 2 cores; avx2):")
+    # interleaved rows carry the interquartile range of their paired rounds; decoding its tokens/s and tokens
+    rows["rows"][0]["jax_torch_speed_iqr"] = [0.91, 1.04]
+    assert headline.summary(record) == "jax 25.9 ms vs torch 27.6 ms: 1.07x (IQR 0.91-1.04)"
+    decode = {"jax": {"cache": {"tokens_per_second": 325.5}}, "torch": {"cache": {"tokens_per_second": 149.8}},
+              "jax_torch": {"cache": {"speed": 2.173, "greedy_tokens_identical": True}}}
+    assert headline.summary({"result": decode}) == ("cache: jax 326 vs torch 150 tokens/s, 2.17x, greedy tokens "
+                                                    "identical")
+    cache = {"jax": {"cache": {"tokens_per_second": 3880.1}, "no-cache": {"tokens_per_second": 129.9}, "speedup": 29.87}}
+    assert headline.summary({"result": cache}) == "jax with the KV cache 3,880 vs without 130 tokens/s: 29.9x"
+    parity = {"passed": True, "steps": 100, "train_loss_max_abs_diff": 2.38e-6, "logits_max_rel_err": 4.05e-7}
+    assert headline.summary({"result": parity}) == ("PASS: losses over 100 steps differ by at most 2.4e-06, logits "
+                                                    "4.0e-07 relative")
+    loop = {"jax_step_time_s": 0.0448, "torch_step_time_s": 0.0677, "jax_torch": 1.506}
+    assert headline.summary({"result": loop}) == "jaxlm 44.8 ms vs torch loop 67.7 ms per step: 1.51x"

@@ -58,13 +58,16 @@ def causal_rows(first: int, S: int, window=None) -> np.ndarray:
     return (j <= i) & ((i - j <= window) if window is not None else True)
 
 
-def numpy_attention(q, k, v, mask):
-    """float64 reference: softmax(q k^T / sqrt(H) masked) v, BTNH layout; mask (T, S) True = attend."""
+def numpy_attention(q, k, v, mask, keep=None, rate=0.0):
+    """float64 reference: softmax(q k^T / sqrt(H) masked) v, BTNH layout; mask (T, S) True = attend;
+    keep (B, N, T, S): the probabilities dropout keeps (scaled by 1 / (1 - rate)), the rest set to 0."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     s = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
     s = np.where(mask, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
+    if keep is not None:
+        p = np.where(keep, p / (1.0 - rate), 0.0)
     return np.einsum("bnts,bsnh->btnh", p, v)
 
 
@@ -167,6 +170,11 @@ def test_attention_dropout():
     b = attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(0))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, attention(q, k, v))
+    # the mask is the key's Bernoulli draw over (B, N, T, S); dropped probabilities are those of the full softmax
+    B, T_, N, _ = q.shape
+    keep = np.asarray(jax.random.bernoulli(jax.random.key(0), 0.5, (B, N, T_, T_)))
+    expected = numpy_attention(q, k, v, np.tril(np.ones((T_, T_), bool)), keep, 0.5)
+    np.testing.assert_allclose(a, expected, atol=5e-6, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- RoPE

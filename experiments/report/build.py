@@ -80,7 +80,17 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
         cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
         busy = "other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle."
         lines += [f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: {busy}", ""]
+    machines = sorted({_machine(r["host"]) for r in runs if (r.get("host") or {}).get("cpu_model")})
+    if machines:
+        lines += [f"Times were measured on {'; '.join(machines)}.", ""]
     return lines
+
+
+def _machine(host: dict) -> str:
+    """The CPU a record ran on, as its host block names it (the family and model where recorded)."""
+    family = f", {host['cpu_family_model']}" if host.get("cpu_family_model") else ""
+    vector = f"; {', '.join(host['vector_extensions'])}" if host.get("vector_extensions") else ""
+    return f"{host['cpu_model']} ({host.get('cpus', '?')} CPUs{family}{vector})"
 
 
 def _eval_tokens_note(runs: list[dict]) -> str:

@@ -1,33 +1,31 @@
-"""What a benchmark row is, how a sweep runs, and how rows are written out.
+"""What a benchmark row is and how a sweep runs (the rows' table, JSON and CSV: `jaxlm.bench.output`).
 
 A *setting* is everything about a run except its shape: framework, mode,
 dtype, attention, remat, torch.compile. A sweep runs every setting at every
 (context, batch) in the product of the lists it was given; each run becomes one
 row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep
-never stops half way. The framework-specific work lives in the modules of `SIDES`:
+never stops half way. Settings that compare (one mode, dtype and attention) are
+timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work lives in the modules of `SIDES`:
 `jax_side` here, and the PyTorch side that `python -m parity.bench` registers
 (jaxlm never imports torch); this module imports no framework at import time.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import gc
 import importlib
 import itertools
-import json
-import math
+import statistics
 import sys
+import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 from jaxlm.analysis import flops, memory
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.errors import UsageError
-from jaxlm.core.files import atomic_write
 
 FRAMEWORKS = ("jax", "torch")
 
@@ -112,7 +110,7 @@ def empty_row(setting: Setting, cfg: ModelConfig, context: int, batch: int, opts
     return row
 
 
-def finish_row(row: dict, cfg: ModelConfig, opts: Options, device_kind: str | None) -> dict:
+def finish_row(row: dict, opts: Options, device_kind: str | None) -> dict:
     """Derive tokens/s, TFLOP/s and MFU from the timed step."""
     row["device"] = device_kind
     if row.get("step_ms"):
@@ -134,33 +132,121 @@ def is_oom(exc: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "Out of memory" in text
 
 
+def _invalid_row(setting: Setting, context: int, batch: int, opts: Options, error: Exception) -> dict:
+    """An invalid combination (e.g. cudnn with float32): a row that says so."""
+    row = {c: None for c in COLUMNS}
+    row.update(framework=setting.framework, model=opts.model_name, mode=setting.mode, dtype=setting.dtype,
+               attention=setting.attention, remat=setting.remat, context=context, batch=batch,
+               status="invalid", error=str(error).splitlines()[0][:200])
+    return row
+
+
+def _fail(row: dict, exc: Exception) -> None:
+    """An exception while measuring: an OOM or error row (the error row keeps a short traceback)."""
+    row["status"] = "OOM" if is_oom(exc) else "error"
+    text = str(exc).strip()
+    row["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    if row["status"] == "error":
+        row["traceback"] = traceback.format_exc(limit=6)
+    _release_memory()
+
+
+def _step_statistics(row: dict, times: list[float]) -> None:
+    row["step_ms"] = 1e3 * statistics.fmean(times)
+    row["step_ms_std"] = 1e3 * statistics.pstdev(times)
+    row["step_ms_median"] = 1e3 * statistics.median(times)
+    row["step_ms_first"] = 1e3 * times[0]  # what warm-up is for: the first timed step after --warmup steps
+
+
+def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: int, opts: Options) -> list[dict]:
+    """Benchmark settings that compare (one mode, dtype and attention) at one shape; never raises.
+
+    Each side's `prepare(...)` compiles and warms up its step and returns (run, finish): run(n, timed=True)
+    runs n steps and returns their seconds each (timed=False: settling calls, left out of the row's CPU
+    time), finish(times) adds what is read after timing (memory). When every row runs on
+    the host CPU the rows are timed call by call, in alternating order, so that a change of load or of
+    clock speed during the run hits all of them alike; a jax row's `jax_torch_speed` is then the median
+    over the rounds of torch's time / jax's time in the same round. Elsewhere (a GPU, whose memory peak
+    is per row) each row is timed on its own, one after the other.
+    """
+    rows, prepared = [], {}
+    for i, setting in enumerate(settings):
+        try:
+            if context < 1 or batch < 1:
+                raise ValueError(f"context {context} and batch {batch} must be >= 1")
+            cfg, compute = setting.configs(base, context)
+            row = empty_row(setting, cfg, context, batch, opts)
+        except Exception as e:
+            rows.append(_invalid_row(setting, context, batch, opts, e))
+            continue
+        rows.append(row)
+        side = framework_side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
+        try:
+            row["device"] = side.device_kind()
+            ready = side.prepare(setting, cfg, compute, batch, context, opts, row)
+        except Exception as e:
+            _fail(row, e)
+            continue
+        if ready is not None:
+            prepared[i] = ready
+    times = _time_rows(prepared, rows, opts.steps)
+    for i, (_, finish) in prepared.items():
+        if i in times:
+            _step_statistics(rows[i], times[i])
+            finish(times[i])
+            rows[i]["status"] = rows[i]["status"] or "ok"
+    prepared.clear()
+    for row in rows:
+        if row.get("step_ms"):
+            finish_row(row, opts, row["device"])
+    _paired_ratios(rows, times)
+    return rows
+
+
+# After a call torch's OpenMP threads spin for milliseconds before they sleep, and would take CPU from a
+# JAX step that followed at once: in interleaved timing every row first runs untimed for this long.
+SETTLE_S = 0.03
+
+
+def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[float]]:
+    """Seconds per step of every prepared row: on the host CPU in `steps` rounds that each run every row once
+    (settled first, see SETTLE_S) in alternating order; elsewhere one row after the other."""
+    times = {i: [] for i in prepared}
+    interleave = len(prepared) > 1 and all(rows[i]["device"] == "cpu" for i in prepared)
+    rounds = [list(prepared)] if not interleave else [list(prepared)[::1 - 2 * (r % 2)] for r in range(steps)]
+    for order in rounds:
+        for i in order:
+            if i not in times:
+                continue  # failed in an earlier round
+            run = prepared[i][0]
+            try:
+                if interleave:
+                    start = time.perf_counter()
+                    while time.perf_counter() - start < SETTLE_S:
+                        run(1, timed=False)
+                times[i] += run(1 if interleave else steps)
+            except Exception as e:
+                _fail(rows[i], e)
+                del times[i]
+    return times
+
+
+def _paired_ratios(rows: list[dict], times: dict[int, list[float]]) -> None:
+    """jax_torch_speed of interleaved rows: the median of the per-round ratios, with their interquartile range."""
+    torch_rows = [i for i in times if rows[i]["framework"] == "torch"]
+    if not torch_rows or len(times[torch_rows[0]]) < 2 or rows[torch_rows[0]]["device"] != "cpu":
+        return
+    t = times[torch_rows[0]]
+    for i in times:
+        if rows[i]["framework"] == "jax" and len(times[i]) == len(t):
+            quartiles = statistics.quantiles([a / b for a, b in zip(t, times[i])], n=4, method="inclusive")
+            rows[i]["jax_torch_speed"] = quartiles[1]
+            rows[i]["jax_torch_speed_iqr"] = [quartiles[0], quartiles[2]]
+
+
 def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     """Benchmark one (setting, context, batch); never raises: failures become OOM / error rows."""
-    try:
-        if context < 1 or batch < 1:
-            raise ValueError(f"context {context} and batch {batch} must be >= 1")
-        cfg, compute = setting.configs(base, context)
-        row = empty_row(setting, cfg, context, batch, opts)
-    except Exception as e:  # an invalid combination (e.g. cudnn with float32): a row that says so
-        row = {c: None for c in COLUMNS}
-        row.update(framework=setting.framework, model=opts.model_name, mode=setting.mode, dtype=setting.dtype,
-                   attention=setting.attention, remat=setting.remat, context=context, batch=batch,
-                   status="invalid", error=str(e).splitlines()[0][:200])
-        return row
-    side = framework_side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
-    try:
-        device_kind = side.device_kind()
-        side.measure(setting, cfg, compute, batch, context, opts, row)
-        row["status"] = row["status"] or "ok"
-        return finish_row(row, cfg, opts, device_kind)
-    except Exception as e:
-        row["status"] = "OOM" if is_oom(e) else "error"
-        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-        if row["status"] == "error":
-            row["traceback"] = traceback.format_exc(limit=6)
-        del e
-        _release_memory()
-        return row
+    return run_group([setting], base, context, batch, opts)[0]
 
 
 def _release_memory() -> None:
@@ -175,11 +261,16 @@ SIDES = {"jax": "jaxlm.bench.jax_side"}  # framework -> module; `python -m parit
 
 
 def framework_side(framework: str, command: str = "model"):
-    """The module that measures one framework's rows (build_step, run/time, memory, decode_runner)."""
+    """The module that measures one framework's rows (build_step, prepare, memory, decode_runner)."""
     if framework not in SIDES:
         raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench {command} ...` "
                          "(the torch extra); `python -m jaxlm.bench` measures jax only")
     return importlib.import_module(SIDES[framework])
+
+
+def compare_key(setting: Setting) -> tuple:
+    """Rows with the same key compare with each other: one mode, dtype and attention, any framework or remat."""
+    return setting.mode, setting.dtype, setting.attention
 
 
 def run_sweep(
@@ -190,19 +281,27 @@ def run_sweep(
     opts: Options = Options(),
     on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Run every setting at every (context, batch); returns the rows (with jax/torch speed ratios)."""
-    rows = []
-    for setting, context, batch in itertools.product(list(settings), list(contexts), list(batches)):
-        row = run_one(setting, base, context, batch, opts)
-        rows.append(row)
-        if on_row:
-            on_row(row)
+    """Run every setting at every (context, batch), the settings that compare timed together (`run_group`);
+    returns the rows in the order setting x context x batch, with jax/torch speed ratios."""
+    settings, contexts, batches = list(settings), list(contexts), list(batches)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault(compare_key(s), []).append(i)
+    done = {}
+    for members in groups.values():
+        for context, batch in itertools.product(contexts, batches):
+            for i, row in zip(members, run_group([settings[i] for i in members], base, context, batch, opts)):
+                done[i, context, batch] = row
+                if on_row:
+                    on_row(row)
+    rows = [done[key] for key in itertools.product(range(len(settings)), contexts, batches)]
     add_speed_ratios(rows)
     return rows
 
 
 def add_speed_ratios(rows: list[dict]) -> None:
-    """jax_torch_speed = torch step time / jax step time (> 1: jax faster), on the jax row of each matched pair."""
+    """jax_torch_speed = torch step time / jax step time (> 1: jax faster), on the jax row of each matched pair
+    that `run_group` did not already give the median of its paired rounds."""
     key = lambda r: (r["model"], r["mode"], r["dtype"], r["attention"], r["context"], r["batch"])
     torch_rows = {}
     for r in rows:
@@ -210,7 +309,7 @@ def add_speed_ratios(rows: list[dict]) -> None:
             torch_rows.setdefault(key(r), r)
     for r in rows:
         t = torch_rows.get(key(r))
-        if r["framework"] == "jax" and r.get("step_ms") and t is not None:
+        if r["framework"] == "jax" and r.get("step_ms") and t is not None and r.get("jax_torch_speed") is None:
             r["jax_torch_speed"] = t["step_ms"] / r["step_ms"]
 
 
@@ -269,81 +368,3 @@ def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, b
         if est is not None:
             return est
     return memory.estimate(cfg, batch, context, compute, setting.mode, fused=compute.attention != "xla").total
-
-
-# --------------------------------------------------------------------------- output
-
-
-def _fmt(value, col: str) -> str:
-    if value is None:
-        return "-"
-    if col == "memory_gb" or col == "estimate_gb":
-        return f"{value:.3f}"
-    if col == "mfu":
-        return f"{100 * value:.1f}%"
-    if col in ("params", "flops_per_step"):
-        return _si(value)
-    if col == "tokens_per_s":
-        return f"{value:,.0f}"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
-def _si(x: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return str(x)
-
-
-TABLE_COLUMNS = (
-    "framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s", "step_ms",
-    "step_ms_std", "tokens_per_s", "tflops", "mfu", "memory_gb", "memory_source", "jax_torch_speed",
-)
-
-
-HEADINGS = {  # table headings that read as words; other columns: the key with spaces
-    "compile_s": "compile s", "step_ms": "step ms", "tokens_per_s": "tokens/s",
-    "tflops": "TFLOP/s", "mfu": "MFU", "memory_gb": "memory GB", "memory_source": "memory from",
-    "jax_torch_speed": "speedup vs torch",
-}
-
-
-def format_table(rows: list[dict], columns=TABLE_COLUMNS) -> str:
-    """A fixed-width console table; columns that are empty in every row are dropped."""
-    cols = [c for c in columns if any(r.get(c) not in (None, "none") for r in rows) or c in ("framework", "status")]
-    cells = [[_fmt(r.get(c), c) for c in cols] for r in rows]
-    heads = [HEADINGS.get(c, c.replace("_", " ")) for c in cols]
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
-    return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(c) for c in cells])
-
-
-def _json_safe(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-def write_rows(rows: list[dict], path: str | Path, meta: dict | None = None) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean = [{k: _json_safe(v) for k, v in r.items()} for r in rows]
-    return atomic_write(path, json.dumps({"meta": meta or {}, "rows": clean}, indent=1))
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    data = json.loads(Path(path).read_text())
-    return data["rows"] if isinstance(data, dict) else data
-
-
-def write_csv(rows: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(COLUMNS), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _json_safe(r.get(k)) for k in COLUMNS})
-    return path

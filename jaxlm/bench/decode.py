@@ -103,11 +103,10 @@ def main(args: argparse.Namespace) -> int:
     cfg = full.model
     if cfg.context_length < args.prompt_tokens + args.new_tokens:
         cfg = dataclasses.replace(cfg, context_length=args.prompt_tokens + args.new_tokens)
-    if args.threads:
-        from jaxlm.bench.sweep import set_cpu_threads
+    from jaxlm.core.host import limit_cpu_threads, tune_for_cpu_backend
 
-        set_cpu_threads(args.threads)
-    from jaxlm.core.host import tune_for_cpu_backend
+    if args.threads:
+        limit_cpu_threads(args.threads)
 
     tune_for_cpu_backend()
     modes = MODES if args.mode == "both" else (args.mode,)

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
@@ -116,8 +115,10 @@ def compile_step(step: Step):
         return step.jitted.lower(*step.args).compile()
 
 
-def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict) -> None:
-    """Fill `row` with compile time, step-time statistics and memory for one JAX setting."""
+def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict):
+    """Compile and warm up one JAX setting, filling the row's compile time, compiled memory and FLOPs; returns
+    its (run, finish) pair (`jaxlm.bench.core.run_group` says how they are called), or None when the row is
+    already decided (OOM by the compiled estimate)."""
     step = build_step(setting.mode, cfg, compute, batch, context, opts.seed)
     t0 = time.perf_counter()
     compiled = compile_step(step)
@@ -130,33 +131,43 @@ def measure(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
         row["status"] = "OOM"
         row["memory_source"] = "memory_analysis"
         row["error"] = f"estimated {estimate / 1e9:.3f} GB > --memory-limit-gb {opts.memory_limit_gb}"
-        return
-    args = step.args
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*donated buffers.*")
-        for _ in range(opts.warmup):
-            out = compiled(*args)
-            jax.block_until_ready(out)
-            args = step.advance(args, out)
-        times, cpu0 = [], time.process_time()
-        for _ in range(opts.steps):
-            t = time.perf_counter()
-            out = compiled(*args)
-            jax.block_until_ready(out)
-            times.append(time.perf_counter() - t)
-            args = step.advance(args, out)
-        cpu = time.process_time() - cpu0
-    del out, args
-    row["step_cpu_ms"] = 1e3 * cpu / opts.steps  # this process's CPU time per step: steadier than wall time under load
-    row["step_ms"] = 1e3 * float(np.mean(times))
-    row["step_ms_std"] = 1e3 * float(np.std(times))
-    row["step_ms_median"] = 1e3 * float(np.median(times))
-    row["step_ms_first"] = 1e3 * times[0]  # what warm-up is for: the first timed step after --warmup steps
-    peak = peak_memory_bytes()
-    if peak is not None:
-        row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
-    else:
-        row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"
+        return None
+    state = {"args": step.args, "cpu": 0.0}
+
+    def run(n: int, timed: bool = True) -> list[float]:
+        """n steps, each to completion: wall seconds per step (their CPU seconds summed when `timed`)."""
+        times = []
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*donated buffers.*")
+            for _ in range(n):
+                t, cpu = time.perf_counter(), time.process_time()
+                out = compiled(*state["args"])
+                jax.block_until_ready(out)
+                times.append(time.perf_counter() - t)
+                state["cpu"] += (time.process_time() - cpu) if timed else 0.0
+                state["args"] = step.advance(state["args"], out)
+        return times
+
+    def finish(times: list[float]) -> None:
+        # This process's CPU time per timed step: steadier than wall time under load.
+        row["step_cpu_ms"] = 1e3 * state["cpu"] / len(times)
+        peak = peak_memory_bytes()
+        if peak is not None:
+            row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
+        else:
+            row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"
+        state.clear()
+
+    run(opts.warmup, timed=False)
+    return run, finish
+
+
+def matmul_call(product: Callable, a, b) -> Callable[[], Any]:
+    """`product(a, b)` (a `jaxlm.bench.matmul.FORMS` form) jitted on numpy operands: a call that returns the
+    product once it is computed."""
+    a, b = jax.device_put(a), jax.device_put(b)
+    compiled = jax.jit(product).lower(a, b).compile()
+    return lambda: compiled(a, b).block_until_ready()
 
 
 def decode_runner(model: TransformerLM, compute: ComputeConfig, prompts: list[list[int]], new_tokens: int,

@@ -211,11 +211,10 @@ def main(args: argparse.Namespace) -> int:
     context = args.context or full.model.context_length
     cfg = dataclasses.replace(full.model, context_length=max(context, full.model.context_length))
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_enable_xprof_traceme=true".strip()
-    if args.threads:
-        from jaxlm.bench.sweep import set_cpu_threads
+    from jaxlm.core.host import limit_cpu_threads, tune_for_cpu_backend
 
-        set_cpu_threads(args.threads)
-    from jaxlm.core.host import tune_for_cpu_backend
+    if args.threads:
+        limit_cpu_threads(args.threads)
 
     tune_for_cpu_backend()
     kw = dict(steps=args.steps, warmup=args.warmup, top=args.top, statistic=args.statistic)

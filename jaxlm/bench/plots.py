@@ -146,7 +146,7 @@ def add_args(p) -> None:
 
 
 def main(args) -> int:
-    from jaxlm.bench.core import read_rows
+    from jaxlm.bench.output import read_rows
     from jaxlm.core.errors import DataError
 
     try:

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 import typing
 from pathlib import Path
 
 from jaxlm import cli
 from jaxlm.analysis.flops import MODES
-from jaxlm.bench import core  # imports no framework
+from jaxlm.bench import core, output  # import no framework
 from jaxlm.core.config import ComputeConfig, Config
 from jaxlm.core.errors import UserError
 
@@ -60,8 +58,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the rows and the run's metadata here")
     p.add_argument("--csv", metavar="PATH", help="write the rows here")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures from this sweep's rows")
-    p.add_argument("--threads", metavar="N", type=int, help="CPU threads for both frameworks (torch.set_num_threads; XLA's "
-                   "intra-op pool), for fair CPU comparisons on a shared machine (default: each framework's own)")
+    p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (the process's CPU affinity: XLA's thread "
+                   "pool and torch.set_num_threads follow it; Linux) (default: every CPU the process may use)")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     g = p.add_argument_group("compile for a GPU instead of running (the gpu-compile extra; docs/memory.md)")
     which = g.add_mutually_exclusive_group()
@@ -105,18 +103,6 @@ def settings_from(args, compute: ComputeConfig) -> list[core.Setting]:
                         out.append(core.Setting(fw, mode, dtype, attn, remat, compile=not args.no_compile,
                                                 compute=compute))
     return out
-
-
-def set_cpu_threads(n: int) -> None:
-    """Both frameworks on n CPU threads. XLA reads its flags when JAX initialises its CPU backend,
-    so this must run before the first JAX computation (the CLI calls it first thing)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} " \
-                              f"intra_op_parallelism_threads={n}".strip()
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    torch = sys.modules.get("torch")  # loaded when parity.bench added the torch side
-    if torch is not None:
-        torch.set_num_threads(n)
 
 
 def progress_line(row: dict) -> None:
@@ -167,9 +153,9 @@ def extras(args, settings, base, meta: dict) -> None:
 
 def write_outputs(args, rows: list[dict], meta: dict) -> None:
     if args.json:
-        print(f"wrote {core.write_rows(rows, args.json, meta)}")
+        print(f"wrote {output.write_rows(rows, args.json, meta)}")
     if args.csv:
-        print(f"wrote {core.write_csv(rows, args.csv)}")
+        print(f"wrote {output.write_csv(rows, args.csv)}")
     if args.plot:
         from jaxlm.bench.plots import plot_results
 
@@ -201,7 +187,7 @@ def compiled_sweep(args, cfg: Config, name: str) -> int:
                     what = f"{r['total_gb']:.3f} GB per GPU" if r["status"] == "ok" else r.get("error", "")
                     print(f"[compiled] {s.label} T={context} B={batch}: {r['status']} {what}", flush=True)
     print(f"\n{t.label}")
-    print(core.format_table(rows, gpu.BENCH_COLUMNS))
+    print(output.format_table(rows, gpu.BENCH_COLUMNS))
     write_outputs(args, rows, meta)
     return 0
 
@@ -211,11 +197,11 @@ def main(args: argparse.Namespace) -> int:
     check_args(args, cfg)
     if args.target or args.target_config:
         return compiled_sweep(args, cfg, args.preset or (Path(args.config).stem if args.config else "default"))
-    if args.threads:
-        set_cpu_threads(args.threads)
-    from jaxlm.core.host import describe, tune_for_cpu_backend
+    from jaxlm.core.host import describe, limit_cpu_threads, tune_for_cpu_backend
 
-    tune_for_cpu_backend()  # after set_cpu_threads: XLA flags must be set before the backend starts
+    if args.threads:
+        limit_cpu_threads(args.threads)  # before the JAX backend starts: XLA sizes its thread pool then
+    tune_for_cpu_backend()
     base = cfg.model
     name = args.preset or (Path(args.config).stem if args.config else "default")
     opts = core.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
@@ -229,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         rows = core.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
     print()
-    print(core.format_table(rows))
+    print(output.format_table(rows))
     extras(args, settings, base, meta)
     meta["host"]["load_avg_1m_end"] = describe()["load_avg_1m"]  # other work on the machine skews timings
     write_outputs(args, rows, meta)

@@ -17,6 +17,7 @@ COMMANDS = {  # name: (module with add_args(parser) and main(args), one line of 
     "data": ("jaxlm.bench.data", "BPE training, GPT-2 encoding through prepare, loader batches/s"),
     "decode": ("jaxlm.bench.decode", "generation tokens/s with and without the KV cache"),
     "ops": ("jaxlm.bench.op_profile", "where a step's time goes, op by op, from a profile of the compiled step"),
+    "matmul": ("jaxlm.bench.matmul", "the step's projection matmuls one by one (forward, input and weight gradient), GFLOP/s"),
     "parallel": ("jaxlm.bench.layouts", "the train step on a device mesh: per-device memory, collectives, step time"),
     "plot": ("jaxlm.bench.plots", "PNG figures from a saved `model --json` file"),
 }

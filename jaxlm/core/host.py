@@ -1,4 +1,5 @@
-"""Host-side tuning for CPU runs: keep large temporary buffers in the malloc heap.
+"""Host-side tuning for CPU runs: keep large temporary buffers in the malloc heap; limit the CPUs a
+benchmark runs on (`limit_cpu_threads`); describe the machine a timing ran on.
 
 XLA:CPU allocates each step's temporaries (tens of MB for a small model) with
 malloc and frees them after the call. glibc serves blocks above its mmap
@@ -15,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+
+from jaxlm.core.errors import UserError
 
 M_TRIM_THRESHOLD = -1  # glibc mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -47,27 +50,50 @@ def tune_for_cpu_backend() -> bool:
     return jax.default_backend() == "cpu" and keep_large_allocations_in_heap()
 
 
-def describe() -> dict:
-    """The machine a measurement ran on: CPU model, cores, vector extensions and the 1-minute load average.
+def limit_cpu_threads(n: int) -> int:
+    """Run this process, and so both frameworks, on n of its CPUs; returns how many it got (n or fewer).
 
-    Timings on a CPU depend on all four (XLA:CPU and PyTorch use AVX-512 and AMX where present), so
+    Must run before JAX starts its CPU backend: XLA sizes its thread pool (the dots' threads
+    too) from the CPUs the process may run on, and threads started later inherit the set.
+    Torch is told with `torch.set_num_threads` where it is loaded, and OpenMP by OMP_NUM_THREADS.
+    """
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        raise UserError(f"--threads {n}: limiting the CPU threads needs CPU affinity, which this OS "
+                        "(not Linux) does not offer; leave --threads out")
+    cpus = sorted(os.sched_getaffinity(0))[:n]
+    os.sched_setaffinity(0, cpus)
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+    torch = sys.modules.get("torch")  # loaded when parity.bench added the torch side
+    if torch is not None:
+        torch.set_num_threads(len(cpus))
+    return len(cpus)
+
+
+def describe() -> dict:
+    """The machine a measurement ran on: CPU model (with its family and model numbers, which name the
+    generation where a virtual machine shows only "Intel(R) Xeon(R) Processor"), cores, vector extensions
+    and the 1-minute load average.
+
+    Timings on a CPU depend on all of them (XLA:CPU and PyTorch use AVX-512 and AMX where present), so
     every benchmark record carries them."""
     import os
     import platform
 
-    model, flags = platform.processor() or platform.machine(), set()
+    fields = {"model name": platform.processor() or platform.machine()}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                if model and flags:
-                    break
+                if key.strip() in ("model name", "cpu family", "model", "flags"):
+                    fields[key.strip()] = value.strip()
+                if not line.strip() and "flags" in fields:
+                    break  # the first processor's block is enough
     except OSError:
         pass
+    flags = set(fields.get("flags", "").split())
     vector = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in flags]
-    return {"cpu_model": model, "cpus": os.cpu_count(), "vector_extensions": vector,
-            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    family = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None
+    return {"cpu_model": fields["model name"], "cpu_family_model": family, "cpus": os.cpu_count(),
+            "vector_extensions": vector, "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

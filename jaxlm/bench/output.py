@@ -1,0 +1,95 @@
+"""The console table, JSON and CSV of benchmark rows (`jaxlm.bench.core.COLUMNS`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from jaxlm.bench.core import COLUMNS
+from jaxlm.core.files import atomic_write
+
+
+def _fmt(value, col: str) -> str:
+    if value is None:
+        return "-"
+    if col == "memory_gb" or col == "estimate_gb":
+        return f"{value:.3f}"
+    if col == "mfu":
+        return f"{100 * value:.1f}%"
+    if col in ("params", "flops_per_step"):
+        return _si(value)
+    if col == "tokens_per_s":
+        return f"{value:,.0f}"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _cell(row: dict, col: str) -> str:
+    """One table cell; a paired speed ratio shows its interquartile range over the rounds beside it."""
+    text = _fmt(row.get(col), col)
+    if col == "jax_torch_speed" and row.get("jax_torch_speed_iqr"):
+        low, high = row["jax_torch_speed_iqr"]
+        text += f" ({low:.3g}-{high:.3g})"
+    return text
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return str(x)
+
+
+TABLE_COLUMNS = (
+    "framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s", "step_ms",
+    "step_ms_std", "tokens_per_s", "tflops", "mfu", "memory_gb", "memory_source", "jax_torch_speed",
+)
+
+
+HEADINGS = {  # table headings that read as words; other columns: the key with spaces
+    "compile_s": "compile s", "step_ms": "step ms", "tokens_per_s": "tokens/s",
+    "tflops": "TFLOP/s", "mfu": "MFU", "memory_gb": "memory GB", "memory_source": "memory from",
+    "jax_torch_speed": "speedup vs torch",
+}
+
+
+def format_table(rows: list[dict], columns=TABLE_COLUMNS) -> str:
+    """A fixed-width console table; columns that are empty in every row are dropped."""
+    cols = [c for c in columns if any(r.get(c) not in (None, "none") for r in rows) or c in ("framework", "status")]
+    cells = [[_cell(r, c) for c in cols] for r in rows]
+    heads = [HEADINGS.get(c, c.replace("_", " ")) for c in cols]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+    return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_rows(rows: list[dict], path: str | Path, meta: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = [{k: _json_safe(v) for k, v in r.items()} for r in rows]
+    return atomic_write(path, json.dumps({"meta": meta or {}, "rows": clean}, indent=1))
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    data = json.loads(Path(path).read_text())
+    return data["rows"] if isinstance(data, dict) else data
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _json_safe(r.get(k)) for k in COLUMNS})
+    return path
