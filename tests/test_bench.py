@@ -131,6 +131,8 @@ def test_invalid_setting_is_a_row_not_a_crash():
 class ScriptedSide:
     """A framework side whose steps take scripted times (no clock): what `core.run_group` asks of a side."""
 
+    events = []  # (what, side name) in the order run_group asks: "prepare" and "finish"
+
     def __init__(self, name, seconds, device="cpu", fail_at=None):
         self.name, self.seconds, self.device, self.fail_at, self.log = name, seconds, device, fail_at, []
 
@@ -139,6 +141,7 @@ class ScriptedSide:
 
     def prepare(self, setting, cfg, compute, batch, context, opts, row):
         done = []
+        self.events.append(("prepare", self.name))
 
         def run(n, timed=True):
             if not timed:
@@ -150,7 +153,11 @@ class ScriptedSide:
             self.log.append((self.name, n))
             return times
 
-        return run, lambda times: row.update(memory_gb=0.0, memory_source="scripted")
+        def finish(times):
+            self.events.append(("finish", self.name))
+            row.update(memory_gb=0.0, memory_source="scripted")
+
+        return run, finish
 
 
 @pytest.fixture
@@ -158,6 +165,7 @@ def scripted(monkeypatch):
     """Install scripted jax and torch sides; returns a function that sets them up."""
 
     def install(jax_side_, torch_side_):
+        monkeypatch.setattr(ScriptedSide, "events", [])
         for fw, side in (("jax", jax_side_), ("torch", torch_side_)):
             monkeypatch.setitem(sys.modules, f"scripted_{fw}", side)
             monkeypatch.setitem(core.SIDES, fw, f"scripted_{fw}")
@@ -178,6 +186,7 @@ def test_rows_on_the_cpu_are_timed_in_alternating_rounds_and_compared_round_by_r
     assert jax_row["jax_torch_speed"] == pytest.approx(2.0)
     assert jax_row["jax_torch_speed_iqr"] == pytest.approx([2.0 * 0.75 + 0.2 * 0.25, 2.0])
     assert "2 (1.55-2)" in output.format_table(rows)
+    assert ScriptedSide.events == [("prepare", "jax"), ("prepare", "torch"), ("finish", "jax"), ("finish", "torch")]
 
 
 def test_interleaved_rounds_alternate_their_order(scripted):
@@ -209,6 +218,8 @@ def test_rows_off_the_cpu_are_timed_one_after_the_other(scripted):
                                 [16], [1], core.Options(warmup=0, steps=5))
     assert jax_s.log == [("jax", 5)] and torch_s.log == [("torch", 5)]
     assert jax_row["jax_torch_speed"] == pytest.approx(2.0) and "jax_torch_speed_iqr" not in jax_row
+    # each row released before the next is built: a GPU need not hold both models at once
+    assert ScriptedSide.events == [("prepare", "jax"), ("finish", "jax"), ("prepare", "torch"), ("finish", "torch")]
 
 
 @pytest.mark.parametrize("form", ["forward", "input grad", "weight grad"])

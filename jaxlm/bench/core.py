@@ -167,8 +167,11 @@ def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: i
     the host CPU the rows are timed call by call, in alternating order, so that a change of load or of
     clock speed during the run hits all of them alike; a jax row's `jax_torch_speed` is then the median
     over the rounds of torch's time / jax's time in the same round. Elsewhere (a GPU, whose memory peak
-    is per row) each row is timed on its own, one after the other.
+    is per row and which need not hold two models at once) each row is prepared, timed and released before
+    the next.
     """
+    if len(settings) > 1 and not all(_on_host_cpu(s) for s in settings):
+        return [row for s in settings for row in run_group([s], base, context, batch, opts)]
     rows, prepared = [], {}
     for i, setting in enumerate(settings):
         try:
@@ -208,11 +211,18 @@ def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: i
 SETTLE_S = 0.03
 
 
+def _on_host_cpu(setting: Setting) -> bool:
+    try:
+        return framework_side(setting.framework).device_kind() == "cpu"
+    except Exception:  # no such side: run_group turns that into its one-line error
+        return False
+
+
 def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[float]]:
     """Seconds per step of every prepared row: on the host CPU in `steps` rounds that each run every row once
     (settled first, see SETTLE_S) in alternating order; elsewhere one row after the other."""
     times = {i: [] for i in prepared}
-    interleave = len(prepared) > 1 and all(rows[i]["device"] == "cpu" for i in prepared)
+    interleave = len(prepared) > 1  # run_group prepares several rows together on the host CPU only
     rounds = [list(prepared)] if not interleave else [list(prepared)[::1 - 2 * (r % 2)] for r in range(steps)]
     for order in rounds:
         for i in order:
