@@ -10,7 +10,7 @@ loss too. Prints one JSON line.
 `--framework both` times jaxlm's train step beside the loop, as the trainer compiles it
 (`jaxlm.training.loop.build`: train.steps_per_call steps per jitted call) on batches drawn
 the same way: the two alternate in blocks of steps_per_call steps, each block settled
-first (`jaxlm.bench.core.SETTLE_S`), and `jax_torch` is the median over the blocks of the
+first (`jaxlm.bench.core.settle`), and `jax_torch` is the median over the blocks of the
 loop's time per step / jaxlm's in the same round.
 """
 
@@ -110,7 +110,7 @@ def side_by_side(cfg, train_tokens, blocks: int) -> dict:
 
     import jax
 
-    from jaxlm.bench.core import SETTLE_S
+    from jaxlm.bench.core import settle
     from jaxlm.core import sharding
     from jaxlm.training.loop import build
 
@@ -131,9 +131,7 @@ def side_by_side(cfg, train_tokens, blocks: int) -> dict:
     for r in range(blocks + 1):  # block 0: compile and warm up, untimed
         for name, block in ((("jax", jax_block), ("torch", torch_block)) if r % 2 == 0 else
                             (("torch", torch_block), ("jax", jax_block))):
-            start = time.perf_counter()
-            while time.perf_counter() - start < SETTLE_S:
-                block()
+            settle(block)
             t = time.perf_counter()
             block()
             if r:

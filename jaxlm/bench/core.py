@@ -211,6 +211,15 @@ def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: i
 SETTLE_S = 0.03
 
 
+def settle(call: Callable[[], object]) -> None:
+    """Run `call` untimed (at least once) until SETTLE_S have passed: the other framework's threads go quiet."""
+    start = time.perf_counter()
+    while True:
+        call()
+        if time.perf_counter() - start >= SETTLE_S:
+            return
+
+
 def _on_host_cpu(setting: Setting) -> bool:
     try:
         return framework_side(setting.framework).device_kind() == "cpu"
@@ -219,10 +228,10 @@ def _on_host_cpu(setting: Setting) -> bool:
 
 
 def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[float]]:
-    """Seconds per step of every prepared row: on the host CPU in `steps` rounds that each run every row once
-    (settled first, see SETTLE_S) in alternating order; elsewhere one row after the other."""
+    """Seconds per step of every prepared row: several (run_group prepares several together on the host CPU
+    only) in `steps` rounds that each run every row once, settled first, in alternating order; one alone."""
     times = {i: [] for i in prepared}
-    interleave = len(prepared) > 1  # run_group prepares several rows together on the host CPU only
+    interleave = len(prepared) > 1
     rounds = [list(prepared)] if not interleave else [list(prepared)[::1 - 2 * (r % 2)] for r in range(steps)]
     for order in rounds:
         for i in order:
@@ -231,9 +240,7 @@ def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[f
             run = prepared[i][0]
             try:
                 if interleave:
-                    start = time.perf_counter()
-                    while time.perf_counter() - start < SETTLE_S:
-                        run(1, timed=False)
+                    settle(lambda: run(1, timed=False))
                 times[i] += run(1 if interleave else steps)
             except Exception as e:
                 _fail(rows[i], e)
@@ -244,7 +251,7 @@ def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[f
 def _paired_ratios(rows: list[dict], times: dict[int, list[float]]) -> None:
     """jax_torch_speed of interleaved rows: the median of the per-round ratios, with their interquartile range."""
     torch_rows = [i for i in times if rows[i]["framework"] == "torch"]
-    if not torch_rows or len(times[torch_rows[0]]) < 2 or rows[torch_rows[0]]["device"] != "cpu":
+    if not torch_rows or len(times[torch_rows[0]]) < 2:  # a row timed alone (a GPU) or one round
         return
     t = times[torch_rows[0]]
     for i in times:

@@ -32,9 +32,7 @@ BLOCK = 10  # timed calls of one framework in a row, after it has run untimed fo
 
 def _block(call) -> list[float]:
     """BLOCK timed calls, after untimed ones for core.SETTLE_S (the other framework's threads stop spinning)."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < core.SETTLE_S:
-        call()
+    core.settle(call)
     times = []
     for _ in range(BLOCK):
         t = time.perf_counter()
