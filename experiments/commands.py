@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.spec import RunSpec
-from jaxlm.core.config import load_config, to_dict, toml_value
+from jaxlm.core.config import load_config
+from jaxlm.core.typedconfig import to_dict, toml_value
 
 TRAIN_MODULE = "jaxlm.train"
 BENCH_MODULE = "jaxlm.bench"

@@ -22,8 +22,8 @@ from experiments.estimate import THROUGHPUT, bench_seconds, plan_seconds
 from experiments.plan import PlanError, load_plan, plan_names
 from experiments.report.build import write_report
 from experiments.run import Device, run_plan
-from jaxlm.core.config import toml_value
 from jaxlm.core.errors import UsageError
+from jaxlm.core.typedconfig import toml_value
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Device("cpu", "cpu", 1)

@@ -23,4 +23,9 @@ from torchref.model import (
 )
 from torchref.optim import AdamW, clip_grad_norm, cross_entropy, lr_cosine_schedule
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [
+    "AdamW", "apply_lora", "causal_mask", "clip_grad_norm", "cross_entropy", "Embedding", "get_batch", "Linear",
+    "load_checkpoint", "LoRALinear", "lr_cosine_schedule", "merge_lora", "ModelConfig", "MultiHeadSelfAttention",
+    "RMSNorm", "RotaryEmbedding", "save_checkpoint", "scaled_dot_product_attention", "silu", "SiLUFFN", "softmax",
+    "SwiGLU", "TransformerBlock", "TransformerLM",
+]

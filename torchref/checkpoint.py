@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import BinaryIO, IO
+from typing import IO, BinaryIO
 
 import torch
 

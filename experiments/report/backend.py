@@ -12,8 +12,8 @@ import dataclasses
 import re
 
 from experiments.report.format import fmt, table
-from jaxlm.core.config import to_dict, toml_value
 from jaxlm.core.errors import UserError
+from jaxlm.core.typedconfig import to_dict, toml_value
 
 SECTION = "What this backend can show"
 DEVICE = "h100-80gb"

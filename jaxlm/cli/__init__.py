@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from jaxlm.core import platform, stop
-from jaxlm.core.config import PRESETS, Config, help_config, load_config
+from jaxlm.core.config import PRESETS, Config, load_config
 from jaxlm.core.errors import InternalError, UsageError, UserError, write_traceback
+from jaxlm.core.typedconfig import help_config
 
 platform.prepare()  # before any command imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
 

@@ -17,12 +17,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from jaxlm.core import typedconfig as tc
 from jaxlm.core.errors import ConfigError
 from jaxlm.core.oldkeys import migrate, migrate_override
 from jaxlm.core.presets import PRESETS
-from jaxlm.core.typedconfig import (  # noqa: F401  (dumps_toml, help_config, to_dict, toml_value: re-exported)
-    apply_overrides, blame, check_override, dumps_toml, from_dict, help_config, merge_trees, parse_override, read_toml,
-    to_dict, toml_value)
 
 
 def opt(default: Any, doc: str):
@@ -382,19 +380,19 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = migrate(read_toml(path), str(path)) if path is not None else {}
+    data = migrate(tc.read_toml(path), str(path)) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
-        data = merge_trees(data, PRESETS[preset])
+        data = tc.merge_trees(data, PRESETS[preset])
     overrides = [t for t in map(migrate_override, overrides) if t is not None]
     for text in overrides:
         try:
-            check_override(cls, *parse_override(text))
+            tc.check_override(cls, *tc.parse_override(text))
         except ConfigError as e:
             raise ConfigError(f"--set {text}: {e}") from None
     try:
-        return from_dict(cls, apply_overrides(data, overrides))
+        return tc.from_dict(cls, tc.apply_overrides(data, overrides))
     except ConfigError as e:
-        raise ConfigError(f"{blame(str(e), path, overrides)}: {e}") from None
+        raise ConfigError(f"{tc.blame(str(e), path, overrides)}: {e}") from None
 

@@ -16,7 +16,6 @@ import signal
 import sys
 from typing import Callable
 
-
 _caught = False  # a StopFlag of this process caught a signal (jaxlm.cli.run reads it as the process exits)
 
 

@@ -37,9 +37,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from jaxlm.core.config import CheckpointConfig, Config, dumps_toml, load_config, to_dict
+from jaxlm.core.config import CheckpointConfig, Config, load_config
 from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
 from jaxlm.core.files import atomic_write
+from jaxlm.core.typedconfig import dumps_toml, to_dict
 from jaxlm.nn import scan
 from jaxlm.nn.lora import has_adapters
 from jaxlm.training.step import TrainState, build_model, split_model

@@ -21,11 +21,11 @@ import jax
 import numpy as np
 
 from jaxlm.core import sharding
-from jaxlm.core.config import ComputeConfig, Config, ModelConfig, to_dict, toml_value
+from jaxlm.core.config import ComputeConfig, Config, ModelConfig
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
 from jaxlm.core.files import read_json, writable_dir_problem
 from jaxlm.core.lock import DirLock
-from jaxlm.core.typedconfig import flatten_tree
+from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
