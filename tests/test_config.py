@@ -9,16 +9,8 @@ import tomllib
 
 import pytest
 
-from jaxlm.core.config import (
-    PRESETS,
-    Config,
-    ConfigError,
-    ModelConfig,
-    dumps_toml,
-    help_config,
-    load_config,
-    to_dict,
-)
+from jaxlm.core.config import PRESETS, Config, ConfigError, ModelConfig, load_config
+from jaxlm.core.typedconfig import dumps_toml, help_config, to_dict
 from tests.train_helpers import ROOT
 
 QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.toml"
