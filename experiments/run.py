@@ -145,7 +145,8 @@ def collect(spec: RunSpec, run_dir: Path) -> dict:
             m = out["metrics"]
             try:
                 from jaxlm.analysis.flops import param_counts
-                from jaxlm.core.config import ModelConfig, from_dict
+                from jaxlm.core.config import ModelConfig
+                from jaxlm.core.typedconfig import from_dict
 
                 counts = param_counts(from_dict(ModelConfig, cfg["model"]))
                 m["params"] = counts["total"]

@@ -106,7 +106,8 @@ def corpora(runs: list[dict], corpus) -> str:
 
 def models(runs: list[dict]) -> str:
     from jaxlm.analysis.flops import param_counts
-    from jaxlm.core.config import ModelConfig, from_dict
+    from jaxlm.core.config import ModelConfig
+    from jaxlm.core.typedconfig import from_dict
 
     cfgs = [from_dict(ModelConfig, m) for r in runs if (m := (r.get("config") or {}).get("model"))]
     if not cfgs:

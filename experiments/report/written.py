@@ -96,7 +96,8 @@ def plan_part(root: Path, plan: str, out: Path, levels: int = 2) -> tuple[list[s
 
 def setup_section(runs: list[dict]) -> list[str]:
     from jaxlm.analysis.flops import param_counts
-    from jaxlm.core.config import ModelConfig, from_dict
+    from jaxlm.core.config import ModelConfig
+    from jaxlm.core.typedconfig import from_dict
 
     data, models, hosts, versions = {}, {}, set(), {}
     for r in runs:

@@ -10,7 +10,7 @@ Conventions (written down because MFU figures depend on them):
   A step's FLOPs (`step_flops`) are model FLOPs: remat recomputation is not
   counted (it costs time, not useful work), so remat lowers MFU.
 - XLA's `cost_analysis()['flops']` also counts elementwise work and the softmax;
-  for the test model (tests/test_bench.py) the analytic matmul count is within
+  for the test model (tests/lib/test_bench.py) the analytic matmul count is within
   10 % of it (measured gap: see docs/benchmarks.md).
 
 Memory (parameters, optimizer state, activations by component) lives in jaxlm.memory.

@@ -25,7 +25,7 @@ from jaxlm.data.prepare import (
 )
 
 EOT = "<|endoftext|>"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="session")

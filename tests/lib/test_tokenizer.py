@@ -17,7 +17,7 @@ from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
 EOT = "<|endoftext|>"
 FIXTURES = ["address.txt", "german.txt", "tinystories_sample.txt", "special_token_double_newlines_non_whitespace.txt", "special_token_trailing_newlines.txt"]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """Run many command lines in one Python process, each through its module's real `__main__`.
 
-    python tests/cli_harness.py ROWS.json OUT.json
+    python tests/system/cli_harness.py ROWS.json OUT.json
 
 ROWS.json is a list of ``[module, [arg, ...], cwd]``; OUT.json gets one ``{"code", "stderr"}``
 per row: the exit status and what the command wrote to stderr, with an escaping exception
 printed the way the interpreter would. One process for a whole table of bad invocations
-(`tests/test_faults.py`) saves a JAX/torch start-up per row.
+(`tests/system/test_faults.py`) saves a JAX/torch start-up per row.
 """
 
 from __future__ import annotations
@@ -54,5 +54,5 @@ def main(rows_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     main(*sys.argv[1:3])

@@ -4,7 +4,7 @@ import ast
 import collections
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
 # Folders of jaxlm from the top layer down; a module may import its own layer or a lower one.
 LAYERS = (("cli", "bench"), "training", ("nn", "data", "analysis"), "core")  # bench: the benchmark commands

@@ -113,7 +113,7 @@ def test_the_gpu_model_against_the_compiled_h100_figures():
     compiles here): the GPU calibration keeps 33 of the 36 within 10 % and none beyond 20 % (docs/memory.md)."""
     from jaxlm.bench import gpu_validation as gv
 
-    stored = json.loads((Path(__file__).resolve().parents[1] / "docs/results/compiled/h100-80gb.json").read_text())
+    stored = json.loads((Path(__file__).resolve().parents[2] / "docs/results/compiled/h100-80gb.json").read_text())
     by_job = {json.dumps(json.loads(k)[0], sort_keys=True): v for k, v in stored.items()
               if json.loads(k)[1:3] == ["h100-80gb", 1]}  # [job, target, GPUs, jax version]
     rows = [{**dict(zip(gv.FIELDS, spec)), **by_job[json.dumps(gv.validation_job(*spec), sort_keys=True)]}

@@ -1,5 +1,5 @@
 """The mesh sizes, the logical-axis rules and the HLO collective count (one device; the 8-device
-equivalence runs in tests/test_train.py)."""
+equivalence runs in tests/lib/test_train.py)."""
 
 from __future__ import annotations
 

@@ -773,14 +773,14 @@ def _command(cli_name: str, args: str, files: dict, row: int) -> tuple[str, list
 @pytest.mark.parametrize("cli_name", list(INVOCATIONS))
 def test_bad_invocations(cli_name, files, tmp_path):
     """Each row: its exit code, exactly one line starting with `error:` that names the culprit,
-    no traceback. All rows of one CLI run in one process (tests/cli_harness.py)."""
+    no traceback. All rows of one CLI run in one process (tests/system/cli_harness.py)."""
     rows = INVOCATIONS[cli_name]
     commands = [_command(cli_name, args, files, i) for i, (args, _, _) in enumerate(rows)]
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     (tmp_path / "rows.json").write_text(json.dumps([[m, a, str(cwd)] for m, a in commands]))
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8") if cli_name == "train" else _env()
-    r = subprocess.run([PY, str(ROOT / "tests" / "cli_harness.py"), str(tmp_path / "rows.json"), str(tmp_path / "out.json")],
+    r = subprocess.run([PY, str(ROOT / "tests" / "system" / "cli_harness.py"), str(tmp_path / "rows.json"), str(tmp_path / "out.json")],
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     failures = []

@@ -11,7 +11,7 @@ import pytest
 from jaxlm.core import extras
 from jaxlm.core.errors import MissingExtra, UserError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_core_dependencies_leave_torch_and_matplotlib_to_extras():

@@ -25,7 +25,7 @@ from experiments.run import Device, run_plan
 from jaxlm.core.errors import UsageError
 from jaxlm.core.typedconfig import toml_value
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU = Device("cpu", "cpu", 1)
 
 # A stand-in program for `command` runs: counts its invocations, logs a loss curve, and
@@ -208,7 +208,7 @@ def test_bad_config_override_fails_before_running(tmp_path):
 
 
 def test_toml_values_round_trip():
-    from jaxlm.core.config import parse_override
+    from jaxlm.core.typedconfig import parse_override
 
     for v in (3, 1e-3, True, "bfloat16", "a \"quoted\" path", [1, 2], ["x.txt"]):
         assert parse_override(f"a.b={toml_value(v)}")[1] == v

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cli_harness import run_one
+from tests.system.cli_harness import run_one
 
 COMMANDS = [  # module, the arguments before the unknown flag (any required ones filled in)
     ("jaxlm.train", []),

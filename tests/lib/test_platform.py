@@ -9,7 +9,7 @@ import pytest
 
 from jaxlm.core import platform
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOISE = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
          "I0000 00:00:1795551618.936365   18448 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
          "GPU will not be used.\n")
