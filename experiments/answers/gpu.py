@@ -28,7 +28,7 @@ def compiled_rows(root: Path) -> dict[tuple, dict]:
     """(mode, dtype, context) -> the MODEL step compiled for TARGET, from experiments.compiled_memory's cache of
     compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
     from experiments.compiled_memory import cached
-    from jaxlm.bench.target import parse_target
+    from jaxlm.training.compiled import parse_target
 
     label = parse_target(TARGET).label
     out = {}

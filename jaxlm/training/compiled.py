@@ -5,17 +5,18 @@
 
 XLA's GPU compiler runs on a CPU-only machine with the CUDA plugin installed (the
 `gpu-compile` extra): `jax.experimental.topologies.get_topology_desc(platform="cuda",
-target_config=TEXT)` gives abstract GPUs described by TEXT (a GpuTargetConfigProto), and
-the train step `jaxlm.training.loop.build` jits for `python -m jaxlm.train` (same state,
-donation and shardings) is lowered on a mesh of them and compiled. What comes back is
-the compiler's buffer assignment per device (`memory_analysis()`) and the optimised GPU
-program (`as_text()`): which matmuls run in which dtype, how many cuDNN attention calls,
-what remat recomputes, which collectives a sharded layout needs. It is a plan, never a
-measurement: nothing runs, so there are no times, and the allocator's fragmentation and
-the CUDA context are not in it. A step fits when its total is within JAX's allocator
-share of the device (jaxlm.analysis.memory.DEFAULT_USABLE: 0.75 unless
-XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise); cuBLAS/cuDNN workspaces are already in
-the compiled temp bytes (buffers of the library calls).
+target_config=TEXT)` gives abstract GPUs described by TEXT (a GpuTargetConfigProto, from
+the device table jaxlm.analysis.devices or a file), and the train step
+`jaxlm.training.loop.build` jits for `python -m jaxlm.train` (same state, donation and
+shardings) is lowered on a mesh of them and compiled. What comes back is the compiler's
+buffer assignment per device (`jaxlm.analysis.memory.compiled_memory`) and the optimised
+GPU program (`as_text()`), read here: which matmuls run in which dtype, how many cuDNN
+attention calls, what remat recomputes, which collectives a sharded layout needs. It is a
+plan, never a measurement: nothing runs, so there are no times, and the allocator's
+fragmentation and the CUDA context are not in it. A step fits when its total is within
+JAX's allocator share of the device (jaxlm.analysis.memory.usable_share: 0.75 unless
+XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise); cuBLAS/cuDNN workspaces are already in the
+compiled temp bytes (buffers of the library calls).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxlm.analysis.memory import usable_share
+from jaxlm.analysis.devices import DEVICES, TARGETS
+from jaxlm.analysis.memory import compiled_memory, search_largest, usable_share
 from jaxlm.core import platform
 from jaxlm.core.config import Config
 from jaxlm.core.errors import ConfigError, DataError, MissingExtra, UsageError
@@ -38,70 +42,13 @@ EXTRA = "pip install -e '.[gpu-compile]'"
 LABEL = "compiled for {device} (the GPU compiler's plan), not measured"
 
 @dataclass(frozen=True)
-class Gpu:
-    """The fields of a GpuTargetConfigProto that differ between GPUs. Shared by every CUDA GPU since Volta
-    (CUDA C Programming Guide, "Technical Specifications per Compute Capability"): 1024 threads and 48 KiB
-    static shared memory per block, warps of 32, 65,536 registers per SM and per block."""
-
-    description: str  # the device name CUDA reports
-    compute_capability: tuple[int, int]
-    sms: int
-    fp32_per_sm: int
-    memory_bytes: int  # the total the CUDA driver reports
-    bandwidth: int  # bytes/s
-    l2_bytes: int
-    clock_ghz: float  # boost clock
-    shared_per_sm: int
-    shared_per_block_optin: int
-    threads_per_sm: int
-
-    def config_text(self) -> str:
-        major, minor = self.compute_capability
-        return (
-            "gpu_device_info { threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152 "
-            f"shared_memory_per_core: {self.shared_per_sm} threads_per_core_limit: {self.threads_per_sm} "
-            f"core_count: {self.sms} fpus_per_core: {self.fp32_per_sm} block_dim_limit_x: 2147483647 "
-            f"block_dim_limit_y: 65535 block_dim_limit_z: 65535 memory_bandwidth: {self.bandwidth} "
-            f"l2_cache_size: {self.l2_bytes} clock_rate_ghz: {self.clock_ghz} device_memory_size: {self.memory_bytes} "
-            f"shared_memory_per_block_optin: {self.shared_per_block_optin} cuda_compute_capability {{ major: {major} "
-            f"minor: {minor} }} registers_per_core_limit: 65536 registers_per_block_limit: 65536 }}\n"
-            # cuDNN 9.8 and CUDA 12.8: what JAX 0.10's CUDA 12 wheels require and ship against.
-            'platform_name: "CUDA"\ndnn_version_info { major: 9 minor: 8 }\n'
-            f'runtime_version {{ major: 12 minor: 8 patch: 0 }}\ndevice_description_str: "{self.description}"\n')
-
-
-_HOPPER = dict(compute_capability=(9, 0), sms=132, fp32_per_sm=128, l2_bytes=50 * 2**20, clock_ghz=1.98,
-               shared_per_sm=228 * 1024, shared_per_block_optin=227 * 1024, threads_per_sm=2048)
-_AMPERE = dict(compute_capability=(8, 0), sms=108, fp32_per_sm=64, l2_bytes=40 * 2**20, clock_ghz=1.41,
-               shared_per_sm=164 * 1024, shared_per_block_optin=163 * 1024, threads_per_sm=2048)
-_ADA = dict(compute_capability=(8, 9), fp32_per_sm=128, shared_per_sm=100 * 1024, shared_per_block_optin=99 * 1024,
-            threads_per_sm=1536)
-
-# H100, H200, A100: the figures of XLA's own target specs (openxla/xla xla/backends/gpu/target_config/specs/
-# h100_sxm, h200, a100_sxm_40, a100_sxm_80 .txtpb, recorded from the devices), which match NVIDIA's datasheets
-# (SMs, bandwidth, L2) and the Hopper / Ampere tuning guides (shared memory, threads per SM).
-# L4 and RTX 4090 (not in XLA's specs): NVIDIA's L4 datasheet and the Ada architecture whitepaper (SMs, L2,
-# bandwidth, boost clock), the CUDA programming guide for compute capability 8.9 (100 KiB shared memory per
-# SM, 99 KiB per block, 1536 threads per SM), and nvidia-smi's reported totals (23,034 and 24,564 MiB).
-TARGETS: dict[str, Gpu] = {
-    "h100-80gb": Gpu("NVIDIA H100 80GB HBM3", memory_bytes=84_942_979_072, bandwidth=3_352_320_000_000, **_HOPPER),
-    "h200": Gpu("NVIDIA H200 141GB HBM3e", memory_bytes=151_397_597_184, bandwidth=4_800_000_000_000, **_HOPPER),
-    "a100-40gb": Gpu("NVIDIA A100-SXM4-40GB", memory_bytes=42_331_013_120, bandwidth=1_555_200_000_000, **_AMPERE),
-    "a100-80gb": Gpu("NVIDIA A100-SXM4-80GB", memory_bytes=85_100_068_864, bandwidth=2_039_040_000_000, **_AMPERE),
-    "l4": Gpu("NVIDIA L4", sms=58, memory_bytes=23_034 * 2**20, bandwidth=300_000_000_000, l2_bytes=48 * 2**20,
-              clock_ghz=2.04, **_ADA),
-    "rtx4090": Gpu("NVIDIA GeForce RTX 4090", sms=128, memory_bytes=24_564 * 2**20, bandwidth=1_008_000_000_000,
-                   l2_bytes=72 * 2**20, clock_ghz=2.52, **_ADA),
-}
-
-
-@dataclass(frozen=True)
 class Target:
-    """`count` GPUs described by `config` (GpuTargetConfigProto text)."""
+    """`count` GPUs described by `config` (GpuTargetConfigProto text); `flag`: how the user named them."""
 
     name: str
     config: str
     count: int = 1
+    flag: str = "--target"
 
     @property
     def description(self) -> str:
@@ -125,9 +72,11 @@ def _count(text: str, flag: str) -> int:
 
 
 def parse_target(name: str | None, config_file: str | Path | None = None) -> Target:
-    """"h100-80gb" or "h100-80gb:8" (a known GPU, times 8), or a GpuTargetConfigProto text file (count: "FILE:8")."""
+    """"h100-80gb" or "h100-80gb:8" (a GPU of jaxlm.analysis.devices, times 8), or a GpuTargetConfigProto text
+    file (count: "FILE:8")."""
     if config_file is not None:
-        path, _, n = str(config_file).rpartition(":") if re.search(r":\d+$", str(config_file)) else (config_file, "", "1")
+        counted = re.search(r":\d+$", str(config_file))
+        path, _, n = str(config_file).rpartition(":") if counted else (config_file, "", "1")
         try:
             text = Path(path).read_text()
         except OSError as e:
@@ -136,11 +85,11 @@ def parse_target(name: str | None, config_file: str | Path | None = None) -> Tar
             if key not in text:
                 raise DataError(f"--target-config {path}: no {key}; expected a GpuTargetConfigProto in text form "
                                 "(see docs/memory.md)")
-        return Target(Path(path).stem, text, _count(n, "--target-config"))
+        return Target(Path(path).stem, text, _count(n, "--target-config"), f"--target-config {path}")
     base, _, n = name.partition(":")
     if base not in TARGETS:
         raise UsageError(f"--target {name}: unknown GPU; known: {', '.join(TARGETS)} (or --target-config FILE)")
-    return Target(base, TARGETS[base].config_text(), _count(n or "1", "--target"))
+    return Target(base, DEVICES[base].config_text(), _count(n or "1", "--target"), f"--target {name}")
 
 
 def require_compiler() -> None:
@@ -152,23 +101,45 @@ def require_compiler() -> None:
 
 @functools.cache
 def devices(target: Target) -> tuple:
-    """The target's abstract GPUs (jax.experimental.topologies), one per `count`."""
+    """The target's abstract GPUs (jax.experimental.topologies), one per `count`. What XLA logs while reading
+    the target (a malformed config's parse error) goes into the one-line refusal, not onto the terminal."""
     require_compiler()
     from jax.experimental import topologies
 
+    log: list[str] = []
     try:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=target.config,
-                                            topology=f"1x1x{target.count}")
+        with platform.plugin_noise_filtered(kept=log):
+            topo = topologies.get_topology_desc(platform="cuda", target_config=target.config,
+                                                topology=f"1x1x{target.count}")
     except Exception as e:  # a malformed config file, or a CUDA backend that failed to start
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UsageError(f"--target {target.name}: the GPU compiler refused the target ({first}); on a machine "
-                         "without a GPU run with JAX_PLATFORMS=cpu") from None
+        raise UsageError(refusal(target, e, log)) from None
+    sys.stderr.write("".join(log))  # what the compiler said about a target it took
     return tuple(topo.devices)
+
+
+def refusal(target: Target, error: Exception, log: list[str]) -> str:
+    """One line for a target the compiler refused: where a config file fails to parse, and JAX_PLATFORMS=cpu
+    as advice only where it is not what is already set."""
+    parse = next((line for line in log if "Error parsing text-format" in line), None)
+    if parse is not None:
+        where = parse.split("GpuTargetConfigProto: ", 1)[-1].strip()
+        return f"{target.flag}: not a GpuTargetConfigProto in text form ({where}; see docs/memory.md)"
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    helps = os.environ.get("JAX_PLATFORMS") != "cpu"
+    advice = "; on a machine without a GPU run with JAX_PLATFORMS=cpu" if helps else ""
+    return f"{target.flag}: the GPU compiler refused the target ({first}){advice}"
 
 
 def lower_step(cfg: Config, target: Target, mode: str = "train_step"):
     """cfg's train step (or its eval step: "forward") as `python -m jaxlm.train` jits it, on a mesh of the
     target's GPUs laid out by cfg.parallel, lowered (traced, not yet compiled) for them."""
+    if mode not in ("train_step", "forward"):
+        raise UsageError(f"--mode {mode}: compiling for a target covers train_step and forward (the eval step)")
+    return lower_on(cfg, devices(target), mode)
+
+
+def lower_on(cfg: Config, gpus, mode: str = "train_step"):
+    """The step of `lower_step` on a mesh of `gpus`, any devices (this machine's too: jax.devices())."""
     import jax
     import numpy as np
 
@@ -176,9 +147,6 @@ def lower_step(cfg: Config, target: Target, mode: str = "train_step"):
     from jaxlm.nn.attention import compiling_for
     from jaxlm.training.loop import build
 
-    if mode not in ("train_step", "forward"):
-        raise UsageError(f"--mode {mode}: compiling for a target covers train_step and forward (the eval step)")
-    gpus = devices(target)
     mesh = sharding.make_mesh(devices=list(gpus), cfg=cfg.parallel)
     built = build(cfg, mesh)
     x = jax.ShapeDtypeStruct((cfg.data.batch_size, cfg.model.context_length), np.int32,
@@ -198,15 +166,34 @@ def program_hash(lowered, target: Target) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+# XLA's GPU compiler without a device cannot autotune its Triton GEMMs; with default tiles it finds none for some
+# shapes that are not powers of two (`Couldn't find output tile sizes ...`, e.g. bf16[3000,768] at context 1000,
+# batch 3). Without Triton GEMMs those matmuls compile as cuBLAS calls, which autotuning on a GPU may choose too.
+NO_TILING = "Couldn't find output tile sizes"
+TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
+
+
 def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None):
-    """(compiled, seconds): the step of `lower_step` (or `lowered`, already lowered) compiled by XLA's GPU compiler."""
+    """(compiled, seconds, options): the step of `lower_step` (or `lowered`, already lowered) compiled by XLA's GPU
+    compiler; `options` are the compiler options it needed beyond the defaults (TRITON_OFF or none)."""
     from jaxlm.nn.attention import compiling_for
 
     lowered = lowered if lowered is not None else lower_step(cfg, target, mode)
     t0 = time.perf_counter()
     with compiling_for(devices(target)):
-        compiled = lowered.compile()
-    return compiled, time.perf_counter() - t0
+        try:
+            return lowered.compile(), time.perf_counter() - t0, {}
+        except Exception as e:  # jax's JaxRuntimeError: match the compiler's words
+            if NO_TILING not in str(e):
+                raise
+            shape = (re.search(r"= (\w+\[[\d,]*\])", str(e)) or [None, "a matmul"])[1]
+        try:
+            return lowered.compile(compiler_options=TRITON_OFF), time.perf_counter() - t0, TRITON_OFF
+        except Exception as e:
+            raise UsageError(f"{target.flag}: the GPU compiler found no Triton tiling for {shape} at batch "
+                             f"{cfg.data.batch_size}, context {cfg.model.context_length}, and failed without Triton "
+                             f"GEMMs too ({str(e).strip().splitlines()[0][:120]}); try a context or batch that is a "
+                             "power of two") from None
 
 
 # --------------------------------------------------------------------------- reading the compiled program
@@ -247,14 +234,10 @@ def program_facts(text: str) -> dict:
 
 def describe(compiled, target: Target, fraction: float | None = None) -> dict:
     """What a compiled row reports: bytes per device, the program's facts, collectives, and whether it fits."""
-    from jaxlm.bench.layouts import collectives
-
-    m = compiled.memory_analysis()
+    m = compiled_memory(compiled)
     text = compiled.as_text()
-    out = {"label": target.label, "target": target.name, "gpus": target.count,
-           "argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
-           "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes}
-    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    out = {"label": target.label, "target": target.name, "gpus": target.count, "argument_bytes": m.argument,
+           "output_bytes": m.output, "alias_bytes": m.alias, "temp_bytes": m.temp, "total_bytes": m.total}
     out.update(program_facts(text))
     if target.count > 1:
         out["collectives"] = {op: c for op, c in collectives(text).items() if c["count"]}
@@ -278,15 +261,18 @@ def with_shape(cfg: Config, batch: int | None = None, context: int | None = None
 
 def compiled_row(cfg: Config, target: Target, mode: str = "train_step", fraction: float | None = None,
                  lowered=None) -> dict:
-    compiled, seconds = compile_step(cfg, target, mode, lowered)
-    return {**describe(compiled, target, fraction), "compile_s": seconds}
+    compiled, seconds, options = compile_step(cfg, target, mode, lowered)
+    row = {**describe(compiled, target, fraction), "compile_s": seconds}
+    if options:
+        row["compiler_options"] = options
+    return row
 
 
 def largest_batch(cfg: Config, target: Target, mode: str = "train_step", limit: int = 1 << 14,
                   fraction: float | None = None) -> int:
     """The largest global batch whose compiled total fits the usable memory, found by compiling: the totals
-    at one and two steps give an affine guess, then a search around it (galloping, then bisection), in
-    steps of the rows the batch must divide into. 0 when not even one step's worth fits."""
+    at one and two steps give an affine guess, then `search_largest` confirms it around the guess, in steps
+    of the rows the batch must divide into. 0 when not even one step's worth fits."""
     p = cfg.parallel
     step = max(1, target.count // (p.tensor * p.pipeline)) * cfg.train.grad_accum * p.microbatches
     totals: dict[int, dict] = {}
@@ -301,52 +287,29 @@ def largest_batch(cfg: Config, target: Target, mode: str = "train_step", limit: 
     slope = row(2)["total_bytes"] - row(1)["total_bytes"]
     room = row(1)["usable_bytes"] - row(1)["total_bytes"]
     guess = 1 + int(room // slope) if slope > 0 else limit // step
-    return search_largest(lambda k: row(k)["fits"], guess, max(1, limit // step)) * step
+    return search_largest(lambda k: row(k)["fits"], max(1, limit // step), guess) * step
 
 
-def search_largest(fits, guess: int, limit: int) -> int:
-    """Largest k in [1, limit] with fits(k), given fits(1) and a monotone fits; probes `guess` first,
-    then gallops away from it until bracketed, then bisects."""
-    lo, hi = 1, limit + 1  # fits(lo); hi never fits (limit + 1 stands for "beyond the search")
-    k, stride = min(max(guess, 2), limit), 1
-    while hi - lo > 1:
-        if fits(k):
-            lo, k = k, k + stride
-        else:
-            hi, k = k, k - stride
-        stride *= 2
-        if not lo < k < hi:
-            k = (lo + hi) // 2
-    return lo
+# --------------------------------------------------------------------------- collectives
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                "s8": 1, "u8": 1, "pred": 1}
+_OP = re.compile(r"=\s*(?P<type>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 
 
-# --------------------------------------------------------------------------- rows of `python -m jaxlm.bench model`
-
-BENCH_COLUMNS = ("framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s",
-                 "argument_gb", "temp_gb", "total_gb", "fits", "matmuls", "matmul_dtypes", "cudnn_attention_calls",
-                 "largest_batch", "error")
-
-
-def setting_config(setting, cfg: Config, context: int, batch: int) -> Config:
-    """cfg with a benchmark setting's model (window) and compute, at exactly this context and batch."""
-    model, compute = setting.configs(cfg.model, context)
-    return dataclasses.replace(cfg, model=dataclasses.replace(model, context_length=context), compute=compute,
-                               data=dataclasses.replace(cfg.data, batch_size=batch))
-
-
-def bench_row(setting, cfg: Config, context: int, batch: int, target: Target, name: str) -> dict:
-    """One compiled benchmark row (no timing columns); a failure becomes an error row, as in a timed sweep."""
-    from jaxlm.analysis.flops import param_counts
-
-    row = {"framework": setting.framework, "model": name, "mode": setting.mode, "dtype": setting.dtype,
-           "attention": setting.attention, "remat": setting.remat, "context": context, "batch": batch,
-           "device": target.label, "params": param_counts(cfg.model)["total"]}
-    try:
-        r = compiled_row(setting_config(setting, cfg, context, batch), target, setting.mode)
-    except (UsageError, ConfigError, ValueError) as e:  # e.g. cuDNN at float32, a batch the mesh cannot split
-        return {**row, "status": "invalid", "error": str(e).splitlines()[0][:200]}
-    r["matmul_dtypes"] = " ".join(f"{k}:{v}" for k, v in r["matmul_dtypes"].items())
-    gb = {f"{k}_gb": r[f"{k}_bytes"] / 1e9 for k in ("argument", "output", "alias", "temp", "total")}
-    # memory_gb / memory_source: what reports and plots of timed sweeps read, here the compiled total
-    return {**row, **r, **gb, "memory_gb": gb["total_gb"], "memory_source": f"compiled for {target.name}",
-            "status": "ok"}
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """op -> {"count", "bytes"} over the HLO's instructions (result shapes; tuples summed). A static count: an
+    op inside a loop body (the scanned layers) counts once."""
+    out = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
+    for m in _OP.finditer(hlo_text):
+        nbytes = 0
+        for a in _ARRAY.finditer(m.group("type")):
+            n = 1
+            for d in filter(None, a.group("dims").split(",")):
+                n *= int(d)
+            nbytes += n * _DTYPE_BYTES.get(a.group("dtype"), 4)
+        out[m.group("op")]["count"] += 1
+        out[m.group("op")]["bytes"] += nbytes
+    return out
