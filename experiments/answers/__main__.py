@@ -21,7 +21,7 @@ def cs336_part1(device: Device, root: Path, page: Path, out_dir: Path) -> list[s
     lines += ["### transformer_accounting", ""] + accounting.parameters_section(names) + accounting.flops_section(names)
     lines += (["### adamwAccounting", ""] + adamw.formula_section() + adamw.gpt2_xl_section()
               + adamw.adamw_flops_section() + accounting.time_section(device)
-              + accounting.memory_section(names, device))
+              + accounting.memory_section(names))
     link = os.path.relpath(page.resolve(), out_dir.resolve())
     return lines + studies.learning_rate_section(root) + studies.generate_section(page, link)
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.answers", formatter_class=cli.HelpFormatter,
                            description=__doc__)
     p.add_argument("--device", default="h100-80gb", choices=sorted(DEVICES),
-                   help="the accelerator of the extra memory and time rows (jaxlm.analysis.devices; the questions' "
+                   help="the accelerator of the extra training-time rows (jaxlm.analysis.devices; the questions' "
                         "own devices are always answered)")
     p.add_argument("--results", metavar="ROOT", default=str(RESULTS), help="the committed records (a folder per plan)")
     p.add_argument("--run-page", metavar="FILE", default=str(RUN_PAGE),

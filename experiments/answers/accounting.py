@@ -17,6 +17,7 @@ GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
 MFU = 0.5
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
+MEMORY = 80e9  # adamwAccounting (b): "the maximum batch size you can use and still fit within 80GB memory"
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
     "float32, xla attention": ComputeConfig(loss_chunk=0),
@@ -139,7 +140,7 @@ def max_batch(fixed: float, per_seq: float, memory: float) -> int:
     return max(int(math.floor((memory - fixed) / per_seq)), 0)
 
 
-def memory_section(names: list[str], device: Device) -> list[str]:
+def memory_section(names: list[str]) -> list[str]:
     out = ["#### The same question under jaxlm's own activation model", "",
            f"Peak bytes of a train step = parameters 4P + gradients 4P + AdamW moments (m, v) 8P + activations a·B, "
            f"with P parameters, batch B and a the bytes each sequence keeps for the backward pass (jaxlm.memory's "
@@ -147,7 +148,7 @@ def memory_section(names: list[str], device: Device) -> list[str]:
            f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits "
            f"and their gradient). "
            f"In bfloat16 the weights' bfloat16 copies add 2P. "
-           f"Largest batch in {device.memory_bytes / 1e9:.1f} GB ({device.name}) = floor((memory - state) / a).", ""]
+           f"Largest batch in {MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
         for n in names:
@@ -155,9 +156,9 @@ def memory_section(names: list[str], device: Device) -> list[str]:
             fixed, per_seq = memory_terms(m, m.context_length, compute)
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
-                         str(max_batch(sum(fixed.values()), per_seq, device.memory_bytes))])
+                         str(max_batch(sum(fixed.values()), per_seq, MEMORY))])
         out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
-                                              f"largest B in {device.memory_bytes / 1e9:.1f} GB"], rows)
+                                              f"largest B in {MEMORY / 1e9:g} GB"], rows)
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 the expression is **{per_seq / 1e9:.4g} GB · batch_size + "

@@ -48,7 +48,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", metavar="N", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", metavar="N", type=int, default=10, help="timed steps per row")
     p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the weights and the batch")
-    p.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU (default: flops.PEAK_FLOPS by device)")
+    p.add_argument("--peak-tflops", metavar="X", type=float,
+                   help="device peak for MFU (default: the device table, jaxlm.analysis.devices)")
     p.add_argument("--memory-limit-gb", metavar="GB", type=float,
                    help="mark rows whose estimated memory exceeds this as OOM without running them (default: no limit)")
     p.add_argument("--find-max-batch", action="store_true",
