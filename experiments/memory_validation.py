@@ -82,17 +82,26 @@ def table(rows: list[dict]) -> str:
     import jax
 
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
-    lines = ["| model | dtype | remat | attention | context | batch | estimate GiB | compiled GiB | error "
-             "| compiled temp GiB | matmuls | cuDNN calls |", "|---|---|---|---|" + "---:|" * 8]
-    for r in rows:
-        lines.append(f"| {r['preset']} | {r['dtype']} | {r['remat']} | {r['attention']} | {r['context']} | "
-                     f"{r['batch']} | {gib(r['estimate_bytes'])} | {gib(r['total_bytes'])} | {100 * r['error']:+.1f}% "
-                     f"| {gib(r['temp_bytes'])} | {r['matmuls']} | {r['cudnn_attention_calls']} |")
-    errs = [abs(r["error"]) for r in rows]
-    lines += ["", f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
-                  f"{100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%. "
-                  f"{rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."]
+    lines = rows_table(["model", "dtype", "remat", "attention", "context", "batch", "estimate GiB", "compiled GiB",
+                        "error", "compiled temp GiB", "matmuls", "cuDNN calls"], 4,
+                       [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
+                         gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%",
+                         gib(r["temp_bytes"]), r["matmuls"], r["cudnn_attention_calls"]] for r in rows])
+    lines += ["", f"{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."]
     return "\n".join(lines)
+
+
+def rows_table(heads: list[str], left: int, cells: list[list]) -> list[str]:
+    """A Markdown table whose first `left` columns are left-aligned and the rest right-aligned (numbers)."""
+    align = "|" + "---|" * left + "---:|" * (len(heads) - left)
+    return ["| " + " | ".join(heads) + " |", align, *("| " + " | ".join(map(str, c)) + " |" for c in cells)]
+
+
+def errors(rows: list[dict]) -> str:
+    """The line under a validation table: how far the estimates are from what they are checked against."""
+    errs = [abs(r["error"]) for r in rows]
+    return (f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
+            f"{100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%.")
 
 
 def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
@@ -182,16 +191,13 @@ def cpu_row(d: int, layers: int, heads: int, vocab: int, context: int, batch: in
 def cpu_table(rows: list[dict]) -> str:
     import jax
 
-    lines = ["| d_model | layers | heads | vocab | context | batch | estimate MiB | memory_analysis MiB | error |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['d_model']} | {r['layers']} | {r['heads']} | {r['vocab']} | {r['context']} | {r['batch']} "
-                     f"| {r['estimate_bytes'] / 2**20:.1f} | {r['measured_bytes'] / 2**20:.1f} "
-                     f"| {100 * r['error']:+.1f}% |")
-    errs = [abs(r["error"]) for r in rows]
-    lines += ["", f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
-                  f"{100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%. Measured with "
-                  f"jax {jax.__version__} on {jax.devices()[0].platform}."]
+    mib = lambda x: f"{x / 2**20:.1f}"  # noqa: E731
+    lines = rows_table(["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB",
+                        "memory_analysis MiB", "error"], 0,
+                       [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
+                         mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
+                        for r in rows])
+    lines += ["", f"{errors(rows)} Measured with jax {jax.__version__} on {jax.devices()[0].platform}."]
     return "\n".join(lines)
 
 
