@@ -41,6 +41,7 @@ from jaxlm.core.errors import ConfigError, DataError, MissingExtra, UsageError
 EXTRA = "pip install -e '.[gpu-compile]'"
 LABEL = "compiled for {device} (the GPU compiler's plan), not measured"
 
+
 @dataclass(frozen=True)
 class Target:
     """`count` GPUs described by `config` (GpuTargetConfigProto text); `flag`: how the user named them."""
