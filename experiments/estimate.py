@@ -27,6 +27,7 @@ from experiments.commands import bench_overrides, train_overrides
 from experiments.device import Device, unmet_requirement
 from experiments.plan import Plan, load_plan, plan_names
 from experiments.spec import RunSpec
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import step_flops
 from jaxlm.core.config import Config, DataConfig, load_config
 from jaxlm.data.prepare import read_meta
@@ -43,7 +44,8 @@ class Throughput:
 
 THROUGHPUT = {
     "cpu": Throughput(200e9, 0.5e-3, 4.0, 2.0, "fitted to recorded runs on a 2-core x86 CPU"),
-    "gpu": Throughput(0.4 * 989e12, 2e-3, 30.0, 10.0, "stated: an H100 at 40 % of its bfloat16 peak"),
+    "gpu": Throughput(0.4 * DEVICES["h100-80gb"].peak_flops["bfloat16"], 2e-3, 30.0, 10.0,
+                      "stated: an H100 at 40 % of its bfloat16 peak"),
 }
 BENCH_DEFAULTS = {"batch": 4, "mode": "forward", "warmup": 5, "steps": 10}  # jaxlm.bench model's own defaults
 

@@ -45,11 +45,11 @@ def _bench(res: dict) -> str:
 
 
 def _max_batch(res: dict) -> str:
-    rows = [[r["attention"], r["remat"], r["context"], r.get("predicted"), r.get("ladder"), r.get("largest_ok"),
+    rows = [[r["attention"], r["remat"], r["context"], r.get("predicted"), r.get("probed"), r.get("largest_ok"),
              r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
-    return ("Predicted: jaxlm.memory's largest batch for the device's memory; then one-step runs at the "
-            "ladder's batches, up to the first that fails.\n\n"
-            + _table(["attention", "remat", "context", "predicted", "ladder", "largest that ran", "status"], rows))
+    return ("Predicted: jaxlm.memory's largest batch for the device's memory; then one-step runs searched around "
+            "it (the prediction first, then galloping and bisection) up to the largest batch that runs.\n\n"
+            + _table(["attention", "remat", "context", "predicted", "batches run", "largest that ran", "status"], rows))
 
 
 def _profile(res: dict) -> str:
@@ -58,7 +58,8 @@ def _profile(res: dict) -> str:
         s = res[mode]
         parts += ["", f"**{mode}**: matmul kernels take {100 * s['matmul_share']:.1f}% of "
                       f"{s['total_us'] / 1e3:.2f} ms of device time over the traced calls"
-                  + (" (the rest of attention alone is the softmax, masking and scaling)." if mode == "attention" else "."),
+                  + (" (the rest of attention alone is the softmax, masking and scaling)."
+                     if mode == "attention" else "."),
                   "", _table(["kernel / op", "ms", "share", "matmul"],
                              [[f"`{t['name'][:70]}`", f"{t['us'] / 1e3:.3f}", f"{100 * t['share']:.1f}%",
                                "yes" if t["matmul"] else ""] for t in s["top"]])]

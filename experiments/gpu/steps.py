@@ -2,7 +2,8 @@
 
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
 section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
-shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
+shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
+marked skipped with the reason. Estimates: compile time per row grows with the
 layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
 bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
@@ -18,13 +19,15 @@ from pathlib import Path
 from typing import Callable
 
 from jaxlm.analysis import flops, memory
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ModelConfig
 
-H100 = {"bfloat16": 989e12, "float32": 67e12}
+H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
 COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 0.30}
 TARGET_VAL_LOSS = 1.47
 TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
+_NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
 
 
 @dataclass
@@ -87,7 +90,8 @@ def _row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: i
 
 # --------------------------------------------------------------------------- 1. attention kernels
 
-ATTN_CONTEXTS, ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = (128, 256, 512, 1024, 2048, 4096, 8192), 256, 16384, 12, 64
+ATTN_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
+ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
@@ -133,7 +137,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     for impl in ("xla", "cudnn"):
         row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
         if impl == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
@@ -227,8 +231,9 @@ def run_techniques(ctx: Context) -> dict:
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
             if s.attention == "cudnn" and not ctx.gpu:
-                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention, "remat": s.remat,
-                             "context": T, "status": "skipped", "error": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention,
+                             "remat": s.remat, "context": T, "status": "skipped",
+                             "error": _NO_CUDNN.format(ctx.device)})
                 continue
             rows += _sweep(ctx, name, cfg, [s], T, batch)
     _mark_stale_peaks(rows)
@@ -257,8 +262,9 @@ def estimate_techniques(smoke: bool) -> float:
 
 
 def run_max_batch(ctx: Context) -> dict:
-    """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device,
-    then one-step runs on a ladder around it, up to the first that fails."""
+    """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
+    one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
+    and bisection) up to the largest batch that runs."""
     from jaxlm.bench import core
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
@@ -268,17 +274,23 @@ def run_max_batch(ctx: Context) -> dict:
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
         if s.attention == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
-        ladder = [2] if ctx.smoke else sorted({max(1, int(predicted * f)) for f in (0.5, 0.75, 1.0, 1.25, 1.5)}) if predicted else [8, 16, 32, 64]
-        fits = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small"))
-        largest = 0
-        for b in ladder:
-            if ctx.out_of_time() or not fits(b):
-                break
-            largest = b
-        rows.append({**row, "status": "ok", "predicted": predicted, "ladder": ladder, "largest_ok": largest})
+        fits, probed = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small")), []
+
+        def probe(b: int) -> bool:
+            if ctx.out_of_time():
+                raise TimeoutError("the budget ran out")
+            probed.append(b)
+            return fits(b)
+
+        try:
+            largest = memory.search_largest(probe, 2 if ctx.smoke else 4096, predicted or 8)
+        except TimeoutError as e:
+            rows.append({**row, "status": "cut", "reason": str(e), "predicted": predicted, "probed": probed})
+            continue
+        rows.append({**row, "status": "ok", "predicted": predicted, "probed": probed, "largest_ok": largest})
     return {"rows": rows, "device_bytes": capacity}
 
 
@@ -309,7 +321,8 @@ def run_shakespeare(ctx: Context) -> dict:
     run_dir = ctx.scratch / "shakespeare_run"
     sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
     if ctx.smoke:
-        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2, "data.eval_tokens": 1024, "log.sample_tokens": 0})
+        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
+                     "data.eval_tokens": 1024, "log.sample_tokens": 0})
     cmd = [sys.executable, "-m", "jaxlm.train", "--config", recipe["defaults"]["config"]]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]

@@ -83,7 +83,7 @@ def _sets(part: str, keys: dict) -> list[str]:
 
 
 def _job(model, compute, batch: int, mode: str, config: dict | None = None) -> dict:
-    """The step as a compile job (jaxlm.bench.gpu_validation's form): every model and compute key it ran with,
+    """The step as a compile job (jaxlm.training.compile_cache's form): every model and compute key it ran with,
     and a training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
     config = config or {}
     sets = _sets("model", to_dict(model)) + _sets("compute", to_dict(compute))
@@ -156,8 +156,9 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
 
     from experiments.compiled_memory import OUT_DIR
     from jaxlm.analysis import memory
-    from jaxlm.bench import target as gpu
-    from jaxlm.bench.gpu_validation import CompileCache, job_config
+    from jaxlm.analysis.devices import DEVICES
+    from jaxlm.training import compiled as gpu
+    from jaxlm.training.compile_cache import CompileCache, job_config
 
     groups: dict[str, list[dict]] = {}
     for step in _steps(runs, brows):
@@ -165,7 +166,7 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
     if not groups:
         return None
     target, store = gpu.parse_target(DEVICE), CompileCache(cache or OUT_DIR / f"{DEVICE}.json")
-    cap = memory.DEVICES[DEVICE] * memory.DEFAULT_USABLE
+    cap = DEVICES[DEVICE].memory_bytes * memory.DEFAULT_USABLE
     rows, missing = [], False
     for steps in groups.values():
         job = steps[0]["job"]
@@ -183,7 +184,8 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
     text = (f"Each CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler on a CPU-only machine "
             f"(`python -m jaxlm.memory --target {DEVICE}`): the compiler's plan (arguments + outputs + temporaries "
             f"- donated), **not a measurement**; *fits*: within JAX's allocator share, {100 * memory.DEFAULT_USABLE:.0f}% "
-            "of 80 GB. Beside it, `python -m jaxlm.memory`'s analytic estimate of the same step and the largest batch "
+            f"of its {DEVICES[DEVICE].memory_bytes / 2**30:.1f} GiB. Beside it, `python -m jaxlm.memory`'s analytic "
+            "estimate of the same step and the largest batch "
             "it predicts. Steps with the same model, compute settings and batch share a row.")
     if missing:
         text += (" *-*: not compiled here (rebuild the report with `--compile`, which needs the `gpu-compile` extra).")

@@ -13,13 +13,15 @@ Conventions (written down because MFU figures depend on them):
   for the test model (tests/lib/test_bench.py) the analytic matmul count is within
   10 % of it (measured gap: see docs/benchmarks.md).
 
-Memory (parameters, optimizer state, activations by component) lives in jaxlm.memory.
+Memory (parameters, optimizer state, activations by component) lives in jaxlm.analysis.memory, the devices'
+peak FLOP/s in jaxlm.analysis.devices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxlm.analysis.devices import find
 from jaxlm.core.config import ModelConfig
 
 # One AdamW update (docs/spec.md#optimizer), per parameter, term by term. Scalars that depend only on the
@@ -31,21 +33,6 @@ ADAMW_TERMS: tuple[tuple[str, str, int], ...] = (
     ("theta <- theta - lr wd theta", "multiply by lr wd, subtract", 2),
 )
 ADAMW_FLOPS_PER_PARAM = sum(n for _, _, n in ADAMW_TERMS)
-
-# Dense peak FLOP/s per device by (device kind substring, dtype). Datasheet figures, no sparsity.
-PEAK_FLOPS: dict[tuple[str, str], float] = {
-    ("H200", "bfloat16"): 989e12,
-    ("H200", "float32"): 67e12,
-    ("H100", "bfloat16"): 989e12,
-    ("H100", "float32"): 67e12,
-    ("A100", "bfloat16"): 312e12,
-    ("A100", "float32"): 19.5e12,
-    ("L4", "bfloat16"): 121e12,
-    ("L4", "float32"): 30.3e12,
-    ("TPU v4", "bfloat16"): 275e12,
-    ("TPU v5 lite", "bfloat16"): 197e12,
-    ("TPU v5p", "bfloat16"): 459e12,
-}
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -104,13 +91,12 @@ def adamw_flops(cfg: ModelConfig) -> float:
 
 
 def peak_flops(device_kind: str, dtype: str, override: float | None = None) -> float | None:
-    """Peak FLOP/s for a device kind (e.g. jax.devices()[0].device_kind), or None when unknown (CPUs)."""
+    """Dense peak FLOP/s of a device kind (e.g. jax.devices()[0].device_kind) in `dtype`, from the device table
+    (jaxlm.analysis.devices), or None when unknown (CPUs)."""
     if override:
         return override
-    for (kind, dt), value in PEAK_FLOPS.items():
-        if kind.lower() in device_kind.lower() and dt == dtype:
-            return value
-    return None
+    device = find(device_kind)
+    return device.peak_flops.get(dtype) if device else None
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, device_kind: str, num_devices: int = 1,

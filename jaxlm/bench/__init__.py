@@ -1,7 +1,7 @@
 """Benchmarks, all behind `python -m jaxlm.bench WHAT` (model, data, decode, ops, parallel, plot; docs/benchmarks.md).
 
 The model-step sweep (speed, FLOPs, MFU, memory; torchref rows beside them through `python -m parity.bench`):
-- core: `Setting`, `Options`, `run_sweep`, `run_group`, `run_one`, `find_max_batch`, `batch_fits`
+- core: `Setting`, `Options`, `run_sweep`, `run_group`, `run_one`, `batch_fits`
 - output: the console table, JSON and CSV of the rows
 - jax_side: one row's measurement (the torch side: parity/bench_torch.py)
 - breakdown: attention vs feed-forward vs output head, timed standalone
@@ -18,7 +18,7 @@ Importing this package loads neither JAX nor torch (the CLI sets
 XLA_PYTHON_CLIENT_PREALLOCATE first so both can share one GPU).
 """
 
-from jaxlm.bench.core import COLUMNS, Options, Setting, find_max_batch, run_one, run_sweep
+from jaxlm.bench.core import COLUMNS, Options, Setting, run_one, run_sweep
 from jaxlm.bench.output import format_table, read_rows, write_csv, write_rows
 
 
@@ -29,5 +29,5 @@ def plot_results(rows, out_dir):
     return _plot(rows, out_dir)
 
 
-__all__ = ["COLUMNS", "Options", "Setting", "find_max_batch", "format_table", "plot_results", "read_rows", "run_one",
+__all__ = ["COLUMNS", "Options", "Setting", "format_table", "plot_results", "read_rows", "run_one",
            "run_sweep", "write_csv", "write_rows"]

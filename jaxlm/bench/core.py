@@ -331,34 +331,7 @@ def add_speed_ratios(rows: list[dict]) -> None:
 
 
 # --------------------------------------------------------------------------- largest batch
-
-
-def find_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 16) -> int:
-    """Largest batch b in [start, limit] with fits(b), by doubling then bisection; 0 if not even `start` fits.
-
-    Assumes fits is monotone (a batch that fits implies every smaller one does).
-    """
-    if not fits(start):
-        return 0
-    lo = start  # fits
-    hi = None  # does not fit
-    b = start
-    while b < limit:
-        b = min(2 * b, limit)
-        if fits(b):
-            lo = b
-        else:
-            hi = b
-            break
-    if hi is None:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+# The search itself is jaxlm.analysis.memory.search_largest, shared by every largest-batch search.
 
 
 def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
@@ -381,7 +354,7 @@ def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, b
         from jaxlm.bench import jax_side
 
         step = jax_side.build_step(setting.mode, cfg, compute, batch, context)
-        est = jax_side.compiled_memory_bytes(jax_side.compile_step(step))
+        est = memory.compiled_memory(jax_side.compile_step(step))
         if est is not None:
-            return est
+            return est.total
     return memory.estimate(cfg, batch, context, compute, setting.mode, fused=compute.attention != "xla").total

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
 from jaxlm.nn.model import TransformerLM, lm_loss
 from jaxlm.training.optim import make_optimizer
@@ -72,17 +73,6 @@ def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def compiled_memory_bytes(compiled) -> int | None:
-    """temp + arguments + outputs - aliased (donated) bytes, from the compiled executable's memory_analysis()."""
-    try:
-        m = compiled.memory_analysis()
-    except Exception:
-        return None
-    if m is None:
-        return None
-    return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes)
-
-
 def compiled_flops(compiled) -> float | None:
     """XLA's own FLOP count (cost_analysis()['flops']: matmuls plus elementwise work)."""
     try:
@@ -123,7 +113,7 @@ def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     t0 = time.perf_counter()
     compiled = compile_step(step)
     row["compile_s"] = time.perf_counter() - t0
-    estimate = compiled_memory_bytes(compiled)
+    estimate = getattr(compiled_memory(compiled), "total", None)
     row["estimate_gb"] = estimate / 1e9 if estimate is not None else None
     row["xla_flops"] = compiled_flops(compiled)
     row.update(compiled_matmuls(compiled))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jaxlm import cli
 from jaxlm.analysis.flops import MODES
+from jaxlm.analysis.memory import search_largest
 from jaxlm.bench import core, output  # import no framework
 from jaxlm.core.config import ComputeConfig, Config
 from jaxlm.core.errors import UserError
@@ -47,11 +48,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", metavar="N", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", metavar="N", type=int, default=10, help="timed steps per row")
     p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the weights and the batch")
-    p.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU (default: flops.PEAK_FLOPS by device)")
+    p.add_argument("--peak-tflops", metavar="X", type=float,
+                   help="device peak for MFU (default: the device table, jaxlm.analysis.devices)")
     p.add_argument("--memory-limit-gb", metavar="GB", type=float,
                    help="mark rows whose estimated memory exceeds this as OOM without running them (default: no limit)")
     p.add_argument("--find-max-batch", action="store_true",
-                   help="largest batch that fits per setting and context (doubling, then bisection)")
+                   help="largest batch that fits per setting and context (galloping, then bisection)")
     p.add_argument("--max-batch-limit", metavar="N", type=int, default=4096, help="upper bound of --find-max-batch")
     p.add_argument("--breakdown", action="store_true", help="time attention / feed-forward / head standalone (JAX)")
     p.add_argument("--memory-profile", metavar="DIR", help="write pprof device-memory profiles and live-buffer listings")
@@ -116,7 +118,7 @@ def max_batch_rows(args, settings, base, opts, meta: dict, on_row) -> list[dict]
     found = []
     for s in settings:
         for context in args.context:
-            best = core.find_max_batch(core.batch_fits(s, base, context, opts), limit=args.max_batch_limit)
+            best = search_largest(core.batch_fits(s, base, context, opts), args.max_batch_limit)
             found.append((s, context, best))
             print(f"[max batch] {s.label} T={context}: {best}", flush=True)
     meta["max_batch"] = [{"setting": s.label, "context": c, "max_batch": b} for s, c, b in found]
@@ -164,8 +166,10 @@ def write_outputs(args, rows: list[dict], meta: dict) -> None:
 
 
 def compiled_sweep(args, cfg: Config, name: str) -> int:
-    """--target: every row compiled for the target GPU (train_step, or forward as the eval step); no timing."""
-    from jaxlm.bench import target as gpu
+    """--target: every row compiled for the target GPU (train_step, or forward as the eval step); no timing.
+    Stopped by a signal, it keeps the rows compiled so far (jaxlm.bench.target.compiled_rows)."""
+    from jaxlm.bench.target import BENCH_COLUMNS, compiled_rows
+    from jaxlm.training import compiled as gpu
 
     t = gpu.parse_target(args.target, args.target_config)
     gpu.require_compiler()
@@ -173,22 +177,21 @@ def compiled_sweep(args, cfg: Config, name: str) -> int:
     for mode in args.mode:
         cli.check_option(mode in ("train_step", "forward"), "--mode", mode,
                          "with --target: train_step or forward (the eval step training runs)")
-    rows, meta = [], {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name,
-                      "label": t.label}
-    for s in settings_from(args, cfg.compute):
-        for context in args.context:
-            for batch in args.batch:
-                rows.append(gpu.bench_row(s, cfg, context, batch, t, name))
-                if args.find_max_batch and rows[-1]["status"] == "ok":
-                    shaped = gpu.setting_config(s, cfg, context, batch)
-                    rows[-1]["largest_batch"] = gpu.largest_batch(shaped, t, s.mode, limit=args.max_batch_limit)
-                if not args.quiet:
-                    r = rows[-1]
-                    what = f"{r['total_gb']:.3f} GB per GPU" if r["status"] == "ok" else r.get("error", "")
-                    print(f"[compiled] {s.label} T={context} B={batch}: {r['status']} {what}", flush=True)
-    print(f"\n{t.label}")
-    print(output.format_table(rows, gpu.BENCH_COLUMNS))
-    write_outputs(args, rows, meta)
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name, "label": t.label}
+
+    def progress(s, r: dict) -> None:
+        what = f"{r['total_gb']:.3f} GB per GPU" if r["status"] == "ok" else r.get("error", "")
+        print(f"[compiled] {s.label} T={r['context']} B={r['batch']}: {r['status']} {what}", flush=True)
+
+    def save(rows: list[dict]) -> str:
+        print(f"\n{t.label}")
+        print(output.format_table(rows, BENCH_COLUMNS))
+        write_outputs(args, rows, meta)
+        return "the table above" + (f" and {args.json}" if args.json else "")
+
+    rows = compiled_rows(settings_from(args, cfg.compute), cfg, args.context, args.batch, t, name,
+                         args.max_batch_limit if args.find_max_batch else None, None if args.quiet else progress, save)
+    save(rows)
     return 0
 
 

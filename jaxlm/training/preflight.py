@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core import sharding
 from jaxlm.core.config import ComputeConfig, Config, ModelConfig
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
@@ -278,13 +279,14 @@ def check_memory(cfg: Config, stats, batch_unit: int) -> None:
     if stats is None or have is None:
         return
     free, where = have
-    need = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+    m = compiled_memory(stats)
+    need = m.total
     if need <= free:
         return
-    B, fixed, temp = cfg.data.batch_size, need - stats.temp_size_in_bytes, max(stats.temp_size_in_bytes, 1)
+    B, fixed, temp = cfg.data.batch_size, need - m.temp, max(m.temp, 1)
     fits = int((free - fixed) / temp * B) // batch_unit * batch_unit
     figure = (f"the compiled train step needs {_gib(need)} per device ({_gib(fixed)} parameters, optimizer state "
-              f"and batch, {_gib(stats.temp_size_in_bytes)} temporaries), but {where} {_gib(free)}")
+              f"and batch, {_gib(m.temp)} temporaries), but {where} {_gib(free)}")
     if fits >= batch_unit:
         raise ConfigError(f"data.batch_size = {B}: {figure}; about {fits} fits: lower data.batch_size, raise "
                           "train.grad_accum or set compute.remat")

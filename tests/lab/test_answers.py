@@ -10,6 +10,7 @@ from experiments.answers import adamw, gpu, measured, studies, text
 from experiments.answers.__main__ import main
 from jaxlm import cli
 from jaxlm.analysis import flops, memory
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ComputeConfig
 
 # GPT-2 XL under docs/spec.md's architecture: d 1600, 48 layers, 25 heads, d_ff 6400, vocab 50257, untied.
@@ -53,7 +54,7 @@ QUESTION_IDS = ("unicode1", "unicode2", "train_bpe_tinystories", "tokenizer_expe
 def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
     from experiments.answers.__main__ import answers as document
 
-    text_md = document(answers.DEVICES["h100-80gb"], tmp_path / "no-records", out_dir=tmp_path)
+    text_md = document(DEVICES["h100-80gb"], tmp_path / "no-records", out_dir=tmp_path)
     for qid in QUESTION_IDS:
         assert f"### {qid}\n" in text_md
     assert "2,127,057,600" in text_md and "4,513,336,524,800" in text_md
@@ -184,8 +185,8 @@ def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
 
 def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
     from experiments.compiled_memory import sections
-    from jaxlm.bench.gpu_validation import CompileCache
-    from jaxlm.bench.target import parse_target
+    from jaxlm.training.compile_cache import CompileCache
+    from jaxlm.training.compiled import parse_target
 
     target, stored = parse_target(gpu.TARGET), {}
     for label, job in next(s for s in sections() if s.name == gpu.SECTION).rows:  # "forward, float32, context 128"

@@ -19,6 +19,7 @@ from flax import nnx
 import torchref
 from jaxlm import cli
 from jaxlm.analysis import flops
+from jaxlm.analysis.memory import search_largest
 from jaxlm.bench import core, jax_side, output
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.model import TransformerLM
@@ -249,20 +250,6 @@ def test_matmul_command_times_every_projection_in_every_form(tmp_path, capsys):
     assert "jax/torch" in capsys.readouterr().out
 
 
-def test_find_max_batch_search():
-    calls = []
-
-    def fits(b):
-        calls.append(b)
-        return b <= 37
-
-    assert core.find_max_batch(fits) == 37
-    assert len(calls) < 15
-    assert core.find_max_batch(lambda b: False) == 0
-    assert core.find_max_batch(lambda b: True, limit=100) == 100
-    assert core.find_max_batch(lambda b: b <= 64) == 64
-
-
 def test_find_max_batch_against_the_memory_limit_estimate():
     setting = core.Setting("jax", "forward")
     limit_gb = 0.0005
@@ -270,7 +257,7 @@ def test_find_max_batch_against_the_memory_limit_estimate():
     est = functools.cache(lambda b: core.estimate_bytes(setting, TINY_CFG, ComputeConfig(), b, 32))
     probed = []
     fits = core.batch_fits(setting, TINY_CFG, 32, opts)
-    best = core.find_max_batch(lambda b: probed.append(b) or fits(b), limit=256)
+    best = search_largest(lambda b: probed.append(b) or fits(b), 256)
     assert best > 1
     assert est(best) <= limit_gb * 1e9 < est(best + 1)
     assert est(1) < est(best // 2) < est(best)  # monotone in the batch

@@ -7,10 +7,11 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxlm.bench.layouts import collectives, parse_layout
+from jaxlm.bench.layouts import parse_layout
 from jaxlm.core import sharding
 from jaxlm.core.config import ModelConfig, ParallelConfig, load_config
 from jaxlm.core.errors import ConfigError, UsageError
+from jaxlm.training.compiled import collectives
 
 
 @pytest.mark.parametrize("kw, n, expected", [

@@ -12,7 +12,6 @@ COMMANDS = [  # module, the arguments before the unknown flag (any required ones
     ("jaxlm.bench", ["model"]),
     ("jaxlm.bench", ["decode"]),
     ("jaxlm.memory", []),
-    ("jaxlm.memory", ["validate"]),
     ("jaxlm.data", ["list"]),
     ("jaxlm.lora", ["merge", "RUN", "--out", "DIR"]),
     ("jaxlm.quantize", ["RUN"]),

@@ -1,0 +1,78 @@
+"""Compiled figures kept in a JSON file, so that pages built from many compiles regenerate in seconds.
+
+    store = CompileCache(Path("docs/results/compiled/h100-80gb.json"))
+    store.row({"preset": "small", "set": ["data.batch_size=8"], "mode": "train_step"}, parse_target("h100-80gb"))
+
+A *job* names a step as a config does: {"preset": NAME or None, "set": [SECTION.KEY=VALUE, ...], "mode":
+train_step | forward}. Figures are keyed by (job, target, jax version), each with the hash of the lowered
+program it was compiled from (`jaxlm.training.compiled.program_hash`): a job missing from the file is lowered
+first, and a figure of the same program is reused; only a new program compiles. Keys do not depend on
+jaxlm's sources, so a refactor that leaves the program unchanged keeps every figure (a test lowers stored
+jobs again and fails when the program they name has changed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxlm.core.config import Config, load_config
+from jaxlm.core.files import write_json
+from jaxlm.training import compiled as gpu
+
+KEPT = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes", "matmuls", "matmul_dtypes",
+        "cudnn_attention_calls", "compile_s", "label", "compiler_options")
+
+
+def job_config(job: dict) -> Config:
+    return load_config(None, job["set"], preset=job.get("preset"))
+
+
+class CompileCache:
+    """Compiled figures by (job, target, jax version) in a JSON file (none: in memory only), saved after every
+    new compile."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.stored = json.loads(path.read_text()) if path is not None and path.exists() else {}
+
+    @staticmethod
+    def key(job: dict, target: gpu.Target) -> str:
+        import jax
+
+        return json.dumps([job, target.name, target.count, jax.__version__], sort_keys=True)
+
+    def has(self, job: dict, target: gpu.Target) -> bool:
+        return self.key(job, target) in self.stored
+
+    def _save(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(self.path, self.stored)
+
+    def row(self, job: dict, target: gpu.Target, log=None) -> dict:
+        """The job's compiled figures (KEPT and "program"), compiled now unless stored; `log` hears of compiles."""
+        key = self.key(job, target)
+        if key not in self.stored:
+            cfg, mode = job_config(job), job.get("mode", "train_step")
+            lowered = gpu.lower_step(cfg, target, mode)
+            program = gpu.program_hash(lowered, target)
+            same = next((v for v in self.stored.values() if v.get("program") == program), None)
+            if same is None:
+                r = gpu.compiled_row(cfg, target, mode, lowered=lowered)
+                same = {**{k: r[k] for k in KEPT if k in r}, "program": program}
+                if log:
+                    log(f"{job}: {r['total_bytes'] / 2**30:.2f} GiB (temp {r['temp_bytes'] / 2**30:.2f}), "
+                        f"compiled in {r['compile_s']:.0f} s")
+            self.stored[key] = same
+            self._save()
+        return self.stored[key]
+
+    def largest(self, job: dict, target: gpu.Target) -> int:
+        """The largest batch of `job` that fits the target, by compiling (jaxlm.training.compiled.largest_batch)."""
+        key = self.key({**job, "search": "largest_batch"}, target)
+        if key not in self.stored:
+            found = gpu.largest_batch(job_config(job), target, job.get("mode", "train_step"))
+            self.stored[key] = {"largest_batch": found}
+            self._save()
+        return self.stored[key]["largest_batch"]
