@@ -154,7 +154,7 @@ def test_kernels_are_grouped_by_their_source():
 
 def needs_compiler(test):
     """Skipped without XLA's GPU compiler; the module's compiles run once, on one xdist worker (about 90 s)."""
-    from jaxlm.bench import target as gpu
+    from jaxlm.training import compiled as gpu
 
     skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
     return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
@@ -167,8 +167,8 @@ def _compile(fn, *shapes, dtype="bfloat16", gpus=1, specs=None):
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from jaxlm.bench import target as gpu
     from jaxlm.nn.attention import compiling_for
+    from jaxlm.training import compiled as gpu
 
     devices = gpu.devices(gpu.parse_target(f"h100-80gb:{gpus}"))
     mesh = Mesh(np.array(devices), ("d",))
@@ -189,13 +189,13 @@ STEPS = {"f32": ["compute.dtype=float32"], "f32_full": ["compute.dtype=float32",
 @pytest.fixture(scope="module")
 def steps():
     """jaxlm's train step compiled for an H100 in four settings: {name: (config, module, prediction)}."""
-    from jaxlm.bench import target as gpu
     from jaxlm.core.config import load_config
+    from jaxlm.training import compiled as gpu
 
     out = {}
     for name, overrides in STEPS.items():
         cfg = load_config(None, [*STEP, *overrides])
-        compiled, _ = gpu.compile_step(cfg, gpu.parse_target("h100-80gb"))
+        compiled, *_ = gpu.compile_step(cfg, gpu.parse_target("h100-80gb"))
         module = hlo.parse_module(compiled.as_text())
         out[name] = cfg, module, rl.predict(module, H100)
     return out
