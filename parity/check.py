@@ -38,7 +38,8 @@ from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfi
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import writable_dir_problem, write_json  # noqa: E402
 from jaxlm.core.host import tune_for_cpu_backend  # noqa: E402
-from jaxlm.nn.model import TransformerLM, lm_loss  # noqa: E402
+from jaxlm.nn.loss import block_positions, lm_loss  # noqa: E402
+from jaxlm.nn.model import TransformerLM  # noqa: E402
 from jaxlm.training.optim import make_optimizer  # noqa: E402
 from jaxlm.training.preflight import check_attention  # noqa: E402
 from jaxlm.training.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
         f"parity.check: d_model={m.d_model} layers={m.num_layers} heads={m.num_heads} vocab={m.vocab_size} "
         f"norm={m.norm} rope={m.rope} ffn={m.ffn} tied={m.tie_embeddings} window={m.window} "
         f"dtype={c.dtype} attention={c.attention} loss blocks of "
-        f"{setup.batch} x {c.loss_positions(m.vocab_size, setup.batch, setup.seq)} tokens"
+        f"{setup.batch} x {block_positions(c, m.vocab_size, setup.batch, setup.seq)} tokens"
         + (f" lora rank={setup.lora.rank} alpha={setup.lora.alpha} targets={','.join(setup.lora.targets)}"
            if setup.lora.rank else "")
         + f"; batch={setup.batch} seq={setup.seq}; "

@@ -89,7 +89,7 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     from flax import nnx
 
     from jaxlm.core import sharding
-    from jaxlm.nn.model import lm_loss
+    from jaxlm.nn.loss import lm_loss
     from jaxlm.training.loop import build
 
     b = build(cfg, mesh)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.loss import block_positions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
@@ -222,8 +223,10 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
     tokens = batch * seq_len
-    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
-    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
+    # the loss holds one block of the global batch's positions at a time (all of them: whole logits), split like
+    # the batch over the devices
+    positions = seq_len if mode == "forward" else block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
+    head_tokens = batch * positions
     if backend == "gpu" and mode != "forward":
         return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
@@ -247,7 +250,8 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
 
 
 def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> Estimate:
+             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None,
+             backend: str = "gpu") -> Estimate:
     """Predicted peak bytes per device of one step; `batch` is the global batch, split over mesh.devices."""
     p = param_counts(cfg)["total"]
     shard = mesh.devices if mesh.fsdp else 1
@@ -269,7 +273,8 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
 
 
 def largest_batch(cfg: ModelConfig, seq_len: int, capacity: float, compute: ComputeConfig = ComputeConfig(),
-                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> int:
+                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None,
+                  backend: str = "gpu") -> int:
     """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does).
 
     The estimate grows with the per-device batch (affine in it, but for a chunked loss's one block of

@@ -23,7 +23,8 @@ from flax import nnx
 from jaxlm.analysis import flops
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
-from jaxlm.nn.model import CausalSelfAttention, LinearKinds, cross_entropy
+from jaxlm.nn.loss import cross_entropy
+from jaxlm.nn.model import CausalSelfAttention, LinearKinds
 
 
 def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:

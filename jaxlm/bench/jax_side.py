@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
-from jaxlm.nn.model import TransformerLM, lm_loss
+from jaxlm.nn.loss import lm_loss
+from jaxlm.nn.model import TransformerLM
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.step import TrainState, make_train_step, split_model
 from jaxlm.training.tracking import peak_memory_bytes

@@ -110,28 +110,13 @@ class ComputeConfig:
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
     loss_chunk: int | None = opt(
         None, "tokens per block of the LM head + cross-entropy, so only one block's logits ever exist (each block's "
-        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
-        "are a large share of a step's memory, at no cost in CPU step time), else 0 (docs/techniques/loss-chunking.md)")
+        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on, else 0 "
+        "(the block size is decided in jaxlm.nn.loss.block_positions; docs/techniques/loss-chunking.md)")
 
     def __post_init__(self):
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
                "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
         _check(self.loss_chunk is None or self.loss_chunk >= 0, "loss_chunk", self.loss_chunk, "must be >= 0 or unset")
-
-    def loss_chunk_for(self, vocab_size: int) -> int:
-        """loss_chunk with its unset default resolved for this vocabulary (0: whole logits)."""
-        if self.loss_chunk is not None:
-            return self.loss_chunk
-        return AUTO_LOSS_CHUNK if vocab_size >= AUTO_LOSS_CHUNK_VOCAB else 0
-
-    def loss_positions(self, vocab_size: int, batch: int, seq: int) -> int:
-        """Positions of every row per block of the chunked loss (seq: one block, the whole logits): the fewest
-        blocks of at most loss_chunk tokens (at least one position of each row), evened out to pad the least."""
-        chunk = self.loss_chunk_for(vocab_size)
-        if not chunk or chunk >= batch * seq:
-            return seq
-        blocks = -(-seq // max(1, chunk // batch))
-        return -(-seq // blocks)
 
     @property
     def remat_policy(self) -> str:
@@ -143,9 +128,6 @@ class ComputeConfig:
         temporaries 2411 vs 1266 MiB).
         """
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
-
-
-AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
 
 
 # --------------------------------------------------------------------------- training run

@@ -21,7 +21,8 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
-from jaxlm.nn.model import TransformerLM, lm_loss, lm_terms
+from jaxlm.nn.loss import lm_loss, lm_terms
+from jaxlm.nn.model import TransformerLM
 
 
 @jax.tree_util.register_dataclass

@@ -17,13 +17,9 @@ from flax import nnx
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn import remat as remat_lib
 from jaxlm.nn.attention import attention, cudnn_supported, visibility_mask
-from jaxlm.nn.model import (
-    RotaryEmbedding,
-    TransformerLM,
-    apply_rope,
-    cross_entropy,
-    token_accuracy,
-)
+from jaxlm.nn.layers import RotaryEmbedding, apply_rope
+from jaxlm.nn.loss import cross_entropy, token_accuracy
+from jaxlm.nn.model import TransformerLM
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
 H = D // N

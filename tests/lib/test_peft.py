@@ -347,7 +347,7 @@ def test_lora_matches_torchref():
     graphdef, params, rest = split_model(model)
 
     def loss(params):
-        from jaxlm.nn.model import cross_entropy
+        from jaxlm.nn.loss import cross_entropy
 
         return cross_entropy(nnx.merge(graphdef, params, rest)(TOKENS), jnp.roll(TOKENS, -1, axis=1))
 

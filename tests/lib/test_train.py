@@ -83,7 +83,7 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
 
 def test_restore_for_inference(corpus, tmp_path):
-    from jaxlm.nn.model import cross_entropy
+    from jaxlm.nn.loss import cross_entropy
     from jaxlm.training.checkpoint import restore_for_inference
     from jaxlm.training.loop import train
 
