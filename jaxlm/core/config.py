@@ -66,7 +66,8 @@ class ModelConfig:
     tie_embeddings: bool = opt(False, "share the output projection with the token embeddings")
     dropout: float = opt(0.0, "dropout on attention probabilities and residual branches, training only")
     eps: float = opt(1e-5, "RMSNorm epsilon")
-    window: int | None = opt(None, "sliding-window attention: each query sees itself and at most this many previous keys")
+    window: int | None = opt(
+        None, "sliding-window attention: each query sees itself and at most this many previous keys")
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -140,10 +141,11 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
-                                "or a file); empty: the last val_fraction of the `source` tokens")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
-                         "of N entries trained on `source` when the data is prepared)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as "
+                                "\"wikitext-2/valid.txt\", or a file); empty: the last val_fraction of the `source` "
+                                "tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level "
+                         "BPE of N entries trained on `source` when the data is prepared)")
     val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
     eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
@@ -178,7 +180,8 @@ class OptimConfig:
         _check(self.lr > 0, "lr", self.lr, "must be > 0")
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps,
+               "must be >= 1 or unset")
         for name in ("warmup_steps", "cosine_steps"):
             _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
@@ -228,7 +231,8 @@ class LogConfig:
         for name in ("sample_every", "sample_tokens", "sample_temperature"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
         p = self.profile_steps
-        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p, "must be [first, last] with first <= last")
+        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p,
+               "must be [first, last] with first <= last")
 
 
 @dataclass(frozen=True)
@@ -277,8 +281,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
 
 
 def quant_block(d_in: int, block: int) -> int:
-    """The block a quantised base uses on an input width d_in: `block`, or the largest divisor of both
-    when d_in is not a multiple of it (what `jaxlm.nn.quant.block_size` computes)."""
+    """The block a quantised base (`jaxlm.nn.quant`) uses on an input width d_in: `block`, or the largest divisor
+    of both when d_in is not a multiple of it. Here, the lowest layer, because lora.* is checked against it."""
     return block if d_in % block == 0 else math.gcd(d_in, block)
 
 
@@ -326,7 +330,8 @@ class QatConfig:
     """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
     (post-training conversion: python -m jaxlm.quantize)."""
 
-    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
+    weight_bits: int | None = opt(
+        None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
     activation_bits: int | None = opt(None, "dynamic per-token quantisation of the blocks' Linear inputs: 8")
 
     def __post_init__(self):
@@ -351,7 +356,8 @@ class Config:
         _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
-        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
+        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank,
+               "QAT (qat.*) and LoRA in one run are not supported")
         _check(not (self.lora.rank and self.lora.dropout and self.parallel.pipeline != 1), "lora.dropout",
                self.lora.dropout, "the pipeline (parallel.pipeline) runs the adapters without dropout; set it to 0")
         self.lora.check_model(self.model)
