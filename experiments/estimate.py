@@ -2,7 +2,7 @@
 
 A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its
 evaluations (forward passes); a bench run costs `startup` plus, per row, a compile and
-`warmup + steps` steps. FLOPs are `jaxlm.flops.step_flops` (matmuls only).
+`warmup + steps` steps. FLOPs are `jaxlm.analysis.flops.step_flops` (matmuls only).
 
 The CPU constants are fitted to this project's recorded CPU plan runs (docs/results,
 a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s to

@@ -2,7 +2,7 @@
 
 Shared by the runner (which condenses a finished run into result.json) and the
 report (which reads result.json and the learning curves). Metric names follow
-`jaxlm.tracking` (``train/loss``, ``eval/perplexity`` ...); the few quantities
+`jaxlm.training.tracking` (``train/loss``, ``eval/perplexity`` ...); the few quantities
 the report needs are looked up through `ALIASES`, so a renamed metric is a
 one-line change here.
 """

@@ -10,7 +10,7 @@ Error measures (all "max over ..." so one bad element shows):
 - grad_max_rel_err: max over parameters of max |g_jax - g_torch| / max |g_torch|;
 - train_loss_max_abs_diff: max over steps of |loss_jax(t) - loss_torch(t)| when both
   train with AdamW + warmup-cosine + clipping on identical batches (jaxlm through
-  `jaxlm.optim.make_optimizer` and `jaxlm.step.make_train_step`, the training code itself).
+  `jaxlm.training.optim.make_optimizer` and `jaxlm.training.step.make_train_step`, the training code itself).
 """
 
 from __future__ import annotations

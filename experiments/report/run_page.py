@@ -67,7 +67,7 @@ def sample(run_dir: Path, prompt: str | None, args: argparse.Namespace) -> tuple
     text = tok.decode(new)
     how = (f"newest checkpoint (step {max(saved_steps(run_dir))}), prompt {text_prompt!r}, {len(new)} new tokens, temperature "
            f"{args.temperature:g}, top-p {args.top_p:g}, top-k off, seed {args.seed}, KV cache "
-           f"(`jaxlm.decode.Generator`; the window slides past {model.cfg.context_length} tokens)")
+           f"(`jaxlm.nn.decode.Generator`; the window slides past {model.cfg.context_length} tokens)")
     lines = ["```text", (text_prompt + text).replace("```", "'''"), "```", ""]
     measured = fluency(new, text)
     if measured:

@@ -1,6 +1,6 @@
 """Where the time goes: attention vs feed-forward vs output head, each jitted and timed standalone.
 
-Each component is the model's own module (jaxlm.model) at the model's shapes:
+Each component is the model's own module (jaxlm.nn.model) at the model's shapes:
 attention = CausalSelfAttention with RoPE (projections + core), feed-forward =
 the SwiGLU / SiLU block, head = ln_final + lm_head + cross-entropy. Attention and
 feed-forward times are per layer, multiplied by num_layers. Backward time is

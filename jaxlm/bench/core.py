@@ -363,7 +363,7 @@ def find_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 1 <
 
 def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
     """fits(batch). With a memory limit: the estimate (JAX: compiled memory_analysis; torch: the analytic
-    jaxlm.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
+    jaxlm.analysis.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
 
     def fits(batch: int) -> bool:
         if opts.memory_limit_gb is not None:
@@ -376,7 +376,7 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
 
 
 def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
-    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.memory.estimate (torch)."""
+    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.analysis.memory.estimate (torch)."""
     if setting.framework == "jax":
         from jaxlm.bench import jax_side
 

@@ -1,7 +1,7 @@
 """`python -m jaxlm.bench parallel`: the real train step on a mesh, compiled apart, measured per device.
 
 Each row is one mesh layout (the config's ``parallel.*``, or each `--layout`) of the
-train step `jaxlm.train.build` jits: compile time, step time (unless --compile-only),
+train step `jaxlm.training.loop.build` jits: compile time, step time (unless --compile-only),
 per-device memory read from the compiled SPMD program's memory_analysis (arguments =
 this device's shard of the train state plus its batch rows; temporaries; outputs
 aliased to the donated state), the per-device parameter + optimizer bytes from the

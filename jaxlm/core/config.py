@@ -224,7 +224,7 @@ class LogConfig:
     sample_prompt: str = opt("The ", "prompt of the samples")
     sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
     progress: bool = opt(True, "show a progress bar")
-    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.flops has no entry")
+    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.analysis.flops has no entry")
 
     def __post_init__(self):
         _check(self.every >= 1, "every", self.every, "must be >= 1")

@@ -374,7 +374,7 @@ def _same_tokenizer(meta: dict, spec: str) -> bool:
 
 
 def ensure_prepared(data_cfg, progress: bool = True) -> Path:
-    """The prepared directory of a `jaxlm.config.DataConfig`, tokenising `source` first if needed."""
+    """The prepared directory of a `jaxlm.core.config.DataConfig`, tokenising `source` first if needed."""
     d = Path(data_cfg.dir)
     if (d / META).is_file():
         meta = read_meta(d)

@@ -1,4 +1,4 @@
-"""jaxlm.flops against XLA and both models, and every `python -m jaxlm.bench` command end to end on tiny configs (CPU)."""
+"""jaxlm.analysis.flops against XLA and both models, and every `python -m jaxlm.bench` command end to end on tiny configs (CPU)."""
 
 import argparse
 import csv

@@ -1,4 +1,4 @@
-"""jaxlm.attention and jaxlm.model on CPU: shapes, masks, RoPE, precision, remat, dropout, names.
+"""jaxlm.nn.attention and jaxlm.nn.model on CPU: shapes, masks, RoPE, precision, remat, dropout, names.
 
 Prime-ish sizes (d_model 48, 4 heads of 12, vocab 97, seq 13) so a swapped axis
 cannot pass by accident.
