@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from jaxlm.core import typedconfig as tc
 from jaxlm.core.errors import ConfigError
-from jaxlm.core.oldkeys import migrate, migrate_override
 from jaxlm.core.presets import PRESETS
 
 
@@ -368,12 +367,12 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = migrate(tc.read_toml(path), str(path)) if path is not None else {}
+    data = tc.read_toml(path) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = tc.merge_trees(data, PRESETS[preset])
-    overrides = [t for t in map(migrate_override, overrides) if t is not None]
+    overrides = list(overrides)
     for text in overrides:
         try:
             tc.check_override(cls, *tc.parse_override(text))
