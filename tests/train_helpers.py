@@ -98,7 +98,7 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     x, y = (sharding.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
 
     def loss(params, x, y):
-        return lm_loss(nnx.merge(b.graphdef, params, state.rest), x, y)
+        return lm_loss(nnx.merge(b.graphdef, params, state.non_trainable), x, y)
 
     bsh = sharding.batch_sharding(mesh)
     fn = sharding.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
@@ -161,7 +161,7 @@ def _devices_main():
         l8, g8 = loss_and_grads(cfg8, mesh8)
         t8, _ = run_steps(cfg8, mesh8, 20)
         shardings = build(cfg8, mesh8).shardings  # trainable and frozen (a LoRA base) parameters
-        specs = {str(s.spec) for s in jax.tree.leaves((shardings.params, shardings.rest))}
+        specs = {str(s.spec) for s in jax.tree.leaves((shardings.params, shardings.non_trainable))}
         out[name] = {"loss_rel": abs(l8 - l1) / abs(l1), "grad_rel": max_rel_diff(g8, g1),
                      "traj_rel": float(np.max(np.abs(t8 - t1) / np.abs(t1))), "specs": sorted(specs)}
         print(name, out[name], file=sys.stderr, flush=True)

@@ -317,9 +317,9 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
     abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
-    graphdef, params, rest = split_model(abstract)
+    graphdef, params, non_trainable = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {"params": params, "rest": rest}
+    target = {"params": params, "non_trainable": non_trainable}
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     saved = abstract_savable(target)
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -331,7 +331,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     finally:
         manager.close()
     restored = from_savable(out["state"], target)
-    model = nnx.merge(graphdef, restored["params"], restored["rest"])
+    model = nnx.merge(graphdef, restored["params"], restored["non_trainable"])
     tokenizer = None
     if (run_dir / "tokenizer" / "meta.json").is_file():
         from jaxlm.data.prepare import load_tokenizer_from_meta

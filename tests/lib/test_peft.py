@@ -56,11 +56,11 @@ def test_lora_trains_only_the_adapters():
     assert names and all(n.endswith(("lora_a", "lora_b")) for n in names)
     n_trainable = sum(a.size for a in jax.tree.leaves(after.params))
     assert sum(a.size for a in jax.tree.leaves(after.opt_state)) == 2 * n_trainable + 1  # mu, nu, count
-    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.rest, nnx.Param)),
-                    jax.tree.leaves(nnx.filter_state(after.rest, nnx.Param))):
+    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.non_trainable, nnx.Param)),
+                    jax.tree.leaves(nnx.filter_state(after.non_trainable, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the frozen base
     assert not np.allclose(np.asarray(after.params["layers"][0]["attn"]["q_proj"]["lora_b"][...]), 0.0)
-    m = lora.memory_summary(after.params, after.opt_state, after.rest)
+    m = lora.memory_summary(after.params, after.opt_state, after.non_trainable)
     assert m["trainable_params"] == n_trainable and m["optimizer_bytes"] == 4 * (2 * n_trainable + 1)
 
 

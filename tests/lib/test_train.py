@@ -128,12 +128,12 @@ def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
     results = []
     for batch in (1, 3, 8):
         cfg = tiny(corpus, "/unused", **{"data.batch_size": batch, "data.eval_tokens": 300})
-        built = build(cfg, mesh)
-        state = jax.jit(built.make_state, out_shardings=built.shardings)()
-        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, built=built, state=state, data_dir=corpus)))
+        jitted = build(cfg, mesh)
+        state = jax.jit(jitted.make_state, out_shardings=jitted.shardings)()
+        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, jitted=jitted, state=state, data_dir=corpus)))
     val = np.asarray(TokenWindows.from_dir(corpus, "val", 32).tokens[:321], np.int32)
     x, y = val[:320].reshape(10, 32), val[1:321].reshape(10, 32)
-    logits = np.asarray(state.model(built.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
+    logits = np.asarray(state.model(jitted.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
     m = logits.max(-1)
     nll = m + np.log(np.exp(logits - m[:, None]).sum(-1)) - logits[np.arange(300), y.reshape(-1)[:300]]
     acc = np.mean(logits.argmax(-1) == y.reshape(-1)[:300])
