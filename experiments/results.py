@@ -56,7 +56,8 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         step, kind = rec.get("step"), rec.get("kind")
         if isinstance(step, (int, float)):
-            records = [r for r in records if not (r.get("kind") == kind and isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
+            records = [r for r in records
+                       if not (r.get("kind") == kind and isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
         records.append(rec)
     return records
 

@@ -157,7 +157,8 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
         x_np, y_np = data[t][:, :-1], data[t][:, 1:]
         for g in opt_t.param_groups:
             g["lr"] = lr_at(t, o, steps)
-        loss_t = torchref.cross_entropy(ref(torch.from_numpy(x_np).to(setup.device)), torch.from_numpy(y_np).to(setup.device))
+        x_t, y_t = (torch.from_numpy(a).to(setup.device) for a in (x_np, y_np))
+        loss_t = torchref.cross_entropy(ref(x_t), y_t)
         opt_t.zero_grad()
         loss_t.backward()
         if o.grad_clip > 0:
@@ -184,9 +185,11 @@ def round_trip_exact(ref: torch.nn.Module, model: TransformerLM) -> bool:
 def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
     p = cli.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0])
     cli.add_config_args(p)  # [model], [compute] and [optim] are used; default: parity/default.toml
-    p.add_argument("--steps", type=cli.bounded(int, 0), default=0, help="also train N steps in both frameworks and compare the losses (default: 0)")
+    p.add_argument("--steps", type=cli.bounded(int, 0), default=0,
+                   help="also train N steps in both frameworks and compare the losses (default: 0)")
     p.add_argument("--batch", type=cli.bounded(int, 1), default=4, help="sequences per batch (default: 4)")
-    p.add_argument("--seq", type=cli.bounded(int, 1), default=None, help="sequence length (default: min(context_length, 64))")
+    p.add_argument("--seq", type=cli.bounded(int, 1), default=None,
+                   help="sequence length (default: min(context_length, 64))")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     p.add_argument("--device", default="cpu", help="torch device for the reference: cpu, cuda (default: cpu)")
     p.add_argument("--json", help="write the figures to this JSON file")

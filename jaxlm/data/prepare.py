@@ -119,7 +119,8 @@ def _task_bytes(task: tuple) -> int:
     return task[2] if task[0] == "text" else task[3] - task[2]
 
 
-def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int, progress: bool, desc: str) -> int:
+def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int,
+                    progress: bool, desc: str) -> int:
     tasks = _tasks(sources, tokenizer)
     total = sum(_task_bytes(t) for t in tasks)
     bar = _bar(total, desc, progress, unit="B")
@@ -130,7 +131,8 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 _init_worker(tokenizer, dtype.name)
                 results = map(_encode_task, tasks)
             else:
-                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
+                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker,
+                                         initargs=(tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
                 f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
@@ -264,7 +266,8 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         files = list(TOKENIZER_FILES)
 
     def describe(srcs):
-        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC else Path(s).stat().st_size} for s in srcs]
+        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC
+                 else Path(s).stat().st_size} for s in srcs]
 
     return {
         "format": FORMAT,
@@ -309,7 +312,8 @@ def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
 def read_meta(data_dir: str | os.PathLike) -> dict:
     path = Path(data_dir) / META
     if not path.is_file():
-        raise DataError(f"{path}: not found; create it with `python -m jaxlm.data prepare --input ... --out {data_dir}`")
+        raise DataError(f"{path}: not found; create it with "
+                        f"`python -m jaxlm.data prepare --input ... --out {data_dir}`")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
@@ -329,7 +333,8 @@ def load_tokenizer_from_meta(data_dir: str | os.PathLike) -> Tokenizer:
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir if meta.get("tokenizer_files") else meta["tokenizer"])
     if tok.vocab_size != meta["vocab_size"]:
-        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer {meta['tokenizer']!r} has {tok.vocab_size}")
+        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer "
+                        f"{meta['tokenizer']!r} has {tok.vocab_size}")
     return tok
 
 
@@ -391,9 +396,11 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
     val = list(data_cfg.val_source) or None
     if val:
         _check_sources(val, "validation")
-    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
+    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer "
+          f"{data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
                    val_inputs=val, progress=progress,
                    culprit=f"data.dir = {str(d)!r}")
-    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
+    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+          f"({meta['seconds']} s)", file=sys.stderr)
     return d

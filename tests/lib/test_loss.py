@@ -82,7 +82,8 @@ def test_evaluation_loss_and_accuracy_unchanged():
     hit = np.arange(B * T).reshape(B, T) % 3 == 0  # 13 of the 39 targets are the model's own argmax
     y = jnp.where(hit, jnp.argmax(logits, -1), (jnp.argmax(logits, -1) + 1) % V)
     (nll0, hit0), (nll1, hit1) = lm_terms(whole, x, y), lm_terms(chunked, x, y)  # (B, T) each
-    assert np.array_equal(hit0, hit1) and float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
+    assert np.array_equal(hit0, hit1)
+    assert float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
     assert float(jnp.mean(nll1)) == pytest.approx(float(cross_entropy(logits, y)), rel=1e-6)
     np.testing.assert_allclose(nll1, nll0, rtol=1e-6)
 
@@ -158,3 +159,16 @@ def test_estimator_counts_one_block_of_logits():
     b = memory.largest_batch(cfg, 256, cap, compute)
     assert memory.estimate(cfg, b, 256, compute).total <= cap < memory.estimate(cfg, b + 1, 256, compute).total
     assert b > memory.largest_batch(cfg, 256, cap, ComputeConfig(loss_chunk=0))
+
+
+def test_cross_entropy_and_accuracy():
+    logits = jax.random.normal(jax.random.key(0), (3, 5, V)) * 4
+    targets = jax.random.randint(jax.random.key(1), (3, 5), 0, V)
+    x = np.asarray(logits, np.float64)
+    ref = np.mean(np.log(np.exp(x).sum(-1)) - np.take_along_axis(x, np.asarray(targets)[..., None], -1)[..., 0])
+    np.testing.assert_allclose(cross_entropy(logits, targets), ref, rtol=1e-6)
+    big = logits + 1e4  # stable for huge logits
+    np.testing.assert_allclose(cross_entropy(big, targets), ref, rtol=1e-3)
+    assert cross_entropy(logits.astype(jnp.bfloat16), targets).dtype == jnp.float32
+    acc = np.mean(np.argmax(x, -1) == np.asarray(targets))
+    np.testing.assert_allclose(token_accuracy(logits, targets), acc)
