@@ -5,7 +5,8 @@ dtype, attention, remat, torch.compile. A sweep runs every setting at every
 (context, batch) in the product of the lists it was given; each run becomes one
 row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep
 never stops half way. Settings that compare (one mode, dtype and attention) are
-timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work lives in the modules of `SIDES`:
+timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work
+lives in the modules of `SIDES`:
 `jax_side` here, and the PyTorch side that `python -m parity.bench` registers
 (jaxlm never imports torch); this module imports no framework at import time.
 """
@@ -32,7 +33,8 @@ FRAMEWORKS = ("jax", "torch")
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s",
+    "flops_per_step", "xla_flops", "tflops", "mfu",
     "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
 )
 

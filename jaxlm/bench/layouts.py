@@ -137,13 +137,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _row_line(r: dict) -> str:
-    coll = " ".join(f"{op}={c['count']}/{c['bytes'] / 2**20:.1f}MiB" for op, c in r["collectives"].items() if c["count"])
+    coll = " ".join(f"{op}={c['count']}/{c['bytes'] / 2**20:.1f}MiB" for op, c in r["collectives"].items()
+                    if c["count"])
     step = f"{r['step_ms']:9.1f} ms/step" if "step_ms" in r else "    (compile only)"
     return (f"{r['layout']:<22} scan={str(r['scan_layers']):<5} compile {r['compile_s']:6.1f} s {step}  state/device "
             f"{r['state_mb_per_device']:9.1f} MiB  args {r.get('argument_mb', float('nan')):9.1f} MiB  temp "
             f"{r.get('temp_mb', float('nan')):9.1f} MiB  {coll or 'no collectives'}"
             + (f"  M={r['microbatches']} bubble {r['bubble']:.2f} (analytic)" if "bubble" in r else "")
-            + (f" {r['bubble_measured']:.2f} (measured against {r['reference_layout']})" if "bubble_measured" in r else ""))
+            + (f" {r['bubble_measured']:.2f} (measured against {r['reference_layout']})"
+               if "bubble_measured" in r else ""))
 
 
 def _unpipelined(args: argparse.Namespace, over: list[str], cfg) -> dict:
@@ -158,7 +160,8 @@ def _unpipelined(args: argparse.Namespace, over: list[str], cfg) -> dict:
 def main(args: argparse.Namespace) -> int:
     if args.devices is not None:
         cli.check_option(args.devices >= 1, "--devices", args.devices, "must be >= 1")
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+        os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                                   f"--xla_force_host_platform_device_count={args.devices}")
     cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
     extra = [f"data.batch_size={args.batch}"] if args.batch else []
     if args.context:
