@@ -18,6 +18,7 @@ per target: it holds the target's lock (jaxlm.core.lock).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -131,8 +132,7 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 _init_worker(tokenizer, dtype.name)
                 results = map(_encode_task, tasks)
             else:
-                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker,
-                                         initargs=(tokenizer, dtype.name))
+                pool = mp_context().Pool(min(workers, len(tasks)), _init_worker, (tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
                 f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
@@ -362,11 +362,9 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     if split in known and stamps.get(split) == fresh:
         return int(known[split])
     value = scan_max(path, meta["dtype"])
-    try:
+    with contextlib.suppress(OSError):  # a read-only data directory: scan again next time
         atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
                                                   "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
-    except OSError:  # a read-only data directory: scan again next time
-        pass
     return value
 
 
@@ -384,23 +382,19 @@ def ensure_prepared(data_cfg, progress: bool = True) -> Path:
     if (d / META).is_file():
         meta = read_meta(d)
         if not _same_tokenizer(meta, data_cfg.tokenizer):
-            raise DataError(
-                f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is {data_cfg.tokenizer!r}; "
-                f"delete {d} or point data.dir elsewhere"
-            )
+            raise DataError(f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is "
+                            f"{data_cfg.tokenizer!r}; delete {d} or point data.dir elsewhere")
         return d
     if not data_cfg.source:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
-    val = list(data_cfg.val_source) or None
-    if val:
+    if val := list(data_cfg.val_source) or None:
         _check_sources(val, "validation")
     print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer "
           f"{data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
-                   val_inputs=val, progress=progress,
-                   culprit=f"data.dir = {str(d)!r}")
+                   val_inputs=val, progress=progress, culprit=f"data.dir = {str(d)!r}")
     print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
           f"({meta['seconds']} s)", file=sys.stderr)
     return d
