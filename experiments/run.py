@@ -54,9 +54,8 @@ from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
 
 ERROR_TAIL_LINES = 40
-# Output of a training run that stopped on a non-finite loss (the train CLI's message).
-# The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
-DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
+# The trainer's TrainingDiverged line in a run's output: "error: loss 5.5, parameter norm nan at step 41 ...".
+DIVERGED_RE = re.compile(r"\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b")
 
 
 # --------------------------------------------------------------------------- commands per kind
@@ -179,7 +178,8 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
-        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"}, "load_avg_1m_start": os.getloadavg()[0]},
+        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
+                 "load_avg_1m_start": os.getloadavg()[0]},
         "versions": software_versions(),
     }
     if spec.kind == "train":
@@ -224,7 +224,8 @@ def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -
     records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
     if spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
         said = DIVERGED_RE.search(tail)
-        line = tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said else "the loss became NaN/inf"
+        line = (tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said
+                else "the loss became NaN/inf")
         return {"status": "diverged", "reason": line, "error_tail": tail if rc else None}
     if rc != 0:
         return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
@@ -267,8 +268,10 @@ def _kill(proc: subprocess.Popen) -> None:
 def headline(result: dict) -> str:
     """One line about a finished run for the progress log."""
     m = result.get("metrics", {})
-    parts = [result["status"] if result["status"] == "skipped" else f"{result['status']} in {result.get('wall_time_s', 0):.1f} s"]
-    for key, label, fmt in (("eval_loss", "val loss", ".3f"), ("eval_ppl", "val ppl", ".2f"), ("tokens_per_s", "tok/s", ".0f")):
+    status = result["status"]
+    parts = [status if status == "skipped" else f"{status} in {result.get('wall_time_s', 0):.1f} s"]
+    for key, label, fmt in (("eval_loss", "val loss", ".3f"), ("eval_ppl", "val ppl", ".2f"),
+                            ("tokens_per_s", "tok/s", ".0f")):
         if isinstance(m.get(key), (int, float)):
             parts.append(f"{label} {m[key]:{fmt}}")
     if result.get("bench_rows"):
@@ -297,8 +300,8 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     )
 
 
-def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None,
-             draft: bool = False) -> dict[str, int]:
+def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False,
+             device: Device | None = None, draft: bool = False) -> dict[str, int]:
     """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
@@ -307,7 +310,8 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     if not (dry_run or draft):
         check_committed(git)
     device = device or detect_device()
-    print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
+    print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
+          f"device {device.kind}", flush=True)
     if dry_run:
         return _run_all(plan, plan_dir, runs, device, dry_run, git)
     with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
@@ -315,7 +319,8 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
         return _run_all(plan, plan_dir, runs, device, dry_run, git)
 
 
-def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool, git: dict) -> dict[str, int]:
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool,
+             git: dict) -> dict[str, int]:
     """Each run in turn (or its command, with dry_run); returns a count per status."""
     counts: dict[str, int] = {}
     for i, spec in enumerate(runs, 1):
@@ -355,10 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
-    p.add_argument("--list", action="store_true", help="list the plans, their data and estimated times (as with no PLAN)")
+    p.add_argument("--list", action="store_true",
+                   help="list the plans, their data and estimated times (as with no PLAN)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
-    p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
-    p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs, their commands and estimated times; run nothing")
+    p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the "
+                   "plan's first size)")
     p.add_argument("--runs-dir", default="runs", help="parent of the plan directory")
     p.add_argument("--draft", action="store_true", help="run from a tree with uncommitted changes; every record says "
                    "git.draft = true (without it the runner refuses such a tree)")

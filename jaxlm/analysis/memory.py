@@ -34,6 +34,7 @@ from typing import Callable
 
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.loss import block_positions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
@@ -212,8 +213,10 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
     tokens = batch * seq_len
-    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
-    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
+    # the loss holds one block of the global batch's positions at a time (all of them: whole logits), split like
+    # the batch over the devices
+    positions = seq_len if mode == "forward" else block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
+    head_tokens = batch * positions
     if backend == "gpu" and mode != "forward":
         return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)

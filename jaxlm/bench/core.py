@@ -5,7 +5,8 @@ dtype, attention, remat, torch.compile. A sweep runs every setting at every
 (context, batch) in the product of the lists it was given; each run becomes one
 row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep
 never stops half way. Settings that compare (one mode, dtype and attention) are
-timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work lives in the modules of `SIDES`:
+timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work
+lives in the modules of `SIDES`:
 `jax_side` here, and the PyTorch side that `python -m parity.bench` registers
 (jaxlm never imports torch); this module imports no framework at import time.
 """
@@ -32,7 +33,8 @@ FRAMEWORKS = ("jax", "torch")
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s",
+    "flops_per_step", "xla_flops", "tflops", "mfu",
     "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
 )
 
@@ -336,7 +338,7 @@ def add_speed_ratios(rows: list[dict]) -> None:
 
 def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
     """fits(batch). With a memory limit: the estimate (JAX: compiled memory_analysis; torch: the analytic
-    jaxlm.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
+    jaxlm.analysis.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
 
     def fits(batch: int) -> bool:
         if opts.memory_limit_gb is not None:
@@ -349,7 +351,7 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
 
 
 def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
-    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.memory.estimate (torch)."""
+    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.analysis.memory.estimate (torch)."""
     if setting.framework == "jax":
         from jaxlm.bench import jax_side
 

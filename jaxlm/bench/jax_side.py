@@ -3,8 +3,8 @@
 Each mode is a pure function of arrays, jitted once and compiled ahead of time
 (`jit(f).lower(*args).compile()`), so compile time is measured on its own and
 `memory_analysis()` / `cost_analysis()` are available before anything runs.
-The train step is training's own (`jaxlm.step.make_train_step` with
-`jaxlm.optim.make_optimizer` at the default `OptimConfig`), donated as in training,
+The train step is training's own (`jaxlm.training.step.make_train_step` with
+`jaxlm.training.optim.make_optimizer` at the default `OptimConfig`), donated as in training,
 so a benchmark row measures exactly what `python -m jaxlm.train` runs.
 """
 
@@ -22,7 +22,8 @@ from flax import nnx
 
 from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
-from jaxlm.nn.model import TransformerLM, lm_loss
+from jaxlm.nn.loss import lm_loss
+from jaxlm.nn.model import TransformerLM
 from jaxlm.training.optim import make_optimizer
 from jaxlm.training.step import TrainState, make_train_step, split_model
 from jaxlm.training.tracking import peak_memory_bytes

@@ -61,7 +61,7 @@ def val_loss(model, cfg, eval_tokens: int) -> float:
     from flax import nnx
 
     from jaxlm.data.loader import eval_batches
-    from jaxlm.nn.model import lm_terms
+    from jaxlm.nn.loss import lm_terms
     from jaxlm.training.step import eval_sums
 
     graphdef, state = nnx.split(model)

@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from jaxlm.core import typedconfig as tc
 from jaxlm.core.errors import ConfigError
-from jaxlm.core.oldkeys import migrate, migrate_override
 from jaxlm.core.presets import PRESETS
 
 
@@ -66,7 +65,8 @@ class ModelConfig:
     tie_embeddings: bool = opt(False, "share the output projection with the token embeddings")
     dropout: float = opt(0.0, "dropout on attention probabilities and residual branches, training only")
     eps: float = opt(1e-5, "RMSNorm epsilon")
-    window: int | None = opt(None, "sliding-window attention: each query sees itself and at most this many previous keys")
+    window: int | None = opt(
+        None, "sliding-window attention: each query sees itself and at most this many previous keys")
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -110,28 +110,13 @@ class ComputeConfig:
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
     loss_chunk: int | None = opt(
         None, "tokens per block of the LM head + cross-entropy, so only one block's logits ever exist (each block's "
-        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
-        "are a large share of a step's memory, at no cost in CPU step time), else 0 (docs/techniques/loss-chunking.md)")
+        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on, else 0 "
+        "(the block size is decided in jaxlm.nn.loss.block_positions; docs/techniques/loss-chunking.md)")
 
     def __post_init__(self):
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
                "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
         _check(self.loss_chunk is None or self.loss_chunk >= 0, "loss_chunk", self.loss_chunk, "must be >= 0 or unset")
-
-    def loss_chunk_for(self, vocab_size: int) -> int:
-        """loss_chunk with its unset default resolved for this vocabulary (0: whole logits)."""
-        if self.loss_chunk is not None:
-            return self.loss_chunk
-        return AUTO_LOSS_CHUNK if vocab_size >= AUTO_LOSS_CHUNK_VOCAB else 0
-
-    def loss_positions(self, vocab_size: int, batch: int, seq: int) -> int:
-        """Positions of every row per block of the chunked loss (seq: one block, the whole logits): the fewest
-        blocks of at most loss_chunk tokens (at least one position of each row), evened out to pad the least."""
-        chunk = self.loss_chunk_for(vocab_size)
-        if not chunk or chunk >= batch * seq:
-            return seq
-        blocks = -(-seq // max(1, chunk // batch))
-        return -(-seq // blocks)
 
     @property
     def remat_policy(self) -> str:
@@ -145,9 +130,6 @@ class ComputeConfig:
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
 
 
-AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
-
-
 # --------------------------------------------------------------------------- training run
 
 
@@ -158,10 +140,11 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
-                                "or a file); empty: the last val_fraction of the `source` tokens")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
-                         "of N entries trained on `source` when the data is prepared)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as "
+                                "\"wikitext-2/valid.txt\", or a file); empty: the last val_fraction of the `source` "
+                                "tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level "
+                         "BPE of N entries trained on `source` when the data is prepared)")
     val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
     eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
@@ -196,7 +179,8 @@ class OptimConfig:
         _check(self.lr > 0, "lr", self.lr, "must be > 0")
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps,
+               "must be >= 1 or unset")
         for name in ("warmup_steps", "cosine_steps"):
             _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
@@ -239,14 +223,15 @@ class LogConfig:
     sample_prompt: str = opt("The ", "prompt of the samples")
     sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
     progress: bool = opt(True, "show a progress bar")
-    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.flops has no entry")
+    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.analysis.flops has no entry")
 
     def __post_init__(self):
         _check(self.every >= 1, "every", self.every, "must be >= 1")
         for name in ("sample_every", "sample_tokens", "sample_temperature"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
         p = self.profile_steps
-        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p, "must be [first, last] with first <= last")
+        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p,
+               "must be [first, last] with first <= last")
 
 
 @dataclass(frozen=True)
@@ -295,8 +280,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
 
 
 def quant_block(d_in: int, block: int) -> int:
-    """The block a quantised base uses on an input width d_in: `block`, or the largest divisor of both
-    when d_in is not a multiple of it (what `jaxlm.nn.quant.block_size` computes)."""
+    """The block a quantised base (`jaxlm.nn.quant`) uses on an input width d_in: `block`, or the largest divisor
+    of both when d_in is not a multiple of it. Here, the lowest layer, because lora.* is checked against it."""
     return block if d_in % block == 0 else math.gcd(d_in, block)
 
 
@@ -344,7 +329,8 @@ class QatConfig:
     """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
     (post-training conversion: python -m jaxlm.quantize)."""
 
-    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
+    weight_bits: int | None = opt(
+        None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
     activation_bits: int | None = opt(None, "dynamic per-token quantisation of the blocks' Linear inputs: 8")
 
     def __post_init__(self):
@@ -369,7 +355,8 @@ class Config:
         _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
-        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
+        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank,
+               "QAT (qat.*) and LoRA in one run are not supported")
         _check(not (self.lora.rank and self.lora.dropout and self.parallel.pipeline != 1), "lora.dropout",
                self.lora.dropout, "the pipeline (parallel.pipeline) runs the adapters without dropout; set it to 0")
         self.lora.check_model(self.model)
@@ -380,12 +367,12 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = migrate(tc.read_toml(path), str(path)) if path is not None else {}
+    data = tc.read_toml(path) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = tc.merge_trees(data, PRESETS[preset])
-    overrides = [t for t in map(migrate_override, overrides) if t is not None]
+    overrides = list(overrides)
     for text in overrides:
         try:
             tc.check_override(cls, *tc.parse_override(text))

@@ -18,6 +18,7 @@ per target: it holds the target's lock (jaxlm.core.lock).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -119,7 +120,8 @@ def _task_bytes(task: tuple) -> int:
     return task[2] if task[0] == "text" else task[3] - task[2]
 
 
-def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int, progress: bool, desc: str) -> int:
+def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int,
+                    progress: bool, desc: str) -> int:
     tasks = _tasks(sources, tokenizer)
     total = sum(_task_bytes(t) for t in tasks)
     bar = _bar(total, desc, progress, unit="B")
@@ -130,7 +132,7 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 _init_worker(tokenizer, dtype.name)
                 results = map(_encode_task, tasks)
             else:
-                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
+                pool = mp_context().Pool(min(workers, len(tasks)), _init_worker, (tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
                 f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
@@ -264,7 +266,8 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         files = list(TOKENIZER_FILES)
 
     def describe(srcs):
-        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC else Path(s).stat().st_size} for s in srcs]
+        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC
+                 else Path(s).stat().st_size} for s in srcs]
 
     return {
         "format": FORMAT,
@@ -309,7 +312,8 @@ def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
 def read_meta(data_dir: str | os.PathLike) -> dict:
     path = Path(data_dir) / META
     if not path.is_file():
-        raise DataError(f"{path}: not found; create it with `python -m jaxlm.data prepare --input ... --out {data_dir}`")
+        raise DataError(f"{path}: not found; create it with "
+                        f"`python -m jaxlm.data prepare --input ... --out {data_dir}`")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
@@ -329,7 +333,8 @@ def load_tokenizer_from_meta(data_dir: str | os.PathLike) -> Tokenizer:
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir if meta.get("tokenizer_files") else meta["tokenizer"])
     if tok.vocab_size != meta["vocab_size"]:
-        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer {meta['tokenizer']!r} has {tok.vocab_size}")
+        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer "
+                        f"{meta['tokenizer']!r} has {tok.vocab_size}")
     return tok
 
 
@@ -357,11 +362,9 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     if split in known and stamps.get(split) == fresh:
         return int(known[split])
     value = scan_max(path, meta["dtype"])
-    try:
+    with contextlib.suppress(OSError):  # a read-only data directory: scan again next time
         atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
                                                   "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
-    except OSError:  # a read-only data directory: scan again next time
-        pass
     return value
 
 
@@ -374,26 +377,24 @@ def _same_tokenizer(meta: dict, spec: str) -> bool:
 
 
 def ensure_prepared(data_cfg, progress: bool = True) -> Path:
-    """The prepared directory of a `jaxlm.config.DataConfig`, tokenising `source` first if needed."""
+    """The prepared directory of a `jaxlm.core.config.DataConfig`, tokenising `source` first if needed."""
     d = Path(data_cfg.dir)
     if (d / META).is_file():
         meta = read_meta(d)
         if not _same_tokenizer(meta, data_cfg.tokenizer):
-            raise DataError(
-                f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is {data_cfg.tokenizer!r}; "
-                f"delete {d} or point data.dir elsewhere"
-            )
+            raise DataError(f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is "
+                            f"{data_cfg.tokenizer!r}; delete {d} or point data.dir elsewhere")
         return d
     if not data_cfg.source:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
-    val = list(data_cfg.val_source) or None
-    if val:
+    if val := list(data_cfg.val_source) or None:
         _check_sources(val, "validation")
-    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
+    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer "
+          f"{data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
-                   val_inputs=val, progress=progress,
-                   culprit=f"data.dir = {str(d)!r}")
-    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
+                   val_inputs=val, progress=progress, culprit=f"data.dir = {str(d)!r}")
+    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+          f"({meta['seconds']} s)", file=sys.stderr)
     return d

@@ -1,4 +1,5 @@
-"""The Transformer LM of docs/spec.md in Flax NNX: attention, blocks, the LM, its KV cache, the loss.
+"""The Transformer LM of docs/spec.md in Flax NNX: attention, blocks, the LM, its KV cache (its loss:
+`jaxlm/nn/loss.py`).
 
 Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
 ``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
@@ -39,7 +40,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.core.sharding import constrain
-from jaxlm.nn import loss, pipeline, remat, scan
+from jaxlm.nn import pipeline, remat, scan
 from jaxlm.nn.attention import attention
 from jaxlm.nn.layers import (
     FFNS,
@@ -139,7 +140,8 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
         k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*N, S, H)
         # attention takes (B, S, N, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
-        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))  # (B, S, N, H)
+        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2)
+                        for buf in (k_buf, v_buf))  # (B, S, N, H) each
         out = attention(q, k_seq, v_seq, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
 
@@ -160,7 +162,8 @@ def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 
 
 class TransformerBlock(nnx.Module):
-    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
+    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h);
+    none: no norms."""
 
     def __init__(self, cfg: ModelConfig, attention: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
         self.norm = cfg.norm
@@ -242,7 +245,8 @@ class TransformerLM(nnx.Module):
         self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
         remat.check(compute.remat)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+                 deterministic: bool = True) -> jax.Array:
         """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
 
         positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
@@ -357,40 +361,3 @@ class KVCache:
     def length(self) -> int:
         return self.layers[0][0].shape[1]
 
-
-# --------------------------------------------------------------------------- loss and metrics
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
-    return jnp.mean(loss.token_nll(logits, targets))
-
-
-def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean of argmax(logits) == target, float32."""
-    return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
-
-
-def _final(model: TransformerLM, tokens: jax.Array, deterministic: bool) -> tuple[jax.Array, int]:
-    """The final norm's output (B, T, D) and the positions per block of the loss (T: the whole logits at once)."""
-    B, T = tokens.shape
-    x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
-    return x, model.compute.loss_positions(model.cfg.vocab_size, B, T)
-
-
-def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """Float32 mean cross-entropy of the model's next-token predictions. With ``compute.loss_chunk`` the head
-    and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole logits (B, T, V) never exist: the same function."""
-    x, positions = _final(model, tokens, deterministic)
-    if positions < tokens.shape[1]:
-        return loss.blockwise_mean(x, model.head_weight(), targets, model.project, positions)
-    return cross_entropy(model.project(x), targets)
-
-
-def lm_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Evaluation, no dropout: the cross-entropy (B, T) float32 and argmax == target (B, T) at every position
-    (in blocks with compute.loss_chunk)."""
-    x, positions = _final(model, tokens, True)
-    if positions < tokens.shape[1]:
-        return loss.blockwise(x, model.head_weight(), targets, model.project, positions, accuracy=True)
-    return loss.token_terms(model.project(x), targets, accuracy=True)

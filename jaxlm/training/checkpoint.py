@@ -92,7 +92,8 @@ class Checkpointer:
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.keep_best:
             policies.append(
-                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)
+                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                         keep_checkpoints_without_metrics=False)
             )
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
@@ -155,7 +156,8 @@ class Checkpointer:
         STEP.unrestorable (kept for inspection, out of the way of the steps saved again)."""
         target = abstract_state.as_dict()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore())
-        step, out, failed = restore_newest(self.dir, self.manager.all_steps(), lambda s: self.manager.restore(s, args=args))
+        step, out, failed = restore_newest(self.dir, self.manager.all_steps(),
+                                           lambda s: self.manager.restore(s, args=args))
         if failed:
             self._set_aside(failed)
         return TrainState(**from_savable(out["state"], target)), dict(out["meta"])
@@ -317,9 +319,9 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
     abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
-    graphdef, params, rest = split_model(abstract)
+    graphdef, params, non_trainable = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {"params": params, "rest": rest}
+    target = {"params": params, "non_trainable": non_trainable}
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     saved = abstract_savable(target)
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -331,7 +333,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     finally:
         manager.close()
     restored = from_savable(out["state"], target)
-    model = nnx.merge(graphdef, restored["params"], restored["rest"])
+    model = nnx.merge(graphdef, restored["params"], restored["non_trainable"])
     tokenizer = None
     if (run_dir / "tokenizer" / "meta.json").is_file():
         from jaxlm.data.prepare import load_tokenizer_from_meta

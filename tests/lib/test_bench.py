@@ -1,4 +1,5 @@
-"""jaxlm.flops against XLA and both models, and every `python -m jaxlm.bench` command end to end on tiny configs (CPU)."""
+"""jaxlm.analysis.flops against XLA and both models, and every `python -m jaxlm.bench` command end to end on tiny
+configs (CPU)."""
 
 import argparse
 import csv
@@ -232,7 +233,8 @@ def test_matmul_calls_compute_the_forms_of_a_train_step(form):
 
     _, shapes, product = FORMS[form]
     a, b = (np.random.default_rng(0).standard_normal(s).astype(np.float64) for s in shapes(24, 7, 5))
-    expected = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b, "weight grad": lambda: a.T @ b}[form]()  # float64
+    expected = {"forward": lambda: a @ b.T, "input grad": lambda: a @ b,
+                "weight grad": lambda: a.T @ b}[form]()  # float64
     a, b = a.astype(np.float32), b.astype(np.float32)
     np.testing.assert_allclose(np.asarray(jax_side.matmul_call(product, a, b)()), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(bench_torch.matmul_call(product, a, b)().numpy(), expected, rtol=1e-5, atol=1e-5)
@@ -283,8 +285,9 @@ def test_breakdown_and_memory_profile(tmp_path):
 # --------------------------------------------------------------------------- the command line
 
 
-@pytest.mark.parametrize("argv", [["model", "--batch", "4", "0"], ["model", "--context", "0"], ["model", "--steps", "0"],
-                                  ["decode", "--batch", "0"], ["decode", "--new-tokens", "-1"], ["data", "--batch", "0"],
+@pytest.mark.parametrize("argv", [["model", "--batch", "4", "0"], ["model", "--context", "0"],
+                                  ["model", "--steps", "0"], ["decode", "--batch", "0"],
+                                  ["decode", "--new-tokens", "-1"], ["data", "--batch", "0"],
                                   ["data", "--context", "0"], ["nanogpt", "--steps", "0"]])
 def test_sizes_below_one_are_one_line_errors(argv, capsys):
     assert cli.run(main, argv) == 2
@@ -310,7 +313,8 @@ def test_decode_bench_counts_tokens_and_compilations(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["model"]["context_length"] == 24  # raised to prompt + new tokens: no sliding in the timed calls
     for mode in ("cache", "no-cache"):
-        assert res["jax"][mode]["compiled"] == {"begin": 1, "resume": 0}  # one compiled generation, reused by every call
+        # one compiled generation, reused by every call
+        assert res["jax"][mode]["compiled"] == {"begin": 1, "resume": 0}
         for fw in ("jax", "torch"):
             r = res[fw][mode]
             assert r["tokens_per_second"] == pytest.approx(2 * 20 / r["seconds_mean"])
@@ -319,7 +323,8 @@ def test_decode_bench_counts_tokens_and_compilations(tmp_path, capsys):
         speed = res["jax"][mode]["tokens_per_second"] / res["torch"][mode]["tokens_per_second"]
         assert res["jax_torch"][mode]["speed"] == pytest.approx(speed)
     jax_rows = res["jax"]
-    assert jax_rows["speedup"] == pytest.approx(jax_rows["cache"]["tokens_per_second"] / jax_rows["no-cache"]["tokens_per_second"])
+    speedup = jax_rows["cache"]["tokens_per_second"] / jax_rows["no-cache"]["tokens_per_second"]
+    assert jax_rows["speedup"] == pytest.approx(speedup)
     printed = capsys.readouterr().out
     assert "speedup of the jax cache" in printed and "greedy tokens identical" in printed
 

@@ -10,7 +10,8 @@ from flax import nnx
 
 import torchref
 from jaxlm.core.config import ComputeConfig, ModelConfig
-from jaxlm.nn.model import TransformerLM, cross_entropy
+from jaxlm.nn.loss import cross_entropy
+from jaxlm.nn.model import TransformerLM
 from parity.convert import jax_to_torch, torch_config, torch_to_jax
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
