@@ -62,11 +62,14 @@ def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
     step for `run` (default Config()) at this model, compute and batch."""
     full = run_config(cfg, compute, batch, seed, run)
     built = build(full, sharding.make_mesh(jax.devices()[:1], full.parallel))
-    state = jax.jit(built.make_state, out_shardings=built.shardings)()
     tokens, targets = batch_arrays(cfg, batch, context, seed)
     if mode == "train_step":
+        state = jax.jit(built.make_state, out_shardings=built.shardings)()
         return Step(built.step_fn, (state, tokens, targets), lambda a, out: (out[0], *a[1:]))
-    graphdef, weights = built.graphdef, (state.params, state.rest)  # no optimizer state: not an argument
+    # The same initial weights, without an optimizer state (never allocated: jit drops what it does not return).
+    weights = jax.jit(lambda: (lambda s: (s.params, s.rest))(built.make_state()),
+                      out_shardings=(built.shardings.params, built.shardings.rest))()
+    graphdef = built.graphdef
 
     def loss_fn(params, rest, x, y):
         return lm_loss(nnx.merge(graphdef, params, rest), x, y)
