@@ -76,17 +76,18 @@ def profile_summary(ctx) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.bench import jax_side
+    from jaxlm.bench import steps
     from jaxlm.core.config import ComputeConfig, ModelConfig
 
     cfg, T, B = (TINY, 32, 2) if ctx.smoke else (ModelConfig.from_name("small"), 1024, 4)
     compute = ComputeConfig(dtype="bfloat16" if ctx.gpu else "float32")
     res = {"model": "tiny" if ctx.smoke else "small", "context": T, "batch": B, "dtype": compute.dtype}
     for mode in ("forward", "train_step"):
-        step = jax_side.build_step(mode, cfg, compute, B, T)
-        res[mode] = _trace(jax_side.compile_step(step), step.args, step.advance, ctx.scratch / "traces" / mode)
+        step = steps.build_step(mode, cfg, compute, B, T)
+        res[mode] = _trace(steps.compile_step(step), step.args, step.advance, ctx.scratch / "traces" / mode)
     shape = (B, T, cfg.num_heads, cfg.head_dim)
-    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(compute.dtype) for key in jax.random.split(jax.random.key(0), 3))
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(compute.dtype) for key in keys)
     fwd, _ = attention_fns("xla", None)
     res["attention"] = _trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" / "attention")
     return res

@@ -3,9 +3,9 @@
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
 section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
 shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
-marked skipped with the reason. Estimates: compile time per row grows with the
-layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
-bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+marked skipped with the reason. Estimates: compile time per row grows with the layer count (the model is
+unrolled); run time is 15 steps at the step's model FLOPs over the H100's bfloat16 / float32 peak at 40 %
+MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class Context:
 
     @property
     def device(self) -> str:
-        from jaxlm.bench import jax_side
+        from jaxlm.bench.steps import device_kind
 
-        return jax_side.device_kind()
+        return device_kind()
 
     @property
     def gpu(self) -> bool:
@@ -96,10 +96,14 @@ ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    from jaxlm.bench.breakdown import time_calls
+    import statistics
 
-    mean, std = time_calls(fn, args, warmup, steps)
-    return 1e3 * mean, 1e3 * std
+    import jax
+
+    from jaxlm.bench.timing import time_calls
+
+    seconds = time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds
+    return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
 def _rel(a, b) -> float:
@@ -125,7 +129,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.bench.core import is_oom
+    from jaxlm.bench.measure import is_oom
 
     keys = jax.random.split(jax.random.key(T), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
@@ -172,13 +176,13 @@ def estimate_attention(smoke: bool) -> float:
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
 
 def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    opts = core.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
-    rows = core.run_sweep(cfg, settings, [context], [batch], opts)
+    opts = measure.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
+    rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
     for r in rows:
         if r.get("status") == "ok" or r.get("estimate_gb") is not None:
-            cfg_r, compute = core.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
+            cfg_r, compute = measure.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
                                           remat=r["remat"]).configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
     return rows
@@ -186,9 +190,9 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
 
 def table_run(dtype: str):
     def run(ctx: Context) -> dict:
-        from jaxlm.bench import core
+        from jaxlm.bench import measure
 
-        settings = [core.Setting(mode=m, dtype=dtype) for m in flops.MODES]
+        settings = [measure.Setting(mode=m, dtype=dtype) for m in flops.MODES]
         rows = []
         for name, cfg in models(ctx.smoke).items():
             for T in contexts(ctx.smoke):
@@ -215,9 +219,9 @@ TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudn
 
 
 def _technique_settings(ctx: Context):
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    return [core.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+    return [measure.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
 
 
 def run_techniques(ctx: Context) -> dict:
@@ -265,7 +269,7 @@ def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
     one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
     and bisection) up to the largest batch that runs."""
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = _device_bytes()
@@ -277,7 +281,7 @@ def run_max_batch(ctx: Context) -> dict:
             rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
-        fits, probed = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small")), []
+        fits, probed = measure.batch_fits(s, cfg, T, measure.Options(warmup=0, steps=1, model_name="small")), []
 
         def probe(b: int) -> bool:
             if ctx.out_of_time():
@@ -359,9 +363,10 @@ def estimate_shakespeare(smoke: bool) -> float:
 # --------------------------------------------------------------------------- plots
 
 def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from jaxlm.bench import plot_results
+    from experiments.report.figures import bench_figures
 
     try:
-        plot_results([r for r in rows if r.get("status") == "ok"], ctx.out / prefix)
+        (ctx.out / prefix).mkdir(parents=True, exist_ok=True)
+        bench_figures(rows, ctx.out / prefix)
     except Exception as e:  # a missing plotting extra must not cost the table
         print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)

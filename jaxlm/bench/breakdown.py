@@ -13,30 +13,22 @@ with the analytic FLOP shares.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxlm.analysis import flops
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
 from jaxlm.nn.loss import cross_entropy
 from jaxlm.nn.model import CausalSelfAttention, LinearKinds
 
 
-def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:
-    """Mean and std seconds of `fn(*args)` over `steps` calls after `warmup`, each waited for."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return float(np.mean(times)), float(np.std(times))
+def mean_seconds(fn, args, warmup: int, steps: int) -> float:
+    """Mean seconds of `fn(*args)` over `steps` calls after `warmup`, each waited for."""
+    return float(np.mean(time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds))
 
 
 class _Head(nnx.Module):
@@ -82,8 +74,8 @@ def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, co
 
         fwd = jax.jit(f).lower(params, x).compile()
         fwd_bwd = jax.jit(jax.value_and_grad(f, argnums=(0, 1))).lower(params, x).compile()
-        t_f = time_calls(fwd, (params, x), warmup, steps)[0] * layers
-        t_fb = time_calls(fwd_bwd, (params, x), warmup, steps)[0] * layers
+        t_f = mean_seconds(fwd, (params, x), warmup, steps) * layers
+        t_fb = mean_seconds(fwd_bwd, (params, x), warmup, steps) * layers
         out["components"][name] = {
             "forward_s": t_f, "backward_s": max(t_fb - t_f, 0.0), "flops_forward": batch * analytic[name],
         }
