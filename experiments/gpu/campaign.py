@@ -212,6 +212,13 @@ def output_dir(args) -> Path:
     return Path(args.out) if args.out else DEFAULT_OUT
 
 
+def check_only(only: list[str] | None) -> None:
+    """--only names known steps, or the call stops in one line."""
+    names = [s.name for s in steps()]
+    unknown = [n for n in only or [] if n not in names]
+    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+
+
 def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
@@ -223,9 +230,7 @@ def main(argv: list[str]) -> int:
                         f"with --smoke {SMOKE_OUT})")
     args = parser.parse_args(argv)
     args.argv = argv
-    names = [s.name for s in steps()]
-    unknown = [n for n in args.only or [] if n not in names]
-    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+    check_only(args.only)
     if args.dry_run:
         print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
         return 0

@@ -63,13 +63,15 @@ def campaign_budget(budget: float) -> float:
 
 
 def install(args) -> dict:
-    """Phase 1: the carried wheels (a dry run of their install with --smoke)."""
+    """Phase 1: the carried wheels (a dry run of their install with --smoke under another Python than 3.12)."""
     folder = Path(args.carry)
     wheels = carry.read_manifest()
     if not any((folder / w.file).is_file() for w in wheels):
-        here = all(_installed(w.name) for w in wheels)
-        return {"skipped": f"no wheels in {folder}" + (": every carried package is installed here already" if here
-                else ": python -m experiments.gpu.carry download, then carry .whl")}
+        missing = [w.requirement for w in wheels if _version(w.name) is None]
+        if missing:
+            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
+                             "python -m experiments.gpu.carry download where pip reaches PyPI, and carry .whl"}
+        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
     if args.smoke and sys.version_info[:2] != carry.PYTHON:  # wheels this interpreter cannot take
         t0 = time.monotonic()
         problem = carry.file_problems(wheels, folder) or [carry.resolves(folder)]
@@ -82,14 +84,6 @@ def install(args) -> dict:
     if (folder / "data" / carry.CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
         os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
     return done
-
-
-def _installed(name: str) -> bool:
-    try:
-        importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def _version(name: str) -> str | None:
@@ -118,8 +112,10 @@ def preflight(smoke: bool) -> tuple[dict, str | None]:
     """Phase 2: (what was found, the reason to stop or None)."""
     found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := _version(n))},
              "requirements": requirement_problems(), "imports": {}}
-    if found["versions"].get("jax") != found["versions"].get("jaxlib"):
-        found["requirements"].append(f"jax {found['versions'].get('jax')} != jaxlib {found['versions'].get('jaxlib')}")
+    versions = found["versions"]
+    for name in ("jax", *(n for n in VERSIONS if n.startswith("jax-cuda"))):  # one jaxlib release for all of them
+        if name in versions and versions[name] != versions.get("jaxlib"):
+            found["requirements"].append(f"{name} {versions[name]} is not at jaxlib's version {versions.get('jaxlib')}")
     for name in IMPORTS:
         try:
             importlib.import_module(name)
@@ -272,6 +268,9 @@ def main(argv: list[str]) -> int:
                         help="where the carried wheels are installed")
     args = parser.parse_args(argv)
     args.argv = argv
+    from experiments.gpu.campaign import check_only
+
+    check_only(args.only)
     if args.dry_run:
         print(format_plan(args.budget, args.only, args.smoke))
         return 0

@@ -70,13 +70,31 @@ def rates(device):
     return DeviceRates(flops, memory_bandwidth=BANDWIDTH_SHARE * device.bandwidth, launch_seconds=LAUNCH_S)
 
 
-def compiled_text(jitted, args, compiler_options: dict | None = None) -> tuple[str, float]:
-    """(optimised HLO text, seconds) of `jitted` compiled for `args` (arrays or ShapeDtypeStructs)."""
+def compiled_text(jitted, args) -> tuple[str, float]:
+    """(optimised HLO text, seconds) of `jitted` compiled for `args` (arrays or ShapeDtypeStructs). An executable
+    loaded from the compilation cache without its program text is compiled again, the cache off."""
+    import jax
+
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*donated buffers.*")
-        compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
-    return compiled.as_text() or "", time.perf_counter() - t0
+    cached = jax.config.jax_enable_compilation_cache
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*donated buffers.*")
+            lowered = jitted.lower(*args)
+            text = _text(lowered.compile())
+            if not text and cached:
+                jax.config.update("jax_enable_compilation_cache", False)
+                text = _text(lowered.compile())
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cached)
+    return text, time.perf_counter() - t0
+
+
+def _text(compiled) -> str:
+    try:
+        return compiled.as_text() or ""
+    except NotImplementedError:  # an executable that cannot print its program
+        return ""
 
 
 def step_program(mode: str, model_cfg, compute, batch: int, context: int) -> tuple[str, float]:
@@ -97,7 +115,8 @@ def step_program(mode: str, model_cfg, compute, batch: int, context: int) -> tup
 
 
 def figures(prediction, tokens: int, model_flops: float | None, dtype: str, device, label: str) -> dict:
-    """The predicted keys of a row: step time, tokens/s and MFU (model FLOPs over the dense peak of `dtype`)."""
+    """The predicted keys of a row: step time, tokens/s and MFU (model FLOPs over the dense peak of `dtype`, the
+    peak the row's measured MFU uses: for float32 the CUDA cores', which TF32 matmuls can exceed)."""
     seconds = prediction.seconds
     peak = device.peak_flops.get(dtype)
     return {"predicted_step_ms": 1e3 * seconds, "predicted_tokens_per_s": tokens / seconds,

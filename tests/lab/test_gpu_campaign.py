@@ -45,9 +45,10 @@ def test_lent_dry_run_fits_eight_minutes_install_and_checks_included(capsys):
     assert "deferred" in out  # what does not fit is named, with the call that runs it
 
 
-def test_unknown_step_is_one_line_exit_2(capsys):
-    assert cli.run(campaign.main, ["--dry-run", "--only", "nope"]) == 2
-    assert capsys.readouterr().err.startswith("error: --only nope")
+@pytest.mark.parametrize("main", [campaign.main, lent.main])
+def test_unknown_step_is_one_line_exit_2(capsys, main):
+    assert cli.run(main, ["--dry-run", "--only", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --only nope: unknown step; known: profile, techniques")
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the full campaign runs on a GPU")
@@ -70,6 +71,15 @@ def test_without_a_gpu_the_lent_command_stops_in_one_line_after_its_preflight(tm
     assert re.search(r"(no GPU|JAX found no device)", errors[0])
     record = json.loads((tmp_path / "out" / "lent.json").read_text())
     assert record["stopped"] and record["preflight"]["imports"]["flax"] == "ok" and "checks" not in record
+
+
+def test_without_wheels_the_install_says_what_to_carry(tmp_path, monkeypatch):
+    args = argparse.Namespace(carry=str(tmp_path), smoke=False, site=str(tmp_path / "site"))
+    assert lent.install(args) == {"skipped": f"no wheels in {tmp_path}: every carried package is installed here "
+                                             "already"}
+    monkeypatch.setattr(lent, "_version", lambda name: None if name == "grain" else "1.0")
+    assert lent.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
+                                           "experiments.gpu.carry download where pip reaches PyPI, and carry .whl")
 
 
 @pytest.mark.parametrize("out", ["docs/results/gpu", "docs/results/gpu/smoke", str(campaign.REPO / "docs/results/gpu")])
