@@ -97,6 +97,11 @@ def test_smoke_without_out_goes_to_runs():
     assert not campaign.SMOKE_OUT.resolve().is_relative_to((campaign.REPO / campaign.DEFAULT_OUT).resolve())
 
 
+def on_smoke(test):
+    """The tests of the lent command's smoke run share one run (about 50 s of CPU): one xdist worker, once."""
+    return pytest.mark.slow(pytest.mark.xdist_group("gpu_smoke")(test))
+
+
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory, tinyshakespeare):
     """`python3 -m experiments.gpu.lent --smoke` with $OUT set, as the device tool sets it."""
@@ -107,6 +112,7 @@ def smoke(tmp_path_factory, tinyshakespeare):
     return out, dest
 
 
+@on_smoke
 def test_smoke_runs_every_step_and_writes_report_and_json(smoke):
     out, _ = smoke
     report = (out / "report.md").read_text()
@@ -120,6 +126,7 @@ def test_smoke_runs_every_step_and_writes_report_and_json(smoke):
     assert "Not run" not in report and "Failed" not in report
 
 
+@on_smoke
 def test_smoke_attention_parity_and_profile_are_real_numbers(smoke):
     results = json.loads((smoke[0] / "results.json").read_text())["steps"]
     xla = [r for r in results["attention"]["rows"] if r["implementation"] == "xla"]
@@ -132,6 +139,7 @@ def test_smoke_attention_parity_and_profile_are_real_numbers(smoke):
     assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in bench)
 
 
+@on_smoke
 def test_every_timed_row_carries_its_prediction(smoke):
     results = json.loads((smoke[0] / "results.json").read_text())["steps"]
     rows = [r for name in ("bench_bf16", "bench_f32", "techniques") for r in results[name]["rows"]
@@ -146,6 +154,7 @@ def test_every_timed_row_carries_its_prediction(smoke):
     assert by[("forward", "bfloat16")] < by[("forward_backward", "bfloat16")] < by[("train_step", "bfloat16")]
 
 
+@on_smoke
 def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
     from jaxlm.analysis.roofline import GROUPS
 
@@ -158,6 +167,7 @@ def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
     assert "Predicted against measured, per call" in (smoke[0] / "report.md").read_text()
 
 
+@on_smoke
 def test_lent_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
     out, dest = smoke
     record = json.loads((out / "lent.json").read_text())
@@ -172,6 +182,7 @@ def test_lent_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
     assert "## Correctness on this device" in (out / "report.md").read_text()
 
 
+@on_smoke
 def test_merge_refuses_smoke_results_and_takes_a_gpu_run_in(smoke, tmp_path, capsys):
     _, dest = smoke
     into = tmp_path / "report"
