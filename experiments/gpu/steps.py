@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.gpu import predict
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ModelConfig
@@ -25,6 +26,7 @@ from jaxlm.core.config import ModelConfig
 H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
 COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 0.30}
+PREDICT_S = 1.5  # a timed row's prediction: its program lowered again and loaded from the compilation cache
 TARGET_VAL_LOSS = 1.47
 TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
 _NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
@@ -35,6 +37,7 @@ class Context:
     out: Path
     smoke: bool
     deadline: float  # time.monotonic() after which long steps stop between rows
+    scratch_dir: Path | None = None  # bulky outputs; default: `scratch`
 
     @property
     def warmup(self) -> int:
@@ -58,7 +61,10 @@ class Context:
 
     @property
     def scratch(self) -> Path:
-        """Where bulky outputs go (traces, the training run and its checkpoint): not the committed report."""
+        """Where bulky outputs go (traces, the training run and its checkpoint, the compilation cache): not the
+        committed report."""
+        if self.scratch_dir is not None:
+            return self.scratch_dir
         return self.out if self.smoke else Path("runs/gpu_campaign")
 
     def out_of_time(self) -> bool:
@@ -71,6 +77,7 @@ class Step:
     title: str
     estimate: Callable[[bool], float]  # smoke -> estimated seconds on an H100
     run: Callable[[Context], dict]
+    cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
 
 
 def models(smoke: bool) -> dict[str, ModelConfig]:
@@ -106,7 +113,7 @@ def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
-def _rel(a, b) -> float:
+def rel_error(a, b) -> float:
     import jax.numpy as jnp
 
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -145,10 +152,12 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = _rel(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(_rel(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
+            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
             row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
             row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
+            row["predicted_fwd_ms"] = predict.program_ms(fwd, (q16, k16, v16))
+            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (q16, k16, v16, ct))
             row["status"] = "ok"
         except Exception as e:
             row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
@@ -170,7 +179,7 @@ def run_attention(ctx: Context) -> dict:
 
 
 def estimate_attention(smoke: bool) -> float:
-    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 4.0  # 6 small compiles and ~60 short calls per case
+    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
 
 
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
@@ -185,6 +194,7 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
             cfg_r, compute = measure.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
                                           remat=r["remat"]).configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
+            r.update(predict.for_row(r, cfg_r, compute))
     return rows
 
 
@@ -209,8 +219,8 @@ def table_estimate(dtype: str):
     def est(smoke: bool) -> float:
         if smoke:
             return 10.0
-        return sum(_row_seconds(cfg, m, dtype, 4, T) for cfg in models(False).values() for T in contexts(False)
-                   for m in flops.MODES)
+        return sum(_row_seconds(cfg, m, dtype, 4, T) + PREDICT_S for cfg in models(False).values()
+                   for T in contexts(False) for m in flops.MODES)
 
     return est
 
@@ -262,7 +272,7 @@ def estimate_techniques(smoke: bool) -> float:
     if smoke:
         return 6.0
     return sum(_row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
-               for n in ("small", "large") for _, r in TECHNIQUES)
+               + PREDICT_S for n in ("small", "large") for _, r in TECHNIQUES)
 
 
 def run_max_batch(ctx: Context) -> dict:
