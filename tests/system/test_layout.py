@@ -7,7 +7,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
 # Folders of jaxlm from the top layer down; a module may import its own layer or a lower one.
-LAYERS = (("cli", "bench"), "training", ("nn", "data", "analysis"), "core")  # bench: the benchmark commands
+LAYERS = (("cli", "bench"), "hf", "training", ("nn", "data", "analysis"), "core")  # bench: the benchmark commands
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
