@@ -57,6 +57,7 @@ class HFTokenizer:
         plain = self._tok.encode("a", add_special_tokens=False).ids
         self.bos_id = with_specials[0] if with_specials[:len(plain)] != plain else None  # the post-processor's BOS
         self.files = (TOKENIZER_JSON, GENERATION_CONFIG)
+        self._size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
     @classmethod
     def from_dir(cls, directory) -> "HFTokenizer":
@@ -86,7 +87,7 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         """One more than the largest id (the embedding table needs at least this many rows)."""
-        return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+        return self._size
 
     @property
     def eot_id(self) -> int | None:

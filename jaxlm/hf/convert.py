@@ -13,11 +13,13 @@ PEFT's layout (adapter_config.json + adapter_model.safetensors) for the base mod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -39,10 +41,18 @@ from jaxlm.training.step import TrainState, build_model, split_model
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # carried along for transformers' loader
 
 
-def _new_dir(out: Path, flag: str = "--out") -> None:
+@contextlib.contextmanager
+def _writing(out: Path) -> Iterator[None]:
+    """`out` (new or empty) locked while it is written, and removed again when writing fails half-way."""
     problem = writable_dir_problem(out)
     if problem or (out.is_dir() and any(out.iterdir())):
-        raise UsageError(f"{flag} {out}: {problem or 'exists and is not empty'}; choose a new directory")
+        raise UsageError(f"--out {out}: {problem or 'exists and is not empty'}; choose a new directory")
+    with DirLock(out, f"--out {out}"):
+        try:
+            yield
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
 
 
 def _flat(state) -> dict[str, nnx.Variable]:
@@ -61,7 +71,11 @@ def imported_config(source: Path, config_path: str | None, overrides: list[str],
     sets += [f"train.out_dir={toml_value(str(out))}"]
     if is_hf_tokenizer(source):
         sets.append(f"data.tokenizer={toml_value(str(out / 'tokenizer'))}")
-    return load_config(config_path, [*sets, *overrides])
+    cfg = load_config(config_path, [*sets, *overrides])
+    if cfg.lora.rank or cfg.qat.weight_bits or cfg.qat.activation_bits:
+        raise UsageError("lora.* / qat.*: an import writes the checkpoint's own weights; choose LoRA, QLoRA or QAT "
+                         f"when fine-tuning from it (python -m jaxlm.train --set train.init_from={out} ...)")
+    return cfg
 
 
 def _model_from(cfg: Config, tensors: dict[str, np.ndarray], where: str):
@@ -118,9 +132,8 @@ def _tokenizer_dir(source: Path, hf: dict, dest: Path, final: Path, vocab_size: 
 def import_checkpoint(source: Path, out: Path, cfg: Config, origin: str) -> HFTokenizer | None:
     """Write the run `out` from the Hugging Face directory `source` (named `origin` by the user); returns its
     tokenizer, None when the checkpoint has no tokenizer.json."""
-    _new_dir(out)
     hf = json.loads((source / "config.json").read_text())
-    with DirLock(out, f"--out {out}"):
+    with _writing(out):
         model = _model_from(cfg, weights.read_tensors(source), str(source))
         with tempfile.TemporaryDirectory() as staging:
             tok = _tokenizer_dir(source, hf, Path(staging) / "tokenizer", out / "tokenizer", cfg.model.vocab_size)
@@ -200,9 +213,8 @@ def _tokenizer_files(run_dir: Path, tokenizer, out: Path) -> dict:
 def export_run(run: str, out: Path, adapters: bool = False, dtype: str = "float32",
                shard_bytes: int = 5 * 10**9) -> list[str]:
     """Write the run (or checkpoint) `run` to `out` in the Hugging Face layout; returns the files written."""
-    _new_dir(out)
     run_dir, _ = find_run_dir(run)
-    with DirLock(run_dir, str(run)), DirLock(out, f"--out {out}"):
+    with DirLock(run_dir, str(run)), _writing(out):
         model, cfg, tokenizer = restore_for_inference(run)
         hf_config.check_exportable(cfg.model)
         adapted = lora.has_adapters(model)

@@ -110,6 +110,22 @@ def test_sharded_safetensors_with_an_index_import_and_export(tmp_path):
                                   hf_logits(hf, PROMPT))
 
 
+def test_a_bfloat16_export_holds_the_weights_rounded(tmp_path):
+    """--dtype bfloat16: bfloat16 tensors, read by transformers as its own bfloat16 copy of the checkpoint is."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    llama(tmp_path / "hf", **SHAPES["tied"])
+    assert hf_command("import", tmp_path / "hf", "--out", tmp_path / "run") == 0
+    assert hf_command("export", tmp_path / "run", "--out", tmp_path / "out", "--dtype", "bfloat16") == 0
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "np") as f:
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"bfloat16"}
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
+    np.testing.assert_array_equal(hf_logits(ours, PROMPT), hf_logits(AutoModelForCausalLM.from_pretrained(
+        tmp_path / "hf", dtype=torch.bfloat16), PROMPT))
+
+
 @pytest.mark.parametrize("change, key", [
     (dict(attention_bias=True), "attention_bias = True"),
     (dict(mlp_bias=True), "mlp_bias = True"),

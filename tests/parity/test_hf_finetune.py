@@ -153,3 +153,7 @@ def test_qlora_qat_and_full_fine_tunes_of_an_imported_model_train(pretrained, na
     losses, evals = _losses(run), _losses(run, "eval")  # measured: 7.1-7.2 -> 4.7-5.8, evaluations 4.9-6.3 -> 4.6-5.9
     assert len(losses) == 8 and all(np.isfinite(losses)) and losses[-1] < losses[0] - 1.0, losses
     assert evals[-1] < evals[0], evals  # the held-out loss falls too
+    if name == "full":  # post-training quantisation reads the fine-tuned run like any other
+        from jaxlm.cli import quantize
+
+        assert cli.run(quantize.main, [str(run), "--bits", "8", "--tokens", "256"]) == 0

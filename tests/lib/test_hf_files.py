@@ -1,6 +1,6 @@
-"""Hugging Face tokenizer.json files (the hf extra, no torch): jaxlm's own BPE written as one encodes alike
+"""Hugging Face files without torch (the hf extra): jaxlm's own BPE written as a tokenizer.json encodes alike
 (the `tokenizers` library as the reference), a tokenizer.json directory as a data tokenizer, a jaxlm-trained run
-exported with its tokenizer, and the missing extra named in one line."""
+exported with its tokenizer, what a Llama config.json cannot say, and the missing extra named in one line."""
 
 from __future__ import annotations
 
@@ -102,3 +102,26 @@ def test_a_missing_extra_is_named_in_one_line(monkeypatch, capsys):
                                                "pip install -e '.[hf]'")
     with pytest.raises(MissingExtra, match="'hf' extra"):
         extras.require("safetensors.numpy")
+
+
+@pytest.mark.parametrize("key, value", [("norm", "post"), ("ffn", "silu"), ("rope", False), ("window", 8)])
+def test_what_a_llama_config_cannot_say_is_refused_at_export(key, value):
+    from jaxlm.core.config import ModelConfig
+    from jaxlm.core.errors import ConfigError
+    from jaxlm.hf.config import hf_config
+
+    with pytest.raises(ConfigError, match=f"^model.{key} = {value!r}: .*no Hugging Face Llama equivalent$"):
+        hf_config(ModelConfig(**{key: value}), {}, "float32")
+
+
+def test_the_rotary_row_order_round_trips_and_pairs_the_halves():
+    """Hugging Face's head rows [x0 x1 x2 | y0 y1 y2] become jaxlm's [x0 y0 x1 y1 x2 y2] and back."""
+    import numpy as np
+
+    from jaxlm.hf.weights import to_halves, to_interleaved
+
+    hf = np.arange(2 * 6 * 3).reshape(12, 3)  # 2 heads of width 6, 3 inputs
+    ours = to_interleaved(hf, 6)
+    assert ours[:6, 0].tolist() == [hf[i, 0] for i in (0, 3, 1, 4, 2, 5)]
+    assert ours[6:, 0].tolist() == [hf[i, 0] for i in (6, 9, 7, 10, 8, 11)]
+    assert (to_halves(ours, 6) == hf).all()
