@@ -330,7 +330,8 @@ class LoraConfig:
         """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
         nf4 an even block (two codes per byte) on every target's input width."""
         q, kv, d, f = m.num_heads * m.head_dim, m.kv_heads * m.head_dim, m.d_model, m.d_ff
-        shapes = dict(q_proj=(d, q), k_proj=(d, kv), v_proj=(d, kv), output_proj=(q, d), w1=(d, f), w2=(f, d), w3=(d, f))
+        shapes = dict(q_proj=(d, q), k_proj=(d, kv), v_proj=(d, kv), output_proj=(q, d), w1=(d, f), w2=(f, d),
+                      w3=(d, f))
         widths = {t: shapes[t] for t in self.targets if self.rank}  # target -> (in, out)
         for t, (d_in, d_out) in widths.items():
             _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "

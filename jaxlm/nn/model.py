@@ -141,7 +141,7 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._qkv(x, rope)  # (B, T, N, H), 2 x (B, T, K, H)
         k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*K, S, H)
         # attention takes (B, S, K, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
-        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))  # (B, S, K, H)
+        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))
         out = attention(q, k_seq, v_seq, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, -1)), (k_buf, v_buf)
 
