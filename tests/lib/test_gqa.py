@@ -172,7 +172,7 @@ def test_gpu_memory_estimate_against_the_step_compiled_for_an_h100():
                              "data.batch_size=8", 'compute.dtype="bfloat16"'])
     row = gpu.compiled_row(cfg, gpu.parse_target("h100-80gb"))
     est = memory.estimate(cfg.model, 8, 256, cfg.compute).total
-    assert abs(est / row["total_bytes"] - 1) < 0.20, (est, row["total_bytes"])
+    assert abs(est / row["total_bytes"] - 1) < 0.20, (est, row["total_bytes"])  # -2.8 % here
 
 
 def test_tensor_parallelism_splits_whole_key_value_heads():
