@@ -124,6 +124,9 @@ LAYOUTS = {
     "tp": {"parallel.data": 1, "parallel.tensor": 8, "model.num_heads": 8},
     "tp_dp": {"parallel.data": 2, "parallel.tensor": 4},
     "tp_fsdp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4},
+    # grouped-query attention: 8 query heads, 4 key/value heads of width 6 (not 32 / 8), 2 and 1 per tensor shard
+    "tp_gqa": {"parallel.data": 2, "parallel.tensor": 4, "model.num_heads": 8, "model.num_kv_heads": 4,
+               "model.head_size": 6},
     "scan_fsdp_tp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4, "compute.scan_layers": "true"},
     "accum_dp": {"parallel.data": 8, "train.grad_accum": 2},
     "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,

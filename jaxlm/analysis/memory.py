@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from jaxlm.analysis.flops import param_counts
+from jaxlm.analysis.flops import attention_widths, param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.loss import block_positions
 
@@ -80,10 +80,10 @@ def usable_share() -> float:
 SAVED = {
     "norms": ("D", "t", 1.0),  # RMSNorm output feeding the next matmul
     "residuals": ("D", "t", 1.0),  # the residual stream at the block's input
-    "qkv": ("D", "t", 3.0),  # q, k (after RoPE), v
+    "qkv": ("QKV", "t", 1.0),  # q, k (after RoPE), v: N H + 2 K H wide (3 D without grouped-query attention)
     "attention scores/probs": ("HT", "f32", 4.0),  # masked logits, their float32 copy, exp, probabilities
     "attention mask": ("HT", "u8", 1.0),  # the causal mask, broadcast to (B, N, T, T) booleans
-    "attention output": ("D", "t", 1.0),  # softmax(.) V before output_proj
+    "attention output": ("Q", "t", 1.0),  # softmax(.) V before output_proj, N H wide
     "ffn hidden": ("F", "t", 4.0),  # w1 x, w3 x, silu(w1 x), the gated product (SwiGLU)
 }
 WORKING: dict = {}  # beyond the saved tensors, the layer being differentiated needs no more at the peak (CPU)
@@ -120,7 +120,15 @@ class Estimate:
 
 
 def _width(kind: str, cfg: ModelConfig, seq_len: int) -> int:
-    return {"D": cfg.d_model, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+    q, kv = attention_widths(cfg)
+    return {"D": cfg.d_model, "Q": q, "QKV": q + 2 * kv, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+
+
+def d_wide(cfg: ModelConfig) -> float:
+    """The mean width of a layer's D-wide tensors (norm output, residual, q, k, v, attention output): d_model,
+    unless grouped-query attention or a head_dim apart from d_model / num_heads narrows or widens q, k and v."""
+    q, kv = attention_widths(cfg)
+    return (2 * cfg.d_model + 2 * q + 2 * kv) / 6
 
 
 def _bytes(dtype: str, compute_bytes: int) -> int:
@@ -150,8 +158,8 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     kept = {name: 0.0 for name in per_layer}
     kept["residuals"] = a * cfg.d_model
     if remat == "dots_saveable":
-        kept["qkv"] = 3.0 * a * cfg.d_model
-        kept["attention output"] = a * cfg.d_model
+        kept["qkv"] = a * _width("QKV", cfg, seq_len)
+        kept["attention output"] = a * _width("Q", cfg, seq_len)
         if not fused:
             kept["attention scores/probs"] = 4.0 * cfg.num_heads * seq_len
         gated = 2 if cfg.ffn == "swiglu" else 1
@@ -160,14 +168,14 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
 
 
 def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
-    """The element counts GPU_BYTES multiplies: D and F per layer and token, N T^2 per layer and sequence,
+    """The element counts GPU_BYTES multiplies: D (`d_wide`) and F per layer and token, N T^2 per layer and sequence,
     V and D per token; one layer under remat full (or offload, whose saved tensors live on the host), where
     the embedding side is one more D per token and falls in the first term."""
     tokens = batch * seq_len
     one = remat in ("full", "offload")
     layers = 1 if one else cfg.num_layers
     d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
-    return [tokens * layers * cfg.d_model, tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
+    return [tokens * layers * d_wide(cfg), tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
             tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
 
 

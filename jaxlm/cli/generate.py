@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-samples", metavar="N", type=int, default=1, help="samples per prompt (>= 1)")
     ap.add_argument("--stream", action="store_true", help="print tokens as they are generated, one sample at a time")
     ap.add_argument("--no-cache", action="store_true", help="re-run the full forward per token (slow; for comparison)")
+    ap.add_argument("--tokenizer", metavar="DIR", help="the tokenizer, for a run that records none (weights imported "
+                    "without tokenizer.json): a directory with tokenizer.json or vocab.json + merges.txt, bytes, gpt2")
     cli.add_config_args(ap, base="the run's config.toml")
     return ap
 
@@ -94,11 +96,11 @@ def main(argv=None) -> int:
     from jaxlm.training.checkpoint import load_for_generation
 
     tune_for_cpu_backend()
-    model, tok = load_for_generation(path, cfg)
+    model, tok = load_for_generation(path, cfg, args.tokenizer)
     rows = [i for i in range(len(texts)) for _ in range(args.num_samples)]  # row r continues prompt rows[r]
     prompts = [encode_prompt(tok, texts[i]) for i in rows]
     gen, sampling = Generator(model, tok.vocab_size), SamplingParams(args.temperature, args.top_k, args.top_p)
-    kw = dict(seed=args.seed, eot_id=tok.eot_id, use_cache=not args.no_cache)
+    kw = dict(seed=args.seed, eot_id=tok.stop_ids, use_cache=not args.no_cache)
     if args.stream:
         for r, i in enumerate(rows):
             print(f"--- prompt {i} sample {r % args.num_samples}", file=sys.stderr)

@@ -1,13 +1,9 @@
 """One typed configuration tree, loaded from TOML with presets and dotted `--set` overrides.
 
-Every section is a frozen dataclass validated on construction. Errors name the
-key and the value (``optim.lr = -1.0: must be > 0``) and say where the value
-came from (the TOML file or the `--set` flag). Every field carries a one-line
-doc, printed by ``--help-config``. This module declares the tree; the generic machinery
-(coercion, overrides, TOML in and out) is `jaxlm/core/typedconfig.py`. Nothing heavy is imported.
-
-`ModelConfig` is the architecture alone (what function the network computes);
-`ComputeConfig` is how jaxlm executes it (dtype, attention kernel, remat).
+Every section is a frozen dataclass validated on construction. Errors name the key and the value
+(``optim.lr = -1.0: must be > 0``) and say where the value came from (the TOML file or the `--set` flag).
+Every field carries a one-line doc, printed by ``--help-config``. This module declares the tree; the generic
+machinery (coercion, overrides, TOML in and out) is `jaxlm/core/typedconfig.py`. Nothing heavy is imported.
 """
 
 from __future__ import annotations
@@ -38,13 +34,6 @@ MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule 
 TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
 
 
-def default_d_ff(d_model: int, ffn: str) -> int:
-    """SwiGLU: about 8/3 d_model rounded to a multiple of 64; SiLU: 4 d_model (same parameter count)."""
-    if ffn == "silu":
-        return 4 * d_model
-    return max(64, int(round(8 * d_model / 3 / 64)) * 64)
-
-
 # --------------------------------------------------------------------------- model and compute
 
 
@@ -56,9 +45,12 @@ class ModelConfig:
     context_length: int = opt(256, "longest sequence the model accepts (RoPE table length)")
     d_model: int = opt(512, "width of the residual stream")
     num_layers: int = opt(4, "number of Transformer blocks")
-    num_heads: int = opt(16, "attention heads; must divide d_model")
+    num_heads: int = opt(16, "attention (query) heads; must divide d_model unless head_size is set")
+    num_kv_heads: int | None = opt(None, "key/value heads, each shared by a group of query heads; unset: num_heads")
+    head_size: int | None = opt(None, "width of each attention head; unset: d_model / num_heads")
     d_ff: int | None = opt(None, "feed-forward width; unset: 8/3 d_model rounded to 64 (swiglu), 4 d_model (silu)")
     rope_theta: float = opt(10000.0, "RoPE base frequency")
+    rope_scaling: list[float] | None = opt(None, "Llama 3 RoPE scaling: factor, low/high freq factor, original context")
     norm: Literal["pre", "post", "none"] = opt("pre", "RMSNorm placement: pre-norm, post-norm, or no norms (ablation)")
     rope: bool = opt(True, "rotary position embeddings on queries and keys; false = NoPE (ablation)")
     ffn: Literal["swiglu", "silu"] = opt("swiglu", "gated SwiGLU or the ungated SiLU feed-forward (ablation)")
@@ -69,22 +61,30 @@ class ModelConfig:
         None, "sliding-window attention: each query sees itself and at most this many previous keys")
 
     def __post_init__(self):
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", default_d_ff(self.d_model, self.ffn))
-        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
-            _check(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
-        _check(self.d_model % self.num_heads == 0, "d_model", self.d_model,
-               f"must be divisible by num_heads ({self.num_heads})")
-        _check(not (self.rope and self.head_dim % 2), "num_heads", self.num_heads,
-               f"RoPE needs an even head size, got d_model / num_heads = {self.head_dim}")
+        if self.d_ff is None:  # SwiGLU: about 8/3 d_model rounded to a multiple of 64; SiLU: 4 d_model (same count)
+            swiglu = max(64, int(round(8 * self.d_model / 3 / 64)) * 64)
+            object.__setattr__(self, "d_ff", 4 * self.d_model if self.ffn == "silu" else swiglu)
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "num_kv_heads",
+                     "head_size", "rope_theta", "eps"):
+            _check(getattr(self, name) is None or getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
+        _check(self.head_size or self.d_model % self.num_heads == 0, "d_model", self.d_model,
+               f"must be divisible by num_heads ({self.num_heads}), or set head_size")
+        _check(self.num_heads % self.kv_heads == 0, "num_kv_heads", self.num_kv_heads, f"must divide {self.num_heads}")
+        _check(not (self.rope and self.head_dim % 2), "head_size" if self.head_size else "num_heads",
+               self.head_size or self.num_heads, f"RoPE needs an even head size, got {self.head_dim}")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.window is None or self.window >= 1, "window", self.window, "must be >= 1 or unset")
-        _check(self.rope_theta > 0 and self.eps > 0, "rope_theta" if self.rope_theta <= 0 else "eps",
-               self.rope_theta if self.rope_theta <= 0 else self.eps, "must be > 0")
+        s = self.rope_scaling  # Llama 3.1's [8, 1, 4, 8192]
+        _check(s is None or (self.rope and len(s) == 4 and min(s) > 0 and s[2] > s[1]), "rope_scaling", s, "must be 4 "
+               "numbers > 0 (factor, low and high frequency factor, original context), high > low, with rope = true")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.head_size or self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -314,8 +314,10 @@ class LoraConfig:
     def check_model(self, m: ModelConfig) -> None:
         """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
         nf4 an even block (two codes per byte) on every target's input width."""
-        widths = {t: (m.d_ff if t == "w2" else m.d_model, m.d_ff if t in ("w1", "w3") else m.d_model)
-                  for t in self.targets if self.rank}  # target -> (in, out)
+        q, kv, d, f = m.num_heads * m.head_dim, m.kv_heads * m.head_dim, m.d_model, m.d_ff
+        shapes = dict(q_proj=(d, q), k_proj=(d, kv), v_proj=(d, kv), output_proj=(q, d), w1=(d, f), w2=(f, d),
+                      w3=(d, f))
+        widths = {t: shapes[t] for t in self.targets if self.rank}  # target -> (in, out)
         for t, (d_in, d_out) in widths.items():
             _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "
                    f"{t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): it adds parameters but no rank")

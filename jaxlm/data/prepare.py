@@ -6,6 +6,7 @@ Layout of a prepared directory::
     val.bin     same, the validation split
     meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
     vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory, or `bpe:N`
+                                                  (tokenizer.json, generation_config.json: a Hugging Face one)
 
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
@@ -19,7 +20,6 @@ per target: it holds the target's lock (jaxlm.core.lock).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -40,7 +40,6 @@ from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json")
 PYDOC = "pydoc"  # a source name: Python's bundled documentation text (pydoc_data.topics)
 BUILTIN_TOKENIZERS = ("bytes", "gpt2")
 
@@ -152,17 +151,6 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
 # --------------------------------------------------------------------------- prepare
 
 
-def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """SHA-256 of the vocabulary, merges and special tokens: equal digests encode identically."""
-    h = hashlib.sha256()
-    for i, tok in sorted(tokenizer.vocab.items()):
-        h.update(i.to_bytes(4, "little") + len(tok).to_bytes(2, "little") + tok)
-    for a, b in tokenizer.merges:
-        h.update(len(a).to_bytes(2, "little") + a + len(b).to_bytes(2, "little") + b)
-    h.update(json.dumps(tokenizer.special_tokens).encode())
-    return h.hexdigest()
-
-
 def prepare(
     inputs: Sequence[str],
     tokenizer: str,
@@ -260,10 +248,11 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
 
     files: list[str] = []
     if tokenizer not in BUILTIN_TOKENIZERS:  # copy the tokenizer so the directory is self-contained
-        for name in TOKENIZER_FILES[:2]:
-            shutil.copyfile(Path(tokenizer) / name, build / name)
+        for name in tok.files:
+            if (Path(tokenizer) / name).is_file():
+                shutil.copyfile(Path(tokenizer) / name, build / name)
         (build / "special_tokens.json").write_text(json.dumps(tok.special_tokens) + "\n")
-        files = list(TOKENIZER_FILES)
+        files = [name for name in (*tok.files, "special_tokens.json") if (build / name).is_file()]
 
     def describe(srcs):
         return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC
@@ -275,7 +264,7 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         "vocab_size": tok.vocab_size,
         "tokenizer": tokenizer,
         "tokenizer_files": files,
-        "tokenizer_sha256": tokenizer_digest(tok),
+        "tokenizer_sha256": tok.digest(),
         "special_tokens": tok.special_tokens,
         "eot_id": tok.eot_id,
         "tokens": {"train": n_train, "val": n_val},
@@ -373,7 +362,7 @@ def _same_tokenizer(meta: dict, spec: str) -> bool:
         return spec == meta["tokenizer"]
     if not Path(spec).is_dir():
         return spec == meta["tokenizer"]
-    return tokenizer_digest(load_tokenizer(spec)) == meta.get("tokenizer_sha256")
+    return load_tokenizer(spec).digest() == meta.get("tokenizer_sha256")
 
 
 def ensure_prepared(data_cfg, progress: bool = True) -> Path:

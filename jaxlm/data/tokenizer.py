@@ -23,6 +23,7 @@ Imports nothing heavy (tiktoken, regex; no jax, no grain, no numpy).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ import tiktoken
 from jaxlm.core.errors import DataError
 from jaxlm.data.bpe import GPT2_PATTERN, load_vocab_merges, special_split_re
 from jaxlm.data.corpora import data_root
+from jaxlm.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer
 
 EOT = "<|endoftext|>"
 # encode_iterable encodes its buffer once it holds this many characters.
@@ -96,6 +98,24 @@ class Tokenizer:
     @property
     def eot_id(self) -> int | None:
         return self.special_ids.get(EOT)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """The ids that end a generation: <|endoftext|>'s, when there is one."""
+        return [] if self.eot_id is None else [self.eot_id]
+
+    bos_id = None  # no sequence starts with a BOS token (a Hugging Face tokenizer's may: jaxlm/data/hf_tokenizer.py)
+    files = ("vocab.json", "merges.txt")  # what a tokenizer directory of this kind holds (with special_tokens.json)
+
+    def digest(self) -> str:
+        """SHA-256 of the vocabulary, merges and special tokens: equal digests encode identically."""
+        h = hashlib.sha256()
+        for i, tok in sorted(self.vocab.items()):
+            h.update(i.to_bytes(4, "little") + len(tok).to_bytes(2, "little") + tok)
+        for a, b in self.merges:
+            h.update(len(a).to_bytes(2, "little") + a + len(b).to_bytes(2, "little") + b)
+        h.update(json.dumps(self.special_tokens).encode())
+        return h.hexdigest()
 
     @property
     def vocab(self) -> dict[int, bytes]:
@@ -280,8 +300,9 @@ def trained_bpe_size(spec) -> int | None:
     return int(n)
 
 
-def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
-    """`"bytes"`, `"gpt2"`, or a directory with vocab.json + merges.txt (+ special_tokens.json)."""
+def load_tokenizer(spec: str | os.PathLike):
+    """`"bytes"`, `"gpt2"`, a directory with vocab.json + merges.txt (+ special_tokens.json), or one with a
+    Hugging Face tokenizer.json (`HFTokenizer`, the hf extra)."""
     spec = str(spec)
     if spec == "bytes":
         return byte_tokenizer()
@@ -289,7 +310,10 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
         return _gpt2()
     d = Path(spec)
     if not d.is_dir():
-        raise DataError(f"{spec}: unknown tokenizer; use 'bytes', 'gpt2' or a directory with vocab.json + merges.txt")
+        raise DataError(f"{spec}: unknown tokenizer; use 'bytes', 'gpt2' or a directory with vocab.json + merges.txt "
+                        "or tokenizer.json")
+    if is_hf_tokenizer(d):
+        return HFTokenizer.from_dir(d)
     vocab_path, merges_path = d / "vocab.json", d / "merges.txt"
     for p in (vocab_path, merges_path):
         if not p.is_file():

@@ -148,7 +148,7 @@ class Request:
 
     prompt_lengths: jax.Array  # (B,) int32
     max_new_tokens: jax.Array  # () int32
-    eot_id: jax.Array  # () int32, -1: none
+    eot_id: jax.Array  # (E,) int32: the end-of-text ids (a Llama 3 instruct model has several), -1: none
     seed_key: jax.Array  # a PRNG key
     sample_ids: jax.Array  # (B,) int32: each row's random stream
     temperature: jax.Array  # () float32
@@ -228,14 +228,14 @@ class Generator:
         sampling: SamplingParams = SamplingParams(),
         *,
         seed: int = 0,
-        eot_id: int | None = None,
+        eot_id: int | Sequence[int] | None = None,
         use_cache: bool = True,
         sample_ids: Sequence[int] | None = None,
         on_tokens: Callable[[np.ndarray, np.ndarray], None] | None = None,
     ) -> Generation:
         """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
-        Rows stop at `eot_id` (not included in the output) or after max_new_tokens;
+        Rows stop at `eot_id` (one id or several; not included in the output) or after max_new_tokens;
         past the context window the window slides. `sample_ids` (default 0 ... B-1)
         pick each row's random stream. `on_tokens(tokens (B,), active (B,) bool)` is
         called once per step with the new token of each row (streaming); the steps
@@ -251,8 +251,9 @@ class Generator:
         S = min(self.cfg.context_length, total)
         statics = dict(prefill=min(S, _round_up(max(lengths), self.PREFILL_BUCKET)), window=S, use_cache=use_cache,
                        slides=max(lengths) + max_new_tokens > self.cfg.context_length)
-        req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), np.int32(-1 if eot_id is None else eot_id),
-                      jax.random.key(seed), ids, *sampling.as_arrays(), np.int32(self.vocab_size))
+        stops = np.atleast_1d(np.array(-1 if eot_id is None else eot_id, np.int32))  # (E,)
+        req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), stops, jax.random.key(seed), ids,
+                      *sampling.as_arrays(), np.int32(self.vocab_size))
         chunk = max_new_tokens if on_tokens is None else self.STREAM_CHUNK
         d = self._begin(self.state, _pack(seqs, total), req, np.int32(chunk), **statics)
         shown = 0
@@ -318,7 +319,7 @@ def _at(logits: jax.Array, index: jax.Array) -> jax.Array:
 def _accept(d: DecodeState, token: jax.Array, req: Request) -> DecodeState:
     """Append each running row's new token, or stop the row at the end-of-text token or at max_new_tokens."""
     running = d.stop == RUNNING  # (B,)
-    eot = running & (token == req.eot_id)
+    eot = running & jnp.any(token[:, None] == req.eot_id[None, :], axis=-1)  # (B,)
     keep = running & ~eot
     slot = jnp.where(keep, d.lengths, d.seqs.shape[1])  # (B,): past the end (dropped) where nothing is kept
     seqs = d.seqs.at[jnp.arange(token.shape[0]), slot].set(token, mode="drop")  # (B, L)
@@ -352,8 +353,10 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
-    """The prompt's token ids; an empty text starts from <|endoftext|> (id 0 without one)."""
-    return list(tokenizer.encode(text)) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
+    """The prompt's token ids, after the tokenizer's BOS when it has one (a Hugging Face model's); an empty text
+    without a BOS starts from <|endoftext|> (id 0 without one)."""
+    ids = ([] if tokenizer.bos_id is None else [tokenizer.bos_id]) + list(tokenizer.encode(text))
+    return ids or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
 
 
 def generate(

@@ -109,11 +109,25 @@ class RMSNorm(nnx.Module):
         return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
-class RotaryEmbedding(nnx.Module):
-    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs)."""
+def llama3_frequencies(inv_freq: np.ndarray, scaling) -> np.ndarray:
+    """Llama 3.1's RoPE scaling of the frequencies (H/2,): wavelengths longer than original_context /
+    low_freq_factor slow down by `factor`, shorter than original_context / high_freq_factor stay, and the
+    band between interpolates smoothly (Meta's llama-models `apply_scaling`, transformers' "llama3" rope_type)."""
+    factor, low, high, context = scaling
+    wavelen = 2 * math.pi / inv_freq  # (H/2,)
+    smooth = (context / wavelen - low) / (high - low)  # (H/2,)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return np.where(wavelen < context / high, inv_freq, np.where(wavelen > context / low, inv_freq / factor, mid))
 
-    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0):
+
+class RotaryEmbedding(nnx.Module):
+    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs); `scaling`: the
+    Llama 3 frequency scaling [factor, low_freq_factor, high_freq_factor, original_context] or None."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0, scaling=None):
         inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (H/2,)
+        if scaling is not None:
+            inv_freq = llama3_frequencies(inv_freq, scaling)
         angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # (max_len, H/2)
         self.cos = Buffer(jnp.asarray(np.cos(angles), jnp.float32))  # (max_len, H/2)
         self.sin = Buffer(jnp.asarray(np.sin(angles), jnp.float32))  # (max_len, H/2)

@@ -97,8 +97,7 @@ class Checkpointer:
             )
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
-            enable_async_checkpointing=True,
-            create=True,
+            enable_async_checkpointing=True, create=True,
             cleanup_tmp_directories=True,  # what a killed save left behind
             # Directories made in save() itself: made in the background, a failure left orbax's other
             # threads waiting 5 minutes for it, and the process hanging at exit.
@@ -374,22 +373,28 @@ def load_base_weights(path: str | Path, cfg: Config):
     return loaded
 
 
-def load_for_generation(path: str | Path, cfg: Config | None = None):
-    """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
+def load_for_generation(path: str | Path, cfg: Config | None = None, tokenizer: str | None = None):
+    """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given;
+    `tokenizer` (a `load_tokenizer` spec) stands in for the run's own."""
     if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
                           "devices; use 'xla' or 'auto'")
     try:
-        model, saved, tokenizer = restore_for_inference(path)
+        model, saved, own = restore_for_inference(path)
     except CheckpointError:
         raise
     except Exception as e:  # orbax / config / missing-file errors all mean "cannot restore this path"
         raise CheckpointError(f"{path}: cannot restore a checkpoint: {type(e).__name__}: {e}") from e
-    if tokenizer is None:
-        raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
+    if tokenizer is not None:
+        from jaxlm.data.tokenizer import load_tokenizer
+
+        own = load_tokenizer(tokenizer)
+    if own is None:
+        raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded; "
+                              "pass --tokenizer DIR (a directory with tokenizer.json, or vocab.json + merges.txt)")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
         scan.relayout(model, cfg.compute.scan_layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
                                                                   saved.lora, saved.qat)))
         model = nnx.merge(graphdef, nnx.state(model))
-    return model, tokenizer
+    return model, own
