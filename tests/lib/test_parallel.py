@@ -68,11 +68,14 @@ def test_rules_table_maps_logical_axes():
 
 
 def test_collectives_read_from_hlo():
-    hlo = """
+    hlo = """HloModule m
+
+ENTRY %main () -> f32[3] {
   %all-reduce.1 = f32[128,256]{1,0} all-reduce(f32[128,256]{1,0} %x), replica_groups={{0,1}}
   %ag = (bf16[4,8]{1,0}, f32[2]{0}) all-gather-start(bf16[2,8]{1,0} %y, f32[1]{0} %z), dimensions={0}
   %cp = s32[10]{0} collective-permute(s32[10]{0} %w), source_target_pairs={{0,1}}
-  %add = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b)
+  ROOT %add = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b)
+}
 """
     c = collectives(hlo)
     assert c["all-reduce"] == {"count": 1, "bytes": 128 * 256 * 4}
