@@ -211,3 +211,51 @@ def test_nsys_answers_from_the_campaigns_profile(tmp_path):
     assert "forward pass: 2.00 ms of device time over the traced calls, 75% in matmul kernels" in md
     assert "train step: 2.00 ms" in md and "`nvjet_gemm`: 75.0% (matmul)" in md
     assert "**Pending**" in "\n".join(gpu.nsys_section(tmp_path / "none"))
+
+
+def _predicted_store(tmp_path):
+    """A compiled store holding predicted kernel tables for the size table's steps (synthetic figures)."""
+    from experiments.compiled_time import sections
+    from jaxlm.training.compile_cache import CompileCache
+    from jaxlm.training.compiled import parse_target
+
+    target, stored = parse_target("h100-80gb"), {}
+    groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2}]
+    ops = [{"op": "jvp(ki,oi->ko)/dot_general", "source": "jaxlm/nn/layers.py:64 dense", "group": "matmul",
+            "launches": 48, "share": 0.5, "flops": 1e12},
+           {"op": "jvp()/div", "source": "jaxlm/nn/attention.py:160 _attention_xla", "group": "attention",
+            "launches": 12, "share": 0.1, "flops": 0.0}]
+    for label, job in next(s for s in sections() if s.name == "sizes").rows:  # "small, forward"
+        train = label.endswith("train_step")
+        stored[CompileCache.key(job, target)] = {
+            "predicted_step_ms": 30.0 if train else 10.0, "predicted_tokens_per_s": 2048 / 0.03,
+            "predicted_mfu": 0.4, "predicted_label": "predicted from the compiled program for H100, not measured",
+            "predicted_phases": {"backward": 16.0, "recompute": 2.0, "forward": 8.0, "optimizer": 4.0},
+            "predicted_components": {"feed-forward": 12.0, "attention matmuls": 3.0, "attention softmax and mask": 6.0,
+                                     "attention projections": 3.0},
+            "predicted_groups": groups, "predicted_ops": ops}
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / "h100-80gb.json").write_text(json.dumps(stored))
+
+
+def test_size_table_and_nsys_answers_from_the_predicted_kernel_tables(tmp_path):
+    from experiments.answers import predicted
+
+    _predicted_store(tmp_path)
+    md = "\n".join(predicted.size_section(tmp_path, {("small", "forward"): 12.5}))
+    assert "**Predicted, not measured**" in md and "predicted from the compiled program for H100" in md
+    # forward 10, train 30 = forward 8 + backward 16 + recompute 2 + optimizer 4; measured forward beside it
+    assert "| small | 10 | 30 | 8 | 18 | 4 | 68,267 | 40% | 12.5 | – |" in md
+    assert "backward pass takes 2.0x to 2.0x the forward's" in md  # 16 / 8, the recompute apart
+    fl = flops.forward_flops(answers.model("small"), 512)
+    split = "\n".join(predicted.breakdown_section(tmp_path))  # FFN 12 ms of 30, attention 12
+    assert f"| small | 40% | 40% | 0% | 0% | 0% | 1.00 | {fl.ffn / fl.attention:.2f} |" in split
+    nsys = "\n".join(predicted.nsys_lines(tmp_path))
+    assert "(a) The forward pass (eval step) is predicted at 10 ms, the train step at 30 ms" in nsys
+    assert "(b) Most predicted time in the forward pass: `jvp(ki,oi->ko)/dot_general` (jaxlm/nn/layers.py:64 dense; " \
+           "48 launches, 50%)" in nsys
+    assert "(c) Non-matmul ops with the most predicted time in the forward pass: `jvp()/div`" in nsys
+    assert "small 80%" in nsys  # matmul group 50% + attention matmuls 3 ms of 10
+    m = answers.model("small")  # softmax: 5 FLOPs per score; QK^T and PV: 4 d_model per query-key pair
+    assert f"a time ratio of 2.00, while their FLOPs are in the ratio {5 * m.num_heads / (4 * m.d_model):.3f}" in nsys
+    assert "Not predicted yet" in "\n".join(predicted.nsys_lines(tmp_path / "none"))
