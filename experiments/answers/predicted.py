@@ -112,7 +112,8 @@ def breakdown_section(root: Path) -> list[str]:
 
 
 def _op(o: dict) -> str:
-    return f"`{o['op'][-60:]}` ({o['source'] or o['group']}; {o['launches']} launches, {pct(o['share'])})"
+    return f"`{o['op'][-60:]}` ({o['component']}, {o['source'] or o['group']}; {o['launches']} launches, " \
+           f"{pct(o['share'])})"
 
 
 def nsys_lines(root: Path) -> list[str]:

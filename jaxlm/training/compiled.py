@@ -216,9 +216,10 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=
 # --------------------------------------------------------------------------- reading the compiled program
 
 
-def program_facts(module: Module) -> dict:
-    """Static counts in an optimised HLO module: matmuls (XLA dots, inside fusions too, and cuBLAS calls) by
-    operand dtypes ("bf16xbf16"), cuDNN attention calls by kind. An op inside a loop body counts once."""
+def program_facts(program: str | Module) -> dict:
+    """Static counts in an optimised HLO module (or its text): matmuls (XLA dots, inside fusions too, and cuBLAS
+    calls) by operand dtypes ("bf16xbf16"), cuDNN attention calls by kind. An op inside a loop body counts once."""
+    module = hlo.parse_module(program) if isinstance(program, str) else program
     matmuls, cudnn = collections.Counter(), collections.Counter()
     for comp in module.computations.values():
         for ins in comp.instrs.values():

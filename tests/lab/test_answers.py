@@ -67,10 +67,12 @@ def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
 
 def test_measured_answers_from_a_bench_result(tmp_path):
     rows = [{"framework": "jax", "mode": m, "dtype": "float32", "attention": "xla", "remat": "none", "context": 64,
-             "batch": 2, "status": "ok", "step_ms": ms, "step_ms_std": 0.5} for m, ms in (("forward", 10.0), ("forward_backward", 31.0))]
+             "batch": 2, "status": "ok", "step_ms": ms, "step_ms_std": 0.5}
+            for m, ms in (("forward", 10.0), ("forward_backward", 31.0))]
     comps = {"attention": {"forward_s": 0.004, "flops_forward": 1e9}, "ffn": {"forward_s": 0.006, "flops_forward": 3e9}}
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"meta": {"breakdown": [{"context": 64, "batch": 2, "dtype": "float32", "components": comps}]},
+    breakdown = [{"context": 64, "batch": 2, "dtype": "float32", "components": comps}]
+    path.write_text(json.dumps({"meta": {"breakdown": breakdown},
                                 "rows": rows}))
     text = "\n".join(measured.measured_section(path))
     assert "| jax | forward | float32 | 64 | 2 | 10 | 0.5 |" in text
@@ -110,15 +112,17 @@ def test_unicode_answers_come_from_python():
     one = "\n".join(text.unicode1())
     assert "U+0000" in one and "`'\\x00'`" in one and "has 21 characters" in one
     assert text.encoding_rows()[0][2:] == ["23 (0% zero)", "26 (31% zero)", "52 (65% zero)"]  # 7 ASCII + 5 x 3 + 1
-    assert text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong).startswith("raises UnicodeDecodeError")
+    wrong = text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong)
+    assert wrong.startswith("raises UnicodeDecodeError")
     assert text.decode_error(b"\x80\x80").startswith("raises") and text.decode_error(b"hi") == "decodes to 'hi'"
 
 
 def test_tokenizer_answers_quote_the_tokenizer_plans_sections(tmp_path):
     (tmp_path / "tokenizer").mkdir()
     (tmp_path / "tokenizer" / "report.md").write_text(
-        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\nratio 4.03\n\n"
-        "### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n## What this backend can show\n\nno\n")
+        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\n"
+        "ratio 4.03\n\n### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n"
+        "## What this backend can show\n\nno\n")
     md = "\n".join(text.tokenizer_sections(tmp_path))
     assert md.index("### train_bpe_tinystories") < md.index("| a | b |") < md.index("### tokenizer_experiments")
     assert md.index("ratio 4.03") < md.index("5.49 MB/s") < md.index("below 65,536") and "backend" not in md
@@ -128,7 +132,8 @@ def test_float16_accumulation_matches_the_known_sums():
     sums = dict(gpu.accumulation())
     assert sums["float16 += float16"] == 9.953125  # the sum the curriculum's handout shows
     assert sums["float32 += float32"] == pytest.approx(10.0001335, abs=1e-6)
-    assert sums["float32 += float16"] == sums["float32 += float32(float16)"] == pytest.approx(1000 * float(np.float16(0.01)), rel=1e-5)
+    assert sums["float32 += float16"] == sums["float32 += float32(float16)"] \
+        == pytest.approx(1000 * float(np.float16(0.01)), rel=1e-5)
 
 
 # --------------------------------------------------------------------------- answers from records
@@ -148,7 +153,8 @@ def test_learning_rate_from_records_names_the_best_rate_the_edge_and_the_grid(tm
             write_run(tmp_path, "lr_sweep", f"lr{lr}-s{seed}", status="ok", axes={"optim.lr": lr, "seed": seed},
                       spec=spec, metrics={"eval_loss": loss})
     for seed in range(2):
-        write_run(tmp_path, "lr_sweep", f"lr10-s{seed}", status="diverged", axes={"optim.lr": 10.0, "seed": seed}, spec=spec)
+        write_run(tmp_path, "lr_sweep", f"lr10-s{seed}", status="diverged", axes={"optim.lr": 10.0, "seed": seed},
+                  spec=spec)
     md = "\n".join(studies.learning_rate_section(tmp_path))
     assert "| 0.01 | 2 | 2.100 ± 0.141 | none |" in md  # mean 2.1, sample std sqrt(0.02)
     assert "| 10 | 2 | – | 2 of 2 |" in md
@@ -222,9 +228,9 @@ def _predicted_store(tmp_path):
     target, stored = parse_target("h100-80gb"), {}
     groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2}]
     ops = [{"op": "jvp(ki,oi->ko)/dot_general", "source": "jaxlm/nn/layers.py:64 dense", "group": "matmul",
-            "launches": 48, "share": 0.5, "flops": 1e12},
+            "component": "feed-forward", "launches": 48, "share": 0.5, "flops": 1e12},
            {"op": "jvp()/div", "source": "jaxlm/nn/attention.py:160 _attention_xla", "group": "attention",
-            "launches": 12, "share": 0.1, "flops": 0.0}]
+            "component": "attention softmax and mask", "launches": 12, "share": 0.1, "flops": 0.0}]
     for label, job in next(s for s in sections() if s.name == "sizes").rows:  # "small, forward"
         train = label.endswith("train_step")
         stored[CompileCache.key(job, target)] = {
@@ -252,8 +258,8 @@ def test_size_table_and_nsys_answers_from_the_predicted_kernel_tables(tmp_path):
     assert f"| small | 40% | 40% | 0% | 0% | 0% | 1.00 | {fl.ffn / fl.attention:.2f} |" in split
     nsys = "\n".join(predicted.nsys_lines(tmp_path))
     assert "(a) The forward pass (eval step) is predicted at 10 ms, the train step at 30 ms" in nsys
-    assert "(b) Most predicted time in the forward pass: `jvp(ki,oi->ko)/dot_general` (jaxlm/nn/layers.py:64 dense; " \
-           "48 launches, 50%)" in nsys
+    assert "(b) Most predicted time in the forward pass: `jvp(ki,oi->ko)/dot_general` (feed-forward, " \
+           "jaxlm/nn/layers.py:64 dense; 48 launches, 50%)" in nsys
     assert "(c) Non-matmul ops with the most predicted time in the forward pass: `jvp()/div`" in nsys
     assert "small 80%" in nsys  # matmul group 50% + attention matmuls 3 ms of 10
     m = answers.model("small")  # softmax: 5 FLOPs per score; QK^T and PV: 4 d_model per query-key pair
