@@ -8,7 +8,8 @@ The Nsight-style summary of jaxlm.analysis.roofline over the compiled step (trai
 `python -m jaxlm.memory --target` compiles it): the kernels grouped (matmul, attention,
 softmax/normalisation, other elementwise, optimizer update, collectives, copies), each group's predicted
 time, share, FLOPs, bytes and what bounds it (compute, memory, launch, link), the step by pass and by part
-of the model, and the slowest kernels with the jax op and source line they come from. Predicted from the
+of the model, the slowest ops (one op's kernels summed over the layers, as Nsight's kernel summary sums one
+kernel's launches) and the slowest kernels, with the jax op and source line they come from. Predicted from the
 compiled program, not measured: docs/benchmarks.md ("Predicted GPU time") says what the model leaves out.
 """
 
@@ -47,7 +48,8 @@ def predicted_kernels(cfg, target: gpu.Target, mode: str, top: int = TOP) -> dic
             "label": row["predicted_label"], **{k: row[k] for k in ("predicted_step_ms", "predicted_tokens_per_s",
                                                                      "predicted_mfu", "predicted_peak")},
             "groups": row["predicted_groups"], "phases": row["predicted_phases"],
-            "components": row["predicted_components"], "top": row["predicted_top"], "notes": row["predicted_notes"]}
+            "components": row["predicted_components"], "ops": row["predicted_ops"], "top": row["predicted_top"],
+            "notes": row["predicted_notes"]}
 
 
 def _si(x: float) -> str:
@@ -65,6 +67,10 @@ def format_kernels(r: dict) -> str:
               f"{_si(g['bytes']):>9s} {g['launches']:8d}  {g['bound'] or '-'}" for g in r["groups"]]
     for title, key in (("by pass", "phases"), ("by part of the model", "components")):
         lines += ["", f"  {title}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in r[key].items())]
+    lines += ["", f"  slowest {len(r['ops'])} ops (an op's kernels summed over the layers and launches):",
+              f"  {'ms':>9s} {'share':>6s}  {'model part':26s} {'pass':9s} {'x':>4s}  jax op / source"]
+    lines += [f"  {o['predicted_ms']:9.3f} {100 * o['share']:5.1f}%  {o['component'][:26]:26s} {o['phase']:9s} "
+              f"{o['launches']:4d}  {o['op'][-60:]}  {o['source']}" for o in r["ops"]]
     lines += ["", f"  slowest {len(r['top'])} kernels (ms per step = per launch x launches):",
               f"  {'ms':>9s} {'share':>6s}  {'group':22s} {'bound':7s} {'x':>4s}  kernel / jax op / source"]
     lines += [f"  {k['predicted_ms']:9.3f} {100 * k['share']:5.1f}%  {k['group']:22s} {k['bound']:7s} "

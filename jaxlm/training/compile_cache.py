@@ -7,10 +7,10 @@ A *job* names a step as a config does: {"preset": NAME or None, "set": [SECTION.
 train_step | forward}. Figures are keyed by (job, target, jax version), each with the hash of the lowered
 program it was compiled from (`jaxlm.training.compiled.program_hash`): a job missing from the file is lowered
 first, and a figure of the same program is reused; only a new program compiles. A figure holds the compiled
-memory and, from the same compile, the predicted step time with its per-group totals and slowest kernels
-(`jaxlm.training.compiled.prediction`), so pages and answers read both without compiling; figures stored before
-predictions existed get theirs when asked for (`row(..., predicted=True)`: compiled again). Keys do not depend on
-jaxlm's sources, so a refactor that leaves the program unchanged keeps every figure (a test lowers stored
+memory and, from the same compile, the predicted step time with its per-group, per-pass and per-part totals and
+slowest ops (`jaxlm.training.compiled.prediction`), so pages and answers read both without compiling; figures
+stored before predictions existed get theirs when asked for (`row(..., predicted=True)`: compiled again). Keys do
+not depend on jaxlm's sources, so a refactor that leaves the program unchanged keeps every figure (a test lowers stored
 jobs again and fails when the program they name has changed).
 """
 
@@ -27,7 +27,7 @@ PREDICTED = "predicted_step_ms"
 KEPT = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes", "matmuls", "matmul_dtypes",
         "cudnn_attention_calls", "compile_s", "label", "compiler_options", PREDICTED, "predicted_tokens_per_s",
         "predicted_mfu", "predicted_peak", "predicted_label", "predicted_groups", "predicted_phases",
-        "predicted_components", "predicted_top", "predicted_ops", "predicted_notes")
+        "predicted_components", "predicted_ops", "predicted_notes")  # not the kernels: their ops, summed
 
 
 def job_config(job: dict) -> Config:

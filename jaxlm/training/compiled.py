@@ -238,12 +238,17 @@ def prediction(module: Module, cfg: Config, target: Target, mode: str = "train_s
     program (jaxlm.analysis.roofline) at the target GPU's achieved rates, and the per-group, per-pass, per-part
     times and the `top` slowest kernels behind them. MFU: the model FLOPs of jaxlm.analysis.flops (attention's
     full T x T, the convention of measured MFU too) over the dense peak of the dtype class most matmul FLOPs
-    run in (TF32 for float32 at JAX's default precision). All None for a GPU without a row in the device table."""
+    run in (TF32 for float32 at JAX's default precision). All None (and the label says why) for a GPU without a
+    row in the device table or a matmul dtype without a rate."""
     device = target.device
+    none = dict.fromkeys(("predicted_step_ms", "predicted_tokens_per_s", "predicted_mfu"))
     if device is None:
-        return dict.fromkeys(("predicted_step_ms", "predicted_tokens_per_s", "predicted_mfu")) | {
-            "predicted_label": f"no prediction: {target.description} has no achieved rates in jaxlm.analysis.devices"}
-    p = roofline.predict(module, roofline.device_rates(device))
+        return none | {"predicted_label": f"no prediction: {target.description} has no achieved rates in "
+                                          "jaxlm.analysis.devices"}
+    try:
+        p = roofline.predict(module, roofline.device_rates(device))
+    except ValueError as e:  # a matmul dtype the device table has no rate for (fp8, int8): the memory stands
+        return none | {"predicted_label": f"no prediction: {e}"}
     s = roofline.summary(p, top)
     peak_key = roofline.PEAK_KEYS.get(s["dtype_class"] or "")
     peak = device.peak_flops.get(peak_key) if peak_key else None

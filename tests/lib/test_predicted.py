@@ -79,6 +79,24 @@ def test_the_store_compiles_a_figure_without_a_prediction_again_once(tmp_path, m
     assert len(compiles) == 1
 
 
+def test_a_step_without_rates_keeps_its_row_and_says_why():
+    import dataclasses
+
+    from jaxlm.analysis import hlo
+    from jaxlm.core.config import load_config
+
+    loops = (Path(__file__).parent / "hlo" / "nested_loops.hlo").read_text()
+    cfg, t = load_config(None, ["data.batch_size=2", "model.context_length=64"]), gpu.parse_target("h100-80gb")
+    r = gpu.prediction(hlo.parse_module(loops), cfg, t)
+    assert r["predicted_tokens_per_s"] == pytest.approx(2 * 64 / (r["predicted_step_ms"] / 1e3))
+    assert r["predicted_peak"] == "bfloat16" and r["predicted_label"] == t.predicted_label
+    mystery = dataclasses.replace(t, name="mystery", config=t.config.replace("NVIDIA H100 80GB HBM3", "Mystery X1"))
+    unknown = gpu.prediction(hlo.parse_module(loops), cfg, mystery)
+    assert unknown["predicted_step_ms"] is None and "Mystery X1" in unknown["predicted_label"]
+    int8 = gpu.prediction(hlo.parse_module(loops.replace("bf16", "s8")), cfg, t)  # no int8 rate in the table
+    assert int8["predicted_mfu"] is None and "no rate for dtype class 'int8'" in int8["predicted_label"]
+
+
 # --------------------------------------------------------------------------- compiled for an H100
 
 
