@@ -25,7 +25,8 @@ def test_mesh_shape_resolves_the_free_axis(kw, n, expected):
 
 
 @pytest.mark.parametrize("kw, n, match", [
-    (dict(data=2, tensor=2), 8, r"parallel.data = 2, parallel.fsdp = 1, parallel.tensor = 2.*4 devices but there are 8"),
+    (dict(data=2, tensor=2), 8,
+     r"parallel.data = 2, parallel.fsdp = 1, parallel.tensor = 2.*4 devices but there are 8"),
     (dict(tensor=3), 8, r"parallel.tensor = 3.*do not divide the 8 devices"),
 ])
 def test_mesh_shape_errors_name_the_keys(kw, n, match):
