@@ -81,7 +81,8 @@ def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str
               for (p, m), r in rows.items() if m == "train_step" and r["predicted_phases"].get("forward")]
     return out + table(head, body) + [
         f"The predicted backward pass takes {min(ratios):.1f}x to {max(ratios):.1f}x the forward's time (the FLOP "
-        "count says 2x: two matmuls per forward matmul, plus elementwise work on the way back).", ""]
+        "count says 2x, two matmuls per forward matmul; the memory-bound elementwise kernels, which the FLOP count "
+        "leaves out, move the ratio either way).", ""]
 
 
 def breakdown_section(root: Path) -> list[str]:
