@@ -174,8 +174,11 @@ def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    from jaxlm.bench.kernels import add_target_args
+
     p.description = __doc__
     cli.add_config_args(p)
+    add_target_args(p)  # --target: the GPU's kernels, predicted (jaxlm.bench.kernels)
     p.add_argument("--context", metavar="T", type=int, help="sequence length (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, default=4, help="batch size")
     p.add_argument("--mode", choices=MODES, default="train_step", help="which step to profile")
@@ -201,6 +204,10 @@ def format_side(name: str, res: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.target or args.target_config:
+        from jaxlm.bench import kernels
+
+        return kernels.main(args)
     for flag in ("--batch", "--steps", "--top", "--threads", "--context"):
         value = getattr(args, flag[2:])
         cli.check_option(value is None or value >= 1, flag, value, "must be >= 1")

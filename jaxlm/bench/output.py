@@ -17,13 +17,13 @@ def _fmt(value, col: str) -> str:
         return "-"
     if col == "memory_gb" or col == "estimate_gb":
         return f"{value:.3f}"
-    if col == "mfu":
+    if col in ("mfu", "predicted_mfu"):
         return f"{100 * value:.1f}%"
     if col == "busy":
         return "busy" if value else "quiet"
     if col in ("params", "flops_per_step"):
         return _si(value)
-    if col == "tokens_per_s":
+    if col in ("tokens_per_s", "predicted_tokens_per_s"):
         return f"{value:,.0f}"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"

@@ -180,7 +180,7 @@ def compiled_sweep(args, cfg: Config, name: str) -> int:
         print(f"[compiled] {s.label} T={r['context']} B={r['batch']}: {r['status']} {what}", flush=True)
 
     def save(rows: list[dict]) -> str:
-        print(f"\n{t.label}")
+        print(f"\n{t.label}; predicted_* columns: {t.predicted_label}")
         print(output.format_table(rows, BENCH_COLUMNS))
         write_outputs(args, rows, meta)
         return "the table above" + (f" and {args.json}" if args.json else "")
