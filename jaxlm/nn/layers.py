@@ -73,8 +73,8 @@ def linear_init(d_in: int, d_out: int, precision: Precision, rngs: nnx.Rngs) -> 
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 
-    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
-                 rngs: nnx.Rngs):
+    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None,
+                 precision: Precision = Precision(), rngs: nnx.Rngs):
         w = linear_init(d_in, d_out, precision, rngs)
         self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/core/sharding.py
         self.precision = precision
@@ -85,10 +85,11 @@ class Linear(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """Token id -> row of `weight` (vocab, d_model)."""
+    """Token id -> row of `weight` (vocab, d_model), drawn with std `std` (1 unless it is also the output head)."""
 
-    def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        w = truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param)
+    def __init__(self, vocab_size: int, d_model: int, *, std: float = 1.0, precision: Precision = Precision(),
+                 rngs: nnx.Rngs):
+        w = truncated_normal(rngs.params(), (vocab_size, d_model), std, precision.param)
         self.weight = nnx.Param(w, logical=("vocab", "embed"))
         self.precision = precision
 
