@@ -70,6 +70,17 @@ def linear_init(d_in: int, d_out: int, precision: Precision, rngs: nnx.Rngs) -> 
     return truncated_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out)), precision.param)
 
 
+def tied_embedding_std(d_model: int) -> float:
+    """The initial std of an embedding that is also the output head (docs/spec.md).
+
+    At std 1 (the untied embedding's) every logit sums d_model unit terms and the input token's own logit is about
+    d_model: the first loss is about d_model nats instead of ln(vocab). GPT-2 and nanoGPT tie at std 0.02, logits
+    of std 0.02 sqrt(d_model) (0.4 at 384 wide, 1.0 at 2,560); 0.5 / sqrt(d_model) holds them at 0.5 at every
+    width, about 0.1 nats above ln(vocab).
+    """
+    return 0.5 / math.sqrt(d_model)
+
+
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 

@@ -31,7 +31,6 @@ Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import jax
@@ -53,6 +52,7 @@ from jaxlm.nn.layers import (
     apply_rope,
     dense,
     dropout,
+    tied_embedding_std,
 )
 from jaxlm.nn.lora import LoRALinear
 from jaxlm.nn.quant import QATLinear
@@ -140,8 +140,7 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
         k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*N, S, H)
         # attention takes (B, S, N, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
-        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2)
-                        for buf in (k_buf, v_buf))  # (B, S, N, H)
+        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))  # (B, S, N, H)
         out = attention(q, k_seq, v_seq, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
         return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
 
@@ -162,8 +161,7 @@ def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
 
 
 class TransformerBlock(nnx.Module):
-    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h);
-    none: no norms."""
+    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
 
     def __init__(self, cfg: ModelConfig, attention: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
         self.norm = cfg.norm
@@ -212,17 +210,6 @@ class TransformerBlock(nnx.Module):
         return h + ffn(h)
 
 
-def tied_embedding_std(d_model: int) -> float:
-    """The initial std of an embedding that is also the output head (docs/spec.md).
-
-    At std 1 (the untied embedding's) every logit sums d_model unit terms and the input token's own logit is about
-    d_model: the first loss is about d_model nats instead of ln(vocab). GPT-2 and nanoGPT tie at std 0.02, logits
-    of std 0.02 sqrt(d_model) (0.4 at 384 wide, 1.0 at 2,560); 0.5 / sqrt(d_model) holds them at 0.5 at every
-    width, about 0.1 nats above ln(vocab).
-    """
-    return 0.5 / math.sqrt(d_model)
-
-
 def _block_forward(block: TransformerBlock, x, rope, dropout_key):
     return constrain(block(x, rope, dropout_key), "batch", "seq", "embed")  # (B, T, D)
 
@@ -241,7 +228,7 @@ class TransformerLM(nnx.Module):
         self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
         precision = Precision.from_config(compute)
         self.precision = precision
-        std = tied_embedding_std(cfg.d_model) if cfg.tie_embeddings else 1.0
+        std = tied_embedding_std(cfg.d_model) if cfg.tie_embeddings else 1.0  # a tied one is the output head too
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, std=std, precision=precision, rngs=rngs)
         linear = LinearKinds(precision, lora, qat)
         blocks = [TransformerBlock(cfg, compute.attention, linear=linear, rngs=rngs) for _ in range(cfg.num_layers)]
@@ -257,8 +244,7 @@ class TransformerLM(nnx.Module):
         self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
         remat.check(compute.remat)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
-                 deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
         """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
 
         positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
