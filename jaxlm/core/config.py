@@ -35,8 +35,9 @@ def _check(ok: bool, key: str, value: Any, rule: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {rule}")
 
 
-MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+MAX_STEPS = 2**31 - 1  # int32: the train state's step counter (the schedule reads it), token ids and positions
 TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
+MAX_SEED = 2**32 - 1  # an unsigned 32-bit seed (NumPy's data order wants it >= 0)
 
 
 def default_d_ff(d_model: int, ffn: str) -> int:
@@ -72,7 +73,7 @@ class ModelConfig:
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", default_d_ff(self.d_model, self.ffn))
         for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
-            _check(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
+            _check(0 < getattr(self, name) <= MAX_STEPS, name, getattr(self, name), f"must be in 1 ... {MAX_STEPS:,}")
         _check(self.d_model % self.num_heads == 0, "d_model", self.d_model,
                f"must be divisible by num_heads ({self.num_heads})")
         _check(not (self.rope and self.head_dim % 2), "num_heads", self.num_heads,
@@ -222,6 +223,7 @@ class TrainConfig:
         for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
+        _check(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be in 0 ... {MAX_SEED:,}")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")
