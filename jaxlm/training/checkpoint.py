@@ -92,7 +92,8 @@ class Checkpointer:
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.keep_best:
             policies.append(
-                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)
+                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                         keep_checkpoints_without_metrics=False)
             )
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
@@ -120,6 +121,7 @@ class Checkpointer:
         if step in self.manager.all_steps():
             return
         self.wait()
+        self.saving = step  # before orbax starts writing: a second Ctrl-C inside save() must not say none was
         with self._writing(step):
             self.manager.save(
                 step,
@@ -129,7 +131,6 @@ class Checkpointer:
                 metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
                 force=True,
             )
-        self.saving = step
 
     def wait(self) -> None:
         """Block until the save in flight is complete on disk."""
@@ -155,7 +156,8 @@ class Checkpointer:
         STEP.unrestorable (kept for inspection, out of the way of the steps saved again)."""
         target = abstract_state.as_dict()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore())
-        step, out, failed = restore_newest(self.dir, self.manager.all_steps(), lambda s: self.manager.restore(s, args=args))
+        step, out, failed = restore_newest(self.dir, self.manager.all_steps(),
+                                           lambda s: self.manager.restore(s, args=args))
         if failed:
             self._set_aside(failed)
         return TrainState(**from_savable(out["state"], target)), dict(out["meta"])

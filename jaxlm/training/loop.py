@@ -133,12 +133,16 @@ class Loop:
                     stack.callback(closer)
 
     def abort_note(self) -> str:
-        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not."""
-        saving = self.ckpt.saving
-        if saving is None:
+        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
+        orbax temporary directory on disk (a save under way)."""
+        saving, partial = self.ckpt.saving, sorted(p.name for p in self.ckpt.dir.glob("*.orbax-checkpoint-tmp*"))
+        if saving is not None and (self.ckpt.dir / str(saving)).is_dir():
+            return f"checkpoint {saving} was saved in {self.ckpt.dir}"
+        if saving is None and not partial:
             return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
-        done = (self.ckpt.dir / str(saving)).is_dir()
-        return f"checkpoint {saving} {'was saved' if done else 'was not completed'} in {self.ckpt.dir}"
+        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
+        step = saving if saving is not None else "(unknown step)"
+        return f"checkpoint {step} was not completed in {self.ckpt.dir}{left}"
 
 
 def start(cfg: Config, stop: StopFlag) -> Loop:
@@ -237,7 +241,8 @@ def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) 
                   "parameter)") if m["frozen_params"] else ""
         if m["quantised_bytes_per_param"]:
             frozen += f", the quantised base {m['quantised_bytes_per_param']:.3f} bytes per parameter"
-        print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({100 * m['trainable_params'] / total:.2f} %)"
+        print(f"trainable parameters {m['trainable_params']:,} of {total:,} "
+              f"({100 * m['trainable_params'] / total:.2f} %)"
               f"; gradients {m['grad_bytes'] / 2**20:.2f} MiB, optimizer state {m['optimizer_bytes'] / 2**20:.2f} MiB"
               f"{frozen}", file=sys.stderr)
 
@@ -275,7 +280,8 @@ def log_step(loop: Loop, done: int, m: dict[str, float]) -> None:
     """Check one step's metrics and add them to the log window; write the window at log steps."""
     if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
         last = loop.ckpt.latest_step()
-        where = f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None else "no checkpoint was written"
+        where = (f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None
+                 else "no checkpoint was written")
         raise TrainingDiverged(f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} "
                                f"(grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopped without saving, {where}; "
                                "lower optim.lr or check the data")
@@ -355,7 +361,8 @@ def on_schedule(loop: Loop, stop: StopFlag) -> bool:
         write_sample(loop)
     if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
         if stop.signal is not None and loop.lead:
-            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} (Ctrl-C again stops at once, without it)")
+            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} "
+                           "(Ctrl-C again stops at once, without it)")
         save(loop)
     return stop.signal is not None
 
