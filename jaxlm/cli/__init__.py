@@ -42,6 +42,11 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}; see --help")
 
+    def _print_message(self, message: str, file=None) -> None:
+        """As argparse's (--help, --version), without swallowing a write error: a closed pipe reaches `run`."""
+        if message:
+            (file or sys.stderr).write(message)
+
 
 def bounded(kind: type = int, low=None, high=None, open_low: bool = False, open_high: bool = False):
     """An argparse `type=` for `kind` values in [low, high] (open ends with open_low / open_high)."""
@@ -131,7 +136,21 @@ def traceback_in(run_dir: str | Path) -> Iterator[None]:
     except (UserError, BrokenPipeError):
         raise
     except Exception as e:  # with --debug, `run` re-raises this and Python prints both tracebacks
+        if _interrupt_of(e) is not None:
+            raise
         raise (out_of_memory(e) or InternalError(_unexpected(e, run_dir))) from e
+
+
+def _interrupt_of(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt behind `e`: itself, or the cause of the error it became (a C extension whose import
+    Ctrl-C stopped raises ImportError "initialization failed" from it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _stdout_closed() -> int:
@@ -164,23 +183,18 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
     except BrokenPipeError:
         return _stdout_closed()
-    except KeyboardInterrupt as e:
-        if debug:
-            raise
-        interrupted = True
-        if str(e) or own_command:  # an Interrupted stop at a safe point says what was and was not done
-            print(f"interrupted: {_one_line(e) or 'SIGINT, stopped'}", file=sys.stderr)
-        if own_command:  # the interpreter's exit can crash after JAX was stopped mid-call (exit 139)
-            _exit_now(130)
-        return 130
     except UserError as e:
         if debug:
             raise
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
-    except Exception as e:
+    except (KeyboardInterrupt, Exception) as e:
         if debug:
             raise
+        stopped = _interrupt_of(e)
+        if stopped is not None:
+            interrupted = True
+            return _interrupted(stopped, own_command)
         oom = out_of_memory(e)
         print(f"error: {_one_line(oom) if oom else _unexpected(e)}", file=sys.stderr)
         return 1
@@ -190,6 +204,16 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         if own_command and (interrupted or stop.caught_signal()):
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, signal.SIG_IGN)
+
+
+def _interrupted(e: KeyboardInterrupt, own_command: bool) -> int:
+    """Exit 130 with one line (an Interrupted stop at a safe point says what was and was not done); as the
+    process's own command, without the interpreter's exit, which can crash after JAX was stopped mid-call."""
+    if str(e) or own_command:
+        print(f"interrupted: {_one_line(e) or 'SIGINT, stopped'}", file=sys.stderr)
+    if own_command:
+        _exit_now(130)
+    return 130
 
 
 def _exit_now(code: int) -> None:

@@ -26,13 +26,21 @@ def sets(overrides: list[str]) -> list[str]:
     return sum((["--set", o] for o in overrides), [])
 
 
-def run_rows(rows: list[tuple[str, list[str]]], work: Path, cwd: Path | None = None, timeout: int = 900,
-             **extra_env) -> list[dict]:
-    """Each (module, args) as `python -m module *args` in one process: [{"code", "stderr"}] per row."""
+# `python LIMITED BYTES SCRIPT ARGS...`: SCRIPT run under an address-space limit (`ulimit -v`), set in the child
+# itself (a preexec_fn would fork a parent that runs JAX's threads).
+LIMITED = ("import resource, runpy, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
+           "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_rows(rows: list[tuple[str, list]], work: Path, cwd: Path | None = None, timeout: int = 900,
+             address_space: int | None = None, **extra_env) -> list[dict]:
+    """Each (module, args) as `python -m module *args` in one process (under an `address_space` limit in bytes
+    when given): [{"code", "stderr"}] per row."""
     cwd = cwd or work
     cwd.mkdir(parents=True, exist_ok=True)
     (work / "rows.json").write_text(json.dumps([[m, [str(a) for a in args], str(cwd)] for m, args in rows]))
-    r = subprocess.run([PY, str(ROOT / "tests" / "system" / "cli_harness.py"), str(work / "rows.json"),
+    launcher = [PY] if address_space is None else [PY, "-c", LIMITED, str(address_space)]
+    r = subprocess.run([*launcher, str(ROOT / "tests" / "system" / "cli_harness.py"), str(work / "rows.json"),
                         str(work / "out.json")], env=env(**extra_env), capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((work / "out.json").read_text())
