@@ -1,4 +1,4 @@
-"""SIGTERM and Ctrl-C as a flag a long command checks at safe points, and Ctrl-C kept out of JAX's code.
+"""SIGTERM and Ctrl-C as a flag a long command checks at safe points, and Ctrl-C held until a command starts.
 
 Python turns SIGINT into a KeyboardInterrupt wherever the main thread is; inside a
 callback from JAX's C++ (tracing, compiling, loading a plugin) it is swallowed (the

@@ -74,13 +74,16 @@ def check_out_dir(run_dir: Path) -> None:
     """train.out_dir is not a file system's root or a home directory, and an existing non-empty directory is a run
     (it holds config.toml or checkpoints/): training writes config.toml, metrics.jsonl, tokenizer/ and tb/ there."""
     where = run_dir.expanduser().resolve()
-    if where == Path(where.anchor) or where in {Path.home().resolve(), Path(os.path.expanduser("~")).resolve()}:
+    if where == Path(where.anchor) or where == Path(os.path.expanduser("~")).resolve():
         what = "the file system's root" if where == Path(where.anchor) else "a home directory"
         raise ConfigError(f"train.out_dir = {str(run_dir)!r}: {what}; a run writes config.toml, metrics.jsonl and "
                           "checkpoints/ into its directory: choose a directory of its own, e.g. runs/NAME")
     if not where.is_dir() or (where / "config.toml").is_file() or (where / "checkpoints").is_dir():
         return
-    others = sorted(p.name for p in where.iterdir() if p.name not in ALLOWED_BEFORE_A_RUN)
+    try:
+        others = sorted(p.name for p in where.iterdir() if p.name not in ALLOWED_BEFORE_A_RUN)
+    except OSError:  # unreadable: the writability check says so
+        return
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
         raise ConfigError(f"train.out_dir = {str(run_dir)!r}: not empty and not a jaxlm run (no config.toml, no "
