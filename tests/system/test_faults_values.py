@@ -54,7 +54,8 @@ BIG = str(10**20)
 TRAIN_ROWS = [
     (["--set", f"model.d_model={BIG}"], 2, ["model.d_model", "2,147,483,647"]),
     (["--set", "model.d_model=2000000000"], 2, ["model.d_model = 2000000000", "choose a smaller model"]),
-    (["--set", "model.vocab_size=1000000000"], 2, ["model.vocab_size = 1000000000", "parameters take"]),
+    (["--set", "model.vocab_size=2000000000", "--set", "model.d_model=4096"], 2,  # 61 TiB of weights
+     ["model.vocab_size = 2000000000", "parameters take"]),
     (["--set", "model.vocab_size=10000000000"], 2, ["model.vocab_size", "2,147,483,647"]),
     (["--set", f"train.seed={2**70}"], 2, ["train.seed", "4,294,967,295"]),
     (["--set", "train.seed=-1"], 2, ["train.seed"]),
@@ -101,6 +102,17 @@ def test_a_run_through_the_boundary_says_what_it_changed(made):
     assert len(notes) == 1 and "blocks of 8 tokens" in notes[0], train["stderr"][-2000:]
     assert generate["code"] == 0, generate["stderr"][-2000:]
     assert "prompt 0 is 400 tokens, longer than model.context_length = 32" in generate["stderr"]
+
+
+def test_a_metrics_line_that_is_not_utf8_is_dropped_by_the_report(made):
+    """experiments.report stopped on 0xff bytes in a metrics.jsonl ("unexpected UnicodeDecodeError")."""
+    run = made["tmp"] / "garbled"
+    shutil.copytree(made["run"], run)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"\xff\xfe{not json\n")
+    (got,) = run_rows([("experiments.report", [run, "--out", made["tmp"] / "garbled-report"])], made["tmp"] / "rep")
+    assert got["code"] == 0, got["stderr"][-2000:]
+    assert "val" in (made["tmp"] / "garbled-report" / "report.md").read_text().lower()
 
 
 def test_an_inline_table_sets_its_keys_and_keeps_the_others(tmp_path):
