@@ -34,14 +34,15 @@ METRICS: dict[str, str] = {
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (interrupted writer) is dropped.
+    """The records of a metrics.jsonl; a line that is not JSON (a torn last line of an interrupted writer, bytes
+    that are not UTF-8) is dropped.
 
     A run resumed from a checkpoint appends again from the checkpoint's step: a record
     whose step does not advance replaces the earlier records of its kind from that step on.
     """
     records = []
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     for line in lines:

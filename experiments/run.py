@@ -6,7 +6,10 @@ checkpoints, metrics and the child's output.log). A run is complete when its
 skipped and the same spec hash; complete runs are skipped, so an interrupted
 plan resumes where it stopped (and an interrupted training run resumes from its
 own checkpoint). A failed run is recorded with the tail of its output and the
-plan goes on; it is retried the next time the plan runs.
+plan goes on; it is retried the next time the plan runs. Ctrl-C or SIGTERM to the runner
+is passed on to the run in progress (a training run saves a checkpoint and stops), waited
+for, and recorded as interrupted (status "interrupted", resumed by the next invocation); a
+second signal kills the run at once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import child
 from experiments.commands import BUILDERS, resolved_train_config
 from experiments.device import (
     Device,
@@ -111,7 +115,8 @@ def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
     """
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
-    if run_dir.exists() and (stale or (run_dir / RESULT).exists()):
+    ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
+    if run_dir.exists() and (stale or (ended is not None and ended.get("status") != "interrupted")):
         shutil.rmtree(run_dir)
     resuming = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -201,13 +206,19 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         max_rss = None
         try:
-            rc, max_rss = _wait(proc, spec.timeout)
+            rc, max_rss = child.wait(proc, spec.timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            child.kill(proc)
             rc, timed_out = proc.returncode, True
-        except BaseException:  # Ctrl-C or the runner being killed: take the child down with us
-            _kill(proc)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM to the runner: the run stops the same way, then is recorded
+            rc = child.stop(proc)
+            write_json(run_dir / RESULT, {**result, "status": "interrupted", "reason": f"{str(e) or 'SIGINT'} to the "
+                                          f"runner; the run stopped with exit code {rc}", "returncode": rc,
+                                          "finished_at": _now(), "wall_time_s": time.perf_counter() - t0})
+            raise
+        except BaseException:  # the runner failing: take the child down with it
+            child.kill(proc)
             raise
     wall = time.perf_counter() - t0
 
@@ -230,36 +241,6 @@ def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -
     if rc != 0:
         return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
     return {"status": "ok"}
-
-
-def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
-    """Wait for the child like Popen.wait, also returning its peak resident memory (bytes, from wait4)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
-        if deadline is not None and time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Stop the child's whole process group (it was started in its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, PermissionError):
-        pass
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 # --------------------------------------------------------------------------- the plan
@@ -372,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                    "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
 
+    previous = signal.signal(signal.SIGTERM, child.raise_interrupted)  # a scheduler's stop: handled as Ctrl-C is
     try:
         if args.plan is None or args.list:
             print(list_plans())
@@ -383,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
         plan = load_plan(args.plan, size)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        name = str(e) or "SIGINT"
+        print(f"\ninterrupted: {name}; the run in progress was stopped and recorded as interrupted, finished runs are "
+              "kept; run the same command again to resume", file=sys.stderr)
+        return 128 + getattr(signal, name, signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 1 if counts.get("failed") else 0
 
 

@@ -20,9 +20,3 @@ train step on a device mesh, layouts). Figures of the rows are drawn by the lab 
 Importing this package loads no framework (the command sets XLA_PYTHON_CLIENT_PREALLOCATE first so that
 two frameworks can share one GPU).
 """
-
-from jaxlm.bench.measure import COLUMNS, Options, Setting, run_one, run_sweep
-from jaxlm.bench.output import format_table, read_rows, write_csv, write_rows
-
-__all__ = ["COLUMNS", "Options", "Setting", "format_table", "read_rows", "run_one", "run_sweep", "write_csv",
-           "write_rows"]

@@ -30,8 +30,9 @@ def _check(ok: bool, key: str, value: Any, rule: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {rule}")
 
 
-MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+MAX_STEPS = 2**31 - 1  # int32: the train state's step counter (the schedule reads it), token ids and positions
 TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
+MAX_SEED = 2**32 - 1  # an unsigned 32-bit seed (NumPy's data order wants it >= 0)
 
 
 # --------------------------------------------------------------------------- model and compute
@@ -65,8 +66,11 @@ class ModelConfig:
             swiglu = max(64, int(round(8 * self.d_model / 3 / 64)) * 64)
             object.__setattr__(self, "d_ff", 4 * self.d_model if self.ffn == "silu" else swiglu)
         for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "num_kv_heads",
-                     "head_size", "rope_theta", "eps"):
-            _check(getattr(self, name) is None or getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
+                     "head_size"):
+            value = getattr(self, name)
+            _check(value is None or 0 < value <= MAX_STEPS, name, value, f"must be in 1 ... {MAX_STEPS:,}")
+        for name in ("rope_theta", "eps"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
         _check(self.head_size or self.d_model % self.num_heads == 0, "d_model", self.d_model,
                f"must be divisible by num_heads ({self.num_heads}), or set head_size")
         _check(self.num_heads % self.kv_heads == 0, "num_kv_heads", self.num_kv_heads, f"must divide {self.num_heads}")
@@ -206,6 +210,7 @@ class TrainConfig:
         for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
+        _check(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be in 0 ... {MAX_SEED:,}")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")

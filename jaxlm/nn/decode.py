@@ -211,11 +211,11 @@ class Generator:
             last = _last_logits(model, seqs, lengths, window)  # (B, V)
         token = req.next_tokens(last, jnp.int32(0))
         start = DecodeState(cache, seqs, lengths, jnp.zeros_like(lengths), token, jnp.int32(0))
-        return _loop(model, _accept(start, token, req), req, until, window, slides)
+        return _loop(self.graphdef, state, _accept(start, token, req), req, until, window, slides)
 
     def _resume_fn(self, state, d: DecodeState, req: Request, until, *, window: int, slides: bool):
         self.traces["resume"] += 1
-        return _loop(nnx.merge(self.graphdef, state), d, req, until, window, slides)
+        return _loop(self.graphdef, state, d, req, until, window, slides)
 
     def compiled_sizes(self) -> dict[str, int]:
         """Entries in each jitted function's compilation cache."""
@@ -246,7 +246,7 @@ class Generator:
         ids = np.array(range(len(seqs)) if sample_ids is None else sample_ids, np.int32)  # (B,)
         if ids.shape != (len(seqs),):
             raise ValueError(f"sample_ids must have one entry per prompt ({len(seqs)}), got {len(ids)}")
-        # Cache, window and token-buffer lengths are rounded up to buckets (capped at the context) so few shapes compile.
+        # Cache, window and token-buffer lengths are rounded up to buckets (capped at the context): few shapes compile.
         total = _round_up(max(lengths) + max_new_tokens, self.CACHE_BUCKET)
         S = min(self.cfg.context_length, total)
         statics = dict(prefill=min(S, _round_up(max(lengths), self.PREFILL_BUCKET)), window=S, use_cache=use_cache,
@@ -278,17 +278,24 @@ class Generator:
         return seqs
 
 
-def _loop(model: TransformerLM, d: DecodeState, req: Request, until, window: int, slides: bool) -> DecodeState:
+def _loop(graphdef, state, d: DecodeState, req: Request, until, window: int, slides: bool) -> DecodeState:
     """Sample tokens until every row has stopped or `until` steps are done: cached steps while every fed-back
     token has a cache slot, then (`slides`, or without the cache) full forwards over each row's last `window`."""
 
     def live(d):
         return jnp.any(d.stop == RUNNING) & (d.step < until)
 
+    def body(step: Callable) -> Callable:
+        """step(model, d) as a loop body. The weights enter an inner jit as an argument: an NNX transform in the
+        forward (the remat of compute.remat) cannot update a module whose arrays the body closes over."""
+        inner = jax.jit(lambda state, d: step(nnx.merge(graphdef, state), d))
+        return lambda d: inner(state, d)
+
     if d.cache is not None:
-        d = jax.lax.while_loop(lambda d: live(d) & (jnp.max(d.lengths) <= window), lambda d: _cached_step(model, d, req), d)
+        d = jax.lax.while_loop(lambda d: live(d) & (jnp.max(d.lengths) <= window),
+                               body(lambda m, d: _cached_step(m, d, req)), d)
     if d.cache is None or slides:
-        d = jax.lax.while_loop(live, lambda d: _full_step(model, d, req, window), d)
+        d = jax.lax.while_loop(live, body(lambda m, d: _full_step(m, d, req, window)), d)
     return d
 
 

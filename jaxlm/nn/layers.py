@@ -70,11 +70,22 @@ def linear_init(d_in: int, d_out: int, precision: Precision, rngs: nnx.Rngs) -> 
     return truncated_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out)), precision.param)
 
 
+def tied_embedding_std(d_model: int) -> float:
+    """The initial std of an embedding that is also the output head (docs/spec.md).
+
+    At std 1 (the untied embedding's) every logit sums d_model unit terms and the input token's own logit is about
+    d_model: the first loss is about d_model nats instead of ln(vocab). GPT-2 and nanoGPT tie at std 0.02, logits
+    of std 0.02 sqrt(d_model) (0.4 at 384 wide, 1.0 at 2,560); 0.5 / sqrt(d_model) holds them at 0.5 at every
+    width, about 0.1 nats above ln(vocab).
+    """
+    return 0.5 / math.sqrt(d_model)
+
+
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 
-    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
-                 rngs: nnx.Rngs):
+    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None,
+                 precision: Precision = Precision(), rngs: nnx.Rngs):
         w = linear_init(d_in, d_out, precision, rngs)
         self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/core/sharding.py
         self.precision = precision
@@ -85,10 +96,11 @@ class Linear(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """Token id -> row of `weight` (vocab, d_model)."""
+    """Token id -> row of `weight` (vocab, d_model), drawn with std `std` (1 unless it is also the output head)."""
 
-    def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        w = truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param)
+    def __init__(self, vocab_size: int, d_model: int, *, std: float = 1.0, precision: Precision = Precision(),
+                 rngs: nnx.Rngs):
+        w = truncated_normal(rngs.params(), (vocab_size, d_model), std, precision.param)
         self.weight = nnx.Param(w, logical=("vocab", "embed"))
         self.precision = precision
 

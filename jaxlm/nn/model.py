@@ -53,6 +53,7 @@ from jaxlm.nn.layers import (
     apply_rope,
     dense,
     dropout,
+    tied_embedding_std,
 )
 from jaxlm.nn.lora import LoRALinear
 from jaxlm.nn.quant import QATLinear
@@ -231,7 +232,8 @@ class TransformerLM(nnx.Module):
         self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
         precision = Precision.from_config(compute)
         self.precision = precision
-        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
+        std = tied_embedding_std(cfg.d_model) if cfg.tie_embeddings else 1.0  # a tied one is the output head too
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, std=std, precision=precision, rngs=rngs)
         linear = LinearKinds(precision, lora, qat)
         blocks = [TransformerBlock(cfg, compute.attention, linear=linear, rngs=rngs) for _ in range(cfg.num_layers)]
         self.layers = scan.stack(blocks) if compute.scan_layers else nnx.List(blocks)  # same numbers either way

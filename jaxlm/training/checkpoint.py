@@ -120,6 +120,7 @@ class Checkpointer:
         if step in self.manager.all_steps():
             return
         self.wait()
+        self.saving = step  # before orbax starts writing: a second Ctrl-C inside save() must not say none was
         with self._writing(step):
             self.manager.save(
                 step,
@@ -129,7 +130,6 @@ class Checkpointer:
                 metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
                 force=True,
             )
-        self.saving = step
 
     def wait(self) -> None:
         """Block until the save in flight is complete on disk."""

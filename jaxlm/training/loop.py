@@ -133,12 +133,16 @@ class Loop:
                     stack.callback(closer)
 
     def abort_note(self) -> str:
-        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not."""
-        saving = self.ckpt.saving
-        if saving is None:
+        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
+        orbax temporary directory on disk (a save under way)."""
+        saving, partial = self.ckpt.saving, sorted(p.name for p in self.ckpt.dir.glob("*.orbax-checkpoint-tmp*"))
+        if saving is not None and (self.ckpt.dir / str(saving)).is_dir():
+            return f"checkpoint {saving} was saved in {self.ckpt.dir}"
+        if saving is None and not partial:
             return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
-        done = (self.ckpt.dir / str(saving)).is_dir()
-        return f"checkpoint {saving} {'was saved' if done else 'was not completed'} in {self.ckpt.dir}"
+        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
+        step = saving if saving is not None else "(unknown step)"
+        return f"checkpoint {step} was not completed in {self.ckpt.dir}{left}"
 
 
 def start(cfg: Config, stop: StopFlag) -> Loop:

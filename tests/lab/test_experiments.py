@@ -375,7 +375,7 @@ def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 130, out
-    assert not (runs / "second" / "result.json").exists()
+    assert json.loads((runs / "second" / "result.json").read_text())["status"] == "interrupted"  # resumed, not wiped
     first_mtime = (runs / "first" / "result.json").stat().st_mtime_ns
 
     (runs / "BLOCK").unlink()

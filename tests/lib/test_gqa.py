@@ -38,7 +38,7 @@ WIDE = ["model.d_model=256", "model.num_heads=4", "model.num_kv_heads=2", "model
 
 @pytest.mark.parametrize("overrides, match", [
     (["model.num_heads=8", "model.num_kv_heads=3"], r"num_kv_heads = 3: must divide 8"),
-    (["model.num_kv_heads=0"], r"num_kv_heads = 0: must be > 0"),
+    (["model.num_kv_heads=0"], r"num_kv_heads = 0: must be in 1 \.\.\. "),
     (["model.head_size=9"], r"head_size = 9: RoPE needs an even head size, got 9"),
     (["model.d_model=50", "model.num_heads=4"], r"d_model = 50: must be divisible by num_heads \(4\), or set head"),
     (["model.rope_scaling=[8, 1, 4]"], r"rope_scaling = \[8.0, 1.0, 4.0\]: must be 4 numbers"),
