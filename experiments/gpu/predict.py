@@ -7,11 +7,10 @@ profile step compares, per kernel group, the predicted time of each kernel with 
 measured for it: a trace event names its kernel by the HLO instruction that launched it (`hlo_op`), the names
 the roofline's kernels carry.
 
-Rates: the device's datasheet figures (jaxlm.analysis.devices) at the shares measured on the machines this
-project is lent: an 8192^3 bfloat16 matrix product ran at 769-798 TFLOP/s on H100 and H200 (989 dense peak:
-MATMUL_SHARE), a device-to-device copy at 3.0 TB/s on an H100 (3.35) and 4.3 on an H200 (4.8): BANDWIDTH_SHARE.
-LAUNCH_S is an assumption that the per-group comparison checks. Without a GPU (`--smoke`) the CPU's program is
-priced at H100 rates: a check of the machinery, no prediction.
+Rates: the device table's achieved figures (jaxlm.analysis.roofline.device_rates, the one place they are
+derived: measured matmul and copy rates where a machine of this kind was lent, the datasheet at a stated share
+else); the per-group comparison checks them. Without a GPU (`--smoke`) the CPU's program is priced at H100
+rates: a check of the machinery, no prediction.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ import warnings
 from collections import Counter
 from typing import NamedTuple
 
-MATMUL_SHARE, BANDWIDTH_SHARE, LAUNCH_S = 0.8, 0.9, 3e-6
-DTYPE_CLASSES = {"bf16": "bfloat16", "tf32": "tf32", "fp32": "float32"}  # roofline class -> device table dtype
 NO_GPU_TARGET = "h100-80gb"
 TOP = 12
 
@@ -55,19 +52,18 @@ def target():
 
     kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
     device = find(kind) if kind else None
-    rates = (f"{MATMUL_SHARE:.0%} of its dense matmul peak, {BANDWIDTH_SHARE:.0%} of its memory bandwidth, "
-             f"{LAUNCH_S * 1e6:.0f} us per kernel launch")
     if device is None:
         device = DEVICES[NO_GPU_TARGET]
-        return device, f"this machine's program priced at {device.description} rates ({rates}): no prediction"
-    return device, f"predicted from the compiled program for {device.description} at {rates}; not measured"
+        return device, f"this machine's program priced at {device.description} rates ({_rates(device)}): no prediction"
+    return device, f"predicted from the compiled program for {device.description} at {_rates(device)}; not measured"
 
 
-def rates(device):
-    from jaxlm.analysis.roofline import DeviceRates
+def _rates(device) -> str:
+    from jaxlm.analysis.roofline import device_rates
 
-    flops = {c: MATMUL_SHARE * device.peak_flops[d] for c, d in DTYPE_CLASSES.items() if d in device.peak_flops}
-    return DeviceRates(flops, memory_bandwidth=BANDWIDTH_SHARE * device.bandwidth, launch_seconds=LAUNCH_S)
+    r = device_rates(device)
+    return (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls, {r.memory_bandwidth / 1e12:.1f} TB/s, "
+            f"{r.launch_seconds * 1e6:.0f} us per kernel launch")
 
 
 def compiled_text(jitted, args) -> tuple[str, float]:
@@ -129,12 +125,12 @@ def for_row(row: dict, model_cfg, compute) -> dict:
     `measured_over_predicted`; a failure is a `prediction_error`, never a lost row."""
     if row.get("status") != "ok" or not row.get("step_ms"):
         return {}
-    from jaxlm.analysis.roofline import predict
+    from jaxlm.analysis.roofline import device_rates, predict
 
     try:
         text, seconds = step_program(row["mode"], model_cfg, compute, row["batch"], row["context"])
         device, label = target()
-        out = figures(predict(text, rates(device)), row["batch"] * row["context"], row.get("flops_per_step"),
+        out = figures(predict(text, device_rates(device)), row["batch"] * row["context"], row.get("flops_per_step"),
                       row["dtype"], device, label)
     except Exception as e:  # the measurement stands without its prediction
         return {"prediction_error": f"{type(e).__name__}: {str(e).strip()[:200]}"}
@@ -143,11 +139,11 @@ def for_row(row: dict, model_cfg, compute) -> dict:
 
 def program_ms(jitted, args) -> float | None:
     """Predicted milliseconds of one call of `jitted` on `args` (the attention kernels' rows)."""
-    from jaxlm.analysis.roofline import predict
+    from jaxlm.analysis.roofline import device_rates, predict
 
     try:
         text, _ = compiled_text(jitted, args)
-        return 1e3 * predict(text, rates(target()[0])).seconds if text else None
+        return 1e3 * predict(text, device_rates(target()[0])).seconds if text else None
     except Exception:  # the measurement stands without its prediction
         return None
 

@@ -104,6 +104,7 @@ def _compile(step, gpu: bool) -> tuple[object, str]:
 def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: int) -> dict:
     """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
     the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
+    from jaxlm.analysis.roofline import device_rates
     from jaxlm.analysis.roofline import predict as roofline
     from jaxlm.bench import steps
 
@@ -118,7 +119,7 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
         f.write(text)
     device, label = predict.target()
     res = summarise(events)
-    res["roofline"] = {**predict.compare(roofline(text, predict.rates(device)), events, CALLS,
+    res["roofline"] = {**predict.compare(roofline(text, device_rates(device)), events, CALLS,
                                          predict.module_name(text)),
                        "label": label, "compiler": options, "calls": CALLS}
     res["files"] = {"trace": str(trace) if trace else None, "program": str(program)}
