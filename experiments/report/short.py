@@ -193,7 +193,7 @@ def attention_share() -> str:
     out = []
     for t in (256, 1024):
         est = memory.estimate(ModelConfig.from_name("small", context_length=t), 1, t, ComputeConfig())
-        att = sum(v for k, v in est.activations.items() if k.startswith("attention") and "output" not in k)
+        att = sum(v for k, v in est.activations.items() if k.endswith("attention scores"))  # "layers: attention scores"
         out.append(f"{100 * att / est.activation_total:.0f}% at T = {t}")
     return ("in `jaxlm.memory`'s activation model of the `small` preset they are " + " and ".join(out)
             + " of what a float32 train step keeps per sequence.")
