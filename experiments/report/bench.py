@@ -194,14 +194,26 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
 
 
 def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
-    """(mode, dtype, other axis) -> [(axis value, memory in bytes)] of ok rows with a memory figure."""
+    """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
+
+    The source (XLA:CPU's memory_analysis, a GPU-compiled plan, a device's allocator) is part of the key: one fit
+    never pools two compilers' figures."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
     for r in rows:
         if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
                 and r.get("remat") in (None, "none")):
             point = (float(r[axis]), r["memory_gb"] * 1e9)
-            groups.setdefault((r.get("mode"), r.get("dtype"), r.get(fixed)), []).append(point)
+            key = (r.get("mode"), r.get("dtype"), r.get(fixed), memory_source(r))
+            groups.setdefault(key, []).append(point)
     return {k: sorted(v) for k, v in groups.items() if len({x for x, _ in v}) >= 3}
+
+
+def memory_source(row: dict) -> str:
+    """Where a row's memory figure comes from, in words: 'compiled for h100-80gb', 'XLA:CPU compiled estimate'."""
+    src = row.get("memory_source")
+    if src == "memory_analysis":
+        return f"XLA:{str(row.get('device') or 'cpu').upper()} compiled estimate"
+    return MEMORY_TITLES.get(src, str(src))
 
 
 def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], float]:
@@ -220,7 +232,7 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
     if not groups:
         return "no memory-vs-batch rows", "not resolved at this size"
     parts, linear = [], True
-    for (mode, dtype, context), pts in groups.items():
+    for (mode, dtype, context, source), pts in groups.items():
         xs, ys = [x for x, _ in pts], [y for _, y in pts]
         (a, b), _ = _fit(xs, ys, 1)
         residuals = [y - (a + b * x) for x, y in pts]
@@ -228,7 +240,7 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
         r2 = 1 - sum(e * e for e in residuals) / sum((y - mean) ** 2 for y in ys)
         worst = max(abs(e) for e in residuals)
         linear &= r2 >= 0.99
-        parts.append(f"{mode} {dtype}, context {context}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per sequence, "
+        parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per sequence, "
                      f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
                      f"{100 * worst / max(ys):.1f}% of the largest figure)")
     return "; ".join(parts), "agree" if linear else "disagree"
@@ -241,13 +253,13 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
     if not groups:
         return "no memory-vs-context rows", "not resolved at this size"
     parts, faster = [], True
-    for (mode, dtype, batch), pts in groups.items():
+    for (mode, dtype, batch, source), pts in groups.items():
         xs, ys = [x for x, _ in pts], [y for _, y in pts]
         (a, b, c), worst = _fit(xs, ys, 2)
         _, worst_line = _fit(xs, ys, 1)
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
-        parts.append(f"{mode} {dtype}, batch {batch}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² "
+        parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² "
                      f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
                      f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
     return "; ".join(parts), "agree" if faster else "disagree"

@@ -11,3 +11,24 @@ def test_attention_share_is_the_estimators_attention_scores_entry():
     # Hand-checked with jaxlm's own coefficients (issue 40): about 28 % at T = 256 and 60 % at T = 1024.
     shares = [int(x) for x in re.findall(r"(\d+)% at T", attention_share())]
     assert len(shares) == 2 and 25 <= shares[0] <= 31 and 57 <= shares[1] <= 63
+
+
+def test_memory_fits_keep_each_compiler_apart():
+    from experiments.report.bench import fit_memory_batch, fit_memory_context
+
+    def row(t, b, gb, source, device):
+        return {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none", "context": t, "batch": b,
+                "memory_gb": gb, "memory_source": source, "device": device}
+
+    cpu = [row(t, 4, (1e6 + 2e3 * t + 100 * t * t) / 1e9, "memory_analysis", "cpu") for t in (64, 128, 256, 512)]
+    gpu = [row(t, 4, (5e6 + 1e3 * t + 50 * t * t) / 1e9, "compiled for h100-80gb", "h100") for t in (64, 128, 256, 512)]
+    text, _ = fit_memory_context(cpu + gpu)
+    parts = text.split("; ")
+    assert len(parts) == 2, text
+    assert "(XLA:CPU compiled estimate)" in parts[0] and "100 B·T²" in parts[0]
+    # Each fit's T² share uses its own series: 100·512² / (1e6 + 2e3·512 + 100·512²) = 93 %.
+    assert "term 93% of the total" in parts[0]
+    assert "(compiled for h100-80gb)" in parts[1] and "50 B·T²" in parts[1]
+    lines, _ = fit_memory_batch([row(256, b, (3e6 + 1e7 * b) / 1e9, "memory_analysis", "cpu") for b in (1, 2, 4)]
+                                + [row(256, b, (9e6 + 4e6 * b) / 1e9, "compiled for h100-80gb", "h") for b in (1, 2, 4)])
+    assert len(lines.split("; ")) == 2 and "R² 1.0000" in lines.split("; ")[1]
