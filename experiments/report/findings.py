@@ -17,7 +17,7 @@ from typing import Callable
 
 from experiments.plan import format_value
 from experiments.report.bench import fit_memory_batch, fit_memory_context
-from experiments.report.divergence import outcome
+from experiments.report.divergence import edge, edge_sentence, outcome, reference
 from experiments.report.format import table
 from experiments.report.noise import Family
 from experiments.report.plots import mean_curve
@@ -167,25 +167,28 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    """Every rate 10-100x the best diverged, by `divergence.DEFINITION` (non-finite, or ended above ln V): agree."""
+    """Every rate 10-100x the best stopped training (failed to learn or diverged, by `divergence.DEFINITION`, relative
+    to the best setting): agree; the text says where the loss itself first turns non-finite."""
     pts, best, _ = _best_lr(settings)
     if best is None:
         return "no completed rate", UNRESOLVED
     best_x, untrained = best[0], ctx.get("untrained_loss", math.inf)
-    parts, in_range, blown = [], 0, 0
+    ref = reference([s.runs for _, s in pts])
+    parts, in_range, stopped = [], 0, 0
     for x, s in pts:
         if x < 10 * best_x:
             continue
-        outs = [outcome(r, untrained) for r in s.runs]
-        bad = sum(d for d, _ in outs)
+        kinds = [outcome(r, untrained, ref)[0] for r in s.runs]
+        bad = sum(k != "trained" for k in kinds)
         if x <= 100 * best_x:
-            in_range, blown = in_range + 1, blown + (bad == len(outs))
-        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {bad} of {len(outs)} seeds diverged "
-                     f"({'; '.join(how for _, how in outs)})")
+            in_range, stopped = in_range + 1, stopped + (bad == len(kinds))
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {kinds.count('failed')} of {len(kinds)} "
+                     f"seeds failed to learn, {kinds.count('diverged')} diverged")
     if not parts:
         return "no rate 10x or more above the best", UNRESOLVED
-    verdict = UNRESOLVED if not in_range else AGREE if blown == in_range else DISAGREE
-    return "; ".join(parts), verdict
+    e = edge([(x, s.runs) for x, s in pts], untrained)
+    verdict = UNRESOLVED if not in_range else AGREE if stopped == in_range else DISAGREE
+    return edge_sentence(e) + " " + "; ".join(parts), verdict
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:

@@ -592,7 +592,9 @@ def test_lr_sweet_spot_by_hand(tmp_path):
                                  "best beyond noise of every other rate; this best is 3x the seed reports' 1e-3 "
                                  "(where it lies depends on model and batch)")
     assert diverge["verdict"] == "agree" and diverge["measured"] == (
-        "lr 0.1 (33x the best): 3 of 3 seeds diverged (non-finite after step 100; non-finite after step 100; non-finite after step 100)")
+        "Edge of stability: every seed trained up to lr 0.01 (3.33x the best rate, 0.003) and no seed trained from "
+        "lr 0.1 (33x); any threshold above 0.10 nats puts it there. The loss first turns non-finite for every seed at "
+        "lr 0.1 (33x the best). lr 0.1 (33x the best): 0 of 3 seeds failed to learn, 3 diverged")
 
 
 def test_divergence_defined_and_the_edge_located(tmp_path):
@@ -606,12 +608,15 @@ def test_divergence_defined_and_the_edge_located(tmp_path):
     stopped = tmp_path / "lr" / "lr=0.1-s2" / "result.json"  # the runner keeps the trainer's stop message as `reason`
     stopped.write_text(json.dumps({**json.loads(stopped.read_text()), "reason": "error: loss 9.1, parameter norm nan at step 45 (lr 0.1)"}))
     text = "\n".join(divergence_section(group_settings(load_results(tmp_path / "lr")), "optim.lr", math.log(257)))
-    assert "final validation loss is above ln V" in text
-    # ln 257 = 5.549: 6.0 and 6.1 ended above it, the NaN runs stopped; 0.05 is mixed, 0.1 diverged at every seed
-    assert "| 0.05 | 3 | 1 | final val loss 6.00 > ln V = 5.55; val loss 2.900; val loss 3.100 |" in text
-    assert "| 0.1 | 3 | 3 | non-finite after step 100; final val loss 6.10 > ln V = 5.55; non-finite at step 45 |" in text
-    assert ("Edge of stability: every seed trained at lr 0.02 and every seed diverged from lr 0.1 (5x higher); "
-            "between them some seeds diverged (lr 0.05).") in text
+    assert "ended above ln V" in text and "more than 0.5 nats above L\\*" in text
+    # ln 257 = 5.549: 6.0 and 6.1 ended above it, the NaN runs stopped. The best is lr 0.01 (mean 2.1): lr 0.02 ends
+    # 0.1-0.2 nats above it (trained), lr 0.05's finite seeds 0.8 and 1.0 above (failed to learn).
+    assert ("| 0.05 | 3 | 0 | 2 | 1 | final val loss 6.00 > ln V = 5.55; val loss 2.900 (+0.80 nats); "
+            "val loss 3.100 (+1.00 nats) |") in text
+    assert "| 0.1 | 3 | 0 | 0 | 3 | non-finite after step 100; final val loss 6.10 > ln V = 5.55; non-finite at step 45 |" in text
+    assert ("Edge of stability: every seed trained up to lr 0.02 (2x the best rate, 0.01) and no seed trained from lr "
+            "0.05 (5x); any threshold between 0.15 and 1.90 nats puts it there. The loss first turns non-finite for "
+            "every seed at lr 0.1 (10x the best).") in text
 
 
 def test_the_trainers_divergence_line_is_recognised():
