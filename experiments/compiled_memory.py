@@ -152,6 +152,17 @@ def cached(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
 
 
+def cached_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, int]:
+    """label -> the largest batch that fits, of a `largest` section's rows already searched in OUT_DIR/TARGET.json."""
+    path = Path(out_dir) / f"{target_name}.json"
+    if not path.is_file():
+        return {}
+    target, store = gpu.parse_target(target_name), CompileCache(path)
+    rows = next(s for s in sections() if s.name == section).rows
+    keys = {label: store.key({**j, "search": "largest_batch"}, target) for label, j in rows}
+    return {label: store.stored[k]["largest_batch"] for label, k in keys.items() if k in store.stored}
+
+
 def table(section: Section, rows: list[dict]) -> str:
     by_label = {r["setting"]: r for r in rows}
     head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"

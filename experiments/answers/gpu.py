@@ -117,11 +117,11 @@ def nsys_section(root: Path) -> list[str]:
            "(docs/gpu.md), `python -m experiments.gpu`, whose steps answer:", ""]
     out += table(["question", "asks", "campaign step"], [list(q) for q in NSYS])
     if not isinstance(prof, dict) or "forward" not in prof:
-        return out + ["**Pending**: no GPU campaign results under "
-                      f"`{root}/gpu/` yet. On one NVIDIA GPU: `python -m experiments.gpu --only profile bench_bf16` "
-                      "(about a minute of the 9-minute campaign; "
+        return out + ["Answered below by prediction: no GPU campaign results are under "
+                      f"`{root}/gpu/`. On one NVIDIA GPU `python -m experiments.gpu --only profile bench_bf16` "
+                      "measures them (about a minute of the 9-minute campaign; "
                       "`nsys profile python -m experiments.gpu --only profile` "
-                      "gives the same kernels in Nsight Systems' own timeline). Until then:", ""] + nsys_lines(root)
+                      "gives the same kernels in Nsight Systems' own timeline).", ""] + nsys_lines(root)
     out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, "
             f"batch {prof.get('batch')}, {prof.get('dtype')}):", ""]
     out += kernel_lines(prof["forward"], "forward pass") + kernel_lines(prof["train_step"], "train step")
@@ -164,7 +164,7 @@ def mixed_precision_section(root: Path) -> list[str]:
             "overflow, but only 8 bits of mantissa, so the norms still run in float32.", "",
             "(c) " + ("The campaign's bench tables in both dtypes are in its report ([results/gpu/report.md]"
                       "(results/gpu/report.md)), sections bench_bf16 and bench_f32." if bench else
-                      "**Pending**: bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 "
-                      "through float32); `python -m experiments.gpu --only bench_bf16 bench_f32` measures the size "
-                      "table in both."),
+                      "bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 through float32), "
+                      "answered below by prediction; `python -m experiments.gpu --only bench_bf16 bench_f32` "
+                      "measures the size table in both on a GPU."),
             ""] + ([] if bench else mixed_precision_lines(root))

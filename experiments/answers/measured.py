@@ -180,7 +180,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
     if not warm:
         return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
-                      f"`python -m experiments.run {PLAN}` then `python -m experiments.report runs/{PLAN} "
+                      f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "
                       f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
     spec = warm[0].get("spec") or {}
     setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()

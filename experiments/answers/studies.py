@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from experiments.answers.accounting import table
-from experiments.report.divergence import DEFINITION, edge, edge_sentence
+from deliverables.report.divergence import DEFINITION, edge, edge_sentence
 from experiments.results import load_results
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
@@ -75,7 +75,7 @@ def untrained_loss(points: list[tuple[float, list[dict]]]) -> float:
 
 
 def run_page_facts(page: Path) -> dict | None:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m experiments.report RUN`)."""
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report RUN`)."""
     if not page.is_file():
         return None
     text = page.read_text()
@@ -93,7 +93,7 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m experiments.report RUN_DIR --out "
+        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR --out "
                       f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())

@@ -20,7 +20,7 @@ import pytest
 
 from experiments.estimate import THROUGHPUT, bench_seconds, plan_seconds
 from experiments.plan import PlanError, load_plan, plan_names
-from experiments.report.build import write_report
+from deliverables.report.build import write_report
 from experiments.run import Device, run_plan
 from jaxlm.core.errors import UsageError
 from jaxlm.core.typedconfig import toml_value
@@ -465,8 +465,8 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
 
 
 def test_seed_statistics_by_hand():
-    from experiments.report.noise import Family, holm, judged, t_quantile
-    from experiments.report.seeds import Stats, compare_phrase, resolved
+    from deliverables.report.noise import Family, holm, judged, t_quantile
+    from deliverables.report.seeds import Stats, compare_phrase, resolved
 
     # Student's t table: t(0.975, 2) = 4.303, t(0.975, 4) = 2.776
     assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=5e-4) and t_quantile(0.975, 4) == pytest.approx(2.776, abs=5e-4)
@@ -535,9 +535,9 @@ def test_seeded_report_findings_and_records_round_trip(tmp_path):
 
 
 def test_sweep_findings_by_hand(tmp_path):
-    from experiments.report.findings import findings_rows
-    from experiments.report.noise import Family, judged
-    from experiments.report.seeds import equal_token_sentences, group_settings
+    from deliverables.report.findings import findings_rows
+    from deliverables.report.noise import Family, judged
+    from deliverables.report.seeds import equal_token_sentences, group_settings
     from experiments.results import load_results
 
     plan_dir = tmp_path / "batch_size"
@@ -559,7 +559,7 @@ def test_sweep_findings_by_hand(tmp_path):
 
 
 def test_memory_fits_by_hand():
-    from experiments.report.bench import fit_memory_batch, fit_memory_context
+    from deliverables.report.bench import fit_memory_batch, fit_memory_context
 
     row = {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none"}
     batch = [{**row, "context": 256, "batch": b, "memory_gb": (10e6 + 2e6 * b) / 1e9} for b in (1, 2, 4, 8)]
@@ -577,9 +577,9 @@ def test_memory_fits_by_hand():
 
 
 def test_lr_sweet_spot_by_hand(tmp_path):
-    from experiments.report.findings import findings_rows
-    from experiments.report.noise import judged
-    from experiments.report.seeds import group_settings
+    from deliverables.report.findings import findings_rows
+    from deliverables.report.noise import judged
+    from deliverables.report.seeds import group_settings
     from experiments.results import load_results
 
     nan = float("nan")
@@ -598,8 +598,8 @@ def test_lr_sweet_spot_by_hand(tmp_path):
 
 
 def test_divergence_defined_and_the_edge_located(tmp_path):
-    from experiments.report.divergence import divergence_section
-    from experiments.report.seeds import group_settings
+    from deliverables.report.divergence import divergence_section
+    from deliverables.report.seeds import group_settings
     from experiments.results import load_results
 
     nan = float("nan")
@@ -629,7 +629,7 @@ def test_the_trainers_divergence_line_is_recognised():
 
 @pytest.mark.parametrize("plan", sorted(p.parent.name for p in (REPO / "docs" / "results").glob("*/records")))
 def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatch):
-    """Each committed CPU report is what `python -m experiments.report docs/results/PLAN/records` writes."""
+    """Each committed CPU report is what `python -m deliverables.report docs/results/PLAN/records` writes."""
     monkeypatch.chdir(REPO)
     committed = REPO / "docs" / "results" / plan
     rebuilt = write_report(committed / "records", tmp_path / plan)
@@ -640,8 +640,8 @@ def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatc
 
 def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
     """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± 95 % interval over its seeds (by hand)."""
-    from experiments.report.noise import Family
-    from experiments.report.peft import peft, quantization
+    from deliverables.report.noise import Family
+    from deliverables.report.peft import peft, quantization
 
     runs = []
     for seed, (f32, int4, qat4) in enumerate([(1.90, 1.92, 1.93), (1.91, 1.93, 1.95), (1.92, 1.94, 1.94)]):
@@ -685,7 +685,7 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
 def test_parallel_table_shares_and_bubble(tmp_path):
     """The parallelism table divides each layout's per-device state by the replicated layout's, and states the
     measured bubble beside GPipe's formula (hand-checked numbers)."""
-    from experiments.report.parallel import parallel
+    from deliverables.report.parallel import parallel
 
     none = {"count": 0, "bytes": 0}
     rows = {"mem": [{"layout": "data=8", "scan_layers": True, "compile_s": 2.0, "state_mb_per_device": 800.0, "collectives": {"all-reduce": {"count": 2, "bytes": 2**21}}},
@@ -709,9 +709,9 @@ def test_parallel_table_shares_and_bubble(tmp_path):
 
 def test_peft_quantization_and_remat_findings_by_hand():
     """The fine-tuning, quantisation and remat rows of the findings table, on hand-made seed losses."""
-    from experiments.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
-    from experiments.report.noise import Family
-    from experiments.report.seeds import Setting
+    from deliverables.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
+    from deliverables.report.noise import Family
+    from deliverables.report.seeds import Setting
 
     def setting(name, losses, **axes):
         return Setting(name, axes, [{"name": f"{name}-s{i}", "status": "ok", "metrics": {"eval_loss": v}} for i, v in enumerate(losses)])

@@ -1,8 +1,8 @@
-"""experiments.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
+"""deliverables.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
 
 import pytest
 
-from experiments.report import backend
+from deliverables.report import backend
 from jaxlm.core import platform
 
 needs_compiler = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs the gpu-compile extra")

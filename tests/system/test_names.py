@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CODE = ("jaxlm", "parity", "experiments", "torchref", "tests")
+CODE = ("jaxlm", "parity", "experiments", "deliverables", "torchref", "tests")
 DOTTED = re.compile(r"(?<![\w./-])jaxlm(?:\.[A-Za-z_]\w*)+")
 PATH = re.compile(r"(?<![\w./-])jaxlm/[\w./]*\w")
 

@@ -1,4 +1,4 @@
-"""Write a plan's Markdown report: `python -m experiments.report runs/PLAN [--out DIR] [--records]`.
+"""Write a plan's Markdown report: `python -m deliverables.report runs/PLAN [--out DIR] [--records]`.
 
 Everything in the report is computed from the runs' result.json, metrics.jsonl and
 bench JSON: per-setting tables (mean and spread over seeds), sentences generated from
@@ -14,14 +14,14 @@ measured. How a plan is presented comes from its `[report]` table (saved in plan
 
 `--records` also copies the small per-run records the report reads (result.json,
 metrics.jsonl, bench.json) into OUT/records, so the report can be rebuilt from a clone:
-`python -m experiments.report docs/results/PLAN/records --out docs/results/PLAN`.
+`python -m deliverables.report docs/results/PLAN/records --out docs/results/PLAN`.
 
 Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise"),
 `compare` (per-run comparisons), `bench` (bench rows, memory fits), `backend` (what a CPU
 run can show of bfloat16 and remat), `parallel` and `peft` (those studies' tables),
 `findings` (the published findings and their checks), `plots`, `output` (the report's
 folder, matplotlib, PNGs), `build` (a plan's report). `run_page` writes one training run's
-page (`python -m experiments.report RUN_DIR`); `written` the written report from every plan
+page (`python -m deliverables.report RUN_DIR`); `written` the written report from every plan
 (`--all`), with the required plots from `figures`. The command is `__main__`; this package
 exports nothing.
 """

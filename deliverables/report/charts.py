@@ -1,15 +1,12 @@
-"""The three plots CS395T requires, drawn from every plan's records for the written report.
+"""Charts of benchmark rows and of the optimisation runs, shared by the plan reports and the written report.
 
-Memory vs sequence length and throughput vs batch come from benchmark rows, one line per model
-(its parameter count) and compute setting, so no line joins two models; throughput carries
-95 % error bars from each row's timed steps and names the device it was measured on. Memory
-compiled for a GPU (`jaxlm.bench model --target`, rows with `total_gb`) is drawn as its own
-line beside the measured ones. Before/after compares the optimisation runs with their
-baseline, with 95 % error bars, and a bar is coloured as a change only when the change is
-beyond noise (Holm over the figure's comparisons). A plot the records cannot support is named
-as missing with the reason, never drawn from made-up points. `bench_figures` draws the same memory and
-throughput lines from any benchmark rows alone (a plan's benchmark section, the GPU campaign, or one
-`jaxlm.bench model --json` file: `python -m experiments.report FILE.json`).
+Memory and throughput lines come from benchmark rows, one line per study (plan), model (its parameter count),
+compute setting and memory source, so no line joins two studies, two models or two compilers; throughput
+carries 95 % error bars from each row's timed steps and names the device it was measured on. Before/after
+compares the optimisation runs with their baseline, with 95 % error bars, and a bar is coloured as a change
+only when the change is beyond noise (Holm over the figure's comparisons). `bench_figures` draws the lines of
+any benchmark rows (a plan's benchmark section, the GPU campaign, or one `jaxlm.bench model --json` file:
+`python -m deliverables.report FILE.json`).
 """
 
 from __future__ import annotations
@@ -19,12 +16,12 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.report.bench import bench_rows as tagged_bench_rows
-from experiments.report.bench import sample_std
-from experiments.report.format import fmt
-from experiments.report.noise import Family, judged, welch
-from experiments.report.output import pyplot, shrink_png
-from experiments.report.seeds import Stats
+from deliverables.report.bench import bench_rows as tagged_bench_rows
+from deliverables.report.bench import sample_std
+from deliverables.report.format import fmt
+from deliverables.report.noise import Family, judged, welch
+from deliverables.report.output import pyplot, shrink_png
+from deliverables.report.seeds import Stats
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
@@ -48,7 +45,8 @@ def line_label(row: dict, fixed: str, where: str) -> str:
     setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
                        + ([row["compute_set"]] if row.get("compute_set") else []))
     model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
-    return f"{model}{setting}, {fixed}={row.get(fixed)} ({where})"
+    study = f"{row['plan']}: " if row.get("plan") else ""
+    return f"{study}{model}{setting}, {fixed}={row.get(fixed)} ({where})"
 
 
 def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[float, float, float]]]:
@@ -81,17 +79,6 @@ def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> 
     shrink_png(path)
 
 
-def growth(lines: dict, what: str, axis: str, show) -> list[str]:
-    """'LABEL: from T 64 to 1024 (16x) peak memory went 45.02x (14.9 MiB to 671 MiB).' per line; `show` formats a y."""
-    out = []
-    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
-        (x0, y0, _), (x1, y1, _) = pts[0], pts[-1]
-        if y0 > 0:
-            out.append(f"{label}: from {axis} {x0:g} to {x1:g} ({x1 / x0:.3g}x) {what} went {y1 / y0:.2f}x "
-                       f"({show(y0)} to {show(y1)}).")
-    return out
-
-
 def natural(label: str) -> list:
     """Sort key that orders 'context=64' before 'context=128'."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
@@ -103,46 +90,12 @@ def _memory(row: dict) -> tuple[float, float, str] | None:
     return (m[0], 0.0, m[1]) if m else None
 
 
-def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
-    lines = lines_by(rows, "context", "batch", _memory)
-    if not lines:
-        return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
-    line_plot(lines, "sequence length (tokens)", "peak memory (GB)", "memory vs sequence length, a line per model and "
-              "setting (source in brackets)", out / "memory_vs_context.png")
-    gpu = any("compiled for" in k for k in lines)
-    note = ([] if gpu else ["No row was compiled for a GPU here, so the bfloat16 line from the GPU compiler is "
-                            "**pending** (`python -m jaxlm.bench model --target h100-80gb ...` adds it)."])
-    return (["![memory vs sequence length](figures/memory_vs_context.png)", "", *note,
-             "Memory vs sequence length: compiled memory plans are exact for their program, so these points carry no "
-             "error bars. The train steps' growth:", ""]
-            + [f"- {s}" for s in growth({k: v for k, v in lines.items() if "train_step" in k}, "peak memory", "T",
-                                        lambda gb: fmt(gb * 1e9, "bytes"))] + [""])
-
-
 def _throughput(row: dict) -> tuple[float, float, str] | None:
     """Tokens/s with the 95 % half-width carried over from the step time (tokens/s = B·T / step time)."""
     tok, step, ci = row.get("tokens_per_s"), row.get("step_ms"), row.get("step_ms_ci95")
     if not isinstance(tok, (int, float)):
         return None
     return tok, tok * ci / step if isinstance(ci, (int, float)) and step else 0.0, str(row.get("device") or "?").upper()
-
-
-def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
-    lines = lines_by(rows, "batch", "context", _throughput)
-    if not lines:
-        return ["**Missing: throughput vs batch**: no benchmark rows measure throughput at two or more batch sizes.",
-                ""]
-    measured = [r for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
-    devices = sorted({str(r.get("device") or "?").upper() for r in measured})
-    line_plot(lines, "batch (sequences)", f"tokens/s measured on {', '.join(devices)}",
-              f"throughput vs batch on {', '.join(devices)} (95 % intervals from the timed steps)",
-              out / "throughput_vs_batch.png")
-    dtypes = {r.get("dtype") for r in rows if isinstance(r.get("tokens_per_s"), (int, float))}
-    note = ([] if "bfloat16" in dtypes else
-            ["No bfloat16 row was measured here, so the mixed-precision line is **pending** (a GPU run adds it)."])
-    return (["![throughput vs batch](figures/throughput_vs_batch.png)", "", *note,
-             f"Throughput vs batch, measured on {', '.join(devices)}:", ""]
-            + [f"- {s}" for s in growth(lines, "throughput", "B", lambda v: fmt(v, "count") + " tokens/s")] + [""])
 
 
 # The line figures of benchmark rows: name -> (x, the axis held fixed per line, y of a row, x label, y label).
@@ -217,7 +170,7 @@ def _verdicts(bars: dict, names: list[str], qs: list, noise: Family) -> dict[tup
     return out
 
 
-def before_after(runs: list[dict], out: Path) -> list[str]:
+def before_after(runs: list[dict], out: Path, name: str = "before_after.png") -> list[str]:
     bars = before_after_bars(runs)
     qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
     if len(bars) < 2 or not qs:
@@ -235,12 +188,12 @@ def before_after(runs: list[dict], out: Path) -> list[str]:
         ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
     fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "before_after.png", dpi=80)
+    fig.savefig(out / name, dpi=80)
     plt.close(fig)
-    shrink_png(out / "before_after.png")
+    shrink_png(out / name)
     lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
                                     for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
-    return ["![before and after](figures/before_after.png)", "",
+    return [f"![before and after]({name})", "",
             f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
             f"95 % intervals. {noise.note()}", "", *lines, ""]
 
@@ -256,9 +209,3 @@ def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:
     return f"{title} {100 * (a.mean - b.mean) / b.mean:+.0f}% ({verdict})"
 
 
-def required(runs: list[dict], out: Path) -> list[str]:
-    out = Path(out) / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    rows = bench_rows(runs)
-    return (["### The required plots", ""] + memory_vs_context(rows, out) + throughput_vs_batch(rows, out)
-            + before_after(runs, out))

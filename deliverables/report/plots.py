@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from deliverables.report.charts import bench_figures
+from deliverables.report.format import QUANTITIES, x_value
+from deliverables.report.output import COLOURS, pyplot
+from deliverables.report.seeds import Setting, Stats, group_settings
 from experiments.plan import format_value
-from experiments.report.figures import bench_figures
-from experiments.report.format import QUANTITIES, x_value
-from experiments.report.output import COLOURS, pyplot
-from experiments.report.seeds import Setting, Stats, group_settings
 from experiments.results import read_metrics, series
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -179,7 +179,7 @@ UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "t
 
 
 def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
-    """The benchmark rows' memory and throughput figures (`figures.bench_figures`); (PNG names, a note if it
+    """The benchmark rows' memory and throughput figures (`charts.bench_figures`); (PNG names, a note if it
     could not run)."""
     try:
         return bench_figures(rows, out), None

@@ -5,31 +5,30 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from experiments.plan import format_value
-from experiments.report import backend
-from experiments.report.bench import (
+from deliverables.report import backend
+from deliverables.report.bench import (
     bench_rows,
     bench_scaling_sentences,
     bench_sentences,
     bench_table,
     max_batch_table,
 )
-from experiments.report.compare import (
+from deliverables.report.compare import (
     comparison_sentences,
     status_sentences,
     sweep_sentences,
     train_table,
 )
-from experiments.report.divergence import divergence_section
-from experiments.report.findings import findings_rows, findings_table
-from experiments.report.noise import Family, judged
-from experiments.report.output import report_dir, shrink_png
-from experiments.report.parallel import parallel
-from experiments.report.peft import peft, quantization, quantize_rows
-from experiments.report.plots import plot_bench, plot_curves, plot_vs_axis
-from experiments.report.seeds import (
+from deliverables.report.findings import findings_rows, findings_table
+from deliverables.report.noise import Family, judged
+from deliverables.report.output import report_dir, shrink_png
+from deliverables.report.peft import quantize_rows
+from deliverables.report.plots import plot_bench, plot_curves, plot_vs_axis
+from deliverables.report.sections import Plan, plan_sections
+from deliverables.report.seeds import (
     baseline_of,
     equal_token_sentences,
     group_settings,
@@ -37,7 +36,7 @@ from experiments.report.seeds import (
     seed_sentences,
     settings_table,
 )
-from experiments.report.tokenizer import tokenizer
+from experiments.plan import format_value
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json, write_json
@@ -73,7 +72,7 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
         lines += [meta["description"], ""]
     lines += [f"Plan `experiments/plans/{name}.toml`, size `{meta.get('size', '?')}`, device {', '.join(devices)}, "
               f"commit {', '.join(c[:10] for c in commits)}{_provenance(runs)}. Every number and sentence below is computed "
-              "from the runs' records (result.json, metrics.jsonl, bench JSON) by `python -m experiments.report`.", ""]
+              "from the runs' records (result.json, metrics.jsonl, bench JSON) by `python -m deliverables.report`.", ""]
     lines += [f"**{s}**" for s in stand_ins(runs)] + ([""] if stand_ins(runs) else [])
     loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
     if loads:
@@ -176,26 +175,16 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
     return out
 
 
-def study_extras(cfg: dict, runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
-    """(findings, lines) of the studies with their own tables: [report] peft / quantization / tokenizer = true."""
-    findings, lines = [], []
-    for key, fn in (("peft", peft), ("quantization", quantization), ("tokenizer", lambda rs, _: tokenizer(rs))):
-        if cfg.get(key):
-            f, l = fn(runs, noise)
-            findings += f
-            lines += l
-    return findings, lines
-
-
-def measured_parts(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family):
-    """(sentences, study lines, the seeded runs table or None): every comparison in them is one Holm family."""
-    study_findings, study_lines = study_extras(cfg, runs, noise)
+def measured_parts(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family):
+    """(sentences, the one-plan sections' lines, the seeded runs table or None): every comparison in them is one
+    Holm family."""
+    section_findings, section_lines = plan_sections(replace(plan, noise=noise))
     table = None
     if is_seeded(train_runs):
         settings = group_settings(train_runs)
-        table = settings_table(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
-    sentences = backend.annotate(sentences_for(runs, train_runs, brows, cfg, noise), backend.is_cpu(runs))
-    return sentences + study_findings, study_lines, table
+        table = settings_table(settings, baseline_of(settings, plan.cfg.get("baseline", {})), noise)
+    sentences = backend.annotate(sentences_for(plan.runs, train_runs, brows, plan.cfg, noise), backend.is_cpu(plan.runs))
+    return sentences + section_findings, section_lines, table
 
 
 def write_report(plan_dir: Path, out: Path | None = None, records: bool = False, compile: bool = False) -> Path:
@@ -223,21 +212,19 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
                   + INTERVAL_NOTE + " " + fnoise.note(), ""]
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows, "stand_ins": stand_ins(runs),
                                            "noise": {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}})
-    (measured, study_lines, runs_table), mnoise = judged(lambda noise: measured_parts(runs, train_runs, brows, cfg, noise))
-    parallel_findings, parallel_lines = parallel(runs, out) if cfg.get("parallel") else ([], [])
-    lines += ["## Measured", ""] + [f"- {s}" for s in measured + parallel_findings]
+    plan = Plan(runs, settings, cfg, ctx, out, Family())
+    (measured, section_lines, runs_table), mnoise = judged(lambda noise: measured_parts(plan, train_runs, brows, noise))
+    lines += ["## Measured", ""] + [f"- {s}" for s in measured]
     if mnoise.size:
         lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
-    lines += [""] + study_lines + parallel_lines + backend.section(runs, brows, compile)
-    if cfg.get("divergence") and cfg.get("x"):
-        lines += divergence_section(settings, cfg["x"], ctx["untrained_loss"])
+    lines += [""] + section_lines + backend.section(runs, brows, compile)
     if train_runs:
         lines += training_section(train_runs, cfg, out, runs_table, mnoise)
     if brows:
         lines += bench_section(runs, brows, out)
     lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}",
-              f"python -m experiments.report runs/{name} --out docs/results/{name} --records",
-              f"python -m experiments.report docs/results/{name}/records --out DIR   # from the committed records", "```", ""]
+              f"python -m deliverables.report runs/{name} --out docs/results/{name} --records",
+              f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records", "```", ""]
     for png in out.glob("*.png"):
         shrink_png(png)
     if records:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.report.format import fmt, table
-from experiments.report.noise import Family, paired
-from experiments.report.seeds import (
+from deliverables.report.format import fmt, table
+from deliverables.report.noise import Family, paired
+from deliverables.report.seeds import (
     SEED_SUFFIX,
     VERDICT,
     Stats,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.report.format import table
-from experiments.report.output import COLOURS, pyplot
+from deliverables.report.format import table
+from deliverables.report.output import COLOURS, pyplot
 from jaxlm.core.files import read_json
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from deliverables.report.compare import change_phrase, describe_changes
+from deliverables.report.format import NAMES, fmt, pct_change, table
+from deliverables.report.noise import Family, half_width, welch
 from experiments.estimate import BENCH_DEFAULTS
-from experiments.report.compare import change_phrase, describe_changes
-from experiments.report.format import NAMES, fmt, pct_change, table
-from experiments.report.noise import Family, half_width, welch
 
 # Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [
@@ -51,7 +51,7 @@ def bench_rows(runs: list[dict]) -> list[dict]:
         compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
                            if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
+            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
                          "compute_set": compute})
     return rows
 
@@ -224,6 +224,15 @@ def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], fl
     coef, *_ = np.linalg.lstsq(A, np.asarray(ys), rcond=None)
     worst = float(np.max(np.abs(A @ coef - ys) / np.asarray(ys)))
     return [float(c) for c in coef], worst
+
+
+def fit_memory_points(rows: list[dict], axis: str, fixed: str, degree: int) -> dict[tuple, tuple[list, list, list]]:
+    """(mode, dtype, fixed value, memory source) -> (xs, polynomial coefficients constant first, ys in bytes)."""
+    out = {}
+    for key, pts in _memory_points(rows, axis, fixed).items():
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        out[key] = (xs, _fit(xs, ys, degree)[0], ys)
+    return out
 
 
 def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Settings over seeds: a plan with `seeds` runs each setting several times; the report gives each
 setting's mean with its 95 % t-interval and calls a difference "beyond noise" when Welch's t-test,
-Holm-corrected over the comparisons of its table (`experiments.report.noise`), rejects at 5 %."""
+Holm-corrected over the comparisons of its table (`deliverables.report.noise`), rejects at 5 %."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deliverables.report.format import QUANTITIES, fmt, table, value
+from deliverables.report.noise import Family, half_width, welch
 from experiments.plan import SEED_AXIS, format_value
-from experiments.report.format import QUANTITIES, fmt, table, value
-from experiments.report.noise import Family, half_width, welch
 from experiments.results import read_metrics, series
 
 SEED_SUFFIX = re.compile(r"-s\d+$")

@@ -11,9 +11,9 @@ import math
 import re
 import statistics
 
+from deliverables.report.format import table
+from deliverables.report.seeds import Setting
 from experiments.plan import format_value
-from experiments.report.format import table
-from experiments.report.seeds import Setting
 
 LEARNED_WITHIN = 0.5  # nats above the best setting's mean loss: a perplexity at most e^0.5 = 1.65x the best's
 DEFINITION = ("Each run is judged against the best setting (the lowest mean final validation loss L\\*, its mean "

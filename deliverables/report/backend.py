@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from experiments.report.format import fmt, table
+from deliverables.report.format import fmt, table
 from jaxlm.core.errors import UserError
 from jaxlm.core.typedconfig import to_dict, toml_value
 

@@ -6,8 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from experiments.plan import format_value
-from experiments.report.format import (
+from deliverables.report.format import (
     COMPARED,
     NAMES,
     QUANTITIES,
@@ -20,6 +19,7 @@ from experiments.report.format import (
     x_value,
     xfmt,
 )
+from experiments.plan import format_value
 
 
 def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:

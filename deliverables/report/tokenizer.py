@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from experiments.report.format import fmt, table
-from experiments.report.seeds import Stats
+from deliverables.report.format import fmt, table
+from deliverables.report.seeds import Stats
 from jaxlm.core.files import read_json
 
 PILE_BYTES = 825e9
