@@ -137,7 +137,8 @@ def figures(section: Section, target: gpu.Target, store: CompileCache, compile: 
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
-            r["largest_batch"] = store.largest(j, target) if compile else "-"
+            searched = store.stored.get(store.key({**j, "search": "largest_batch"}, target), {})
+            r["largest_batch"] = store.largest(j, target) if compile else searched.get("largest_batch", "-")
         rows.append(r)
     return rows
 
