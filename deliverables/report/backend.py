@@ -188,7 +188,8 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
                                                                  job["mode"]))])
     text = (f"Each CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler on a CPU-only machine "
             f"(`python -m jaxlm.memory --target {DEVICE}`): the compiler's plan (arguments + outputs + temporaries "
-            f"- donated), **not a measurement**; *fits*: within JAX's allocator share, {100 * memory.DEFAULT_USABLE:.0f}% "
+            f"- donated), **not a measurement**; *fits*: within JAX's allocator share, "
+            f"{100 * memory.DEFAULT_USABLE:.0f}% "
             f"of its {DEVICES[DEVICE].memory_bytes / 2**30:.1f} GiB. Beside it, `python -m jaxlm.memory`'s analytic "
             "estimate of the same step and the largest batch "
             "it predicts. Steps with the same model, compute settings and batch share a row.")

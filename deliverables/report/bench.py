@@ -51,7 +51,8 @@ def bench_rows(runs: list[dict]) -> list[dict]:
         compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
                            if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n, "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
+            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n,
+                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
                          "compute_set": compute})
     return rows
 
@@ -249,7 +250,8 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
         r2 = 1 - sum(e * e for e in residuals) / sum((y - mean) ** 2 for y in ys)
         worst = max(abs(e) for e in residuals)
         linear &= r2 >= 0.99
-        parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per sequence, "
+        parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per "
+                     "sequence, "
                      f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
                      f"{100 * worst / max(ys):.1f}% of the largest figure)")
     return "; ".join(parts), "agree" if linear else "disagree"
@@ -268,7 +270,8 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
         _, worst_line = _fit(xs, ys, 1)
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
-        parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² "
+        parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + "
+                     f"{c:.3g} B·T², the T² "
                      f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
                      f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
     return "; ".join(parts), "agree" if faster else "disagree"

@@ -41,9 +41,9 @@ from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json, write_json
 
-INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 degrees "
-                 "of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with Welch's t-test, "
-                 "paired differences (the same seed) with a one-sample t-test.")
+INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 "
+                 "degrees of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with "
+                 "Welch's t-test, paired differences (the same seed) with a one-sample t-test.")
 
 
 # Training text that stands in for a corpus this machine does not have: one sentence, said wherever its numbers appear.
@@ -71,14 +71,18 @@ def header(meta: dict, runs: list[dict], plan_dir: Path) -> list[str]:
     if meta.get("description"):
         lines += [meta["description"], ""]
     lines += [f"Plan `experiments/plans/{name}.toml`, size `{meta.get('size', '?')}`, device {', '.join(devices)}, "
-              f"commit {', '.join(c[:10] for c in commits)}{_provenance(runs)}. Every number and sentence below is computed "
-              "from the runs' records (result.json, metrics.jsonl, bench JSON) by `python -m deliverables.report`.", ""]
+              f"commit {', '.join(c[:10] for c in commits)}{_provenance(runs)}. Every number and sentence below is "
+              "computed from the runs' records (result.json, metrics.jsonl, bench JSON) by "
+              "`python -m deliverables.report`.", ""]
     lines += [f"**{s}**" for s in stand_ins(runs)] + ([""] if stand_ins(runs) else [])
-    loads = [v for r in runs for k, v in (r.get("host") or {}).items() if k.startswith("load_avg") and isinstance(v, (int, float))]
+    loads = [v for r in runs for k, v in (r.get("host") or {}).items()
+             if k.startswith("load_avg") and isinstance(v, (int, float))]
     if loads:
         cpus = max((r.get("host") or {}).get("cpus") or 0 for r in runs)
-        busy = "other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus else "the machine was otherwise idle."
-        lines += [f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} on {cpus} CPUs: {busy}", ""]
+        busy = ("other work shared the machine, so times and throughputs are indicative only." if max(loads) > cpus
+                else "the machine was otherwise idle.")
+        lines += [f"Host load (1-minute average) at run start/end ranged from {min(loads):.1f} to {max(loads):.1f} "
+                  f"on {cpus} CPUs: {busy}", ""]
     machines = sorted({_machine(r["host"]) for r in runs if (r.get("host") or {}).get("cpu_model")})
     if machines:
         lines += [f"Times were measured on {'; '.join(machines)}.", ""]
@@ -100,7 +104,8 @@ def _eval_tokens_note(runs: list[dict]) -> str:
     if len(counts) == 1:
         return (f" Every evaluation scored the same {counts.pop():,} validation tokens (data.eval_tokens: the start of "
                 "val.bin in windows of the run's context, whatever its batch size).")
-    return f" Evaluations scored {', '.join(f'{n:,}' for n in sorted(counts))} validation tokens (data.eval_tokens differs)."
+    return (f" Evaluations scored {', '.join(f'{n:,}' for n in sorted(counts))} validation tokens "
+            "(data.eval_tokens differs).")
 
 
 def _provenance(runs: list[dict]) -> str:
@@ -109,17 +114,20 @@ def _provenance(runs: list[dict]) -> str:
     dirty, drafts = sum(bool(g.get("dirty")) for g in gits), sum(bool(g.get("draft")) for g in gits)
     if not dirty:
         return " (every record from a committed tree)"
-    return f" ({dirty} of {len(runs)} records from a tree with uncommitted changes" + (f", {drafts} marked draft)" if drafts else ")")
+    return (f" ({dirty} of {len(runs)} records from a tree with uncommitted changes"
+            + (f", {drafts} marked draft)" if drafts else ")"))
 
 
 def context(runs: list[dict], brows: list[dict]) -> dict:
     """What the findings' checks need beyond the settings: bench rows and the untrained model's loss (ln V)."""
     vocab = next(((r.get("config") or {}).get("model", {}).get("vocab_size") for r in runs if r.get("config")), None)
-    return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf, "quantize_rows": quantize_rows(runs)}
+    return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf,
+            "quantize_rows": quantize_rows(runs)}
 
 
 def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
-    """The runs table (`runs_table`: the seeded settings' table, judged with the Measured sentences in `noise`) and plots."""
+    """The runs table (`runs_table`: the seeded settings' table, judged with the Measured sentences in `noise`) and
+    plots."""
     baseline = cfg.get("baseline", {})
     lines = ["## Runs", ""]
     if runs_table is not None:
@@ -130,11 +138,12 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: s
     else:
         lines += [train_table(train_runs, baseline), ""]
         if baseline:
-            lines += [f"Δ columns: change against the baseline ({', '.join(f'{k} = {format_value(v)}' for k, v in baseline.items())}) "
-                      "with the same other settings.", ""]
-    lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are medians of "
-              "the logged steps after the first." + _eval_tokens_note(train_runs), ""]
-    curves = plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time")))) if any(r.get("metrics") for r in train_runs) else []
+            against = ", ".join(f"{k} = {format_value(v)}" for k, v in baseline.items())
+            lines += [f"Δ columns: change against the baseline ({against}) with the same other settings.", ""]
+    lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are "
+              "medians of the logged steps after the first." + _eval_tokens_note(train_runs), ""]
+    curves = (plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time"))))
+              if any(r.get("metrics") for r in train_runs) else [])
     for p in curves:
         lines += [f"![{p}]({p})", ""]
     if cfg.get("x"):
@@ -171,7 +180,8 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
         for f in r.get("bench_max_batch") or []:
             limit = ((r.get("spec") or {}).get("args") or {}).get("memory_limit_gb")
             within = f"within an estimated {limit:g} GB" if limit else "before running out of device memory"
-            out.append(f"Largest batch {within} ({r['name']}, {f['setting']}, context {f['context']}): {f['max_batch']}.")
+            out.append(f"Largest batch {within} ({r['name']}, {f['setting']}, context {f['context']}): "
+                       f"{f['max_batch']}.")
     return out
 
 
@@ -183,7 +193,8 @@ def measured_parts(plan: Plan, train_runs: list[dict], brows: list[dict], noise:
     if is_seeded(train_runs):
         settings = group_settings(train_runs)
         table = settings_table(settings, baseline_of(settings, plan.cfg.get("baseline", {})), noise)
-    sentences = backend.annotate(sentences_for(plan.runs, train_runs, brows, plan.cfg, noise), backend.is_cpu(plan.runs))
+    sentences = backend.annotate(sentences_for(plan.runs, train_runs, brows, plan.cfg, noise),
+                                 backend.is_cpu(plan.runs))
     return sentences + section_findings, section_lines, table
 
 
@@ -206,12 +217,14 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
     rows, fnoise = judged(lambda noise: findings_rows(name, settings, {**ctx, "noise": noise}))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
-                  "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of steps), or the "
-                  "paper the row names where they do not cover the topic. "
-                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot measure it. "
+                  "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of "
+                  "steps), or the paper the row names where they do not cover the topic. "
+                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot "
+                  "measure it. "
                   + INTERVAL_NOTE + " " + fnoise.note(), ""]
-        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows, "stand_ins": stand_ins(runs),
-                                           "noise": {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}})
+        noise = {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}
+        write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
+                                           "stand_ins": stand_ins(runs), "noise": noise})
     plan = Plan(runs, settings, cfg, ctx, out, Family())
     (measured, section_lines, runs_table), mnoise = judged(lambda noise: measured_parts(plan, train_runs, brows, noise))
     lines += ["## Measured", ""] + [f"- {s}" for s in measured]
@@ -224,7 +237,8 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
         lines += bench_section(runs, brows, out)
     lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}",
               f"python -m deliverables.report runs/{name} --out docs/results/{name} --records",
-              f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records", "```", ""]
+              f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records",
+              "```", ""]
     for png in out.glob("*.png"):
         shrink_png(png)
     if records:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from deliverables.report.bench import fit_memory_points
 from deliverables.report.charts import bench_rows
-from deliverables.report.divergence import edge
+from deliverables.report.divergence import LEARNED_WITHIN, edge
 from deliverables.report.seeds import group_settings
 from experiments.results import load_results
 from jaxlm import cli
@@ -44,14 +44,20 @@ def attention_share(t: int) -> float:
     return 100 * sum(v for k, v in est.activations.items() if k.endswith("attention scores")) / est.activation_total
 
 
+TARGET_LOSS = 1.45  # CS336 assignment 1: TinyStories validation loss to reach within the GPU budget
+
+
 def analytic() -> dict[str, Claim]:
     from experiments.answers import accounting, adamw
     from jaxlm.analysis import flops
+    from jaxlm.analysis.memory import DEFAULT_USABLE
 
     xl = accounting.model("gpt2-xl")
     per_seq, fixed = adamw.peak_terms(xl, 1024)
     src = "jaxlm.analysis (flops, memory) and the answers module"
-    return {"attn_share_256": Claim(attention_share(256), src), "attn_share_1024": Claim(attention_share(1024), src),
+    return {"target_loss": Claim(TARGET_LOSS, "the CS336 assignment 1 handout"),
+            "usable_share": Claim(100 * DEFAULT_USABLE, "jaxlm.analysis.memory.DEFAULT_USABLE"),
+            "attn_share_256": Claim(attention_share(256), src), "attn_share_1024": Claim(attention_share(1024), src),
             "xl_params": Claim(flops.param_counts(xl)["total"], src),
             "xl_fwd_tflop": Claim(flops.forward_flops(xl, 1024).total / 1e12, src),
             "xl_gb_per_seq": Claim(per_seq / 1e9, src), "xl_gb_fixed": Claim(fixed / 1e9, src),
@@ -112,7 +118,7 @@ FINDINGS = {  # key: (plan, words of the claim, pattern)
     "full_ft_loss": ("peft", "LoRA comes close", r"full ([\d.]+)"),
     "lora_gap": ("peft", "LoRA comes close", r"\(\+([\d.]+)%"),
     "qlora_loss": ("peft", "NF4", r"qlora_r16 ([\d.]+)"),
-    "lora_r16_loss": ("peft", "NF4", r"lora_r16 ([\d.]+)"),
+    "lora_r16_loss": ("peft", "NF4", r"vs lora_r16 ([\d.]+)"),
     "int8_loss": ("quantization", "int8", r"int8 PTQ ([\d.]+)"),
     "ptq_f32_loss": ("quantization", "int8", r"float32 ([\d.]+)"),
     "qat_loss": ("quantization", "QAT", r"at int4 ([\d.]+)"),
@@ -124,6 +130,23 @@ FINDINGS = {  # key: (plan, words of the claim, pattern)
     "ctx_range": ("context_length", "context length", r"range ([\d.]+)%"),
     "batch1_loss": ("batch_size", "larger batches", r"batch 1: ([\d.]+)"),
     "batch32_loss": ("batch_size", "larger batches", r"batch 32: ([\d.]+)"),
+}
+
+
+REPORTS = {  # key: (plan, pattern in its generated report.md, from its records)
+    "peft_full_mib": ("peft", r"\| `pretrain` \.\.\. `full-s2` \(4 runs\) \|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
+    "peft_r4_mib": ("peft", r"\| `lora_r4-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
+    "peft_r64_mib": ("peft", r"\| `lora_r64-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
+    "par_fsdp_share": ("parallelism", r"memory_small: fsdp=8 holds ([\d.]+)"),
+    "par_tp_share": ("parallelism", r"memory_small: data=2,tensor=4 holds ([\d.]+)"),
+    "par_pp_share": ("parallelism", r"memory_small: data=2,pipeline=4 holds ([\d.]+)"),
+    "par_dp_speed": ("parallelism", r"dp_on: data=8 ran \d+ tokens/s against one device's \d+ \(([\d.]+)x\)"),
+    "par_bubble_m1": ("parallelism", r"with 1 micro-batch lost (\d+) %"),
+    "par_bubble_m1_gpipe": ("parallelism", r"with 1 micro-batch lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
+    "par_bubble_m4": ("parallelism", r"with 4 micro-batches lost (\d+) %"),
+    "par_bubble_m4_gpipe": ("parallelism", r"with 4 micro-batches lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
+    "par_bubble_m8": ("parallelism", r"with 8 micro-batches lost (\d+) %"),
+    "par_bubble_m8_gpipe": ("parallelism", r"with 8 micro-batches lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
 }
 
 
@@ -148,7 +171,10 @@ def lr(root: Path) -> dict[str, Claim]:
     vocab = ((runs[0].get("config") or {}).get("model") or {}).get("vocab_size")
     e = edge(sorted(by.items()), math.log(vocab))
     src = f"{root}/lr_sweep records"
-    return {"lr_best": Claim(e["best"], src), "lr_best_loss": Claim(e["best_loss"], src),
+    broken_acc = [a for r in by[e["broken"]] if (a := (r.get("metrics") or {}).get("eval_acc")) is not None]
+    return {"lr_threshold": Claim(LEARNED_WITHIN, "deliverables.report.divergence"),
+            "lr_broken_acc": Claim(100 * max(broken_acc) / e["best_acc"], src), "lr_best": Claim(e["best"], src),
+            "lr_best_loss": Claim(e["best_loss"], src),
             "lr_best_acc": Claim(100 * e["best_acc"], src), "lr_trained": Claim(e["trained"], src),
             "lr_broken": Claim(e["broken"], src), "lr_nonfinite": Claim(e["nonfinite"], src),
             "lr_runs": Claim(len(runs), src), "lr_rates": Claim(len(by), src)}
@@ -170,6 +196,9 @@ def claims(root: Path = RESULTS) -> dict[str, Claim]:
     out = analytic() | compiled(root) | recipe(root) | fits(root) | lr(root) | cpu(root)
     for key, (plan, words, pattern) in FINDINGS.items():
         out[key] = Claim(finding(root, plan, words, pattern), f"{root}/{plan}/findings.json")
+    for key, (plan, pattern) in REPORTS.items():
+        out[key] = Claim(float(re.search(pattern, (root / plan / "report.md").read_text()).group(1)),
+                         f"{root}/{plan}/report.md (from its records)")
     return out
 
 

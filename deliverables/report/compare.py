@@ -22,12 +22,17 @@ from deliverables.report.format import (
 from experiments.plan import format_value
 
 
+def _mixed(v) -> tuple:
+    """Sort key for axis values that mix numbers and strings."""
+    return (isinstance(v, str), v)
+
 def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
     """label on `axis` -> [(run, its baseline run)], matching on every other axis."""
     def rest(r):
         return tuple(sorted((k, format_value(v)) for k, v in r.get("axes", {}).items() if k != axis))
 
-    bases = {rest(r): r for r in runs if axis in r.get("axes", {}) and format_value(r["axes"][axis]) == format_value(base_label)}
+    bases = {rest(r): r for r in runs
+             if axis in r.get("axes", {}) and format_value(r["axes"][axis]) == format_value(base_label)}
     pairs: dict[Any, list] = {}
     for r in runs:
         label = r.get("axes", {}).get(axis)
@@ -71,7 +76,8 @@ def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
                 for k, v in r["axes"].items():
                     if k != axis:
                         others.setdefault(k, set()).add(v)
-            where = "; ".join(f"{k}={', '.join(format_value(v) for v in sorted(vs, key=lambda v: (isinstance(v, str), v)))}" for k, vs in others.items())
+            where = "; ".join(f"{k}={', '.join(format_value(v) for v in sorted(vs, key=_mixed))}"
+                              for k, vs in others.items())
             where = f" at {where}" if where else ""
             s = describe_changes(axis_label(axis, label), axis_label(axis, base_label) + where, phrases)
             if s:
@@ -93,11 +99,13 @@ def status_sentences(runs: list[dict]) -> list[str]:
 
 def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
     """Best run by validation loss, and how the final validation loss moves along the x axis."""
-    ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None and math.isfinite(value(r, "eval_loss"))]
+    ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None
+          and math.isfinite(value(r, "eval_loss"))]
     if not ok:
         return []
     best = min(ok, key=lambda r: value(r, "eval_loss"))
-    out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) from `{best['name']}`."]
+    out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) "
+           f"from `{best['name']}`."]
     if x:
         pts = sorted(((x_value(r, x), r) for r in ok if x_value(r, x) is not None), key=lambda t: t[0])
         if len(pts) >= 2:
@@ -108,7 +116,8 @@ def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
             steps = [b - a for a, b in zip(losses, losses[1:])]
             shape = ("at every step along the axis" if all((d < 0) == (l1 < l0) for d in steps)
                      else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
-            out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to {l1:.3f} "
+            out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to "
+                       f"{l1:.3f} "
                        f"({fmt_pct(pct_change(l1, l0))}), {shape}.")
             a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
             if a0 is not None and a1 is not None:
@@ -131,6 +140,7 @@ def train_table(runs: list[dict], baseline: dict) -> str:
         row = [f"`{r['name']}`", *(format_value(r.get("axes", {}).get(a, "")) for a in axes), r.get("status", "?")]
         row += [fmt(value(r, q), QUANTITIES[q][1]) for q in cols]
         b = base_of.get(r["name"])
-        row += [fmt_pct(pct_change(value(r, q), value(b, q))) if b else "base" if r["name"] in {x["name"] for x in base_of.values()} else "" for q in deltas]
+        is_base = r["name"] in {x["name"] for x in base_of.values()}
+        row += [fmt_pct(pct_change(value(r, q), value(b, q))) if b else "base" if is_base else "" for q in deltas]
         rows.append(row)
     return table(headers, rows)

@@ -19,7 +19,8 @@ LEARNED_WITHIN = 0.5  # nats above the best setting's mean loss: a perplexity at
 DEFINITION = ("Each run is judged against the best setting (the lowest mean final validation loss L\\*, its mean "
               "accuracy A\\*). A run *diverged* when its loss or parameters became non-finite (the trainer stops it) "
               "or it ended above ln V, the untrained model's loss. It *failed to learn* when it ended finite but more "
-              f"than {LEARNED_WITHIN:g} nats above L\\* (a perplexity over {math.exp(LEARNED_WITHIN):.2f}x the best's); "
+              f"than {LEARNED_WITHIN:g} nats above L\\* (a perplexity over {math.exp(LEARNED_WITHIN):.2f}x the "
+              "best's); "
               "its accuracy against A\\* is shown beside. Otherwise it *trained*.")
 
 

@@ -37,28 +37,47 @@ class Finding:
 
 
 FINDINGS: tuple[Finding, ...] = (
-    Finding("ablations", "removing RMSNorm hurts", "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates stabilise it but stay worse", "worse:no_norm"),
-    Finding("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)", "similar:post_norm"),
+    Finding("ablations", "removing RMSNorm hurts",
+            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; "
+            "lower rates stabilise it but stay worse",
+            "worse:no_norm"),
+    Finding("ablations", "post-norm trains about as well as pre-norm",
+            "about the same loss (slightly lower in one report)", "similar:post_norm"),
     Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
-    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
-    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate", "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
-    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training", "lr_diverge"),
-    Finding("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps", "batch_equal_steps"),
+    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
+            "worse:silu"),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
+            "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
+            "10-100x higher diverges, early in training", "lr_diverge"),
+    Finding("batch_size", "at equal steps, larger batches reach lower loss",
+            "lower loss with larger batches at equal steps", "batch_equal_steps"),
     Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
     Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
-    Finding("model_size", "at a short budget bigger models are not better yet", "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
-    Finding("context_length", "context length changes loss little", "little change in loss across context lengths", "context_little"),
+    Finding("model_size", "at a short budget bigger models are not better yet",
+            "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
+    Finding("context_length", "context length changes loss little", "little change in loss across context lengths",
+            "context_little"),
     Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
-    Finding("profiling", "peak memory grows faster than linearly with context", "faster than linear in context (attention matrices)", "memory_context"),
-    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
-    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
-    Finding("optimizations", "rematerialisation changes memory and time, not the loss", "by design: the backward recomputes the same forward", "similar:remat"),
+    Finding("profiling", "peak memory grows faster than linearly with context",
+            "faster than linear in context (attention matrices)", "memory_context"),
+    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
+            "by design: the backward recomputes the same forward", "similar:remat"),
     # Fine-tuning and quantisation: the methods' own papers, as the curriculum's reports do not cover them.
-    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters", "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
+    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
+            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
     Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
-    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base", "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
-    Finding("quantization", "int8 weight PTQ is about lossless", "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)", "ptq8_lossless"),
-    Finding("quantization", "QAT recovers what 4-bit PTQ loses", "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
+    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
+            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
+    Finding("quantization", "int8 weight PTQ is about lossless",
+            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)",
+            "ptq8_lossless"),
+    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
+            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
 )
 
 
@@ -74,7 +93,8 @@ def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tupl
     """The comparison's text and whether it is beyond noise (None: one seed)."""
     verdict = resolved(a, b, noise)
     said = {None: "one seed", True: "beyond noise", False: "within noise"}[verdict]
-    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({100 * (a.mean - b.mean) / b.mean:+.1f}%, {said})", verdict
+    change = 100 * (a.mean - b.mean) / b.mean
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {said})", verdict
 
 
 def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
@@ -110,7 +130,8 @@ def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
         if a is None or b is None:
             diverged = sum(r.get("status") == "diverged" for r in s.runs)
             base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
-            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div else f"at {where}: not complete")
+            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div
+                       else f"at {where}: not complete")
         else:
             out.append(f"at {where}: " + _versus(a, b, variant, "baseline", noise)[0])
     return "".join(f"; {o}" for o in out)
@@ -142,7 +163,8 @@ def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) 
 
 
 def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
-    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))), key=lambda t: t[0])
+    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
+                  key=lambda t: t[0])
 
 
 def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
@@ -158,7 +180,8 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
         return "no completed rate", UNRESOLVED
     best_x, _, st = best
     others = [(x, o) for x, _, o in ok if x != best_x]
-    text = f"best lr {format_value(best_x)} (val loss {st.text()}); " + ", ".join(f"lr {format_value(x)}: {o.text()}" for x, o in others)
+    text = (f"best lr {format_value(best_x)} (val loss {st.text()}); "
+            + ", ".join(f"lr {format_value(x)}: {o.text()}" for x, o in others))
     interior = pts[0][0] < best_x < pts[-1][0]
     clear = all([resolved(st, o, ctx["noise"]) for _, o in others])  # a list: every comparison counts in the family
     text += "; best beyond noise of every other rate" if clear else "; best within noise of another rate"
@@ -219,7 +242,8 @@ def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = [(x, rough) for x, s in _numeric(settings, "data.batch_size") if (rough := roughness(s)) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
-    text = "training-loss jitter (std of successive logged differences, 2nd half): " + ", ".join(f"batch {int(x)}: {r:.3f}" for x, r in pts)
+    text = ("training-loss jitter (std of successive logged differences, 2nd half): "
+            + ", ".join(f"batch {int(x)}: {r:.3f}" for x, r in pts))
     return text, AGREE if all(b < a for (_, a), (_, b) in zip(pts, pts[1:])) else DISAGREE
 
 
@@ -235,7 +259,8 @@ def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = sorted(((st_p.mean, s, st) for s in settings if (st_p := s.stats("params")) and (st := _loss(s))), key=lambda t: t[0])
+    pts = sorted(((st_p.mean, s, st) for s in settings if (st_p := s.stats("params")) and (st := _loss(s))),
+                 key=lambda t: t[0])
     if len(pts) < 2:
         return "fewer than two sizes", UNRESOLVED
     text = ", ".join(f"{s.name} ({p / 1e3:.0f}k params): {st.text()}" for p, s, st in pts)
@@ -250,15 +275,18 @@ def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
     lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
-    text = ", ".join(f"context {int(x)}: {st.text()}" for x, st in pts) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
+    text = (", ".join(f"context {int(x)}: {st.text()}" for x, st in pts)
+            + f"; range {100 * (hi - lo) / lo:.1f}% of the loss")
     return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
 
 
 def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
     """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
-    gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok" and r.get("memory_source") == "memory_stats"]
+    gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
+           and r.get("memory_source") == "memory_stats"]
     if not gpu:
-        return "left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor its speed is the GPU's", UNRESOLVED
+        return ("left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor "
+                "its speed is the GPU's"), UNRESOLVED
     return "see the mixed-precision sentences above", UNRESOLVED
 
 
@@ -273,7 +301,8 @@ def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
     """Seed statistics of the validation loss of `trained` models evaluated at `bits` (None: as trained)."""
-    return Stats.of([q["val_loss"] for q in ctx.get("quantize_rows", []) if q["trained"] == trained and q["bits"] == bits])
+    return Stats.of([q["val_loss"] for q in ctx.get("quantize_rows", [])
+                     if q["trained"] == trained and q["bits"] == bits])
 
 
 def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -303,7 +332,8 @@ CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
     "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full", c),
     "lora_ranks": check_lora_ranks,
     "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16", c),
-    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ", "float32", c),
+    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ",
+                                         "float32", c),
     "qat_recovers": check_qat,
     "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
     "worse:nope": lambda s, c: check_worse(s, "nope", c),
@@ -335,4 +365,5 @@ def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
 
 
 def findings_table(rows: list[dict]) -> str:
-    return table(["finding", "seed reports", "jaxlm measured", "verdict"], [[r["claim"], r["seen"], r["measured"], r["verdict"]] for r in rows])
+    return table(["finding", "seed reports", "jaxlm measured", "verdict"],
+                 [[r["claim"], r["seen"], r["measured"], r["verdict"]] for r in rows])

@@ -25,7 +25,9 @@ def _replicated(rows: list[dict]) -> dict | None:
 
 
 def _axes(row: dict) -> dict[str, int]:
-    return {} if row["layout"] == "1 device" else {k: int(v) for k, v in (p.split("=") for p in row["layout"].split(","))}
+    if row["layout"] == "1 device":
+        return {}
+    return {k: int(v) for k, v in (p.split("=") for p in row["layout"].split(","))}
 
 
 def _f(v: float | None, spec: str) -> str:
@@ -55,14 +57,16 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
                          _f(r["state_mb_per_device"], ".1f"), _f(share, ".3f"), _f(r.get("temp_mb"), ".1f"),
                          _f(r.get("step_ms"), ".1f"), _f(r.get("tokens_per_s"), ".0f"), _collectives(r), _bubble(r)])
             if ref and r is not ref:
-                findings.append(f"{name}: {r['layout']} holds {share:.3f} of the replicated ({ref['layout']}) per-device "
+                findings.append(f"{name}: {r['layout']} holds {share:.3f} of the replicated ({ref['layout']}) "
+                                "per-device "
                                 f"parameters + optimizer state ({r['state_mb_per_device']:.0f} vs "
                                 f"{ref['state_mb_per_device']:.0f} MiB, compiled program's shardings).")
             if single and r is not single and r.get("tokens_per_s") and "bubble" not in r:
                 findings.append(f"{name}: {r['layout']} ran {r['tokens_per_s']:.0f} tokens/s against one device's "
                                 f"{single['tokens_per_s']:.0f} ({r['tokens_per_s'] / single['tokens_per_s']:.2f}x).")
             if "bubble_measured" in r:
-                findings.append(f"{name}: {r['layout']} with {r['microbatches']} micro-batch{'es' * (r['microbatches'] != 1)} lost "
+                es = "es" * (r["microbatches"] != 1)
+                findings.append(f"{name}: {r['layout']} with {r['microbatches']} micro-batch{es} lost "
                                 f"{100 * r['bubble_measured']:.0f} % of its step time against {r['reference_layout']} "
                                 f"(analytic GPipe bubble {100 * r['bubble']:.0f} %).")
     headers = ["run", "layout", "scanned", "compile s", "state MiB / device", "of replicated", "temp MiB", "step ms",

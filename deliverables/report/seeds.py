@@ -64,7 +64,8 @@ class Stats:
     def of(xs: list[float], label: tuple = ()) -> Stats | None:
         if not xs:
             return None
-        return Stats(len(xs), statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0, min(xs), max(xs), label)
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return Stats(len(xs), statistics.fmean(xs), sd, min(xs), max(xs), label)
 
     @property
     def ci(self) -> float | None:
@@ -82,7 +83,8 @@ def group_settings(runs: list[dict]) -> list[Setting]:
         axes = {k: v for k, v in (r.get("axes") or {}).items() if k != SEED_AXIS}
         key = tuple(sorted((k, format_value(v)) for k, v in axes.items()))
         if key not in out:
-            out[key] = Setting(SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"], axes)
+            name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"]
+            out[key] = Setting(name, axes)
         out[key].runs.append(r)
     return list(out.values())
 
@@ -125,10 +127,12 @@ def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
 def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> str:
     """One row per setting: seeds, status, final metrics as mean ± 95 % interval over the completed seeds."""
     axes = list(dict.fromkeys(k for s in settings for k in s.axes))
-    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s", "step_time",
+    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s",
+                        "step_time",
                         "wall_time_s")
             if any(s.stats(q) for s in settings)]
-    headers = ["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)] + (["Δ val loss vs baseline"] if bases else [])
+    headers = (["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)]
+               + (["Δ val loss vs baseline"] if bases else []))
     rows = []
     for s in settings:
         row = [f"`{s.name}`", *(format_value(s.axes.get(a, "")) for a in axes), str(len(s.runs)), s.status]
@@ -203,7 +207,8 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
 
 
 def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
-    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside them)."""
+    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside
+    them)."""
     cfg = run.get("config") or {}
     per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
     steps, vals, _ = series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), "train_loss")
@@ -216,7 +221,8 @@ def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
 
 def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> list[str]:
     """Neighbours along `x` compared at the smaller run's whole token budget, by the logged training loss."""
-    pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok), key=lambda t: t[0])
+    pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok),
+                 key=lambda t: t[0])
     out = []
     for (xa, a), (xb, b) in zip(pts, pts[1:]):
         budget = statistics.fmean(r["metrics"]["tokens"] for r in a.ok if r.get("metrics", {}).get("tokens"))
@@ -225,7 +231,8 @@ def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> lis
         label = f"{x}={format_value(int(xa) if xa.is_integer() else xa)}"
         other = f"{x}={format_value(int(xb) if xb.is_integer() else xb)}"
         if mine is None or theirs is None:
-            out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no training loss that early.")
+            out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no "
+                       "training loss that early.")
             continue
         out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} "
                    f"{compare_phrase(theirs, mine, noise, 'training loss')}.")

@@ -58,31 +58,38 @@ def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
         seconds = per_byte * size + per_word * words * vocab / 10000  # merges assumed linear in their number
         memory = f", peak memory about {fmt(mem[0] + mem[1] * words, 'bytes')}" if mem else ""
         out.append(f"{name} ({size / 1e9:.1f} GB, vocabulary {vocab}): about {words:,.0f} distinct pre-tokens, "
-                   f"{seconds / 3600:.2g} hours in one process ({per_byte * size / 3600:.2g} h pre-tokenising){memory}. "
+                   f"{seconds / 3600:.2g} hours in one process ({per_byte * size / 3600:.2g} h pre-tokenising)"
+                   f"{memory}. "
                    f"An extrapolation over {size / max(b):,.0f}x the largest measured text: an order of magnitude, "
                    "not a measurement.")
     return out
 
 
 def training_lines(train: list[tuple[dict, dict]]) -> list[str]:
-    rows = [[fmt(t["bytes"], "bytes"), f"{t['distinct_pretokens']:,}", f"{t['pretokenize_s']:.2f}", f"{t['merge_s']:.2f}",
-             f"{t['total_s']:.2f}", fmt(r.get("max_rss_bytes"), "bytes"), f"`{t['longest_token']!r}` ({t['longest_token_bytes']} B)"]
+    rows = [[fmt(t["bytes"], "bytes"), f"{t['distinct_pretokens']:,}", f"{t['pretokenize_s']:.2f}",
+             f"{t['merge_s']:.2f}",
+             f"{t['total_s']:.2f}", fmt(r.get("max_rss_bytes"), "bytes"),
+             f"`{t['longest_token']!r}` ({t['longest_token_bytes']} B)"]
             for r, t in train]
     full = train[-1][1]
     top = full["profile_top"][0]
     share = 100 * full["merge_s"] / full["total_s"]
     return ["### BPE training", "",
-            table(["text", "distinct pre-tokens", "pre-tokenise s", "merge s", "total s", "peak RSS", "longest token"], rows), "",
-            f"One process (`num_workers=1`), vocabulary {full['vocab_size']} with `<|endoftext|>`; merge time is the whole "
+            table(["text", "distinct pre-tokens", "pre-tokenise s", "merge s", "total s", "peak RSS", "longest token"],
+                  rows), "",
+            f"One process (`num_workers=1`), vocabulary {full['vocab_size']} with `<|endoftext|>`; merge time is the "
+            "whole "
             "training minus a separate pre-tokenisation of the same text; peak RSS is the whole Python process. "
-            f"On all {fmt(full['bytes'], 'bytes')}, merging took {share:.0f} % of the time; in the profiled training the "
+            f"On all {fmt(full['bytes'], 'bytes')}, merging took {share:.0f} % of the time; in the profiled training "
+            "the "
             f"most expensive function by its own time is `{top['function']}` ({top['own_s']:.2f} s of "
             f"{full['profiled_total_s']:.2f} s, cProfile overhead included).", "",
             *[f"- {s}" for s in extrapolation(train)], ""]
 
 
 def compression_lines(rows: list[dict]) -> list[str]:
-    body = [[r["tokenizer"], r["text"], fmt(r["bytes"], "bytes"), f"{r['tokens']:,}", f"{r['bytes_per_token']:.2f}"] for r in rows]
+    body = [[r["tokenizer"], r["text"], fmt(r["bytes"], "bytes"), f"{r['tokens']:,}", f"{r['bytes_per_token']:.2f}"]
+            for r in rows]
     wiki = [r for r in rows if r["text"] == "WikiText-2 valid"]
     dtype = [f"- {r['tokenizer']}: largest id {r['max_id']:,} of a {r['vocab_size']:,}-entry vocabulary, "
              f"{'within' if r['vocab_size'] <= 65536 else 'beyond'} uint16's 65,536 values; WikiText-2 valid as uint16 "
@@ -100,7 +107,8 @@ def throughput_lines(rows: list[dict], text: str) -> list[str]:
     for r in rows:
         st = Stats.of(r["bytes_per_s"])
         hours = PILE_BYTES / st.mean / 3600
-        body.append([r["tokenizer"], f"{st.mean / 1e6:.2f} ± {st.ci / 1e6:.2f}", str(st.n), f"{hours:,.0f} h ({hours / 24:.1f} days)"])
+        body.append([r["tokenizer"], f"{st.mean / 1e6:.2f} ± {st.ci / 1e6:.2f}", str(st.n),
+                     f"{hours:,.0f} h ({hours / 24:.1f} days)"])
     return ["### Encoding throughput", "",
             table(["tokenizer", "MB/s (95 % interval)", "repeats", "825 GB (the Pile), one process"], body), "",
             f"Encoding `{text}` whole, one process; every tokenizer here runs the same tiktoken-backed code "

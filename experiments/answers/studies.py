@@ -7,8 +7,8 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.answers.accounting import table
 from deliverables.report.divergence import DEFINITION, edge, edge_sentence
+from experiments.answers.accounting import table
 from experiments.results import load_results
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
@@ -29,7 +29,8 @@ def lr_settings(root: Path) -> dict[float, list[dict]]:
 
 
 def mean_loss(runs: list[dict]) -> tuple[float, float] | None:
-    losses = [r["metrics"]["eval_loss"] for r in runs if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
+    losses = [r["metrics"]["eval_loss"] for r in runs
+              if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
     if not losses:
         return None
     return statistics.mean(losses), statistics.stdev(losses) if len(losses) > 1 else 0.0
@@ -62,8 +63,10 @@ def learning_rate_section(root: Path) -> list[str]:
         out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk "
                     f"wisdom (the best rate is just below the edge of stability) {folk} here: the "
                     "rates just under the edge still train nearly as well as the best while the next step up no longer "
-                    "learns. Where the loss becomes non-finite is a different, much higher edge. **The grid's limits**: "
-                    f"{len(points)} rates, so the edge is bracketed only within a factor {e['broken'] / e['trained']:g}; "
+                    "learns. Where the loss becomes non-finite is a different, much higher edge. "
+                    "**The grid's limits**: "
+                    f"{len(points)} rates, so the edge is bracketed only within a factor "
+                    f"{e['broken'] / e['trained']:g}; "
                     f"a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
     return out + [""]
 
@@ -75,7 +78,8 @@ def untrained_loss(points: list[tuple[float, list[dict]]]) -> float:
 
 
 def run_page_facts(page: Path) -> dict | None:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report RUN`)."""
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
+    RUN`)."""
     if not page.is_file():
         return None
     text = page.read_text()
@@ -85,7 +89,8 @@ def run_page_facts(page: Path) -> dict | None:
         return None
     return {"decoding": sample.group(1).strip(), "sample": sample.group(2), "measures": sample.group(3).strip(),
             "model": row("model"), "data": row("data"),
-            "params": (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1], "steps": row("steps"), "val_loss": row("final validation loss"),
+            "params": (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1],
+            "steps": row("steps"), "val_loss": row("final validation loss"),
             "title": text.splitlines()[0].lstrip("# ")}
 
 
@@ -93,7 +98,8 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR --out "
+        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR "
+                      "--out "
                       f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
@@ -108,4 +114,5 @@ def generate_section(page: Path, link: str) -> list[str]:
         "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
         "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
         f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
-        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short stories.", ""]
+        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
+        "stories.", ""]

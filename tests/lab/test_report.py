@@ -63,7 +63,8 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
     from deliverables.report.charts import before_after_bars
 
     def bench(tech, tps, mem):
-        return {"name": f"before_after_{tech}", "plan": "optimizations", "status": "ok", "kind": "bench", "axes": {"technique": tech},
+        return {"name": f"before_after_{tech}", "plan": "optimizations", "status": "ok", "kind": "bench",
+                "axes": {"technique": tech},
                 "bench_rows": [{"status": "ok", "tokens_per_s": tps, "memory_gb": mem, "step_ms": 100.0}]}
 
     def train(tech, seed, tps, rss):
@@ -77,7 +78,8 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
     bars = before_after_bars(runs)
     assert means(bars) == {"float32": {"tokens_per_s": 200.0, "memory_gb": 3.0, "step_ms": 500.0},
                            "remat": {"tokens_per_s": 150.0, "memory_gb": 1.0, "step_ms": 500.0}}
-    assert bars["float32"]["tokens_per_s"].ci == pytest.approx(12.706 * 141.42 / 2 ** 0.5, rel=1e-3)  # t(0.975, 1) = 12.706
+    # t(0.975, 1) = 12.706
+    assert bars["float32"]["tokens_per_s"].ci == pytest.approx(12.706 * 141.42 / 2 ** 0.5, rel=1e-3)
     runs += [bench("float32", 1000.0, 8.0), bench("bfloat16", 2500.0, 5.0)]
     assert means(before_after_bars(runs)) == {"float32": {"tokens_per_s": 1000.0, "memory_gb": 8.0, "step_ms": 100.0},
                                               "bfloat16": {"tokens_per_s": 2500.0, "memory_gb": 5.0, "step_ms": 100.0}}
@@ -85,8 +87,8 @@ def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
 
 def _bench_run(name, steps, rows):
     return {"name": name, "plan": "optimizations", "status": "ok", "kind": "bench", "spec": {"args": {"steps": steps}},
-            "bench_rows": [{"status": "ok", "framework": "jax", "mode": "train_step", "dtype": "float32", "attention": "xla",
-                            "remat": "none", "device": "cpu", **r} for r in rows]}
+            "bench_rows": [{"status": "ok", "framework": "jax", "mode": "train_step", "dtype": "float32",
+                            "attention": "xla", "remat": "none", "device": "cpu", **r} for r in rows]}
 
 
 def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
@@ -115,10 +117,13 @@ def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
                                                       "step_ms_std": 1.0, "tokens_per_s": 10240.0, "memory_gb": 1.0}])
     remat = _bench_run("before_after_remat", 5, [{**float32["bench_rows"][0], "step_ms": 130.0, "tokens_per_s": 7877.0,
                                                    "memory_gb": 0.5}])
-    close = _bench_run("before_after_bfloat16", 5, [{**float32["bench_rows"][0], "step_ms": 100.5, "tokens_per_s": 10189.0}])
+    close = _bench_run("before_after_bfloat16", 5, [{**float32["bench_rows"][0], "step_ms": 100.5,
+                                                     "tokens_per_s": 10189.0}])
     lines = before_after([float32, remat, close], tmp_path)
-    assert "- remat: tokens/s -23% (beyond noise), peak memory (GB) -50% (no interval), step time (ms) +30% (beyond noise)" in lines
-    assert "- bfloat16: tokens/s -0% (within noise), peak memory (GB) +0% (no interval), step time (ms) +0% (within noise)" in lines
+    assert ("- remat: tokens/s -23% (beyond noise), peak memory (GB) -50% (no interval), step time (ms) +30% "
+            "(beyond noise)") in lines
+    assert ("- bfloat16: tokens/s -0% (within noise), peak memory (GB) +0% (no interval), step time (ms) +0% "
+            "(within noise)") in lines
     assert (tmp_path / "before_after.png").is_file()
 
 
@@ -133,9 +138,11 @@ def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
         d.mkdir()
         words = 1000 * mb ** 0.5
         (d / "tokenizer.json").write_text(json.dumps({
-            "kind": "train", "bytes": mb * 1e6, "vocab_size": 10000, "distinct_pretokens": words, "pretokenize_s": 0.5 * mb,
+            "kind": "train", "bytes": mb * 1e6, "vocab_size": 10000, "distinct_pretokens": words,
+            "pretokenize_s": 0.5 * mb,
             "merge_s": words / 1000, "total_s": 0.5 * mb + words / 1000, "longest_token": " notwithstanding",
-            "longest_token_bytes": 16, "profile_top": [{"function": "bpe.py:301(_merge)", "own_s": 1.0}], "profiled_total_s": 2.0}))
+            "longest_token_bytes": 16, "profile_top": [{"function": "bpe.py:301(_merge)", "own_s": 1.0}],
+            "profiled_total_s": 2.0}))
         runs.append({"name": f"bpe{i}", "_dir": str(d), "status": "ok", "max_rss_bytes": 10e6 + 1000 * words})
     d = tmp_path / "speed"
     d.mkdir()
@@ -143,8 +150,8 @@ def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
         {"tokenizer": "ours", "bytes_per_s": [1e6, 1.1e6, 0.9e6]}]}))
     runs.append({"name": "speed", "_dir": str(d), "status": "ok"})
     text = "\n".join(tokenizer(runs)[1])
-    assert ("pre-tokenisation 0.5 s per MB; distinct pre-tokens 1 x bytes^0.500 (Heaps' law); merging 1 ms per distinct "
-            "pre-token at vocabulary 10000; peak memory 9.54 MiB + 1e+03 B per distinct pre-token") in text
+    assert ("pre-tokenisation 0.5 s per MB; distinct pre-tokens 1 x bytes^0.500 (Heaps' law); merging 1 ms per "
+            "distinct pre-token at vocabulary 10000; peak memory 9.54 MiB + 1e+03 B per distinct pre-token") in text
     # TinyStories, 2.2 GB: sqrt(2200) x 1000 = 46,904 words; 0.5 x 2200 + 46.9 = 1146.9 s = 0.32 h; 10 MB + 46.9 MB
     assert "TinyStories V2 train (2.2 GB, vocabulary 10000): about 46,904 distinct pre-tokens, 0.32 hours" in text
     assert "peak memory about 54.3 MiB" in text
@@ -163,5 +170,6 @@ def test_tokenizer_study_trains_on_the_data_root(tmp_path, monkeypatch):
     (tmp_path / "run").mkdir()
     out = tokenizer_study.train(tmp_path / "run", 1.0, 300)
     # pre-tokens "ab" x3, " ab" x9, "\n" x3: merge (a, b) (12), then (" ", ab) (9), then no pair is left
-    assert (out["distinct_pretokens"], out["merges"], out["longest_token"], out["longest_token_bytes"]) == (3, 2, " ab", 3)
+    got = (out["distinct_pretokens"], out["merges"], out["longest_token"], out["longest_token_bytes"])
+    assert got == (3, 2, " ab", 3)
     assert out["bytes"] == 3 * 12 + 2 * len("<|endoftext|>") and not (tmp_path / "run" / "text.txt").exists()

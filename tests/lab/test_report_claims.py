@@ -28,8 +28,9 @@ def test_memory_fits_keep_each_compiler_apart():
     # Each fit's T² share uses its own series: 100·512² / (1e6 + 2e3·512 + 100·512²) = 93 %.
     assert "term 93% of the total" in parts[0]
     assert "(compiled for h100-80gb)" in parts[1] and "50 B·T²" in parts[1]
-    lines, _ = fit_memory_batch([row(256, b, (3e6 + 1e7 * b) / 1e9, "memory_analysis", "cpu") for b in (1, 2, 4)]
-                                + [row(256, b, (9e6 + 4e6 * b) / 1e9, "compiled for h100-80gb", "h") for b in (1, 2, 4)])
+    cpu = [row(256, b, (3e6 + 1e7 * b) / 1e9, "memory_analysis", "cpu") for b in (1, 2, 4)]
+    gpu = [row(256, b, (9e6 + 4e6 * b) / 1e9, "compiled for h100-80gb", "h") for b in (1, 2, 4)]
+    lines, _ = fit_memory_batch(cpu + gpu)
     assert len(lines.split("; ")) == 2 and "R² 1.0000" in lines.split("; ")[1]
 
 
