@@ -184,11 +184,11 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
         colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
         ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
                yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
         ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
     fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / name, dpi=80)
+    fig.savefig(out / name, dpi=110)
     plt.close(fig)
     shrink_png(out / name)
     lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))

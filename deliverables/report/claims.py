@@ -94,13 +94,13 @@ def compiled(root: Path) -> dict[str, Claim]:
 
 
 def recipe(root: Path) -> dict[str, Claim]:
-    """The TinyStories recipe's predicted H100 hours: 327,680,000 tokens at the compiled step's predicted rate."""
+    """The TinyStories recipe's predicted H100 minutes: 327,680,000 tokens at the compiled step's predicted rate."""
     path = root / "compiled" / "tinystories-17M-h100.json"
     rows = (read_json(path, default=None) or {}).get("rows") or []
     out = {}
     for r in rows:
         if r.get("predicted_tokens_per_s"):
-            out[f"recipe_{r['dtype']}_hours"] = Claim(327_680_000 / r["predicted_tokens_per_s"] / 3600,
+            out[f"recipe_{r['dtype']}_min"] = Claim(327_680_000 / r["predicted_tokens_per_s"] / 60,
                                                       f"{path} (predicted)")
     return out
 

@@ -92,18 +92,19 @@ def h100_compiled(root: Path, path: Path) -> None:
     tech = cached("techniques-small", "h100-80gb", root / "compiled")
     chunk = cached("loss-chunk", "h100-80gb", root / "compiled")
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8.4, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9.6, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     labels = [k for k in tech if "window" not in k]
     a.barh(labels[::-1], [tech[k]["total_bytes"] / GIB for k in labels[::-1]], color="#4a7")
     a.set(xlabel="GiB per GPU (compiled plan)", title="(a) small, context 1024, batch 8")
     kinds = [k.split(", whole")[0] for k in chunk if k.endswith("whole logits, batch 128")
              and f"{k.split(', whole')[0]}, chunked, batch 128" in chunk]
+    top = len(kinds) - 1  # the first setting at the top, as in (a)
     for i, (kind, colour) in enumerate((("whole logits", "#c77"), ("chunked", "#47a"))):
         vals = [chunk[f"{k}, {kind}, batch 128"]["total_bytes"] / GIB for k in kinds]
-        b.barh([j + 0.4 * i for j in range(len(kinds))][::-1], vals[::-1], height=0.4, color=colour, label=kind)
-    b.set_yticks([j + 0.2 for j in range(len(kinds))][::-1], kinds[::-1])
-    b.set(xlabel="GiB per GPU (compiled plan)", title="(b) 4-layer GPT-2 vocab., T 256, B 128")
-    b.legend(fontsize=7)
+        b.barh([top - j + 0.2 - 0.4 * i for j in range(len(kinds))], vals, height=0.4, color=colour, label=kind)
+    b.set_yticks([top - j for j in range(len(kinds))], kinds)
+    b.set(xlabel="GiB per GPU (compiled plan)", title="(b) 4 layers, GPT-2 vocabulary, B 128")
+    b.legend(fontsize=7, loc="lower right")
     for ax in (a, b):
         ax.title.set_fontsize(9)
         ax.tick_params(labelsize=8)
