@@ -47,7 +47,7 @@ CPU_SMALL = "small-cpu.json"
 
 def measured_section(bench: Path | None, title: str = "A benchmark result given with `--bench`") -> list[str]:
     out = [f"#### {title}", ""]
-    if bench is None or not Path(bench).exists():
+    if bench is None:
         return []
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
@@ -186,8 +186,9 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
                 "10 timed steps, context 512, batch 4, float32), then `python -m experiments.answers` reads its "
                 "records. Until then, the H100's times predicted from its compiled program:", ""]
     out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
-    out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host (b), (c): forward, backward, "
-                            "feed-forward against attention")
+    if (root / PLAN / CPU_SMALL).is_file():
+        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host (b), (c): forward, "
+                                "backward, feed-forward against attention")
     if not warm:
         return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
                       f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "
