@@ -1,4 +1,4 @@
-"""experiments.memory_validation: the estimator against XLA:CPU's memory_analysis() of training's step (float32,
+"""deliverables.memory_validation: the estimator against XLA:CPU's memory_analysis() of training's step (float32,
 no remat) and against the figures compiled for an H100 (docs/memory.md)."""
 
 import json

@@ -1,13 +1,13 @@
 """The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine (docs/results/compiled/).
 
-    python -m experiments.compiled_memory --target h100-80gb            # every section, cached compiles reused
-    python -m experiments.compiled_memory --only rtx5090 techniques-small
+    python -m deliverables.compiled_memory --target h100-80gb            # every section, cached compiles reused
+    python -m deliverables.compiled_memory --only rtx5090 techniques-small
 
 Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
 of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
 target by jaxlm.training.compiled: the GPU compiler's plan, not a measurement. Compiled figures
 are kept in docs/results/compiled/TARGET.json (jaxlm.training.compile_cache, shared with
-`python -m experiments.memory_validation --target`), so the page regenerates without compiling
+`python -m deliverables.memory_validation --target`), so the page regenerates without compiling
 what is already there.
 """
 
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.memory_validation import validation_job
+from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
 from jaxlm.core.errors import UserError
@@ -184,7 +184,7 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
              f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
              f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
              "Regenerate with "
-             f"`python -m experiments.compiled_memory --target {target.name}`; docs/memory.md says how these "
+             f"`python -m deliverables.compiled_memory --target {target.name}`; docs/memory.md says how these "
              "figures compare with the analytic estimate."]
     for s, rows in done:
         parts += ["", f"## {s.title}", "", s.text, "", table(s, rows)]
@@ -193,7 +193,7 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
 
 def main(argv: list[str]) -> int:
     names = [s.name for s in sections()]
-    p = cli.ArgumentParser(prog="python -m experiments.compiled_memory", description=__doc__,
+    p = cli.ArgumentParser(prog="python -m deliverables.compiled_memory", description=__doc__,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")

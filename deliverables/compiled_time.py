@@ -1,14 +1,14 @@
 """The curriculum's GPU time questions answered from XLA's GPU program, on any machine (docs/results/compiled/).
 
-    python -m experiments.compiled_time --target h100-80gb        # every section, stored compiles reused
-    python -m experiments.compiled_time --only techniques-small rtx5090
+    python -m deliverables.compiled_time --target h100-80gb        # every section, stored compiles reused
+    python -m deliverables.compiled_time --only techniques-small rtx5090
 
-Each step is compiled for the target as experiments.compiled_memory compiles it (the step `python -m
+Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
 jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
 (jaxlm.training.compiled.prediction: a roofline over every kernel at the device table's achieved rates):
-predicted, not measured. The figures share the compiled store with experiments.compiled_memory
+predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
 (docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
-`python -m experiments.answers` reads the sizes and their kernel tables from the store.
+`python -m deliverables.answers` reads the sizes and their kernel tables from the store.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.compiled_memory import GIB, OUT_DIR, RTX5090, Section, figures, job
+from deliverables.compiled_memory import GIB, OUT_DIR, RTX5090, Section, figures, job
 from jaxlm import cli
 from jaxlm.training import compiled as gpu
 from jaxlm.training.compile_cache import CompileCache
@@ -93,7 +93,7 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
              "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
              "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
              "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
-             f"`python -m experiments.compiled_time --target {target.name}`."]
+             f"`python -m deliverables.compiled_time --target {target.name}`."]
     for s, rows in done:
         parts += ["", f"## {s.title}", "", s.text, "", table(rows)]
     return "\n".join(parts) + "\n"
@@ -101,7 +101,7 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
 
 def main(argv: list[str]) -> int:
     names = [s.name for s in sections()]
-    p = cli.ArgumentParser(prog="python -m experiments.compiled_time", description=__doc__,
+    p = cli.ArgumentParser(prog="python -m deliverables.compiled_time", description=__doc__,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
