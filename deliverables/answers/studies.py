@@ -54,8 +54,7 @@ def learning_rate_section(root: Path) -> list[str]:
     spec = next(iter(settings.values()))[0].get("spec") or {}
     s = spec.get("set") or {}
     setup = (f"{s.get('model.num_layers', '?')} layers x {s.get('model.d_model', '?')}, context "
-             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, "
-             f"{s.get('train.steps', '?')} steps")
+             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, {s.get('train.steps', '?')} steps")
     out += [f"(a) From the `{LR_PLAN}` plan's records ({setup}; validation loss as mean ± standard deviation over "
             f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)):", ""]
     out += table(["peak lr", "seeds", "validation loss", "diverged"], rows)
@@ -69,11 +68,11 @@ def learning_rate_section(root: Path) -> list[str]:
         folk = "does not hold" if stable / best > 10 else "holds"
         out += [f"(b) The best rate is {best:g}. The largest rate that trained is {stable:g} ({stable / best:g}x the "
                 f"best); {edge:g} ({edge / best:g}x) diverged. The edge of stability lies between the two, so here the "
-                f"best rate sits at least {stable / best:g}x below it: the folk wisdom (the best rate is just below "
-                f"the edge) {folk} at this size. **The grid's limits**: {len(settings)} rates, so the edge is "
+                f"best rate sits at least {stable / best:g}x below it: the folk wisdom (the best rate is just below the "
+                f"edge) {folk} at this size. **The grid's limits**: {len(settings)} rates, so the edge is "
                 f"bracketed only within a factor {edge / stable:g} and the best within its neighbours "
-                f"({' and '.join(f'{lr:g}' for lr in neighbours)}); a finer grid between {stable:g} and {edge:g} "
-                "places the edge, and one around the best places it.", ""]
+                f"({' and '.join(f'{lr:g}' for lr in neighbours)}); a finer grid between {stable:g} and {edge:g} places the "
+                "edge, and one around the best places it.", ""]
     return out
 
 
