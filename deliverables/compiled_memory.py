@@ -193,12 +193,12 @@ def intro(target: gpu.Target) -> list[str]:
              "figures compare with the analytic estimate."]
 
 
-def write_page(argv: list[str], name: str, doc: str, all_sections, intro, table, predicted: bool = False) -> int:
-    """The command of this module and of deliverables.compiled_time (`name`, its page's suffix): compile
+def write_page(argv: list[str], module: str, doc: str, all_sections, intro, table, predicted: bool = False) -> int:
+    """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
     `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
     then each section's `table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
-    names = [s.name for s in all_sections()]
-    p = cli.ArgumentParser(prog=f"python -m deliverables.compiled_{name}", description=doc,
+    names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
+    p = cli.ArgumentParser(prog=f"python -m {module}", description=doc,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
@@ -220,7 +220,7 @@ def write_page(argv: list[str], name: str, doc: str, all_sections, intro, table,
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, "memory", __doc__, sections, intro, table)
+    return write_page(argv, __spec__.name, __doc__, sections, intro, table)
 
 
 if __name__ == "__main__":

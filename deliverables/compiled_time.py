@@ -88,7 +88,7 @@ def table(section: Section, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, "time", __doc__, sections, intro, table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, intro, table, predicted=True)
 
 
 if __name__ == "__main__":

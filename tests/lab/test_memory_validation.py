@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import memory_validation as mv
+from deliverables import memory_validation as mv
 from jaxlm import cli
 
 

@@ -286,7 +286,7 @@ def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
 
 
 def test_tokenizer_study_trains_on_the_data_root(tmp_path, monkeypatch):
-    from experiments import tokenizer_study
+    from deliverables import tokenizer_study
 
     root = tmp_path / "root"
     for src in tokenizer_study.LARGEST:
