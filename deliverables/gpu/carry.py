@@ -216,6 +216,9 @@ def install(folder: Path, site: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if argv not in (["download"], ["check"]):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
