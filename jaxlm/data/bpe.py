@@ -11,7 +11,6 @@ Training has two phases:
 
 Vocabulary ids: the special tokens first (0, 1, ...), then the 256 single bytes in GPT-2's byte-to-unicode
 order (the order of GPT-2's own vocabulary and of the CS336 reference files), then one id per merge in order.
-
 Imports nothing heavy (no jax, no grain, no numpy).
 """
 
