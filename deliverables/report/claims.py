@@ -48,7 +48,7 @@ TARGET_LOSS = 1.45  # CS336 assignment 1: TinyStories validation loss to reach w
 
 
 def analytic() -> dict[str, Claim]:
-    from experiments.answers import accounting, adamw
+    from deliverables.answers import accounting, adamw
     from jaxlm.analysis import flops
     from jaxlm.analysis.memory import DEFAULT_USABLE
 
@@ -67,8 +67,8 @@ def analytic() -> dict[str, Claim]:
 
 def compiled(root: Path) -> dict[str, Claim]:
     """The H100-compiled plans (GiB), the largest batches by compiling and the predicted times."""
-    from experiments.answers import accounting, predicted
-    from experiments.compiled_memory import cached
+    from deliverables.answers import accounting, predicted
+    from deliverables.compiled_memory import cached
 
     src = f"{root}/compiled/h100-80gb.json (XLA's GPU compiler, not measured)"
     tech = cached("techniques-small", "h100-80gb", root / "compiled")

@@ -87,7 +87,7 @@ def throughput_vs_batch(root: Path, path: Path) -> None:
 
 def h100_compiled(root: Path, path: Path) -> None:
     """Figure 4: (a) each memory technique on `small`, T 1024, B 8; (b) whole against chunked logits, batch 128."""
-    from experiments.compiled_memory import cached
+    from deliverables.compiled_memory import cached
 
     tech = cached("techniques-small", "h100-80gb", root / "compiled")
     chunk = cached("loss-chunk", "h100-80gb", root / "compiled")

@@ -56,7 +56,7 @@ def test_single_run_options_are_checked(tiny_run, capsys):
     assert "--tokens" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- --all
+# --------------------------------------------------------------------------- charts
 
 
 def test_before_after_prefers_the_bench_rows_and_falls_back_to_training_runs():
@@ -160,7 +160,7 @@ def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
 
 
 def test_tokenizer_study_trains_on_the_data_root(tmp_path, monkeypatch):
-    from experiments import tokenizer_study
+    from deliverables import tokenizer_study
 
     root = tmp_path / "root"
     for src in tokenizer_study.LARGEST:

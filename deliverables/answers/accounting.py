@@ -174,8 +174,8 @@ def memory_section(names: list[str], root: Path) -> list[str]:
 
 def compiled_largest(root: Path) -> dict[str, int]:
     """The largest batch of `small` at context 1024 on one H100 per technique, by compiling (the search stored in
-    ROOT/compiled/h100-80gb.json by `python -m experiments.compiled_memory --only largest-batch`)."""
-    from experiments.compiled_memory import cached_largest
+    ROOT/compiled/h100-80gb.json by `python -m deliverables.compiled_memory --only largest-batch`)."""
+    from deliverables.compiled_memory import cached_largest
 
     return cached_largest("largest-batch", "h100-80gb", root / "compiled")
 
@@ -198,7 +198,7 @@ def compiled_largest_section(root: Path) -> list[str]:
             f"{usable / 2**30:.1f} GiB). This is the project's one answer to the question; the analytic estimate at "
             "the same share is a cross-check.", ""]
     if not got:
-        return head + ["**Not compiled yet**: `python -m experiments.compiled_memory --target h100-80gb --only "
+        return head + ["**Not compiled yet**: `python -m deliverables.compiled_memory --target h100-80gb --only "
                        "largest-batch` (the `gpu-compile` extra) stores it.", ""]
     rows = [[label, f"**{n}**", str(analytic_largest(compute_of(label)))] for label, n in got.items()]
     return head + table(["setting", "largest batch (compiled)", "cross-check: jaxlm.memory estimate"], rows)
