@@ -102,3 +102,25 @@ def test_the_contradictions_of_the_last_round_stay_out():
                        "drops remat", "pending"):
             assert phrase not in low, f"{name}: {phrase}"
     assert "keeps the recomputation" in documents()["report.md"]
+
+
+def test_a_changed_record_makes_the_report_stale(tmp_path):
+    """The same check against a copy of the results whose peft findings moved: the report's LoRA sentence fails."""
+    import json
+    import shutil
+
+    from deliverables.report.claims import claims
+
+    results = REPO / "docs" / "results"
+    for plan in results.iterdir():
+        if plan.name != "peft":
+            (tmp_path / plan.name).symlink_to(plan)
+    shutil.copytree(results / "peft", tmp_path / "peft", ignore=shutil.ignore_patterns("records", "*.png"))
+    found = json.loads((tmp_path / "peft" / "findings.json").read_text())
+    for row in found["findings"]:
+        row["measured"] = row["measured"].replace("lora_r8 2.089", "lora_r8 2.189")
+    (tmp_path / "peft" / "findings.json").write_text(json.dumps(found))
+    moved = claims(tmp_path)
+    text = documents()["report.md"]
+    stated = next(m["num"] for m in TAG.finditer(text) if m["key"] == "lora_r8_loss")
+    assert matches(stated, claims(results)["lora_r8_loss"].value) and not matches(stated, moved["lora_r8_loss"].value)
