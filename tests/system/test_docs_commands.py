@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import re
 import runpy
@@ -251,3 +252,17 @@ def test_a_renamed_name_fails(bad):
     with pytest.raises(BaseException) as caught:
         check(Command("planted", bad, argv))
     assert not isinstance(caught.value, (KeyboardInterrupt, SystemExit))
+
+
+def test_accumulated_batch_is_estimated_one_micro_batch_at_a_time(capsys):
+    """docs/memory.md's gpt2_small example: 512 sequences in 8 micro-batches hold what one step of 64 holds."""
+    from jaxlm.cli import memory
+
+    config = str(REPO / "experiments/configs/gpt2_small.toml")
+    memory.main(["--config", config, "--memory", "24GiB", "--json"])
+    accumulated = json.loads(capsys.readouterr().out)
+    memory.main(["--config", config, "--memory", "24GiB", "--json", "--batch", "64", "--set", "train.grad_accum=1"])
+    single = json.loads(capsys.readouterr().out)
+    assert (accumulated["batch"], accumulated["micro_batch"], accumulated["grad_accum"]) == (512, 64, 8)
+    assert accumulated["peak_bytes"] == single["peak_bytes"]
+    assert accumulated["largest_batch"] == 8 * single["largest_batch"]
