@@ -266,3 +266,33 @@ def test_accumulated_batch_is_estimated_one_micro_batch_at_a_time(capsys):
     assert (accumulated["batch"], accumulated["micro_batch"], accumulated["grad_accum"]) == (512, 64, 8)
     assert accumulated["peak_bytes"] == single["peak_bytes"]
     assert accumulated["largest_batch"] == 8 * single["largest_batch"]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (but - and _), spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(path: Path, root: Path = REPO) -> list[str]:
+    """The relative links of `path` whose file or #anchor does not exist."""
+    broken, text = [], path.read_text()
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(f"{path.relative_to(root)}: {target}")
+        elif anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", FENCE.sub("", dest.read_text()), re.M)
+            if anchor not in {slug(h) for h in headings}:
+                broken.append(f"{path.relative_to(root)}: {target}")
+    return broken
+
+
+def test_links_and_anchors_resolve():
+    broken = [b for f in doc_files() for b in broken_links(f)]
+    assert not broken, f"links to a missing file or heading: {broken}"
