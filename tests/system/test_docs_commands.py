@@ -135,12 +135,13 @@ def _stopped_at_parse():
             signal.signal(s, h)
 
 
-def parse(module: str, args: list[str]) -> argparse.Namespace | None:
-    """MODULE's own parser on ARGS; None after a clean exit (--help). Fails with the command's error line."""
+def parse(module: str, args: list[str], out: io.StringIO | None = None) -> argparse.Namespace | None:
+    """MODULE's own parser on ARGS; None after a clean exit (--help, whose text goes to `out`). Fails with the
+    command's error line."""
     saved, err = sys.argv, io.StringIO()
     sys.argv = [module, *args]
     try:
-        with _stopped_at_parse(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with _stopped_at_parse(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out or io.StringIO()):
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except _Parsed as p:
         return p.namespace
@@ -226,6 +227,24 @@ def test_smoke_commands_run(tmp_path):
         if "not found; run `python -m jaxlm.data download" in proc.stderr:
             pytest.skip(proc.stderr.strip().splitlines()[-1])
         assert proc.returncode == 0, f"{documented[key].where} {text}: {proc.stderr[-600:]}"
+
+
+def _command_word(c: Command) -> tuple[str, ...]:
+    """`python -m MODULE [SUBCOMMAND]` of a documented command: what its --help describes."""
+    head = list(c.argv[2:4])
+    return tuple(head if len(head) == 2 and re.fullmatch(r"[a-z][a-z-]*", head[1]) else head[:1])
+
+
+HELPED = sorted({_command_word(c) for c in ALL if c.argv[:2] == ("python", "-m") and c.argv[2] not in ("venv", "pytest")})
+
+
+@pytest.mark.parametrize("word", HELPED, ids=[" ".join(w) for w in HELPED])
+def test_help_names_the_extra_it_needs(word):
+    """Every documented command's --help says what it needs installed: the core install or an extra."""
+    out = io.StringIO()
+    parse(word[0], [*word[1:], "--help"], out)
+    text = " ".join(out.getvalue().split())
+    assert re.search(r"core install|'?[\w-]+'? extra", text), f"python -m {' '.join(word)} --help names no extra"
 
 
 def test_no_command_in_an_untagged_block():
