@@ -88,7 +88,8 @@ def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.
     new = []
     for path, var in flat:
         names = _names(path, tuple(var.shape))
-        value = np.stack([_to_numpy(state_dict[n]) for n in names]) if _stacked(path) else _to_numpy(state_dict[names[0]])
+        value = (np.stack([_to_numpy(state_dict[n]) for n in names]) if _stacked(path)
+                 else _to_numpy(state_dict[names[0]]))
         if value.shape != tuple(var.shape):
             raise ValueError(f"{torch_name(path)}: torch shape {tuple(value.shape)} != jax shape {tuple(var.shape)}")
         new.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))

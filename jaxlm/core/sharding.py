@@ -115,7 +115,8 @@ def check_pipeline(cfg: ModelConfig, scan_layers: bool, microbatches: int, batch
     if p == 1:
         return
     if not scan_layers:
-        raise ConfigError(f"parallel.pipeline = {p}: needs compute.scan_layers = true (stages split the stacked layers)")
+        raise ConfigError(f"parallel.pipeline = {p}: needs compute.scan_layers = true "
+                          "(stages split the stacked layers)")
     if cfg.num_layers % p:
         raise ConfigError(f"model.num_layers = {cfg.num_layers}: does not divide over parallel.pipeline = {p}")
     if batch_size % (microbatches * batch_size_over(mesh)):

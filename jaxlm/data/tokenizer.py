@@ -44,7 +44,8 @@ _STREAM_CHUNK_CHARS = 1 << 14
 class Tokenizer:
     """Byte-level BPE: `encode`, `decode`, `encode_iterable`; ids are the vocabulary's ids."""
 
-    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] | None = None):
+    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]],
+                 special_tokens: Sequence[str] | None = None):
         self._vocab = dict(vocab)
         self._merges = list(merges)
         self.special_tokens = list(dict.fromkeys(special_tokens or []))
@@ -74,7 +75,8 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_files(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> "Tokenizer":
+    def from_files(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike,
+                   special_tokens: Sequence[str] | None = None) -> "Tokenizer":
         vocab, merges = load_vocab_merges(vocab_path, merges_path)
         return cls(vocab, merges, special_tokens)
 
@@ -153,7 +155,8 @@ class Tokenizer:
         try:
             return b"".join([decoder[i] for i in ids])
         except (IndexError, TypeError):
-            bad = next(i for i in ids if not (isinstance(i, int) or hasattr(i, "__index__")) or not 0 <= int(i) < len(decoder))
+            bad = next(i for i in ids
+                       if not (isinstance(i, int) or hasattr(i, "__index__")) or not 0 <= int(i) < len(decoder))
             raise ValueError(f"token id {bad!r} is outside the vocabulary (size {len(decoder)})") from None
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -207,7 +210,8 @@ class Tokenizer:
         return start
 
 
-def _mergeable_ranks(first_id: dict[bytes, int], merges: Sequence[tuple[bytes, bytes]]) -> tuple[dict[bytes, int], list[int] | None]:
+def _mergeable_ranks(first_id: dict[bytes, int],
+                     merges: Sequence[tuple[bytes, bytes]]) -> tuple[dict[bytes, int], list[int] | None]:
     """tiktoken ranks for the 256 bytes and every merge result, plus rank -> id when they differ.
 
     Tokens that are neither single bytes nor merge results (special tokens, strays)
@@ -279,7 +283,8 @@ def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
         if len(tok) == 1:
             continue
         best = min(
-            ((max(ranks[tok[:k]], ranks[tok[k:]]), k) for k in range(1, len(tok)) if tok[:k] in ranks and tok[k:] in ranks and max(ranks[tok[:k]], ranks[tok[k:]]) < rank),
+            ((max(ranks[tok[:k]], ranks[tok[k:]]), k) for k in range(1, len(tok))
+             if tok[:k] in ranks and tok[k:] in ranks and max(ranks[tok[:k]], ranks[tok[k:]]) < rank),
             default=None,
         )
         if best is None:
@@ -296,7 +301,8 @@ def trained_bpe_size(spec) -> int | None:
         return None
     n = spec[len("bpe:"):]
     if not n.isdigit() or int(n) <= 257:
-        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 (256 bytes, <|endoftext|> and at least one merge)")
+        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 "
+                        "(256 bytes, <|endoftext|> and at least one merge)")
     return int(n)
 
 
