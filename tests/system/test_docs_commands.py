@@ -59,7 +59,7 @@ SMOKE = {
     'python -m jaxlm.generate --run runs/shakespeare_char --prompt "ROMEO:"': ["--max-new-tokens", "8"],
     "python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb": [],
     "python -m experiments.run lr_sweep --dry-run": [],
-    "python -m experiments.gpu --dry-run": [],
+    "python -m deliverables.gpu --dry-run": [],
 }
 
 
@@ -229,7 +229,7 @@ def test_smoke_commands_run(tmp_path):
         assert proc.returncode == 0, f"{documented[key].where} {text}: {proc.stderr[-600:]}"
 
 
-SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora", "experiments.gpu.carry", "deliverables.gpu.carry"}
+SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora", "deliverables.gpu.carry", "deliverables.gpu.carry"}
 
 
 def _command_word(c: Command) -> tuple[str, ...]:
