@@ -42,8 +42,8 @@ GPU_OR_NETWORK = (
     (r"runs/smollm2-(135m|lora|qlora)|smollm2_lora\.toml($| --set 'lora)",
      "uses the Hub checkpoint (network); a GPU job"),
     (r"--size gpu", "a plan's GPU-sized variant"),
-    (r"--framework both --json runs/bench/small\.json|--remat none full dots_saveable --framework both|"
-     r"--attention xla cudnn --find-max-batch$|--breakdown", "timed on an NVIDIA GPU (docs/benchmarks.md)"),
+    (r"--framework both --json runs/bench/small\.json|--attention xla cudnn --find-max-batch$",
+     "timed on an NVIDIA GPU (docs/benchmarks.md)"),
     (r"--mode cache --json small_b32", "decoding on an NVIDIA GPU"),
     (r"^tensorboard ", "a server: started by hand"),
 )
