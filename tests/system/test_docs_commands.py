@@ -218,7 +218,8 @@ def test_smoke_commands_run(tmp_path):
     """The SMOKE commands, as written plus their shrink, from a scratch directory holding the configs."""
     documented = {c.text: c for c in ALL}
     (tmp_path / "experiments").symlink_to(REPO / "experiments")
-    env = {**os.environ, "JAXLM_DATA": os.environ.get("JAXLM_DATA", str(tmp_path / "data"))}
+    env = {**os.environ, "JAXLM_DATA": os.environ.get("JAXLM_DATA", str(tmp_path / "data")),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     for text, extra in SMOKE.items():
         key = shlex.join(shlex.split(text))
         assert key in documented, f"{text}: no longer in the docs; update SMOKE"
