@@ -1,3 +1,6 @@
+"""Fixtures for every test folder. Imports nothing beyond the core install: torch's settings live in
+tests/parity/conftest.py, so the library's tests run on a bare `pip install -e .`."""
+
 from pathlib import Path
 
 from jaxlm.core import platform
@@ -5,14 +8,9 @@ from jaxlm.core import platform
 platform.prepare()  # as every command does: CPU and a quiet JAX start where a CUDA plugin has no GPU
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from jaxlm.core.errors import DataError  # noqa: E402
 from jaxlm.data.corpora import corpus_files  # noqa: E402
-
-# The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
-# threads and the other pytest-xdist worker (a 1 s test took 70 s that way).
-torch.set_num_threads(1)
 
 
 def _corpus(name: str) -> Path:
