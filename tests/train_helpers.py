@@ -1,4 +1,4 @@
-"""Shared pieces of the training tests: a tiny config, a tiny token corpus, step runners.
+"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras.
 
 Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
 (several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
@@ -18,6 +18,21 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def needs(extra: str):
+    """A skip mark unless the pyproject extra `extra` is installed; the reason is its install command."""
+    import importlib.util
+
+    import pytest
+
+    from jaxlm.core import extras, platform
+
+    if extra == "gpu-compile":
+        return pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs XLA's GPU compiler, the "
+                                  "'gpu-compile' extra: pip install -e '.[gpu-compile]'")
+    module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=extras.missing_message(module))
 
 
 def tiny_overrides(data_dir, out_dir, **extra) -> list[str]:
