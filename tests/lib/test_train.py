@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxlm.core import sharding
+from jaxlm.core import extras, sharding
 from jaxlm.core.config import load_config
 from jaxlm.training.loop import steps_in_call
 from tests.train_helpers import (
@@ -290,7 +290,7 @@ def test_quickstart_cli_end_to_end(tmp_path):
 
 def _tensorboard_profile_runs(logdir: Path) -> list[str]:
     """The runs TensorBoard's profile plugin (xprof, the `profile` extra) serves for `logdir`."""
-    pytest.importorskip("xprof", reason="the profile extra (xprof) is not installed")
+    pytest.importorskip("xprof", reason=extras.missing_message("xprof"))
     port = _free_port()
     proc = subprocess.Popen([PY, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
