@@ -84,7 +84,8 @@ def run_steps(cfg, mesh, n: int, seed_data: int = 0):
     rng = np.random.default_rng(seed_data)
     out = []
     for _ in range(n):
-        tok = rng.integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1)).astype(np.int32)
+        tok = rng.integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
+        tok = tok.astype(np.int32)
         x, y = sharding.global_batch(tok[:, :-1], mesh), sharding.global_batch(tok[:, 1:], mesh)
         state, m = b.step_fn(state, x, y)
         out.append(float(m["loss"]))
@@ -109,7 +110,8 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
 
     b = build(cfg, mesh)
     state = jax.jit(b.make_state, out_shardings=b.shardings)()
-    tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
+    shape = (cfg.data.batch_size, cfg.model.context_length + 1)
+    tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, shape)
     x, y = (sharding.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
 
     def loss(params, x, y):
@@ -125,7 +127,8 @@ def max_rel_diff(a, b) -> float:
     """max over leaves of max|a - b| / max|b|."""
     import jax
 
-    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 # name -> parallel.* (and compute.*) overrides, each run on 8 simulated devices against one device

@@ -255,7 +255,8 @@ def reference_loop(model, prompts, n, sampling, *, seed=0, eot_id=None, use_cach
             return out, stop
         position = np.array([len(seq) - 1 for seq in seqs], np.int32)
         if cache is not None and position.max() < S:
-            token, cache = cached(state, cache, np.asarray(token)[:, None], position, np.zeros(B, np.int32), step, *args)
+            token, cache = cached(state, cache, np.asarray(token)[:, None], position, np.zeros(B, np.int32), step,
+                                  *args)
         else:
             cache, token = None, full(state, *window(S), step, *args)
 

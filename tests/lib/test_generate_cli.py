@@ -85,7 +85,8 @@ def run_cli(argv, capsys) -> tuple[int, list[str]]:
 
 
 @pytest.mark.parametrize("flag, value", [("--max-new-tokens", "-5"), ("--top-p", "0"), ("--top-k", "-1"),
-                                         ("--temperature", "-1"), ("--num-samples", "0"), ("--prompt-file", "nope.txt")])
+                                         ("--temperature", "-1"), ("--num-samples", "0"),
+                                         ("--prompt-file", "nope.txt")])
 def test_bad_option_is_one_line_exit_2(tmp_path, capsys, flag, value):
     code, err = run_cli(["--run", str(tmp_path), "--prompt", "x", flag, value], capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {flag} ") and value in err[0], err
@@ -107,7 +108,8 @@ def test_cudnn_without_a_gpu_is_one_line(trained_run, capsys):
 
 def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
     missing = tmp_path / "nope"
-    assert run_cli(["--run", str(missing), "--prompt", "x"], capsys) == (2, [f"error: {missing}: no such run or checkpoint directory"])
+    assert run_cli(["--run", str(missing), "--prompt", "x"], capsys) == (
+        2, [f"error: {missing}: no such run or checkpoint directory"])
     not_a_run = tmp_path / "empty"
     not_a_run.mkdir()
     code, err = run_cli(["--run", str(not_a_run), "--prompt", "x"], capsys)

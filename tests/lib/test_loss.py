@@ -73,7 +73,8 @@ def test_evaluation_loss_and_accuracy_unchanged():
     hit = np.arange(B * T).reshape(B, T) % 3 == 0  # 13 of the 39 targets are the model's own argmax
     y = jnp.where(hit, jnp.argmax(logits, -1), (jnp.argmax(logits, -1) + 1) % V)
     (nll0, hit0), (nll1, hit1) = lm_terms(whole, x, y), lm_terms(chunked, x, y)  # (B, T) each
-    assert np.array_equal(hit0, hit1) and float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
+    assert np.array_equal(hit0, hit1)
+    assert float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
     assert float(jnp.mean(nll1)) == pytest.approx(float(cross_entropy(logits, y)), rel=1e-6)
     np.testing.assert_allclose(nll1, nll0, rtol=1e-6)
 
