@@ -150,7 +150,8 @@ def _command(cli_name: str, args: str, files: dict, row: int) -> tuple[str, list
 EXTRA = {"parity": "torch"}  # CLIs beyond the core install: their rows are skipped without the extra
 
 
-@pytest.mark.parametrize("cli_name", [pytest.param(c, marks=needs(EXTRA[c]) if c in EXTRA else ()) for c in INVOCATIONS])
+@pytest.mark.parametrize("cli_name", [pytest.param(c, marks=[needs(EXTRA[c])] if c in EXTRA else [])
+                                      for c in INVOCATIONS])
 def test_bad_invocations(cli_name, files, tmp_path):
     """Each row: its exit code, exactly one line starting with `error:` that names the culprit,
     no traceback. All rows of one CLI run in one process (tests/system/cli_harness.py)."""

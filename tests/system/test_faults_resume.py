@@ -66,9 +66,10 @@ def _check_equal_to_reference(run: Path, reference: Path, why: str) -> None:
     assert all(np.array_equal(x, y) for x, y in zip(pa, pb)), f"{why}: final parameters differ"
 
 
-def test_kill_9_at_random_points_resumes_bit_identically(corpus, reference, tmp_path):
+def test_kill_9_at_a_random_point_resumes_bit_identically(corpus, reference, tmp_path):
+    """One kill in the default suite; eight in a row: the extended test below."""
     seed = random.SystemRandom().randrange(1 << 30)
-    points = _kill_and_resume(corpus, tmp_path / "run", kills=3, seed=seed)
+    points = _kill_and_resume(corpus, tmp_path / "run", kills=1, seed=seed)
     print(f"seed {seed}: killed after steps {points}")
     _check_equal_to_reference(tmp_path / "run", reference, f"seed {seed}, killed after steps {points}")
 
@@ -113,17 +114,19 @@ def test_truncated_latest_checkpoint_falls_back(corpus, reference, tmp_path, cap
     assert steps == list(range(1, 31)), "TensorBoard shows a step twice (or misses one) after the resume"
 
 
-def test_no_checkpoint_that_restores_is_one_line(corpus, files, tmp_path):
+def test_no_checkpoint_that_restores_is_one_line(corpus, reference, tmp_path):
     from jaxlm.training.checkpoint import restore_for_inference
     from jaxlm.training.loop import train
 
     run = tmp_path / "run"
-    shutil.copytree(files["corrupt"], run)  # checkpoints 2 and 4, both truncated
+    shutil.copytree(reference, run)
+    for step in ("27", "30"):  # the two it keeps, both truncated
+        truncate_checkpoint(run / "checkpoints" / step)
     before = tree(run)
-    with pytest.raises(CheckpointError, match="no checkpoint restores .steps tried: 4, 2"):
+    with pytest.raises(CheckpointError, match="no checkpoint restores .steps tried: 30, 27"):
         restore_for_inference(run)
     with pytest.raises(CheckpointError, match="no checkpoint restores"):
-        train(load_config(None, tiny_overrides(corpus, run, **{"train.steps": 8})))
+        train(load_config(None, tiny_overrides(corpus, run, **{**RUN, "train.steps": 40})))
     assert tree(run) == before  # nothing set aside, nothing started afresh
 
 
