@@ -185,22 +185,22 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-# Two subprocesses, so that two workers share them. Data parallel alone and pipeline + data without LoRA are in
-# pp_lora (data 4, pipeline 2) and tp_dp (data 2); they run alone in the extended test.
-FAST_LAYOUTS = {"fsdp_tensor_scan": ["fsdp", "tp_dp", "scan_fsdp_tp"], "pipeline_chunked_loss": ["pp_lora", "tp2_chunk"]}
+# One representative of each kind, in two subprocesses (so that two workers share them): FSDP + tensor (scanned);
+# data + pipeline (QLoRA); data + tensor with the chunked loss. The other layouts: the extended test.
+FAST_LAYOUTS = {"fsdp_tensor_scan_chunked_loss": ["scan_fsdp_tp", "tp2_chunk"], "pipeline_lora": ["pp_lora"]}
 
 
 @pytest.mark.parametrize("group", list(FAST_LAYOUTS))
 def test_mesh_layouts_on_8_devices_equal_one_device(group):
-    """FSDP, tensor + data, scanned FSDP + tensor; QLoRA through a pipeline + data, and compute.loss_chunk under
-    tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4: the extended test)."""
+    """Scanned FSDP + tensor and compute.loss_chunk under tensor = 2 + data (the head's vocabulary rows split,
+    blocks padded); QLoRA through a pipeline + data."""
     _check_layouts(FAST_LAYOUTS[group])
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
-    """Data alone, FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages),
-    pipeline + data, QAT through the pipeline, the chunked loss under tensor = 4."""
+    """Data alone, FSDP alone and + data, tensor alone (8), + data and + FSDP, accumulation + data, pipeline alone
+    (8 stages) and + data, QAT through the pipeline, the chunked loss under tensor = 4."""
     fast = {n for names in FAST_LAYOUTS.values() for n in names}
     _check_layouts([n for n in LAYOUTS if n not in fast])
 
