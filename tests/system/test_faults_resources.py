@@ -10,7 +10,7 @@ import pytest
 
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import ConfigError
-from tests.system.fault_helpers import HELPERS, PY, env
+from tests.system.fault_helpers import HELPERS, PY, env, sets
 from tests.train_helpers import tiny_overrides
 
 # --------------------------------------------------------------------------- failed saves, full disks
@@ -28,8 +28,8 @@ def test_a_failed_checkpoint_save_ends_in_one_line_without_hanging(corpus, tmp_p
     than the limit, so the first save fails however orbax groups its arrays into files (a 37k-parameter state
     can fit in files under the limit)."""
     run = tmp_path / "run"
-    sets = {"train.steps": 4, "checkpoint.every": 2, "model.d_model": 512}
-    r = _limited(200_000, "jaxlm.train", sets(tiny_overrides(corpus, run, **sets)))
+    extra = {"train.steps": 4, "checkpoint.every": 2, "model.d_model": 512}
+    r = _limited(200_000, "jaxlm.train", sets(tiny_overrides(corpus, run, **extra)))
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert re.search(rf"{re.escape(str(run))}/checkpoints: saving checkpoint 2 failed: File too large", errors[0])
