@@ -5,9 +5,10 @@
 
 Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
 of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
-target by jaxlm.bench.target: the GPU compiler's plan, not a measurement. Compiled figures
-are kept in docs/results/compiled/TARGET.json (shared with `python -m jaxlm.memory validate
---target`), so the page regenerates without compiling what is already there.
+target by jaxlm.training.compiled: the GPU compiler's plan, not a measurement. Compiled figures
+are kept in docs/results/compiled/TARGET.json (jaxlm.training.compile_cache, shared with
+`python -m experiments.memory_validation --target`), so the page regenerates without compiling
+what is already there.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
-from jaxlm.bench import target as gpu
-from jaxlm.bench.gpu_validation import CompileCache, validation_job
 from jaxlm.core.errors import UserError
+from jaxlm.training import compiled as gpu
+from jaxlm.training.compile_cache import CompileCache
 
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
@@ -119,15 +121,19 @@ def sections() -> list[Section]:
     return [*out, ctx, bat, mixed, most, big]
 
 
-def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True) -> list[dict]:
-    """The section's rows: compiled now, or (compile=False) only those already in the cache."""
+def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True,
+            predicted: bool = False) -> list[dict]:
+    """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
+    predicted time (a stored figure without one is compiled again)."""
     rows = []
     for label, j in section.rows:
-        if not compile and not store.has(j, target):
+        stale = predicted and "predicted_step_ms" not in store.stored.get(store.key(j, target), {})
+        if not compile and (not store.has(j, target) or stale):
             rows.append({"setting": label, "error": f"not compiled yet (--only {section.name})"})
             continue
         try:
-            r = {**store.row(j, target, log=lambda m: print(f"[{section.name}] {m}", flush=True)), "setting": label}
+            log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
+            r = {**store.row(j, target, log=log, predicted=predicted), "setting": label}
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
@@ -176,7 +182,8 @@ def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
              "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
              "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
              f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate with "
+             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
+             "Regenerate with "
              f"`python -m experiments.compiled_memory --target {target.name}`; docs/memory.md says how these "
              "figures compare with the analytic estimate."]
     for s, rows in done:
@@ -188,7 +195,7 @@ def main(argv: list[str]) -> int:
     names = [s.name for s in sections()]
     p = cli.ArgumentParser(prog="python -m experiments.compiled_memory", description=__doc__,
                            formatter_class=cli.HelpFormatter)
-    p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.bench.target.TARGETS)")
+    p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
     p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-memory.md)")
     p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")

@@ -8,29 +8,32 @@ from pathlib import Path
 
 from experiments.answers import accounting, adamw, gpu, measured, studies, text
 from jaxlm import cli
+from jaxlm.analysis.devices import DEVICES, Device
 from jaxlm.core.config import PRESETS
 from jaxlm.core.files import atomic_write
 
 RESULTS, RUN_PAGE = Path("docs/results"), Path("docs/report/learning_curve/report.md")
 
 
-def cs336_part1(device: accounting.Device, root: Path, page: Path, out_dir: Path) -> list[str]:
+def cs336_part1(device: Device, root: Path, page: Path, out_dir: Path) -> list[str]:
     names = [*accounting.GPT2, *(n for n in PRESETS if n not in accounting.GPT2)]
     lines = ["## CS336 / CSE599-O assignment 1", ""] + text.text_sections(root)
     lines += ["### transformer_accounting", ""] + accounting.parameters_section(names) + accounting.flops_section(names)
     lines += (["### adamwAccounting", ""] + adamw.formula_section() + adamw.gpt2_xl_section()
-              + adamw.adamw_flops_section() + accounting.time_section(device) + accounting.memory_section(names, device))
+              + adamw.adamw_flops_section() + accounting.time_section(device)
+              + accounting.memory_section(names))
     link = os.path.relpath(page.resolve(), out_dir.resolve())
     return lines + studies.learning_rate_section(root) + studies.generate_section(page, link)
 
 
 def part2(root: Path, bench: Path | None) -> list[str]:
-    return (["## CSE599-O part 2 (CS336 assignment 2): profiling and mixed precision", "", "### benchmarking_script", ""]
+    return (["## CSE599-O part 2 (CS336 assignment 2): profiling and mixed precision", "",
+             "### benchmarking_script", ""]
             + measured.benchmarking_section(root, bench) + gpu.nsys_section(root) + gpu.mixed_precision_section(root)
             + gpu.memory_profiling_section(root))
 
 
-def answers(device: accounting.Device, root: Path = RESULTS, bench: Path | None = None, page: Path = RUN_PAGE,
+def answers(device: Device, root: Path = RESULTS, bench: Path | None = None, page: Path = RUN_PAGE,
             out_dir: Path = Path("docs")) -> str:
     command = f"python -m experiments.answers --device {device.name}" + (f" --bench {bench}" if bench else "")
     lines = ["# The curriculum's questions, answered", "",
@@ -48,15 +51,17 @@ def answers(device: accounting.Device, root: Path = RESULTS, bench: Path | None 
 def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.answers", formatter_class=cli.HelpFormatter,
                            description=__doc__)
-    p.add_argument("--device", default="h100-80gb", choices=sorted(accounting.DEVICES),
-                   help="the accelerator of the extra memory and time rows (the questions' own devices are always answered)")
+    p.add_argument("--device", default="h100-80gb", choices=sorted(DEVICES),
+                   help="the accelerator of the extra training-time rows (jaxlm.analysis.devices; the questions' "
+                        "own devices are always answered)")
     p.add_argument("--results", metavar="ROOT", default=str(RESULTS), help="the committed records (a folder per plan)")
-    p.add_argument("--run-page", metavar="FILE", default=str(RUN_PAGE), help="a training run's page with its sample (generate)")
+    p.add_argument("--run-page", metavar="FILE", default=str(RUN_PAGE),
+                   help="a training run's page with its sample (generate)")
     p.add_argument("--bench", metavar="PATH", help="a `jaxlm.bench model --json` file (or its run directory) to add")
     p.add_argument("--out", metavar="FILE", help="write the Markdown here (default: print it)")
     args = p.parse_args(argv)
     out_dir = Path(args.out).parent if args.out else Path("docs")
-    md = answers(accounting.DEVICES[args.device], Path(args.results), Path(args.bench) if args.bench else None,
+    md = answers(DEVICES[args.device], Path(args.results), Path(args.bench) if args.bench else None,
                  Path(args.run_page), out_dir=out_dir)
     if args.out:
         atomic_write(args.out, md)

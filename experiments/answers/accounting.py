@@ -1,37 +1,23 @@
 """transformer_accounting and the tables behind adamwAccounting: parameters, FLOPs, memory, training days.
 
-Every number comes from `jaxlm.analysis.flops` (parameters, matmul FLOPs, peak FLOP/s)
-and `jaxlm.analysis.memory` (the activation model), so the answers and the MFU and memory
-the benchmarks report share one convention.
+Every number comes from `jaxlm.analysis.flops` (parameters, matmul FLOPs), `jaxlm.analysis.devices`
+(a device's memory and peak FLOP/s) and `jaxlm.analysis.memory` (the activation model), so the answers
+and the MFU and memory the benchmarks report share one convention.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from jaxlm.analysis import flops, memory
+from jaxlm.analysis.devices import Device
 from jaxlm.core.config import ComputeConfig, ModelConfig
 
 GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
 MFU = 0.5
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    kind: str  # matched against flops.PEAK_FLOPS
-    memory_bytes: float
-
-
-DEVICES = {d.name: d for d in (
-    Device("h100-80gb", "H100", 80e9),
-    Device("h200-141gb", "H200", 141e9),
-    Device("a100-80gb", "A100", 80e9),
-    Device("a100-40gb", "A100", 40e9),
-)}
+MEMORY = 80e9  # adamwAccounting (b): "the maximum batch size you can use and still fit within 80GB memory"
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
     "float32, xla attention": ComputeConfig(loss_chunk=0),
@@ -82,7 +68,8 @@ def matmuls_section(name: str, t: int) -> list[str]:
     m = model(name, t)
     d, f, v, n = m.d_model, m.d_ff, m.vocab_size, m.num_layers
     rows = [["q, k, v projections", f"({t}, {d}) x ({d}, {d}), 3 per layer", count(n * 3 * 2 * t * d * d)],
-            ["attention scores Q Kᵀ", f"({t}, {d // m.num_heads}) x ({d // m.num_heads}, {t}) per head", count(n * 2 * t * t * d)],
+            ["attention scores Q Kᵀ", f"({t}, {d // m.num_heads}) x ({d // m.num_heads}, {t}) per head",
+             count(n * 2 * t * t * d)],
             ["weighted sum softmax(.) V", f"({t}, {t}) x ({t}, {d // m.num_heads}) per head", count(n * 2 * t * t * d)],
             ["output projection", f"({t}, {d}) x ({d}, {d})", count(n * 2 * t * d * d)],
             ["W1 and W3 (gate, up)", f"({t}, {d}) x ({d}, {f}), 2 per layer", count(n * 2 * 2 * t * d * f)],
@@ -123,10 +110,12 @@ def flops_observations() -> list[str]:
         s = shares(model(n), 1024)
         top = max(s, key=s.get)
         out.append(f"- `{n}` at context 1024: the {top} takes the largest share ({100 * s[top]:.1f}%); "
-                   f"the attention core {100 * s['attention core (QKᵀ, AV)']:.1f}%, the output head {100 * s['output head']:.1f}%.")
+                   f"the attention core {100 * s['attention core (QKᵀ, AV)']:.1f}%, the output head "
+                   f"{100 * s['output head']:.1f}%.")
     small, xl = shares(model("gpt2-small"), 1024), shares(model("gpt2-xl"), 1024)
     out.append(f"- From small to XL the output head's share falls from {100 * small['output head']:.1f}% to "
-               f"{100 * xl['output head']:.1f}% and the feed-forward's rises from {100 * small['feed-forward']:.1f}% to "
+               f"{100 * xl['output head']:.1f}% and the feed-forward's rises from "
+               f"{100 * small['feed-forward']:.1f}% to "
                f"{100 * xl['feed-forward']:.1f}%: per-layer work grows with d² while the head grows with d only.")
     f1, f16 = (flops.forward_flops(model("gpt2-xl", t), t) for t in CONTEXTS)
     long = shares(model("gpt2-xl", 16384), 16384)
@@ -151,14 +140,15 @@ def max_batch(fixed: float, per_seq: float, memory: float) -> int:
     return max(int(math.floor((memory - fixed) / per_seq)), 0)
 
 
-def memory_section(names: list[str], device: Device) -> list[str]:
+def memory_section(names: list[str]) -> list[str]:
     out = ["#### The same question under jaxlm's own activation model", "",
            f"Peak bytes of a train step = parameters 4P + gradients 4P + AdamW moments (m, v) 8P + activations a·B, "
            f"with P parameters, batch B and a the bytes each sequence keeps for the backward pass (jaxlm.memory's "
            f"activation model: per layer the norm output, the residual, q, k, v, the attention scores and "
-           f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits and their gradient). "
+           f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits "
+           f"and their gradient). "
            f"In bfloat16 the weights' bfloat16 copies add 2P. "
-           f"Largest batch in {device.memory_bytes / 1e9:g} GB ({device.name}) = floor((memory - state) / a).", ""]
+           f"Largest batch in {MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
         for n in names:
@@ -166,13 +156,14 @@ def memory_section(names: list[str], device: Device) -> list[str]:
             fixed, per_seq = memory_terms(m, m.context_length, compute)
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
-                         str(max_batch(sum(fixed.values()), per_seq, device.memory_bytes))])
+                         str(max_batch(sum(fixed.values()), per_seq, MEMORY))])
         out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
-                                              f"largest B in {device.memory_bytes / 1e9:g} GB"], rows)
+                                              f"largest B in {MEMORY / 1e9:g} GB"], rows)
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 the expression is **{per_seq / 1e9:.4g} GB · batch_size + "
-            f"{sum(fixed.values()) / 1e9:.4g} GB**: " + ", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()) + ".", ""]
+            f"{sum(fixed.values()) / 1e9:.4g} GB**: "
+            + ", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()) + ".", ""]
     return out
 
 
@@ -196,7 +187,8 @@ def time_section(device: Device) -> list[str]:
            f"update ({si(flops.adamw_flops(m), 'FLOP')}, (c)), {si(per_step, 'FLOP')} in all; {TRAIN_STEPS:,} steps "
            f"make {total:.4g} FLOPs. Days = FLOPs / ({MFU:g} x peak FLOP/s) / 86,400.", "",
            f"**On one A100 (the question's device) at its float32 peak of {si(a100[0], 'FLOP/s')} (no tensor cores), "
-           f"training takes {a100[1]:,.0f} days** ({a100[1] / 365.25:.1f} years). Other devices and dtypes, for comparison:", ""]
+           f"training takes {a100[1]:,.0f} days** ({a100[1] / 365.25:.1f} years). Other devices and dtypes, for "
+           "comparison:", ""]
     rows = []
     for kind in dict.fromkeys(("A100", device.kind)):
         for dtype in ("float32", "bfloat16"):

@@ -3,12 +3,11 @@ FLOPs of one AdamW update term by term (the training time, (d), is accounting.ti
 
 from __future__ import annotations
 
-from experiments.answers.accounting import count, max_batch, model, si, table
+from experiments.answers.accounting import MEMORY, count, max_batch, model, si, table
 from jaxlm.analysis import flops
 from jaxlm.core.config import ModelConfig
 
 FLOAT32 = 4  # bytes
-MEMORY = 80e9  # the question's device memory
 
 
 def activation_floats(m: ModelConfig, t: int) -> dict[str, int]:
@@ -20,7 +19,8 @@ def activation_floats(m: ModelConfig, t: int) -> dict[str, int]:
                  "weighted sum of values": t * d, "output projection": t * d,
                  "W1 output": t * f, "SiLU output": t * f, "W2 output": t * d}
     out = {f"{k}, x {n} blocks": n * x for k, x in per_layer.items()}
-    return out | {"final RMSNorm": t * d, "output embedding (logits)": t * v, "cross-entropy (softmax of the logits)": t * v}
+    return out | {"final RMSNorm": t * d, "output embedding (logits)": t * v,
+                  "cross-entropy (softmax of the logits)": t * v}
 
 
 def peak_terms(m: ModelConfig, t: int) -> tuple[float, float]:
@@ -53,10 +53,12 @@ def gpt2_xl_section() -> list[str]:
     parts = activation_floats(m, t)
     rows = [[k, count(v), si(FLOAT32 * v, "B")] for k, v in parts.items()]
     return (["#### (b) GPT-2 XL", "",
-             f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, d_ff {m.d_ff} = 4d): "
+             f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, "
+             f"d_ff {m.d_ff} = 4d): "
              "one sequence keeps", ""]
             + table(["activation", "floats per sequence", "float32 bytes"], rows)
-            + [f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). The largest batch "
+            + [f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). "
+               "The largest batch "
                f"in {MEMORY / 1e9:g} GB: floor(({MEMORY / 1e9:g} - {b / 1e9:.4g}) / {a / 1e9:.4g}) = "
                f"**{max_batch(b, a, MEMORY)}**.", ""])
 
@@ -69,7 +71,9 @@ def adamw_flops_section() -> list[str]:
              "Per parameter, term by term (the square root counted as one FLOP; 1 - β, the bias-corrected "
              "α_t and lr·λ depend only on the step, so they are computed once per step, not per parameter):", ""]
             + table(["update", "operations", "FLOPs"], rows)
-            + [f"Total **{total} FLOPs per parameter**, {total}P per step: {si(total * flops.param_counts(m)['total'], 'FLOP')} "
+            + [f"Total **{total} FLOPs per parameter**, {total}P per step: "
+               f"{si(total * flops.param_counts(m)['total'], 'FLOP')} "
                f"for `gpt2-xl`. Adam without the decoupled weight decay needs {total - flops.ADAMW_TERMS[-1][2]}, the "
                "figure often quoted for AdamW; the decay's multiply and subtract add the rest. Next to the forward and "
-               "backward passes (about 6 FLOPs per parameter per token, so 6P x tokens per step) this is negligible.", ""])
+               "backward passes (about 6 FLOPs per parameter per token, so 6P x tokens per step) this is "
+               "negligible.", ""])

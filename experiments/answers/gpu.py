@@ -2,8 +2,9 @@
 
 Each answer uses what the records hold: the 2.7B model's memory compiled for an H100 by `python -m
 experiments.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
-(ROOT/gpu/results.json, `python -m experiments.gpu`). Where they are absent it says why the question needs
-a GPU and gives the exact command. The float16 accumulation is computed here (numpy).
+(ROOT/gpu/results.json, `python -m experiments.gpu`). Where the campaign is absent it says why the question
+needs a GPU, gives the exact command, and answers with the predicted H100 figures meanwhile
+(experiments.answers.predicted). The float16 accumulation is computed here (numpy).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.answers.accounting import model, si, table
+from experiments.answers.predicted import mixed_precision_lines, nsys_lines
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
@@ -28,7 +30,7 @@ def compiled_rows(root: Path) -> dict[tuple, dict]:
     """(mode, dtype, context) -> the MODEL step compiled for TARGET, from experiments.compiled_memory's cache of
     compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
     from experiments.compiled_memory import cached
-    from jaxlm.bench.target import parse_target
+    from jaxlm.training.compiled import parse_target
 
     label = parse_target(TARGET).label
     out = {}
@@ -52,7 +54,8 @@ def estimated(row, mode: str, dtype: str, t: int) -> str:
 def memory_profiling_section(root: Path) -> list[str]:
     rows = compiled_rows(root)
     out = ["### memory_profiling", "",
-           "(a) The memory timeline: `python -m jaxlm.bench model --preset 2.7B --context 512 --batch 4 --mode train_step "
+           "(a) The memory timeline: `python -m jaxlm.bench model --preset 2.7B --context 512 --batch 4 "
+           "--mode train_step "
            "--memory-profile DIR` writes the device memory profile of a forward pass and of a train step "
            "(`jax.profiler.save_device_memory_profile`, pprof) and the compiled step's buffer assignment; on a GPU, "
            "TensorBoard's memory viewer on a trace (`--set 'log.profile_steps=[10,12]'` in training) shows the "
@@ -67,19 +70,21 @@ def memory_profiling_section(root: Path) -> list[str]:
         pairs = [(rows.get((m, "float32", t)), rows.get((m, "bfloat16", t))) for m in MODES for t in CONTEXTS]
         ratios = [b["total_bytes"] / f["total_bytes"] for f, b in pairs if f and b]
         if ratios:
-            out += [f"(c) bfloat16 against float32: {min(ratios):.2f}x to {max(ratios):.2f}x the memory. The parameters, "
+            out += [f"(c) bfloat16 against float32: {min(ratios):.2f}x to {max(ratios):.2f}x the memory. "
+                    "The parameters, "
                     "gradients and AdamW moments stay float32 (mixed precision keeps a float32 master copy and adds "
                     "bfloat16 copies of the weights), so only the activations halve; where the state dominates, the "
                     "saving is small.", ""]
     else:
         out += ["(b), (c) **Pending: the figures compiled for an H100** (the GPU compiler's memory plan of each step, "
                 "made on any machine with the `gpu-compile` extra):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
-                "Until then, `jaxlm.memory`'s analytic estimate of the same steps (an estimate, not a measurement):", ""]
+                "Until then, `jaxlm.memory`'s analytic estimate of the same steps (an estimate, not a "
+                "measurement):", ""]
         out += memory_table({}, estimated)
     resid = {t: BATCH * t * model(MODEL).d_model * 4 for t in CONTEXTS}
-    return out + [f"(d) One residual-stream activation of the {MODEL} model (batch {BATCH}, d_model {model(MODEL).d_model}, "
-                  "float32) is B x T x d x 4 bytes: " + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items())
-                  + ".", ""]
+    return out + [f"(d) One residual-stream activation of the {MODEL} model (batch {BATCH}, "
+                  f"d_model {model(MODEL).d_model}, float32) is B x T x d x 4 bytes: "
+                  + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items()) + ".", ""]
 
 
 def campaign(root: Path) -> dict:
@@ -92,7 +97,8 @@ def kernel_lines(summary: dict, what: str) -> list[str]:
     top = summary.get("top") or []
     out = [f"- {what}: {summary.get('total_us', 0) / 1e3:.2f} ms of device time over the traced calls, "
            f"{100 * summary.get('matmul_share', 0):.0f}% in matmul kernels. Top kernels:"]
-    return out + [f"  - `{k['name'][:80]}`: {100 * k['share']:.1f}%{' (matmul)' if k.get('matmul') else ''}" for k in top[:5]]
+    return out + [f"  - `{k['name'][:80]}`: {100 * k['share']:.1f}%{' (matmul)' if k.get('matmul') else ''}"
+                  for k in top[:5]]
 
 
 NSYS = (("(a)", "the forward pass's total time against the Python timing", "`bench_bf16` and `profile`"),
@@ -113,10 +119,11 @@ def nsys_section(root: Path) -> list[str]:
     if not isinstance(prof, dict) or "forward" not in prof:
         return out + ["**Pending**: no GPU campaign results under "
                       f"`{root}/gpu/` yet. On one NVIDIA GPU: `python -m experiments.gpu --only profile bench_bf16` "
-                      "(about a minute of the 9-minute campaign; `nsys profile python -m experiments.gpu --only profile` "
-                      "gives the same kernels in Nsight Systems' own timeline).", ""]
-    out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, batch {prof.get('batch')}, "
-            f"{prof.get('dtype')}):", ""]
+                      "(about a minute of the 9-minute campaign; "
+                      "`nsys profile python -m experiments.gpu --only profile` "
+                      "gives the same kernels in Nsight Systems' own timeline). Until then:", ""] + nsys_lines(root)
+    out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, "
+            f"batch {prof.get('batch')}, {prof.get('dtype')}):", ""]
     out += kernel_lines(prof["forward"], "forward pass") + kernel_lines(prof["train_step"], "train step")
     if isinstance(prof.get("attention"), dict):
         out += kernel_lines(prof["attention"], "attention alone (softmax against the two matmuls)")
@@ -126,8 +133,10 @@ def nsys_section(root: Path) -> list[str]:
 def accumulation() -> list[tuple[str, float]]:
     """The question's four loops: 1000 additions of 0.01 with float32/float16 accumulators and summands."""
     out = []
-    for label, acc, add in (("float32 += float32", np.float32, np.float32), ("float16 += float16", np.float16, np.float16),
-                            ("float32 += float16", np.float32, np.float16), ("float32 += float32(float16)", np.float32, None)):
+    for label, acc, add in (("float32 += float32", np.float32, np.float32),
+                            ("float16 += float16", np.float16, np.float16),
+                            ("float32 += float16", np.float32, np.float16),
+                            ("float32 += float32(float16)", np.float32, None)):
         s = acc(0)
         for _ in range(1000):
             s += acc(np.float16(0.01)) if add is None else add(0.01)
@@ -150,10 +159,12 @@ def mixed_precision_section(root: Path) -> list[str]:
             "parameters stay float32; each matmul casts its inputs to the compute dtype and returns it (bfloat16); "
             "RMSNorm, the softmax and the loss compute in float32; the gradients are float32, as the parameters are. "
             "(b) A layer norm's mean and variance are sums over d elements, and its 1/sqrt(variance) amplifies their "
-            "rounding error; in float16 the square of any value above 256 overflows its maximum of 65,504. bfloat16 has float32's range, so no "
+            "rounding error; in float16 the square of any value above 256 overflows its maximum of 65,504. "
+            "bfloat16 has float32's range, so no "
             "overflow, but only 8 bits of mantissa, so the norms still run in float32.", "",
             "(c) " + ("The campaign's bench tables in both dtypes are in its report ([results/gpu/report.md]"
                       "(results/gpu/report.md)), sections bench_bf16 and bench_f32." if bench else
-                      "**Pending**: bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 through "
-                      "float32); `python -m experiments.gpu --only bench_bf16 bench_f32` measures the size table in both."),
-            ""]
+                      "**Pending**: bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 "
+                      "through float32); `python -m experiments.gpu --only bench_bf16 bench_f32` measures the size "
+                      "table in both."),
+            ""] + ([] if bench else mixed_precision_lines(root))

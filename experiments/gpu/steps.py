@@ -2,9 +2,10 @@
 
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
 section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
-shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with the
-layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
-bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
+marked skipped with the reason. Estimates: compile time per row grows with the layer count (the model is
+unrolled); run time is 15 steps at the step's model FLOPs over the H100's bfloat16 / float32 peak at 40 %
+MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.gpu import predict
 from jaxlm.analysis import flops, memory
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ModelConfig
 
-H100 = {"bfloat16": 989e12, "float32": 67e12}
+H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
 COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 0.30}
+PREDICT_S = 1.5  # a timed row's prediction: its program lowered again and loaded from the compilation cache
 TARGET_VAL_LOSS = 1.47
 TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
+_NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Context:
     out: Path
     smoke: bool
     deadline: float  # time.monotonic() after which long steps stop between rows
+    scratch_dir: Path | None = None  # bulky outputs; default: `scratch`
 
     @property
     def warmup(self) -> int:
@@ -43,9 +49,9 @@ class Context:
 
     @property
     def device(self) -> str:
-        from jaxlm.bench import jax_side
+        from jaxlm.bench.steps import device_kind
 
-        return jax_side.device_kind()
+        return device_kind()
 
     @property
     def gpu(self) -> bool:
@@ -55,7 +61,10 @@ class Context:
 
     @property
     def scratch(self) -> Path:
-        """Where bulky outputs go (traces, the training run and its checkpoint): not the committed report."""
+        """Where bulky outputs go (traces, the training run and its checkpoint, the compilation cache): not the
+        committed report."""
+        if self.scratch_dir is not None:
+            return self.scratch_dir
         return self.out if self.smoke else Path("runs/gpu_campaign")
 
     def out_of_time(self) -> bool:
@@ -68,6 +77,7 @@ class Step:
     title: str
     estimate: Callable[[bool], float]  # smoke -> estimated seconds on an H100
     run: Callable[[Context], dict]
+    cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
 
 
 def models(smoke: bool) -> dict[str, ModelConfig]:
@@ -87,18 +97,23 @@ def _row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: i
 
 # --------------------------------------------------------------------------- 1. attention kernels
 
-ATTN_CONTEXTS, ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = (128, 256, 512, 1024, 2048, 4096, 8192), 256, 16384, 12, 64
+ATTN_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
+ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    from jaxlm.bench.breakdown import time_calls
+    import statistics
 
-    mean, std = time_calls(fn, args, warmup, steps)
-    return 1e3 * mean, 1e3 * std
+    import jax
+
+    from jaxlm.bench.timing import time_calls
+
+    seconds = time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds
+    return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
-def _rel(a, b) -> float:
+def rel_error(a, b) -> float:
     import jax.numpy as jnp
 
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -121,7 +136,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.bench.core import is_oom
+    from jaxlm.bench.measure import is_oom
 
     keys = jax.random.split(jax.random.key(T), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
@@ -133,14 +148,16 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     for impl in ("xla", "cudnn"):
         row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
         if impl == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = _rel(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(_rel(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
+            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
             row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
             row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
+            row["predicted_fwd_ms"] = predict.program_ms(fwd, (q16, k16, v16))
+            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (q16, k16, v16, ct))
             row["status"] = "ok"
         except Exception as e:
             row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
@@ -162,29 +179,30 @@ def run_attention(ctx: Context) -> dict:
 
 
 def estimate_attention(smoke: bool) -> float:
-    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 4.0  # 6 small compiles and ~60 short calls per case
+    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
 
 
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
 
 def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    opts = core.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
-    rows = core.run_sweep(cfg, settings, [context], [batch], opts)
+    opts = measure.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
+    rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
     for r in rows:
         if r.get("status") == "ok" or r.get("estimate_gb") is not None:
-            cfg_r, compute = core.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
+            cfg_r, compute = measure.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
                                           remat=r["remat"]).configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
+            r.update(predict.for_row(r, cfg_r, compute))
     return rows
 
 
 def table_run(dtype: str):
     def run(ctx: Context) -> dict:
-        from jaxlm.bench import core
+        from jaxlm.bench import measure
 
-        settings = [core.Setting(mode=m, dtype=dtype) for m in flops.MODES]
+        settings = [measure.Setting(mode=m, dtype=dtype) for m in flops.MODES]
         rows = []
         for name, cfg in models(ctx.smoke).items():
             for T in contexts(ctx.smoke):
@@ -201,8 +219,8 @@ def table_estimate(dtype: str):
     def est(smoke: bool) -> float:
         if smoke:
             return 10.0
-        return sum(_row_seconds(cfg, m, dtype, 4, T) for cfg in models(False).values() for T in contexts(False)
-                   for m in flops.MODES)
+        return sum(_row_seconds(cfg, m, dtype, 4, T) + PREDICT_S for cfg in models(False).values()
+                   for T in contexts(False) for m in flops.MODES)
 
     return est
 
@@ -211,9 +229,9 @@ TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudn
 
 
 def _technique_settings(ctx: Context):
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    return [core.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+    return [measure.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
 
 
 def run_techniques(ctx: Context) -> dict:
@@ -227,8 +245,9 @@ def run_techniques(ctx: Context) -> dict:
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
             if s.attention == "cudnn" and not ctx.gpu:
-                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention, "remat": s.remat,
-                             "context": T, "status": "skipped", "error": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention,
+                             "remat": s.remat, "context": T, "status": "skipped",
+                             "error": _NO_CUDNN.format(ctx.device)})
                 continue
             rows += _sweep(ctx, name, cfg, [s], T, batch)
     _mark_stale_peaks(rows)
@@ -253,13 +272,14 @@ def estimate_techniques(smoke: bool) -> float:
     if smoke:
         return 6.0
     return sum(_row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
-               for n in ("small", "large") for _, r in TECHNIQUES)
+               + PREDICT_S for n in ("small", "large") for _, r in TECHNIQUES)
 
 
 def run_max_batch(ctx: Context) -> dict:
-    """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device,
-    then one-step runs on a ladder around it, up to the first that fails."""
-    from jaxlm.bench import core
+    """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
+    one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
+    and bisection) up to the largest batch that runs."""
+    from jaxlm.bench import measure
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = _device_bytes()
@@ -268,17 +288,23 @@ def run_max_batch(ctx: Context) -> dict:
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
         if s.attention == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": f"cuDNN attention needs an NVIDIA GPU; this is {ctx.device}"})
+            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
-        ladder = [2] if ctx.smoke else sorted({max(1, int(predicted * f)) for f in (0.5, 0.75, 1.0, 1.25, 1.5)}) if predicted else [8, 16, 32, 64]
-        fits = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small"))
-        largest = 0
-        for b in ladder:
-            if ctx.out_of_time() or not fits(b):
-                break
-            largest = b
-        rows.append({**row, "status": "ok", "predicted": predicted, "ladder": ladder, "largest_ok": largest})
+        fits, probed = measure.batch_fits(s, cfg, T, measure.Options(warmup=0, steps=1, model_name="small")), []
+
+        def probe(b: int) -> bool:
+            if ctx.out_of_time():
+                raise TimeoutError("the budget ran out")
+            probed.append(b)
+            return fits(b)
+
+        try:
+            largest = memory.search_largest(probe, 2 if ctx.smoke else 4096, predicted or 8)
+        except TimeoutError as e:
+            rows.append({**row, "status": "cut", "reason": str(e), "predicted": predicted, "probed": probed})
+            continue
+        rows.append({**row, "status": "ok", "predicted": predicted, "probed": probed, "largest_ok": largest})
     return {"rows": rows, "device_bytes": capacity}
 
 
@@ -309,7 +335,8 @@ def run_shakespeare(ctx: Context) -> dict:
     run_dir = ctx.scratch / "shakespeare_run"
     sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
     if ctx.smoke:
-        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2, "data.eval_tokens": 1024, "log.sample_tokens": 0})
+        sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
+                     "data.eval_tokens": 1024, "log.sample_tokens": 0})
     cmd = [sys.executable, "-m", "jaxlm.train", "--config", recipe["defaults"]["config"]]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]
@@ -346,9 +373,10 @@ def estimate_shakespeare(smoke: bool) -> float:
 # --------------------------------------------------------------------------- plots
 
 def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from jaxlm.bench import plot_results
+    from experiments.report.figures import bench_figures
 
     try:
-        plot_results([r for r in rows if r.get("status") == "ok"], ctx.out / prefix)
+        (ctx.out / prefix).mkdir(parents=True, exist_ok=True)
+        bench_figures(rows, ctx.out / prefix)
     except Exception as e:  # a missing plotting extra must not cost the table
         print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)

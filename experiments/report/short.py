@@ -205,10 +205,12 @@ H100 = (("float32", {}), ("bfloat16", {"dtype": "bfloat16"}), ("+ fused attentio
 
 def h100_batches() -> str:
     from jaxlm.analysis import memory
+    from jaxlm.analysis.devices import DEVICES
     from jaxlm.core.config import ComputeConfig, ModelConfig
 
     m = ModelConfig.from_name("small", context_length=1024)
-    got = [(label, memory.largest_batch(m, 1024, 80e9, ComputeConfig(**kw))) for label, kw in H100]
+    usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE  # what `python -m jaxlm.memory` plans for
+    got = [(label, memory.largest_batch(m, 1024, usable, ComputeConfig(**kw))) for label, kw in H100]
     return ("the largest batch that fits is " + ", ".join(f"{b} sequences in {label}" for label, b in got)
             + f" ({got[-1][1] / got[0][1]:.0f}x float32's): bfloat16 halves the activation bytes but adds bfloat16 "
             "copies of the weights, fused attention drops the T x T matrices, and remat keeps only each block's input.")

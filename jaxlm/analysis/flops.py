@@ -13,13 +13,15 @@ Conventions (written down because MFU figures depend on them):
   for the test model (tests/lib/test_bench.py) the analytic matmul count is within
   10 % of it (measured gap: see docs/benchmarks.md).
 
-Memory (parameters, optimizer state, activations by component) lives in jaxlm.memory.
+Memory (parameters, optimizer state, activations by component) lives in jaxlm.analysis.memory, the devices'
+peak FLOP/s in jaxlm.analysis.devices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxlm.analysis.devices import find
 from jaxlm.core.config import ModelConfig
 
 # One AdamW update (docs/spec.md#optimizer), per parameter, term by term. Scalars that depend only on the
@@ -32,30 +34,22 @@ ADAMW_TERMS: tuple[tuple[str, str, int], ...] = (
 )
 ADAMW_FLOPS_PER_PARAM = sum(n for _, _, n in ADAMW_TERMS)
 
-# Dense peak FLOP/s per device by (device kind substring, dtype). Datasheet figures, no sparsity.
-PEAK_FLOPS: dict[tuple[str, str], float] = {
-    ("H200", "bfloat16"): 989e12,
-    ("H200", "float32"): 67e12,
-    ("H100", "bfloat16"): 989e12,
-    ("H100", "float32"): 67e12,
-    ("A100", "bfloat16"): 312e12,
-    ("A100", "float32"): 19.5e12,
-    ("L4", "bfloat16"): 121e12,
-    ("L4", "float32"): 30.3e12,
-    ("TPU v4", "bfloat16"): 275e12,
-    ("TPU v5 lite", "bfloat16"): 197e12,
-    ("TPU v5p", "bfloat16"): 459e12,
-}
+
+def attention_widths(cfg: ModelConfig) -> tuple[int, int]:
+    """(N H, K H): the width of the queries (and attention output), and of the keys (and values) with K key/value
+    heads; both d_model for multi-head attention with H = d_model / N."""
+    return cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per component (docs/spec.md shapes)."""
+    """Parameters per component (docs/spec.md shapes; q and output_proj d x NH, k and v d x KH)."""
     d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
+    q, kv = attention_widths(cfg)
     norms = 0 if cfg.norm == "none" else 2 * d
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
     counts = {
         "embedding": v * d,
-        "attention": n * 4 * d * d,
+        "attention": n * 2 * d * (q + kv),
         "ffn": n * ffn_mats * d * f,
         "norms": n * norms + (0 if cfg.norm == "none" else d),
         "lm_head": 0 if cfg.tie_embeddings else v * d,
@@ -84,11 +78,13 @@ class ForwardFlops:
 
 
 def forward_flops(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
+    """Grouped-query attention shrinks the k and v projections only: every query head still scores T x T keys."""
     d, f, v, n, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers, seq_len
+    q, kv = attention_widths(cfg)
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
     return ForwardFlops(
-        attention_proj=n * 2 * t * 4 * d * d,
-        attention_core=n * 2 * 2 * t * t * d,
+        attention_proj=n * 2 * t * 2 * d * (q + kv),
+        attention_core=n * 2 * 2 * t * t * q,
         ffn=n * 2 * t * ffn_mats * d * f,
         lm_head=2 * t * d * v,
     )
@@ -104,13 +100,12 @@ def adamw_flops(cfg: ModelConfig) -> float:
 
 
 def peak_flops(device_kind: str, dtype: str, override: float | None = None) -> float | None:
-    """Peak FLOP/s for a device kind (e.g. jax.devices()[0].device_kind), or None when unknown (CPUs)."""
+    """Dense peak FLOP/s of a device kind (e.g. jax.devices()[0].device_kind) in `dtype`, from the device table
+    (jaxlm.analysis.devices), or None when unknown (CPUs)."""
     if override:
         return override
-    for (kind, dt), value in PEAK_FLOPS.items():
-        if kind.lower() in device_kind.lower() and dt == dtype:
-            return value
-    return None
+    device = find(device_kind)
+    return device.peak_flops.get(dtype) if device else None
 
 
 def mfu(tokens_per_second: float, cfg: ModelConfig, seq_len: int, device_kind: str, num_devices: int = 1,

@@ -1,8 +1,8 @@
 """Memory estimator: what one step holds per device, and the largest batch that fits a device.
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
-    python -m jaxlm.memory validate --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
-    python -m jaxlm.memory validate --out docs/memory.md   # the CPU model vs XLA's memory_analysis() on CPU
+    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
+    python -m experiments.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
@@ -15,7 +15,7 @@ side (D per token).
 Two calibrations, because two compilers keep different tensors:
 - "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
   the real train step for an H100 (`GPU_BYTES`, fitted on compiled two-layer probes
-  by `python -m jaxlm.memory validate --target h100-80gb --calibrate` and validated
+  by `python -m experiments.memory_validation --target h100-80gb --calibrate` and validated
   on the presets in docs/memory.md). Under remat full the peak is the last block's
   backward: one layer's working set, the saved block inputs mostly freed by then.
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
@@ -30,9 +30,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable
 
-from jaxlm.analysis.flops import param_counts
+from jaxlm.analysis.flops import attention_widths, param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.loss import block_positions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
@@ -56,17 +58,6 @@ GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
     ("bfloat16", "dots_saveable", True): (9.6, 4.9, 0.0, 4.42, 15.98, 1.23),
 }
 
-# Device memory as the driver reports it (nvidia-smi's total; bytes). Marketed sizes in the names.
-DEVICES: dict[str, float] = {
-    "h100-80gb": 81559 * 2**20,
-    "h100-94gb": 95830 * 2**20,
-    "h200": 143771 * 2**20,
-    "a100-40gb": 40960 * 2**20,
-    "a100-80gb": 81920 * 2**20,
-    "l4": 23034 * 2**20,
-    "rtx4090": 24564 * 2**20,
-    "v100-32gb": 32768 * 2**20,
-}
 # Share of device memory a step may plan for: JAX's GPU allocator (XLA's BFC pool) is capped at
 # XLA_PYTHON_CLIENT_MEM_FRACTION of the device's memory, 0.75 by default, with or without preallocation
 # (openxla/xla gpu_helpers.cc: "XLA backend will use up to ..."); the rest holds the CUDA context, the
@@ -89,10 +80,10 @@ def usable_share() -> float:
 SAVED = {
     "norms": ("D", "t", 1.0),  # RMSNorm output feeding the next matmul
     "residuals": ("D", "t", 1.0),  # the residual stream at the block's input
-    "qkv": ("D", "t", 3.0),  # q, k (after RoPE), v
+    "qkv": ("QKV", "t", 1.0),  # q, k (after RoPE), v: N H + 2 K H wide (3 D without grouped-query attention)
     "attention scores/probs": ("HT", "f32", 4.0),  # masked logits, their float32 copy, exp, probabilities
     "attention mask": ("HT", "u8", 1.0),  # the causal mask, broadcast to (B, N, T, T) booleans
-    "attention output": ("D", "t", 1.0),  # softmax(.) V before output_proj
+    "attention output": ("Q", "t", 1.0),  # softmax(.) V before output_proj, N H wide
     "ffn hidden": ("F", "t", 4.0),  # w1 x, w3 x, silu(w1 x), the gated product (SwiGLU)
 }
 WORKING: dict = {}  # beyond the saved tensors, the layer being differentiated needs no more at the peak (CPU)
@@ -129,7 +120,15 @@ class Estimate:
 
 
 def _width(kind: str, cfg: ModelConfig, seq_len: int) -> int:
-    return {"D": cfg.d_model, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+    q, kv = attention_widths(cfg)
+    return {"D": cfg.d_model, "Q": q, "QKV": q + 2 * kv, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+
+
+def d_wide(cfg: ModelConfig) -> float:
+    """The mean width of a layer's D-wide tensors (norm output, residual, q, k, v, attention output): d_model,
+    unless grouped-query attention or a head_dim apart from d_model / num_heads narrows or widens q, k and v."""
+    q, kv = attention_widths(cfg)
+    return (2 * cfg.d_model + 2 * q + 2 * kv) / 6
 
 
 def _bytes(dtype: str, compute_bytes: int) -> int:
@@ -159,8 +158,8 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     kept = {name: 0.0 for name in per_layer}
     kept["residuals"] = a * cfg.d_model
     if remat == "dots_saveable":
-        kept["qkv"] = 3.0 * a * cfg.d_model
-        kept["attention output"] = a * cfg.d_model
+        kept["qkv"] = a * _width("QKV", cfg, seq_len)
+        kept["attention output"] = a * _width("Q", cfg, seq_len)
         if not fused:
             kept["attention scores/probs"] = 4.0 * cfg.num_heads * seq_len
         gated = 2 if cfg.ffn == "swiglu" else 1
@@ -169,14 +168,14 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
 
 
 def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
-    """The element counts GPU_BYTES multiplies: D and F per layer and token, N T^2 per layer and sequence,
+    """The element counts GPU_BYTES multiplies: D (`d_wide`) and F per layer and token, N T^2 per layer and sequence,
     V and D per token; one layer under remat full (or offload, whose saved tensors live on the host), where
     the embedding side is one more D per token and falls in the first term."""
     tokens = batch * seq_len
     one = remat in ("full", "offload")
     layers = 1 if one else cfg.num_layers
     d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
-    return [tokens * layers * cfg.d_model, tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
+    return [tokens * layers * d_wide(cfg), tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
             tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
 
 
@@ -222,8 +221,10 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
     tokens = batch * seq_len
-    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
-    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
+    # the loss holds one block of the global batch's positions at a time (all of them: whole logits), split like
+    # the batch over the devices
+    positions = seq_len if mode == "forward" else block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
+    head_tokens = batch * positions
     if backend == "gpu" and mode != "forward":
         return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
@@ -247,7 +248,8 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
 
 
 def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
-             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> Estimate:
+             mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None,
+             backend: str = "gpu") -> Estimate:
     """Predicted peak bytes per device of one step; `batch` is the global batch, split over mesh.devices."""
     p = param_counts(cfg)["total"]
     shard = mesh.devices if mesh.fsdp else 1
@@ -269,21 +271,61 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
 
 
 def largest_batch(cfg: ModelConfig, seq_len: int, capacity: float, compute: ComputeConfig = ComputeConfig(),
-                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu") -> int:
-    """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does).
-
-    The estimate grows with the per-device batch (affine in it, but for a chunked loss's one block of
-    logits), so a doubling then a bisection finds it.
-    """
+                  mode: str = "train_step", mesh: Mesh = Mesh(), fused: bool | None = None, backend: str = "gpu",
+                  limit: int = 1 << 24) -> int:
+    """The largest global batch whose estimate fits `capacity` bytes per device (0 if none does), by
+    `search_largest` over the per-device batch (the estimate grows with it)."""
     def fits(per_device: int) -> bool:
         return estimate(cfg, per_device * mesh.devices, seq_len, compute, mode, mesh, fused, backend).total <= capacity
 
-    if not fits(1):
+    return search_largest(fits, limit) * mesh.devices
+
+
+def search_largest(fits: Callable[[int], bool], limit: int, guess: int = 1) -> int:
+    """The largest k in [1, limit] with fits(k), for a monotone `fits` (true up to some k, false beyond); 0 when
+    fits(1) is false. Every largest-batch search of jaxlm and its lab runs on this one: by estimate, by
+    compiling, by running a step. After k = 1 it probes `guess` (an estimate, when the caller has one), gallops
+    away from it in steps of 1, 2, 4, ... until the answer is bracketed, then bisects: about
+    2 log2 |answer - guess| probes, so a good guess saves compiles or runs."""
+    if limit < 1 or not fits(1):
         return 0
-    lo, hi = 1, 2
-    while fits(hi):
-        lo, hi = hi, 2 * hi
+    lo, hi = 1, limit + 1  # fits(lo); hi never fits (limit + 1 stands for "beyond the search")
+    k, stride = min(max(guess, 2), limit), 1
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * mesh.devices
+        if fits(k):
+            lo, k = k, k + stride
+        else:
+            hi, k = k, k - stride
+        stride *= 2
+        if not lo < k < hi:
+            k = (lo + hi) // 2
+    return lo
+
+
+@dataclass(frozen=True)
+class CompiledMemory:
+    """Bytes per device of a compiled program, as XLA's buffer assignment planned them (`memory_analysis()`):
+    its arguments, outputs, the outputs aliased to (donated) arguments, and temporaries."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def total(self) -> int:
+        """What the program holds at once: aliased outputs reuse their arguments' buffers."""
+        return self.argument + self.output + self.temp - self.alias
+
+
+def compiled_memory(compiled) -> CompiledMemory | None:
+    """The one reader of a compiled program's memory: `compiled` is a compiled executable or its
+    `memory_analysis()`; None where the backend gives none."""
+    try:
+        m = compiled.memory_analysis() if hasattr(compiled, "memory_analysis") else compiled
+    except Exception:  # some backends have none
+        return None
+    if m is None:
+        return None
+    return CompiledMemory(int(m.argument_size_in_bytes), int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                          int(m.temp_size_in_bytes))

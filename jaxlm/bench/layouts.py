@@ -1,7 +1,7 @@
 """`python -m jaxlm.bench parallel`: the real train step on a mesh, compiled apart, measured per device.
 
 Each row is one mesh layout (the config's ``parallel.*``, or each `--layout`) of the
-train step `jaxlm.train.build` jits: compile time, step time (unless --compile-only),
+train step `jaxlm.training.loop.build` jits: compile time, step time (unless --compile-only),
 per-device memory read from the compiled SPMD program's memory_analysis (arguments =
 this device's shard of the train state plus its batch rows; temporaries; outputs
 aliased to the donated state), the per-device parameter + optimizer bytes from the
@@ -26,35 +26,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 
 from jaxlm import cli
+from jaxlm.analysis.memory import compiled_memory
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import MESH_AXES, load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import write_json
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-                "s8": 1, "u8": 1, "pred": 1}
-_OP = re.compile(r"=\s*(?P<type>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_ARRAY = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-
-
-def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
-    """op -> {"count", "bytes"} over the HLO's instructions (result shapes; tuples summed)."""
-    out = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
-    for m in _OP.finditer(hlo_text):
-        nbytes = 0
-        for a in _ARRAY.finditer(m.group("type")):
-            dims = [int(d) for d in a.group("dims").split(",") if d]
-            n = 1
-            for d in dims:
-                n *= d
-            nbytes += n * _DTYPE_BYTES.get(a.group("dtype"), 4)
-        out[m.group("op")]["count"] += 1
-        out[m.group("op")]["bytes"] += nbytes
-    return out
+from jaxlm.training.compiled import collectives
 
 
 def parse_layout(text: str) -> dict[str, int]:
@@ -98,10 +78,10 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
     row = {"layout": ",".join(f"{k}={v}" for k, v in mesh.shape.items() if v > 1) or "1 device",
            "scan_layers": cfg.compute.scan_layers, "compile_s": time.perf_counter() - t0,
            "state_mb_per_device": state_bytes_per_device(b.abstract) / 2**20}
-    m = compiled.memory_analysis()
+    m = compiled_memory(compiled)
     if m is not None:
-        row.update(argument_mb=m.argument_size_in_bytes / 2**20, temp_mb=m.temp_size_in_bytes / 2**20,
-                   output_mb=m.output_size_in_bytes / 2**20, alias_mb=m.alias_size_in_bytes / 2**20)
+        row.update(argument_mb=m.argument / 2**20, temp_mb=m.temp / 2**20, output_mb=m.output / 2**20,
+                   alias_mb=m.alias / 2**20)
     row["collectives"] = collectives(compiled.as_text())
     if mesh.shape["pipeline"] > 1:
         row.update(bubble=bubble_fraction(mesh.shape["pipeline"], cfg.parallel.microbatches),
@@ -110,14 +90,13 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
         state = jax.jit(b.make_state, out_shardings=b.shardings)()
         tok = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (B, T + 1)).astype(np.int32)
         xs, ys = sharding.global_batch(tok[:, :-1], mesh), sharding.global_batch(tok[:, 1:], mesh)
-        state, metrics = b.step_fn(state, xs, ys)
-        jax.block_until_ready(metrics)
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            state, metrics = b.step_fn(state, xs, ys)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - t0)
+        held = [state]
+
+        def call():
+            held[0], metrics = b.step_fn(held[0], xs, ys)
+            return metrics
+
+        times = time_calls(call, steps, warmup=1, wait=jax.block_until_ready).seconds
         row.update(step_ms=1e3 * float(np.median(times)), tokens_per_s=B * T / float(np.median(times)))
     return row
 
@@ -137,13 +116,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _row_line(r: dict) -> str:
-    coll = " ".join(f"{op}={c['count']}/{c['bytes'] / 2**20:.1f}MiB" for op, c in r["collectives"].items() if c["count"])
+    coll = " ".join(f"{op}={c['count']}/{c['bytes'] / 2**20:.1f}MiB"
+                    for op, c in r["collectives"].items() if c["count"])
     step = f"{r['step_ms']:9.1f} ms/step" if "step_ms" in r else "    (compile only)"
     return (f"{r['layout']:<22} scan={str(r['scan_layers']):<5} compile {r['compile_s']:6.1f} s {step}  state/device "
             f"{r['state_mb_per_device']:9.1f} MiB  args {r.get('argument_mb', float('nan')):9.1f} MiB  temp "
             f"{r.get('temp_mb', float('nan')):9.1f} MiB  {coll or 'no collectives'}"
             + (f"  M={r['microbatches']} bubble {r['bubble']:.2f} (analytic)" if "bubble" in r else "")
-            + (f" {r['bubble_measured']:.2f} (measured against {r['reference_layout']})" if "bubble_measured" in r else ""))
+            + (f" {r['bubble_measured']:.2f} (measured against {r['reference_layout']})"
+               if "bubble_measured" in r else ""))
 
 
 def _unpipelined(args: argparse.Namespace, over: list[str], cfg) -> dict:
@@ -158,7 +139,8 @@ def _unpipelined(args: argparse.Namespace, over: list[str], cfg) -> dict:
 def main(args: argparse.Namespace) -> int:
     if args.devices is not None:
         cli.check_option(args.devices >= 1, "--devices", args.devices, "must be >= 1")
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
     cli.check_option(args.steps >= 1, "--steps", args.steps, "must be >= 1")
     extra = [f"data.batch_size={args.batch}"] if args.batch else []
     if args.context:

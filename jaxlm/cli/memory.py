@@ -1,10 +1,10 @@
 """`python -m jaxlm.memory`: one step's memory per device and the largest batch that fits (jaxlm.analysis.memory),
-or, with --target, the GPU compiler's own plan for the step (jaxlm.bench.target).
+or, with --target, the GPU compiler's own plan for the step (jaxlm.training.compiled).
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
     python -m jaxlm.memory --target h100-80gb --preset small --context 1024 --batch 8 --dtype bfloat16 --json
-    python -m jaxlm.memory validate --out docs/memory.md   # estimate vs XLA's memory_analysis() on CPU
-    python -m jaxlm.memory validate --target h100-80gb --out docs/memory.md   # ... vs the H100 compiler
+
+How far the estimate is from the compilers' plans: docs/memory.md (`python -m experiments.memory_validation`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import json
 import re
 
 from jaxlm import cli
+from jaxlm.analysis.devices import DEVICES, TARGETS
 from jaxlm.analysis.flops import MODES, param_counts
 from jaxlm.analysis.memory import (
     BACKENDS,
     DEFAULT_USABLE,
-    DEVICES,
     ComputeConfig,
     Mesh,
     ModelConfig,
@@ -28,6 +28,7 @@ from jaxlm.analysis.memory import (
     usable_share,
 )
 from jaxlm.core.errors import UsageError
+from jaxlm.training import compiled as gpu
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -60,7 +61,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="devices the batch is split over (parallel.fsdp other than 1 also shards the state)")
     d = parser.add_argument_group("the device (for the largest batch)")
     where = d.add_mutually_exclusive_group()
-    where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory")
+    where.add_argument("--device", choices=sorted(DEVICES), help="a known device's memory (jaxlm.analysis.devices)")
     where.add_argument("--memory", type=parse_size, metavar="SIZE", help="memory per device, e.g. 24GiB or 80GB")
     d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True),
                    help=f"share of the device's memory a step may plan for (default: JAX's GPU allocator share, "
@@ -68,8 +69,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("compile for a GPU, on any machine (the gpu-compile extra; docs/memory.md)")
     which = g.add_mutually_exclusive_group()
     which.add_argument("--target", metavar="GPU[:N]",
-                       help="compile the step for N of a known GPU: h100-80gb, h200, a100-40gb, a100-80gb, l4, "
-                            "rtx4090 (N: the mesh of parallel.*) and report the compiler's plan")
+                       help=f"compile the step for N of a known GPU: {', '.join(TARGETS)} (N: the mesh of parallel.*) "
+                            "and report the compiler's plan; the memory is the GPU's (not --device / --memory)")
     which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
     g.add_argument("--find-max-batch", action="store_true", help="with --target: the largest batch that fits, "
                    "by compiling (a few compiles)")
@@ -127,15 +128,17 @@ def format_report(r: dict, cfg: ModelConfig) -> str:
 
 
 DESCRIPTION = """Estimate the memory of one train step per device (parameters, gradients, AdamW moments,
-activations by component) and the largest batch that fits a device (docs/memory.md).
-`python -m jaxlm.memory validate` compares the estimate with XLA's compiled memory_analysis() on CPU."""
+activations by component) and the largest batch that fits a device (docs/memory.md); with --target, compile
+the step for a GPU and report the compiler's own plan."""
 
 
 def target_report(args) -> dict:
     """The compiled plan of the step the flags describe, for --target / --target-config, beside the estimate."""
-    from jaxlm.bench import target as gpu
-
     t = gpu.parse_target(args.target, args.target_config)
+    if args.device or args.memory:
+        given = f"--device {args.device}" if args.device else f"--memory {si(args.memory)}"
+        raise UsageError(f"{given}: with {t.flag} the memory is the target's ({si(t.memory_bytes)}); give one or "
+                         "the other (another memory size: --target-config FILE with its device_memory_size)")
     gpu.require_compiler()
     cli.check_option(args.devices in (1, t.count), "--devices", args.devices,
                      f"with a target the GPU count comes from it ({t.name}:{t.count})")
@@ -164,19 +167,24 @@ def format_target_report(r: dict) -> str:
               f"  {'estimate':10s} {gib(r['estimate_bytes']):>12s}   (python -m jaxlm.memory without --target)", "",
               f"matmuls {r['matmuls']} ({dtypes}); cuDNN attention calls {r['cudnn_attention_calls']}"]
     if "collectives" in r:
-        lines.append("collectives (static count): " + ", ".join(f"{op} {c['count']}" for op, c in r["collectives"].items()))
+        lines.append("collectives (static count): "
+                     + ", ".join(f"{op} {c['count']}" for op, c in r["collectives"].items()))
+    if "compiler_options" in r:
+        lines.append(f"compiled with {r['compiler_options']}: XLA's Triton GEMM tiler, untuned without a GPU, found "
+                     "no tile sizes for a matmul of this shape; its matmuls are cuBLAS calls")
     lines.append(f"fits: {'yes' if r['fits'] else 'NO'} ({gib(r['total_bytes'])} of {gib(r['usable_bytes'])} usable: "
                  f"{r['usable_fraction']:.2f} of {gib(r['capacity_bytes'])}, JAX's allocator share)")
     if "largest_batch" in r:
         lines.append(f"largest batch that fits: {r['largest_batch']} (by compiling)")
+    if r.get("predicted_step_ms"):
+        mfu = f", MFU {100 * r['predicted_mfu']:.0f}% of the {r['predicted_peak']} peak" if r["predicted_mfu"] else ""
+        lines += ["", r["predicted_label"], f"  step {r['predicted_step_ms']:.2f} ms, "
+                  f"{r['predicted_tokens_per_s']:,.0f} tokens/s{mfu} (kernel by kernel: python -m jaxlm.bench ops "
+                  "--target ...)"]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "validate":
-        from jaxlm.bench import memory_profile as bench_memory
-
-        return bench_memory.validate_main(argv[1:])
     parser = cli.ArgumentParser(prog="python -m jaxlm.memory", description=DESCRIPTION,
                                 formatter_class=cli.HelpFormatter)
     add_args(parser)
@@ -188,7 +196,7 @@ def main(argv: list[str]) -> int:
     if args.find_max_batch:
         raise UsageError("--find-max-batch: it compiles the step, so it needs --target or --target-config")
     cfg, compute, context, batch, mesh = _configs(args)
-    capacity = DEVICES[args.device] if args.device else args.memory
+    capacity = DEVICES[args.device].memory_bytes if args.device else args.memory
     r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device, args.calibration)
     print(json.dumps(r, indent=1) if args.json else format_report(r, cfg))
     return 0

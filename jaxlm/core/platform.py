@@ -36,9 +36,10 @@ def cuda_plugin_installed() -> bool:
 
 
 @contextlib.contextmanager
-def plugin_noise_filtered() -> Iterator[None]:
+def plugin_noise_filtered(kept: list[str] | None = None) -> Iterator[None]:
     """fd 2 goes to a temporary file inside the block; afterwards every line but PLUGIN_NOISE is written
-    to stderr. The noise comes from C++ (absl), below sys.stderr, so only a file-descriptor swap catches it."""
+    to stderr, or appended to `kept` when given (the caller decides what reaches the terminal). The noise
+    comes from C++ (absl), below sys.stderr, so only a file-descriptor swap catches it."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)
@@ -55,9 +56,11 @@ def plugin_noise_filtered() -> Iterator[None]:
             os.close(saved)
             tmp.seek(0)
             text = tmp.read().decode(errors="replace")
-            kept = [line for line in text.splitlines(keepends=True) if not PLUGIN_NOISE.search(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
+            lines = [line for line in text.splitlines(keepends=True) if not PLUGIN_NOISE.search(line)]
+            if kept is not None:
+                kept += lines
+            elif lines:
+                sys.stderr.write("".join(lines))
 
 
 def prepare() -> str | None:

@@ -33,7 +33,8 @@ FAKE = textwrap.dedent(
         print("something broke: a detail worth keeping", file=sys.stderr)
         sys.exit(3)
     if mode == "nan":
-        print("training diverged: loss is nan at step 3", file=sys.stderr)
+        print("error: loss nan, parameter norm 12.5 at step 3 (grad_norm nan, lr 0.01); stopped without saving",
+              file=sys.stderr)
         sys.exit(1)
     """
 )

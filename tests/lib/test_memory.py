@@ -1,23 +1,16 @@
-"""jaxlm.memory: the CPU model against XLA's memory_analysis() (float32, no remat), the GPU model against the
-GPU compiler's figures (docs/memory.md), by hand, and the CLI."""
+"""jaxlm.memory: the estimator by hand and the CLI (against the compilers' plans:
+tests/lab/test_memory_validation.py)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from jaxlm import cli
 from jaxlm.analysis import memory
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import param_counts
-from jaxlm.bench import memory_profile as bench_memory
 from jaxlm.cli import memory as memory_cli
 from jaxlm.core.config import ComputeConfig, ModelConfig
-
-
-@pytest.mark.parametrize("shape", [(256, 4, 4, 1000, 128, 4), (256, 2, 4, 1000, 128, 4)])
-def test_estimate_within_fifteen_percent_of_memory_analysis(shape):
-    row = bench_memory.validation_row(*shape)
-    assert abs(row["error"]) < 0.15, row
 
 
 def test_state_by_hand_and_linear_in_batch():
@@ -40,7 +33,8 @@ def test_techniques_order_and_fsdp_shards_the_state():
     base = act()
     assert act(remat="full") < act(remat="dots_saveable") < base
     # scanned layers run "none" as dots_saveable (ComputeConfig.remat_policy): the estimate prices that
-    assert act(scan_layers=True) == act(remat="dots_saveable") and act(scan_layers=True, remat="full") == act(remat="full")
+    assert act(scan_layers=True) == act(remat="dots_saveable")
+    assert act(scan_layers=True, remat="full") == act(remat="full")
     assert act(dtype="bfloat16", attention="cudnn") < act(dtype="bfloat16") < base
     one = memory.estimate(cfg, 8, 1024)
     four = memory.estimate(cfg, 8, 1024, mesh=memory.Mesh(4, fsdp=True))
@@ -65,7 +59,7 @@ def test_cli_prints_the_breakdown_and_largest_batch(capsys):
     assert cli.run(memory_cli.main, [*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["largest_batch"] == memory.largest_batch(ModelConfig.from_name("large"), 1024,
-                                                      memory.DEVICES["h100-80gb"] * memory.DEFAULT_USABLE,
+                                                      DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE,
                                                       ComputeConfig(dtype="bfloat16"))
 
 
@@ -83,15 +77,6 @@ def test_parse_size():
     assert memory_cli.parse_size("512 MiB") == 512 * 2**20
 
 
-def test_validate_writes_the_table_between_markers(tmp_path):
-    out = tmp_path / "memory.md"
-    out.write_text(f"# Memory\n\nbefore\n\n{bench_memory.MARK_BEGIN}\nold\n{bench_memory.MARK_END}\n\nafter\n")
-    assert cli.run(memory_cli.main, ["validate", "--rows", "1", "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "before" in text and "after" in text and "old" not in text
-    assert "| 256 | 4 | 4 | 1000 | 128 | 4 |" in text
-
-
 def test_the_gpu_model_by_hand():
     """GPU calibration: each kind of tensor's element count times its fitted bytes (GPU_BYTES)."""
     cfg = ModelConfig(d_model=64, num_layers=3, num_heads=4, d_ff=96, vocab_size=100, context_length=32)
@@ -106,17 +91,3 @@ def test_the_gpu_model_by_hand():
                                                              for k in full)
     cudnn = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", attention="cudnn"))
     assert cudnn["layers: attention scores"] == 0.0
-
-
-def test_the_gpu_model_against_the_compiled_h100_figures():
-    """The stored H100-compiled totals of the validation rows (docs/results/compiled, jax 0.10.2; nothing
-    compiles here): the GPU calibration keeps 33 of the 36 within 10 % and none beyond 20 % (docs/memory.md)."""
-    from jaxlm.bench import gpu_validation as gv
-
-    stored = json.loads((Path(__file__).resolve().parents[2] / "docs/results/compiled/h100-80gb.json").read_text())
-    by_job = {json.dumps(json.loads(k)[0], sort_keys=True): v for k, v in stored.items()
-              if json.loads(k)[1:3] == ["h100-80gb", 1]}  # [job, target, GPUs, jax version]
-    rows = [{**dict(zip(gv.FIELDS, spec)), **by_job[json.dumps(gv.validation_job(*spec), sort_keys=True)]}
-            for spec in gv.ROWS]
-    errors = [abs(r["error"]) for r in gv.with_estimates(rows)]
-    assert len(errors) == 36 and max(errors) < 0.20 and sum(e <= 0.10 for e in errors) >= 33

@@ -56,11 +56,11 @@ def test_lora_trains_only_the_adapters():
     assert names and all(n.endswith(("lora_a", "lora_b")) for n in names)
     n_trainable = sum(a.size for a in jax.tree.leaves(after.params))
     assert sum(a.size for a in jax.tree.leaves(after.opt_state)) == 2 * n_trainable + 1  # mu, nu, count
-    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.rest, nnx.Param)),
-                    jax.tree.leaves(nnx.filter_state(after.rest, nnx.Param))):
+    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.non_trainable, nnx.Param)),
+                    jax.tree.leaves(nnx.filter_state(after.non_trainable, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the frozen base
     assert not np.allclose(np.asarray(after.params["layers"][0]["attn"]["q_proj"]["lora_b"][...]), 0.0)
-    m = lora.memory_summary(after.params, after.opt_state, after.rest)
+    m = lora.memory_summary(after.params, after.opt_state, after.non_trainable)
     assert m["trainable_params"] == n_trainable and m["optimizer_bytes"] == 4 * (2 * n_trainable + 1)
 
 
@@ -236,8 +236,8 @@ def test_init_from_across_layer_layouts(base_run):
 
     corpus, tmp, base_val = base_run
     scanned = {"train.steps": 2, "train.eval_every": 1, "compute.scan_layers": "true"}
-    cfg = load_config(None, tiny_overrides(corpus, tmp / "scanned", **scanned,
-                                           **{"train.init_from": f'"{tmp / "base"}"'}))
+    init_from = {"train.init_from": f'"{tmp / "base"}"'}
+    cfg = load_config(None, tiny_overrides(corpus, tmp / "scanned", **scanned, **init_from))
     train(cfg)
     rows = [json.loads(l) for l in (tmp / "scanned" / "metrics.jsonl").read_text().splitlines()]
     assert [r["eval/loss"] for r in rows if r["kind"] == "eval"][0] == pytest.approx(base_val, abs=1e-6)
@@ -259,8 +259,8 @@ def scanned_lora_run(base_run):
     train(load_config(None, tiny_overrides(corpus, tmp / "lora_scanned", **{
         "train.steps": 2, "train.eval_every": 1, "train.init_from": f'"{tmp / "base"}"', "lora.rank": 4,
         "compute.scan_layers": "true"})))
-    lora_run, merged = tmp / "lora_scanned", tmp / "lora_scanned_merged"
-    return lora_run, merged, merge_run(lora_run, merged)
+    run, merged = tmp / "lora_scanned", tmp / "lora_scanned_merged"
+    return run, merged, merge_run(run, merged)
 
 
 def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run):

@@ -1,14 +1,18 @@
-"""Compiling training's step for a GPU on a machine without one (jaxlm.bench.target, the gpu-compile extra)."""
+"""Compiling training's step for a GPU on a machine without one (jaxlm.training.compiled, the gpu-compile extra),
+the device table it compiles for (jaxlm.analysis.devices) and the largest-batch search (jaxlm.analysis.memory)."""
 
 import dataclasses
 import math
 
 import pytest
 
-from jaxlm.bench import target as gpu
+from jaxlm.analysis import devices, flops
+from jaxlm.analysis.memory import compiled_memory, search_largest
 from jaxlm.core import platform
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DataError, MissingExtra, UsageError
+from jaxlm.training import compile_cache
+from jaxlm.training import compiled as gpu
 
 
 def needs_compiler(test):
@@ -35,7 +39,8 @@ ENTRY %main (p0: bf16[4,128,2,64], p1: bf16[64,64], p2: bf16[64,64]) -> f32[] {
   %p1 = bf16[64,64]{1,0} parameter(1)
   %p2 = bf16[64,64]{1,0} parameter(2)
   %c = (bf16[64,64]{1,0}, s8[1024]{0}) custom-call(%p1, %p2), custom_call_target="__cublas$gemm"
-  %f = (bf16[4,2,128,64]{3,2,1,0}, f32[4,2,128]{2,1,0}) custom-call(%p0, %p0, %p0), custom_call_target="__cudnn$fmhaSoftmax"
+  %f = (bf16[4,2,128,64]{3,2,1,0}, f32[4,2,128]{2,1,0}) custom-call(%p0, %p0, %p0), \
+custom_call_target="__cudnn$fmhaSoftmax"
   %b = (bf16[4,2,128,64]{3,2,1,0}) custom-call(%p0, %p0), custom_call_target="__cudnn$fmhaSoftmaxBackward"
 }
 """
@@ -48,7 +53,7 @@ def test_program_facts_count_matmuls_by_operand_dtype_and_cudnn_calls():
     assert facts["cudnn_calls"] == {"fmhaSoftmax": 1, "fmhaSoftmaxBackward": 1}
 
 
-@pytest.mark.parametrize("threshold", [1, 2, 3, 7, 8, 9, 31, 100, 1000])
+@pytest.mark.parametrize("threshold", [0, 1, 2, 3, 7, 8, 9, 31, 100, 1000])
 @pytest.mark.parametrize("guess", [1, 2, 5, 9, 64, 2000])
 def test_search_largest_finds_the_threshold_from_any_guess(threshold, guess):
     calls = []
@@ -57,8 +62,34 @@ def test_search_largest_finds_the_threshold_from_any_guess(threshold, guess):
         calls.append(k)
         return k <= threshold
 
-    assert gpu.search_largest(fits, guess, limit=1000) == min(threshold, 1000)
-    assert len(calls) <= 2 * math.ceil(math.log2(1000)) + 2 and 1001 not in calls
+    assert search_largest(fits, 1000, guess) == min(threshold, 1000)
+    assert len(calls) <= 2 * math.ceil(math.log2(1000)) + 3 and 1001 not in calls and 0 not in calls
+
+
+def test_the_device_table_names_devices_by_whole_words_most_specific_first():
+    assert devices.find("NVIDIA H100 80GB HBM3").name == "h100-80gb"
+    assert devices.find("NVIDIA H100 NVL").name == "h100-94gb"  # not the SXM part's peak
+    assert devices.find("NVIDIA L40S") is None and devices.find("cpu") is None  # "L4" is not a word of it
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") == 312e12
+    assert flops.peak_flops("Tesla V100-SXM2-32GB", "bfloat16") is None  # Volta has no bfloat16 tensor cores
+    for name in devices.TARGETS:  # what is compiled for is what is estimated for
+        t = gpu.parse_target(name)
+        d = devices.DEVICES[name]
+        assert (t.memory_bytes, t.description) == (d.memory_bytes, d.description)
+
+
+def test_the_compiled_memory_reader_counts_aliased_bytes_once():
+    class Analysis:  # what memory_analysis() returns, in bytes
+        argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes, temp_size_in_bytes = 100, 90, 80, 7
+
+    class Compiled:
+        def memory_analysis(self):
+            return Analysis()
+
+    m = compiled_memory(Compiled())
+    assert (m.argument, m.output, m.alias, m.temp, m.total) == (100, 90, 80, 7, 100 + 90 + 7 - 80)
+    assert compiled_memory(Analysis()) == m and compiled_memory(type("NoAnalysis", (), {
+        "memory_analysis": lambda self: None})()) is None
 
 
 def test_targets_parse_with_a_count_and_unknown_names_are_one_line():
@@ -73,7 +104,7 @@ def test_targets_parse_with_a_count_and_unknown_names_are_one_line():
 
 def test_a_target_config_file_is_read_and_checked(tmp_path):
     f = tmp_path / "mygpu.txtpb"
-    f.write_text(gpu.TARGETS["l4"].config_text())
+    f.write_text(devices.DEVICES["l4"].config_text())
     t = gpu.parse_target(None, f"{f}:2")
     assert (t.name, t.count, t.description, t.memory_bytes) == ("mygpu", 2, "NVIDIA L4", 23_034 * 2**20)
     (tmp_path / "bad.txtpb").write_text("platform_name: \"CUDA\"\n")
@@ -150,7 +181,7 @@ def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
 def test_the_cudnn_guard_asks_the_target_not_the_machine():
     cfg = load_config(None, [*TINY, 'compute.dtype="bfloat16"', 'compute.attention="cudnn"'])
     older = dataclasses.replace(gpu.parse_target("h100-80gb"), name="old",
-                                config=gpu.TARGETS["h100-80gb"].config_text().replace("major: 9", "major: 7"))
+                                config=devices.DEVICES["h100-80gb"].config_text().replace("major: 9", "major: 7"))
     with pytest.raises(Exception, match="compute capability \\(7, 0\\)"):
         gpu.compile_step(cfg, older)
 
@@ -159,19 +190,17 @@ def test_the_cudnn_guard_asks_the_target_not_the_machine():
 def test_the_compile_cache_reuses_a_figure_of_the_same_lowered_program(tmp_path, monkeypatch):
     """A job spelled another way (a default written out) lowers to the same program: its figures come back as
     stored, without a compile; a different program (another batch) is compiled."""
-    from jaxlm.bench import gpu_validation as gv
-
     t, cache = gpu.parse_target("h100-80gb"), tmp_path / "h100.json"
     job = {"preset": None, "set": [*TINY, 'compute.dtype="bfloat16"'], "mode": "train_step"}
-    first = gv.CompileCache(cache).row(job, t)
+    first = compile_cache.CompileCache(cache).row(job, t)
     compiles = []
     real = gpu.compiled_row
     monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or real(*a, **k))
-    store = gv.CompileCache(cache)
+    store = compile_cache.CompileCache(cache)
     assert store.row({**job, "set": [*job["set"], 'compute.remat="none"']}, t) == first and compiles == []
     other = store.row({**job, "set": [*job["set"], "data.batch_size=8"]}, t)
     assert len(compiles) == 1 and other["program"] != first["program"] and other["temp_bytes"] > first["temp_bytes"]
-    assert len(gv.CompileCache(cache).stored) == 3  # the first job in both spellings, the new one
+    assert len(compile_cache.CompileCache(cache).stored) == 3  # the first job in both spellings, the new one
 
 
 @needs_compiler
@@ -184,8 +213,6 @@ def test_stored_compiled_figures_come_from_the_program_the_step_lowers_to_today(
 
     import jax
 
-    from jaxlm.bench import gpu_validation as gv
-
     t = gpu.parse_target("h100-80gb")
     stored = json.loads((Path(__file__).resolve().parents[2] / "docs/results/compiled/h100-80gb.json").read_text())
     jobs = [(json.loads(k)[0], v["program"]) for k, v in stored.items()
@@ -194,9 +221,9 @@ def test_stored_compiled_figures_come_from_the_program_the_step_lowers_to_today(
         pytest.skip(f"no stored figure was compiled with jax {jax.__version__}")
 
     def size(job):
-        cfg = gv.job_config(job)
+        cfg = compile_cache.job_config(job)
         return cfg.model.num_layers * cfg.model.d_model * cfg.model.context_length * cfg.data.batch_size
 
     for job, program in sorted(jobs, key=lambda j: size(j[0]))[:4]:
-        lowered = gpu.lower_step(gv.job_config(job), t, job.get("mode", "train_step"))
+        lowered = gpu.lower_step(compile_cache.job_config(job), t, job.get("mode", "train_step"))
         assert gpu.program_hash(lowered, t) == program, job

@@ -73,8 +73,8 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
     kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
     train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
-    first = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8, "log.sample_tokens": 0},
-                       **kw))
+    half = {"train.steps": 8, "checkpoint.every": 8, "log.sample_tokens": 0}
+    first = train(tiny(corpus, tmp_path / "cut", **half, **kw))
     assert first["sample"] is None and '"sample"' not in (tmp_path / "cut" / "metrics.jsonl").read_text()  # 0: none
     out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
     full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
@@ -84,7 +84,7 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
 
 def test_restore_for_inference(corpus, tmp_path):
-    from jaxlm.nn.model import cross_entropy
+    from jaxlm.nn.loss import cross_entropy
     from jaxlm.training.checkpoint import restore_for_inference
     from jaxlm.training.loop import train
 
@@ -129,12 +129,12 @@ def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
     results = []
     for batch in (1, 3, 8):
         cfg = tiny(corpus, "/unused", **{"data.batch_size": batch, "data.eval_tokens": 300})
-        built = build(cfg, mesh)
-        state = jax.jit(built.make_state, out_shardings=built.shardings)()
-        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, built=built, state=state, data_dir=corpus)))
+        jitted = build(cfg, mesh)
+        state = jax.jit(jitted.make_state, out_shardings=jitted.shardings)()
+        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, jitted=jitted, state=state, data_dir=corpus)))
     val = np.asarray(TokenWindows.from_dir(corpus, "val", 32).tokens[:321], np.int32)
     x, y = val[:320].reshape(10, 32), val[1:321].reshape(10, 32)
-    logits = np.asarray(state.model(built.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
+    logits = np.asarray(state.model(jitted.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
     m = logits.max(-1)
     nll = m + np.log(np.exp(logits - m[:, None]).sum(-1)) - logits[np.arange(300), y.reshape(-1)[:300]]
     acc = np.mean(logits.argmax(-1) == y.reshape(-1)[:300])
@@ -220,9 +220,9 @@ def test_two_processes_equal_one(corpus, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     port = _free_port()
     two = tiny_overrides(corpus, tmp_path / "two", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6,
-                                                      "parallel.distributed": "true",
-                                                      "parallel.coordinator": f'"127.0.0.1:{port}"',
-                                                      "parallel.num_processes": 2})
+                                                         "parallel.distributed": "true",
+                                                         "parallel.coordinator": f'"127.0.0.1:{port}"',
+                                                         "parallel.num_processes": 2})
     procs = [
         subprocess.Popen(cmd + sum((["--set", o] for o in two + [f"parallel.process_id={i}"]), []), env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -334,9 +334,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
     import signal
 
     run = tmp_path / "run"
-    args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **{
-        "train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000,
-        "train.eval_every": 100000})), [])
+    long = {"train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000, "train.eval_every": 100000}
+    args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **long)), [])
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and (not (run / "metrics.jsonl").is_file() or len(losses(run)) < 3):
         time.sleep(0.5)  # no time limit: on a busy machine the first steps can take minutes

@@ -10,7 +10,7 @@ from flax import nnx
 
 import torchref
 from jaxlm.nn import lora
-from jaxlm.nn.model import cross_entropy
+from jaxlm.nn.loss import cross_entropy
 from jaxlm.training.step import split_model
 from parity.convert import jax_to_torch, torch_config
 from tests.lib.test_peft import CFG, TOKENS, lora_model

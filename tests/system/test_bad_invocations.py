@@ -3,13 +3,10 @@ traceback."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
-from tests.system.fault_helpers import PY, env, sets
-from tests.train_helpers import ROOT, needs, tiny_overrides
+from tests.system.fault_helpers import one_error, run_rows, sets
+from tests.train_helpers import needs, tiny_overrides
 
 pytestmark = pytest.mark.xdist_group("faults-files")  # the broken inputs are built once
 
@@ -131,7 +128,7 @@ MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.gene
            "parity": "parity.check", "experiments": None, "lora": "jaxlm.lora", "quantize": "jaxlm.quantize"}
 
 
-def test_the_table_covers_every_cli_with_30rows():
+def test_the_table_covers_every_cli_with_30_rows():
     assert sum(map(len, INVOCATIONS.values())) >= 30 and set(INVOCATIONS) == set(MODULES)
 
 
@@ -157,20 +154,10 @@ def test_bad_invocations(cli_name, files, tmp_path):
     no traceback. All rows of one CLI run in one process (tests/system/cli_harness.py)."""
     rows = INVOCATIONS[cli_name]
     commands = [_command(cli_name, args, files, i) for i, (args, _, _) in enumerate(rows)]
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    (tmp_path / "rows.json").write_text(json.dumps([[m, a, str(cwd)] for m, a in commands]))
-    environ = env(XLA_FLAGS="--xla_force_host_platform_device_count=8") if cli_name == "train" else env()
-    harness = ROOT / "tests" / "system" / "cli_harness.py"
-    r = subprocess.run([PY, str(harness), str(tmp_path / "rows.json"), str(tmp_path / "out.json")],
-                       env=environ, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
+    extra = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"} if cli_name == "train" else {}
+    results = run_rows(commands, tmp_path, tmp_path / "cwd", **extra)
     failures = []
-    for (module, args), (_, code, culprit), got in zip(commands, rows, json.loads((tmp_path / "out.json").read_text())):
-        culprit = culprit.format(**files)
-        errors = [line for line in got["stderr"].splitlines() if line.startswith("error:")]
-        ok = got["code"] == code and len(errors) == 1 and culprit in errors[0] and "Traceback" not in got["stderr"]
-        if not ok:
-            failures.append(f"python -m {module} {' '.join(args)}\n  exit {got['code']} (want {code}), "
-                            f"culprit {culprit!r}, stderr:\n  " + "\n  ".join(got["stderr"].splitlines()[-6:]))
+    for (module, args), (_, code, culprit), got in zip(commands, rows, results):
+        if why := one_error(got, code, culprit.format(**files)):
+            failures.append(f"python -m {module} {' '.join(args)}\n  {why}")
     assert not failures, f"{len(failures)} of {len(rows)} rows:\n" + "\n".join(failures)

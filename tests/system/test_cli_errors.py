@@ -1,4 +1,4 @@
-"""Every `python -m jaxlm.X` command (and subcommand) answers an unknown flag with one `error:` line, exit 2."""
+"""Every `python -m jaxlm.<command>` command (and subcommand) answers an unknown flag with one `error:` line, exit 2."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ COMMANDS = [  # module, the arguments before the unknown flag (any required ones
     ("jaxlm.bench", ["model"]),
     ("jaxlm.bench", ["decode"]),
     ("jaxlm.memory", []),
-    ("jaxlm.memory", ["validate"]),
     ("jaxlm.data", ["list"]),
     ("jaxlm.lora", ["merge", "RUN", "--out", "DIR"]),
     ("jaxlm.quantize", ["RUN"]),

@@ -19,10 +19,11 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras_and_ci_installs_
     core = " ".join(project["dependencies"])
     assert "torch" not in core and "matplotlib" not in core and "xprof" not in core
     opt = project["optional-dependencies"]
-    assert {"torch", "plots", "profile", "gpu-compile", "pytest", "test", "cuda12", "cuda13"} <= set(opt)
-    # the test extra stays small: the heavy extras' tests skip, naming them; .ci/run installs those extras
+    assert {"torch", "plots", "profile", "gpu-compile", "hf", "pytest", "test", "cuda12", "cuda13"} <= set(opt)
+    # the test extra stays small: no GPU compiler, no xprof (their tests skip, naming them; .ci/run installs them)
     test = " ".join(opt["test"])
-    assert "plots" in test and "pytest" in test and not any(e in test for e in ("torch", "profile", "gpu-compile"))
+    assert all(e in test for e in ("torch", "plots", "hf", "pytest", "transformers", "peft"))
+    assert not any(e in test for e in ("profile", "gpu-compile", "xprof", "cuda"))
     ci = (REPO / ".ci" / "run").read_text()
     assert '-e ".[pytest]"' in ci and '-e ".[test,gpu-compile,profile]"' in ci and "download.pytorch.org/whl/cpu" in ci
     # the CUDA plugin must match jaxlib exactly: jax's own cuda12-local extra pins it to jax's version
@@ -46,7 +47,7 @@ def test_the_library_imports_neither_its_reference_nor_its_lab():
 
 def test_core_commands_import_neither_plots_nor_profiler():
     code = ("import sys, jaxlm.cli.train, jaxlm.cli.generate, jaxlm.training.checkpoint, jaxlm.data.prepare, "
-            "jaxlm.data.loader, jaxlm.cli.bench, experiments.run; "
+            "jaxlm.data.loader, jaxlm.bench.commands, experiments.run; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'xprof') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          timeout=600)

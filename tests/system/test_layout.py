@@ -6,8 +6,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
-# Folders of jaxlm from the top layer down; a module may import its own layer or a lower one.
-LAYERS = (("cli", "bench"), "training", ("nn", "data", "analysis"), "core")  # bench: the benchmark commands
+# Folders of jaxlm from the top layer down; a module may import its own layer or a lower one. bench sits above
+# cli: the benchmark commands use cli's helpers, and no command of cli imports a benchmark.
+LAYERS = ("bench", "cli", "hf", "training", ("nn", "data", "analysis"), "core")
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
@@ -81,15 +82,25 @@ def layer(module: str) -> int | None:
     return None  # a `python -m` entry stub at the top (jaxlm/train.py)
 
 
-def test_jaxlm_imports_only_down_and_never_the_lab():
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports into the lab, torch's side or a higher layer of jaxlm (function-local imports count)."""
     upward = []
-    for src, targets in import_graph().items():
+    for src, targets in graph.items():
         for dst in targets:
             if src.startswith("jaxlm") and dst.split(".")[0] in ("torchref", "parity", "experiments"):
                 upward.append(f"{src} -> {dst}")
             elif layer(src) is not None and layer(dst) is not None and layer(dst) < layer(src):
                 upward.append(f"{src} -> {dst}")
-    assert not upward, upward
+    return upward
+
+
+def test_the_layer_checker_refuses_cli_importing_bench():
+    assert upward_imports({"jaxlm.cli.memory": {"jaxlm.bench.target"}}) == ["jaxlm.cli.memory -> jaxlm.bench.target"]
+    assert upward_imports({"jaxlm.bench.sweep": {"jaxlm.cli", "jaxlm.training.compiled"}}) == []
+
+
+def test_jaxlm_imports_only_down_and_never_the_lab():
+    assert not (upward := upward_imports(import_graph())), upward
 
 
 # Beside jaxlm: torchref stands alone, parity may import jaxlm and torchref, experiments (the lab) anything.
@@ -128,8 +139,8 @@ def test_the_private_name_checker_finds_a_crossing(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "__init__.py").write_text("")
     (tmp_path / "experiments" / "a.py").write_text("def _helper(): pass\n_helper()\n")
-    (tmp_path / "experiments" / "b.py").write_text("from experiments.a import _helper\nfrom experiments import a\n"
-                                                   "a._helper()\n")
+    (tmp_path / "experiments" / "b.py").write_text(
+        "from experiments.a import _helper\nfrom experiments import a\na._helper()\n")
     assert private_imports("experiments", tmp_path) == ["experiments.b: from experiments.a import _helper",
                                                         "experiments.b: a._helper"]
 

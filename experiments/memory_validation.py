@@ -1,0 +1,237 @@
+"""The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps: the
+tables of docs/memory.md and the fit of the estimator's GPU coefficients.
+
+    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md \
+        --cache docs/results/compiled/h100-80gb.json           # vs XLA's GPU compiler, on any machine
+    python -m experiments.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
+    python -m experiments.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
+
+With --target each row compiles training's own step (jaxlm.training.compiled) for the target and compares
+the estimate with the compiled total per GPU (argument + output + temp - alias). The compiled figures are
+kept in `--cache` (jaxlm.training.compile_cache: keyed by row, target and jax version, each with the hash of
+the program it was compiled from), so the table regenerates in seconds after a change to the estimator.
+Without --target the rows are float32 steps without remat compiled for this machine's backend (XLA:CPU),
+where memory_analysis() is faithful.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jaxlm import cli
+from jaxlm.analysis import memory
+from jaxlm.analysis.flops import param_counts
+from jaxlm.core.config import load_config
+from jaxlm.core.files import write_between_markers
+from jaxlm.training import compiled as gpu
+from jaxlm.training.compile_cache import CompileCache, job_config
+
+# (preset, dtype, remat, attention, context, batch): the tinystories-17M model, small, medium and large
+# (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes.
+_TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in (("float32", "xla"), ("bfloat16", "xla"),
+                                                         ("bfloat16", "cudnn"))
+       for r in ("none", "full", "dots_saveable")]
+_SMALL = [("small", d, r, a, 1024, 8) for d, a in (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
+          for r in ("none", "full", "dots_saveable")]
+ROWS = (
+    *_TS,
+    ("tinystories-17M", "bfloat16", "none", "xla", 512, 16), ("tinystories-17M", "bfloat16", "none", "cudnn", 512, 16),
+    *_SMALL,
+    ("small", "float32", "none", "xla", 256, 32), ("small", "bfloat16", "none", "xla", 256, 32),
+    ("small", "bfloat16", "full", "xla", 256, 32), ("small", "bfloat16", "none", "cudnn", 256, 32),
+    ("small", "bfloat16", "none", "xla", 2048, 2), ("small", "bfloat16", "none", "cudnn", 2048, 2),
+    ("medium", "float32", "none", "xla", 1024, 4), ("medium", "bfloat16", "none", "xla", 1024, 4),
+    ("medium", "bfloat16", "full", "xla", 1024, 4), ("medium", "bfloat16", "dots_saveable", "xla", 1024, 4),
+    ("medium", "bfloat16", "none", "cudnn", 1024, 4), ("medium", "bfloat16", "full", "cudnn", 1024, 4),
+    ("large", "float32", "none", "xla", 1024, 2), ("large", "bfloat16", "none", "xla", 1024, 2),
+    ("large", "bfloat16", "full", "xla", 1024, 2), ("large", "bfloat16", "none", "cudnn", 1024, 2),
+)
+FIELDS = ("preset", "dtype", "remat", "attention", "context", "batch")
+GPU_MARKS = ("<!-- gpu validation table: begin -->", "<!-- gpu validation table: end -->")
+
+
+def row_config(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int):
+    return job_config(validation_job(preset, dtype, remat, attention, context, batch))
+
+
+def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int) -> dict:
+    return {"preset": preset, "set": [f"model.context_length={context}", f"data.batch_size={batch}",
+                                      f'compute.dtype="{dtype}"', f'compute.remat="{remat}"',
+                                      f'compute.attention="{attention}"'], "mode": "train_step"}
+
+
+def compiled_rows(target: gpu.Target, rows=ROWS, cache: Path | None = None, log=print) -> list[dict]:
+    """The compiled figures of each validation row, from `cache` where present (and saved there as they come)."""
+    store = CompileCache(cache)
+    return [{**dict(zip(FIELDS, spec)), **store.row(validation_job(*spec), target, log)} for spec in rows]
+
+
+def with_estimates(rows: list[dict]) -> list[dict]:
+    """Each row with the estimator's total and its error against the compiled total."""
+    out = []
+    for r in rows:
+        cfg = row_config(*(r[f] for f in FIELDS))
+        est = memory.estimate(cfg.model, r["batch"], r["context"], cfg.compute, "train_step")
+        out.append({**r, "estimate_bytes": est.total, "estimate_state": est.state_total,
+                    "error": est.total / r["total_bytes"] - 1})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    import jax
+
+    gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
+    lines = rows_table(["model", "dtype", "remat", "attention", "context", "batch", "estimate GiB", "compiled GiB",
+                        "error", "compiled temp GiB", "matmuls", "cuDNN calls"], 4,
+                       [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
+                         gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%",
+                         gib(r["temp_bytes"]), r["matmuls"], r["cudnn_attention_calls"]] for r in rows])
+    lines += ["", f"{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."]
+    return "\n".join(lines)
+
+
+def rows_table(heads: list[str], left: int, cells: list[list]) -> list[str]:
+    """A Markdown table whose first `left` columns are left-aligned and the rest right-aligned (numbers)."""
+    align = "|" + "---|" * left + "---:|" * (len(heads) - left)
+    return ["| " + " | ".join(heads) + " |", align, *("| " + " | ".join(map(str, c)) + " |" for c in cells)]
+
+
+def errors(rows: list[dict]) -> str:
+    """The line under a validation table: how far the estimates are from what they are checked against."""
+    errs = [abs(r["error"]) for r in rows]
+    return (f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
+            f"{100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%.")
+
+
+def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
+    t = gpu.parse_target(target_name)
+    gpu.require_compiler()
+    text = table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
+    if out is not None:
+        write_between_markers(out, text, *GPU_MARKS)
+    return text
+
+
+# --------------------------------------------------------------------------- calibration of the estimator
+
+# Two-layer probes, one dimension changed at a time from each base (widths, heads, vocabulary, context, batch):
+# the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS.
+_TINY = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=1024, context_length=256, batch=8)
+_MID = dict(num_layers=2, d_model=768, num_heads=12, d_ff=3072, vocab_size=10000, context_length=1024, batch=2)
+PROBES = [
+    *({**_TINY, **v} for v in ({}, dict(batch=16), dict(num_layers=4), dict(context_length=512, batch=4),
+                               dict(vocab_size=4096), dict(d_ff=2048), dict(d_model=512, num_heads=8))),
+    *({**_MID, **v} for v in ({}, dict(batch=4), dict(num_layers=4), dict(context_length=2048, batch=1),
+                              dict(vocab_size=20000), dict(context_length=256, batch=16), dict(num_heads=24))),
+]
+CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable")
+           for a in ("xla", "cudnn") if not (d == "float32" and a == "cudnn")]
+
+
+def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
+    sets = [f"model.{k}={v}" for k, v in probe.items() if k != "batch"]
+    return {"preset": None, "mode": "train_step", "set": [*sets, f"data.batch_size={probe['batch']}",
+            f'compute.dtype="{dtype}"', f'compute.remat="{remat}"', f'compute.attention="{attention}"']}
+
+
+def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
+    """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
+    temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
+    (gradients and weight copies)."""
+    import numpy as np
+    from scipy.optimize import nnls  # scipy comes with jax
+
+    store, out = CompileCache(cache), {}
+    for dtype, remat, attention in CLASSES:
+        X, y = [], []
+        for probe in PROBES:
+            j = probe_job(probe, dtype, remat, attention)
+            cfg = job_config(j)
+            X.append([*memory.gpu_features(cfg.model, probe["batch"], cfg.model.context_length, remat),
+                      param_counts(cfg.model)["total"]])
+            y.append(store.row(j, target, log)["temp_bytes"])
+        X, y = np.array(X, float), np.array(y, float)
+        if attention == "cudnn":
+            X[:, 2] = 0.0  # no T x T tensor
+        coef, _ = nnls(X / y[:, None], np.ones_like(y))
+        key = (dtype, remat, attention == "cudnn")
+        out[key] = tuple(round(float(c), 2) for c in coef)
+        log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(X @ coef / y - 1)):.1f}%")
+    return out
+
+
+# --------------------------------------------------------------------------- against XLA:CPU (float32)
+
+# (d_model, num_layers, num_heads, vocab_size, context, batch): float32 train steps without remat, where
+# XLA:CPU's memory_analysis() is faithful; head size 64 as in the presets, except where noted by the shape.
+CPU_ROWS = (
+    (256, 4, 4, 1000, 128, 4), (256, 4, 4, 1000, 256, 4), (256, 4, 4, 1000, 512, 2), (256, 8, 4, 1000, 128, 8),
+    (512, 4, 8, 1000, 256, 4), (512, 4, 8, 10000, 128, 4), (384, 6, 6, 5000, 256, 4), (512, 2, 8, 10000, 256, 2),
+    (256, 4, 4, 10000, 128, 16), (128, 4, 2, 1000, 256, 8), (512, 8, 8, 10000, 512, 1), (768, 2, 12, 10000, 256, 2),
+    (256, 4, 4, 4000, 1024, 1), (384, 4, 6, 2000, 128, 8),
+)
+CPU_MARKS = ("<!-- validation table: begin -->", "<!-- validation table: end -->")
+
+
+def cpu_row(d: int, layers: int, heads: int, vocab: int, context: int, batch: int, mode: str = "train_step") -> dict:
+    """One row: the estimator's peak against memory_analysis() of training's step compiled for this machine's
+    backend (temp + arguments + outputs - aliased), float32, xla attention, no remat."""
+    import jax
+
+    cfg = load_config(None, [f"model.d_model={d}", f"model.num_layers={layers}", f"model.num_heads={heads}",
+                             f"model.vocab_size={vocab}", f"model.context_length={context}",
+                             f"data.batch_size={batch}"])
+    measured = memory.compiled_memory(gpu.lower_on(cfg, jax.devices()[:1], mode).compile()).total
+    est = memory.estimate(cfg.model, batch, context, cfg.compute, mode, backend="cpu").total
+    return dict(d_model=d, layers=layers, heads=heads, vocab=vocab, context=context, batch=batch, mode=mode,
+                estimate_bytes=est, measured_bytes=measured, error=est / measured - 1)
+
+
+def cpu_table(rows: list[dict]) -> str:
+    import jax
+
+    mib = lambda x: f"{x / 2**20:.1f}"  # noqa: E731
+    lines = rows_table(["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB",
+                        "memory_analysis MiB", "error"], 0,
+                       [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
+                         mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
+                        for r in rows])
+    lines += ["", f"{errors(rows)} Measured with jax {jax.__version__} on {jax.devices()[0].platform}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = cli.ArgumentParser(prog="python -m experiments.memory_validation", formatter_class=cli.HelpFormatter,
+                           description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
+                                       "float32 train step on this machine's backend, row by row; with --target, "
+                                       "with the GPU compiler's plan of each step.")
+    p.add_argument("--out", type=Path, help="write the table into this Markdown file (between its markers)")
+    p.add_argument("--rows", type=cli.bounded(int, 1), help="first N rows only (default: all)")
+    p.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...")
+    p.add_argument("--cache", type=Path, metavar="JSON", help="with --target: keep the compiled figures here "
+                   "and reuse them (per row, target and jax version)")
+    p.add_argument("--calibrate", action="store_true", help="with --target: fit the estimator's GPU_BYTES on "
+                   "compiled two-layer probes (PROBES) and print them")
+    args = p.parse_args(argv)
+    if args.target and args.calibrate:
+        fitted = calibrate(gpu.parse_target(args.target), args.cache)
+        print("GPU_BYTES = {\n" + "".join(f"    {k}: {v},\n" for k, v in fitted.items()) + "}")
+    elif args.target:
+        print(validate(args.target, args.out, args.cache, args.rows))
+    else:
+        rows = []
+        for i, shape in enumerate(CPU_ROWS[:args.rows]):
+            rows.append(cpu_row(*shape))
+            r = rows[-1]
+            print(f"[{i + 1}/{len(CPU_ROWS[:args.rows])}] {shape}: estimate {r['estimate_bytes'] / 2**20:.1f} MiB, "
+                  f"memory_analysis {r['measured_bytes'] / 2**20:.1f} MiB ({100 * r['error']:+.1f}%)", flush=True)
+        text = cpu_table(rows)
+        if args.out:
+            write_between_markers(args.out, text, *CPU_MARKS)
+        print(f"wrote {args.out}" if args.out else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,133 @@
+"""Compiling for a GPU (`--target`) when things go wrong: a shape the compiler cannot tile, a signal during a
+sweep of compiles, options that contradict the target, a malformed target file (docs/errors.md)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from jaxlm import cli
+from jaxlm.cli import memory as memory_cli
+from jaxlm.core import platform
+from jaxlm.core.config import load_config
+from jaxlm.core.errors import UsageError
+from jaxlm.training import compiled as gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=256"]
+
+
+def needs_compiler(test):
+    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
+    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return sum((["--set", o] for o in overrides), [])
+
+
+def _one_error_line(capsys_or_capfd) -> str:
+    err = capsys_or_capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+# --------------------------------------------------------------------------- a shape without a Triton tiling
+
+
+@needs_compiler
+def test_a_context_that_is_not_a_power_of_two_compiles(capsys):
+    """At context 1000, batch 3 and d_model 768 a backward matmul is bf16[3000,768]: the untuned Triton GEMM
+    tiler finds no tile sizes for it, and the step compiles with its matmuls as cuBLAS calls instead."""
+    model = ["model.num_layers=1", "model.d_model=768", "model.num_heads=12", "model.d_ff=3072", "model.vocab_size=256"]
+    argv = ["--target", "h100-80gb", *_sets(model), "--context", "1000", "--batch", "3", "--dtype", "bfloat16"]
+    assert cli.run(memory_cli.main, [*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["compiler_options"] == {"xla_gpu_enable_triton_gemm": False}
+    assert r["matmuls"] > 0 and r["temp_bytes"] > 0 and r["argument_bytes"] > r["alias_bytes"] > 0
+
+
+def test_a_shape_the_compiler_cannot_tile_at_all_stops_in_one_line_naming_it(monkeypatch):
+    error = ("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot_general.11 = bf16[3000,768]{1,0} "
+             "dot(%bitcast.245, %parameter_1.20), lhs_contracting_dims={1}")
+    tried = []
+
+    class Lowered:
+        def compile(self, compiler_options=None):
+            tried.append(compiler_options)
+            raise RuntimeError(error)
+
+    monkeypatch.setattr(gpu, "devices", lambda target: ())
+    cfg = load_config(None, [*TINY, "model.context_length=1000", "data.batch_size=3"])
+    with pytest.raises(UsageError, match=r"Triton tiling for bf16\[3000,768\] at batch 3, context 1000.*power of two"):
+        gpu.compile_step(cfg, gpu.parse_target("h100-80gb"), lowered=Lowered())
+    assert tried == [None, gpu.TRITON_OFF]
+
+
+# --------------------------------------------------------------------------- signals during a sweep of compiles
+
+
+def _sweep_stopped_by(sig: int, out: Path) -> tuple[int, str, str]:
+    """A sweep of four compiles, signalled once the first row is printed: exit code, stdout, stderr."""
+    args = [sys.executable, "-m", "jaxlm.bench", "model", "--target", "h100-80gb", *_sets(TINY), "--context",
+            "16", "32", "64", "128", "--batch", "2", "--mode", "train_step", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(600, proc.kill)
+    watchdog.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[compiled]"):
+            proc.send_signal(sig)
+            break
+    rest, err = proc.communicate()
+    watchdog.cancel()
+    return proc.returncode, "".join(lines) + rest, err
+
+
+@needs_compiler
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_compile_sweep_keeps_the_rows_compiled(sig, tmp_path):
+    code, out, err = _sweep_stopped_by(sig, tmp_path / "rows.json")
+    last = err.strip().splitlines()[-1]
+    assert code == 130 and "Traceback" not in err, err
+    kept = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert 1 <= len(kept) < 4 and all(r["status"] == "ok" for r in kept)
+    assert last == (f"interrupted: {signal.Signals(sig).name}: stopped after {len(kept)} of 4 compiled rows; kept in "
+                    f"the table above and {tmp_path / 'rows.json'}")
+    assert out.count("train_step") >= len(kept) and "total gb" in out  # the table of what was compiled
+
+
+# --------------------------------------------------------------------------- options that contradict the target
+
+
+@pytest.mark.parametrize("given", [["--memory", "24GiB"], ["--device", "l4"]])
+def test_target_with_another_memory_is_refused_in_one_line(given, capsys):
+    assert cli.run(memory_cli.main, ["--target", "h100-80gb", *given]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {given[0]} ")
+    assert "with --target h100-80gb the memory is the target's (84.94 GB)" in line
+
+
+@needs_compiler
+def test_a_malformed_target_config_is_one_line_without_the_compilers_log(tmp_path, capfd):
+    bad = tmp_path / "mygpu.txtpb"
+    bad.write_text("device_memory_size: 1000 cuda_compute_capability core_count: x {{{\n")
+    assert cli.run(memory_cli.main, ["--target-config", str(bad), *_sets(TINY)]) == 2
+    line = _one_error_line(capfd)  # fd 2: the C++ log line would show here
+    assert line.startswith(f"error: --target-config {bad}: not a GpuTargetConfigProto in text form (1:")
+    assert "JAX_PLATFORMS" not in line
+
+
+def test_the_cpu_advice_is_given_only_where_it_helps(monkeypatch):
+    target = gpu.parse_target("h100-80gb")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert "JAX_PLATFORMS" not in gpu.refusal(target, RuntimeError("no CUDA backend"), [])
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert gpu.refusal(target, RuntimeError("no CUDA backend"), []).endswith("run with JAX_PLATFORMS=cpu")
