@@ -29,10 +29,19 @@ def needs(extra: str):
     from jaxlm.core import extras, platform
 
     if extra == "gpu-compile":
-        return pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs XLA's GPU compiler, the "
-                                  "'gpu-compile' extra: pip install -e '.[gpu-compile]'")
+        from jaxlm.training.compiled import EXTRA
+
+        return pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {EXTRA}")
     module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof
     return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=extras.missing_message(module))
+
+
+def needs_compiler(test):
+    """For a test that compiles for a GPU target: skipped without XLA's GPU compiler, slow, and on the one xdist
+    worker of the group "gpu_compile" (the module-scoped compiled programs are built once)."""
+    import pytest
+
+    return needs("gpu-compile")(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
 
 
 def tiny_overrides(data_dir, out_dir, **extra) -> list[str]:
