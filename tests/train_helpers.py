@@ -37,11 +37,12 @@ def needs(extra: str):
 
 
 def needs_compiler(test):
-    """For a test that compiles for a GPU target: skipped without XLA's GPU compiler, slow, and on the one xdist
-    worker of the group "gpu_compile" (the module-scoped compiled programs are built once)."""
+    """For a test that compiles for a GPU target: skipped without XLA's GPU compiler, slow, and in one xdist
+    group per module (its module-scoped compiled programs are built once; the modules spread over the workers)."""
     import pytest
 
-    return needs("gpu-compile")(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
+    group = pytest.mark.xdist_group("gpu_compile-" + test.__module__.rsplit(".", 1)[-1])
+    return needs("gpu-compile")(pytest.mark.slow(group(test)))
 
 
 def tiny_overrides(data_dir, out_dir, **extra) -> list[str]:

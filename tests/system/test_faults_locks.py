@@ -18,8 +18,6 @@ from jaxlm.core.lock import DirLock, lock_path
 from tests.system.fault_helpers import PY, env
 from tests.train_helpers import hold_locks, make_corpus, tiny_overrides
 
-pytestmark = pytest.mark.xdist_group("faults_locks")
-
 # --------------------------------------------------------------------------- one writer per run
 
 

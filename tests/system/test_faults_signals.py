@@ -24,8 +24,6 @@ from jaxlm.core import stop
 from tests.system.fault_helpers import PY, env, last_train_step, sets
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
-pytestmark = pytest.mark.xdist_group("faults_signals")
-
 # --------------------------------------------------------------------------- | head
 
 HELP = {"jaxlm.train": ["--help-config"], "experiments.report": ["--help"], "jaxlm.data": ["list"]}
@@ -45,7 +43,7 @@ def _into_a_closed_pipe(module: str, args: list[str], tmp: Path) -> subprocess.C
 
 
 @pytest.mark.parametrize("commands", [pytest.param(HELP, id="three"),
-                                      pytest.param(EVERY, id="every", marks=pytest.mark.slow)])
+                                      pytest.param(EVERY, id="every", marks=pytest.mark.extended)])
 def test_a_closed_pipe_ends_every_command_quietly(commands, tmp_path):
     """As `yes | head`: exit 141 (128 + SIGPIPE), nothing on stderr, no traceback file."""
     got = {m: _into_a_closed_pipe(m, args, tmp_path) for m, args in commands.items()}
@@ -104,15 +102,16 @@ def small_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.slow
-def test_ctrl_c_at_random_moments_of_start_up_is_one_line(small_run, tmp_path):
+@pytest.mark.parametrize("tries", [pytest.param((2, 1), id="three"),
+                                   pytest.param((6, 3), id="nine", marks=pytest.mark.extended)])
+def test_ctrl_c_at_random_moments_of_start_up_is_one_line(tries, small_run, tmp_path):
     """generate (it crashed in 5 of 10 tries at 3-4 s) and experiments.report, interrupted at random moments:
     exit 130 with one `interrupted:` line, or 0 when the work was done first; never a signal's death, a
     traceback or a KeyboardInterrupt printed."""
     seed = random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
-    commands = [["jaxlm.generate", "--run", str(small_run), "--prompt", "x", "--max-new-tokens", "100"]] * 6 + [
-        ["experiments.report", str(small_run), "--out", str(tmp_path / "report")]] * 3
+    commands = [["jaxlm.generate", "--run", str(small_run), "--prompt", "x", "--max-new-tokens", "100"]] * tries[0] + [
+        ["experiments.report", str(small_run), "--out", str(tmp_path / "report")]] * tries[1]
     for args in commands:
         r = _interrupt_at(args, rng.uniform(0.3, 6.0))
         why = f"seed {seed}: {args[0]} exit {r.returncode}\n{r.stderr[-2000:]}"
