@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxlm.core import extras, sharding
+from jaxlm.core import sharding
 from jaxlm.core.config import load_config
 from jaxlm.training.loop import steps_in_call
 from tests.train_helpers import (
@@ -28,6 +28,7 @@ from tests.train_helpers import (
     losses,
     make_corpus,
     max_param_diff,
+    needs,
     run_steps,
     tiny_overrides,
 )
@@ -270,19 +271,27 @@ def test_steps_in_call_cuts_at_every_scheduled_step():
     assert steps_in_call(0, load_config(None, ["train.steps=5", "train.steps_per_call=1"])) == 1
 
 
-@pytest.mark.slow
-def test_quickstart_cli_end_to_end(tmp_path):
-    """The README's first command, cut to a few steps, in a fresh directory (it prepares its own data)."""
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """The README's first command, cut to a few steps and profiling two, in a fresh directory (it prepares its own
+    data), run twice: (first, second) completed processes and the run directory."""
+    cwd = tmp_path_factory.mktemp("quickstart")
     cmd = [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
            "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "data.eval_tokens=512",
            "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    return first, again, cwd / "runs" / "quickstart"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
+def test_quickstart_cli_end_to_end(quickstart):
+    r, again, run = quickstart
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--- sample after 6 steps ---" in r.stdout
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
-    run = tmp_path / "runs" / "quickstart"
     assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -292,13 +301,19 @@ def test_quickstart_cli_end_to_end(tmp_path):
     for tag in ("train/loss", "train/lr", "eval/loss", "eval/perplexity", "perf/tokens_per_s", "samples/text"):
         assert tag in tags, tags
     assert list((run / "tb").rglob("*.xplane.pb")), "no profiler trace for log.profile_steps"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
+@needs("profile")
+def test_tensorboards_profile_tab_lists_the_quickstarts_traces(quickstart):
+    _, _, run = quickstart
     profiles = [p.name for p in (run / "tb" / "plugins" / "profile").iterdir()]
-    assert _tensorboard_profile_runs(run / "tb") == profiles  # what TensorBoard's profile tab lists
+    assert profiles and _tensorboard_profile_runs(run / "tb") == profiles
 
 
 def _tensorboard_profile_runs(logdir: Path) -> list[str]:
     """The runs TensorBoard's profile plugin (xprof, the `profile` extra) serves for `logdir`."""
-    pytest.importorskip("xprof", reason=extras.missing_message("xprof"))
     port = _free_port()
     proc = subprocess.Popen([PY, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -41,6 +41,7 @@ print("ok")
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("faults-files")  # the trained run of `files`, built once (test_bad_invocations.py)
 def test_init_from_on_every_mesh_layout(files, tmp_path):
     """The weights are placed with the state's shardings on 4 devices (data x fsdp, data x tensor, data x
     pipeline), equal to the run's."""
