@@ -1,8 +1,8 @@
 """Memory estimator: what one step holds per device, and the largest batch that fits a device.
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
-    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
-    python -m experiments.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
+    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
+    python -m deliverables.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
@@ -15,7 +15,7 @@ side (D per token).
 Two calibrations, because two compilers keep different tensors:
 - "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
   the real train step for an H100 (`GPU_BYTES`, fitted on compiled two-layer probes
-  by `python -m experiments.memory_validation --target h100-80gb --calibrate` and validated
+  by `python -m deliverables.memory_validation --target h100-80gb --calibrate` and validated
   on the presets in docs/memory.md). Under remat full the peak is the last block's
   backward: one layer's working set, the saved block inputs mostly freed by then.
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,

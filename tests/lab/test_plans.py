@@ -4,6 +4,7 @@ and the run-time estimates against recorded runs."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -53,15 +54,16 @@ def test_grid_sizes_and_precedence(tmp_path):
     assert cpu.runs[0].hash != gpu.runs[0].hash
 
 
+def seeded_plan(tmp_path: Path, seeds: list[int], runs: str) -> Path:
+    """A plan of train runs (quickstart's config) over `seeds`, with `runs` ([[runs]] tables)."""
+    head = f'[plan]\nseeds = {seeds}\n[defaults]\nkind = "train"\nconfig = "experiments/configs/quickstart.toml"\n'
+    return write(tmp_path / "p.toml", head + textwrap.dedent(runs))
+
+
 def test_seeds_expand_train_runs_seed_major(tmp_path):
-    plan = write(
-        tmp_path / "p.toml",
+    plan = seeded_plan(
+        tmp_path, [0, 7],
         """
-        [plan]
-        seeds = [0, 7]
-        [defaults]
-        kind = "train"
-        config = "experiments/configs/quickstart.toml"
         [[runs]]
         name = "lr{optim.lr}"
         grid = { "optim.lr" = [1e-3, 1e-2] }
@@ -79,14 +81,9 @@ def test_seeds_expand_train_runs_seed_major(tmp_path):
 
 def test_unseeded_runs_and_per_seed_commands(tmp_path):
     """`seeded = false` runs a train run once; a command naming {seed} runs after each seed's training runs."""
-    plan = write(
-        tmp_path / "p.toml",
+    plan = seeded_plan(
+        tmp_path, [0, 1],
         """
-        [plan]
-        seeds = [0, 1]
-        [defaults]
-        kind = "train"
-        config = "experiments/configs/quickstart.toml"
         [[runs]]
         name = "pretrain"
         seeded = false

@@ -1,10 +1,10 @@
 """The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps: the
 tables of docs/memory.md and the fit of the estimator's GPU coefficients.
 
-    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md \
+    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md \
         --cache docs/results/compiled/h100-80gb.json           # vs XLA's GPU compiler, on any machine
-    python -m experiments.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
-    python -m experiments.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
+    python -m deliverables.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
+    python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
 
 With --target each row compiles training's own step (jaxlm.training.compiled) for the target and compares
 the estimate with the compiled total per GPU (argument + output + temp - alias). The compiled figures are
@@ -202,7 +202,7 @@ def cpu_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.memory_validation", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(prog="python -m deliverables.memory_validation", formatter_class=cli.HelpFormatter,
                            description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
                                        "float32 train step on this machine's backend, row by row; with --target, "
                                        "with the GPU compiler's plan of each step.")
