@@ -120,12 +120,15 @@ INVOCATIONS = {
         ("run profiling --only zzz --dry-run", 2, "zzz"),
         ("report {tmp}/noplan", 2, "noplan"),
         ("run {lock_plan} --runs-dir {locked_runs} --draft", 2, "in use by pid"),
+    ],
+    "deliverables": [
         ("gpu --budget 60", 2, "no GPU here"),
         ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
 }
 MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.generate", "bench": "jaxlm.bench",
-           "parity": "parity.check", "experiments": None, "lora": "jaxlm.lora", "quantize": "jaxlm.quantize"}
+           "parity": "parity.check", "experiments": None, "deliverables": None, "lora": "jaxlm.lora",
+           "quantize": "jaxlm.quantize"}
 
 
 def test_the_table_covers_every_cli_with_30_rows():
@@ -139,8 +142,8 @@ def _command(cli_name: str, args: str, files: dict, row: int) -> tuple[str, list
     if cli_name == "train":  # the tiny run's config, each row in its own out_dir unless it names one
         base = tiny_overrides(files["corpus"], f"{files['tmp']}/train-row-{row}")
         args = sets(base) + args
-    if cli_name == "experiments":
-        return f"experiments.{args[0]}", args[1:]
+    if MODULES[cli_name] is None:  # a package of commands: its first word names the module
+        return f"{cli_name}.{args[0]}", args[1:]
     return MODULES[cli_name], args
 
 
