@@ -40,22 +40,25 @@ MODES = ("forward", "forward_backward", "train_step")
 BACKENDS = ("gpu", "cpu")
 
 # XLA's GPU compiler (H100 target, jax 0.10): bytes at the train step's peak per element of each kind of tensor,
-# (compute dtype, remat, cuDNN attention) -> (D-wide per layer and token, F-wide per layer and token, attention
-# scores per layer and N T^2, logits per token and V, embedding side per token and D, gradients and weight
-# copies per parameter). "full" counts one layer, its D-wide term including the embedding side. Fitted, so a
-# coefficient can be below what one tensor of that kind would take: the compiler frees and reuses buffers
-# (under remat, most gradients are produced after the peak).
-GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
-    ("float32", "none", False): (26.48, 12.88, 8.25, 7.5, 4.21, 2.03),
-    ("float32", "full", False): (36.07, 19.82, 7.9, 0.0, 0.0, 3.42),
-    ("float32", "dots_saveable", False): (0.0, 11.19, 5.45, 6.46, 42.37, 1.25),
-    ("bfloat16", "none", False): (19.21, 6.01, 6.09, 5.61, 0.0, 1.8),
-    ("bfloat16", "none", True): (17.74, 5.99, 0.0, 5.75, 4.56, 1.51),
-    ("bfloat16", "full", False): (27.13, 8.01, 6.23, 1.08, 0.0, 1.84),
-    ("bfloat16", "full", True): (29.42, 7.43, 0.0, 2.54, 0.0, 1.3),
-    ("bfloat16", "dots_saveable", False): (0.0, 5.31, 5.15, 4.52, 27.28, 1.02),
-    ("bfloat16", "dots_saveable", True): (9.6, 4.9, 0.0, 4.42, 15.98, 1.23),
-}
+# (compute dtype, remat policy, cuDNN attention) -> ten numbers: kept over all layers at both of the step's moments
+# (D-wide per layer and token, F-wide per layer and token, attention scores per layer and N T^2); the same kinds
+# back from the host for the backward (offload only: BACK_FROM_HOST); one block's backward (D-wide per token, the
+# embedding side included, F-wide per token, scores per N T^2); gradients and weight copies per parameter. Fitted
+# on compiled probes (`gpu_features`), so a coefficient can be below what one tensor of that kind would take: the
+# compiler fuses, frees and reuses buffers (under remat most gradients are produced after the peak). The logits
+# are not fitted: HEAD_BYTES.
+GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {}
+
+# Policies whose saved tensors leave the device after the forward pass and return for the backward: XLA fetches
+# them (and recomputes the attention probabilities from them) several layers ahead, so they count over all layers,
+# at the backward's moment only (jax's offload_dot_with_no_batch_dims to pinned host memory; jaxlm/nn/remat.py).
+BACK_FROM_HOST = ("offload",)
+
+# The logits' bytes per element at their moment, whatever the blocks keep (the head is outside every block's
+# remat): the whole logits keep the compute-dtype logits for the backward and form their float32 gradient;
+# a chunked loss (`compute.loss_chunk`) forms one block's float32 logits and their gradient in the forward pass.
+HEAD_BYTES = {"whole": lambda a: 4.0 + a, "chunked": lambda a: 8.0}
+
 
 # Share of device memory a step may plan for: JAX's GPU allocator (XLA's BFC pool) is capped at
 # XLA_PYTHON_CLIENT_MEM_FRACTION of the device's memory, 0.75 by default, with or without preallocation
@@ -158,42 +161,48 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     return kept
 
 
-def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
-    """The element counts GPU_BYTES multiplies: D and F per layer and token, N T^2 per layer and sequence,
-    V and D per token; one layer under remat full (or offload, whose saved tensors live on the host), where
-    the embedding side is one more D per token and falls in the first term."""
+def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, fused: bool = False, remat: str = "none") -> list[float]:
+    """The element counts GPU_BYTES multiplies (but the last, the parameters): D, F per layer and token and
+    N T^2 per layer and sequence over all layers, kept; the same back from the host (BACK_FROM_HOST policies,
+    else zeros); then one block's (no T x T tensor with a fused kernel)."""
     tokens = batch * seq_len
-    one = remat in ("full", "offload")
-    layers = 1 if one else cfg.num_layers
     d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
-    return [tokens * layers * cfg.d_model, tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
-            tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
+    one = [tokens * cfg.d_model, tokens * d_ff, 0.0 if fused else batch * cfg.num_heads * seq_len**2]
+    layers = [cfg.num_layers * n for n in one]
+    return layers + (layers if remat in BACK_FROM_HOST else [0.0] * 3) + one
 
 
-def _gpu_remat(compute: ComputeConfig) -> str:
-    """The GPU_BYTES row's remat policy: offload is priced as full (its saved tensors live on the host)."""
-    return "full" if compute.remat_policy == "offload" else compute.remat_policy
+def head_tokens(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> int:
+    """Tokens whose logits live at once: all `batch` x `seq_len`, or one block's under a chunked loss (the same
+    positions of every row, the rows split over `devices`; `batch` is one device's part)."""
+    return batch * compute.loss_positions(cfg.vocab_size, batch * devices, seq_len)
+
+
+def head_bytes(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> float:
+    """The logits at their moment (HEAD_BYTES) on the GPU."""
+    tokens = head_tokens(cfg, batch, seq_len, compute, devices)
+    kind = "whole" if tokens == batch * seq_len else "chunked"
+    return HEAD_BYTES[kind](DTYPE_BYTES[compute.dtype]) * tokens * cfg.vocab_size
 
 
 def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
     """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
-    remat = _gpu_remat(compute)
+    remat = compute.remat_policy
     fused = compute.attention == "cudnn" if fused is None else fused
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
-                     head_share: float = 1.0):
-    """GPU_BYTES times gpu_features; head_share: the part of the tokens whose logits live at once (chunked loss)."""
-    remat = _gpu_remat(compute)
-    values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
-    values[3] *= head_share
-    if fused:
-        values[2] = 0.0  # a fused kernel keeps no T x T tensor
-    where = "one layer (remat)" if remat == "full" else "layers"
-    names = (f"{where}: D-wide tensors", f"{where}: feed-forward hidden", f"{where}: attention scores",
-             "logits / loss", "embedding side")
-    return dict(zip(names, values))
+                     devices: int) -> dict[str, float]:
+    """What the blocks keep, plus the larger of the step's two moments: the logits' (the head's backward, or the
+    chunked loss's block in the forward pass) and the backward's (one block's backward, and what returns from
+    the host), the latter counted as its excess over the logits."""
+    features = gpu_features(cfg, batch, seq_len, fused, compute.remat_policy)
+    values = [n * c for n, c in zip(features, _gpu_coefficients(compute, fused))]
+    head = head_bytes(cfg, batch, seq_len, compute, devices)
+    return {"layers: D-wide tensors": values[0], "layers: feed-forward hidden": values[1],
+            "layers: attention scores": values[2], "logits / loss": head,
+            "backward beyond the logits": max(0.0, sum(values[3:9]) - head)}
 
 
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
@@ -211,16 +220,15 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
-    tokens = batch * seq_len
-    chunk = compute.loss_chunk_for(cfg.vocab_size) / devices  # a chunked loss holds one block: at most this many tokens
-    head_tokens = tokens if mode == "forward" or not chunk else min(tokens, max(chunk, batch))
     if backend == "gpu" and mode != "forward":
-        return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
+        return _gpu_activations(cfg, batch, seq_len, compute, fused, devices)
+    tokens = batch * seq_len
+    head = tokens if mode == "forward" else head_tokens(cfg, batch, seq_len, compute, devices)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
     if cfg.norm == "none":
         per_layer["norms"] = 0.0
     working = _per_token(WORKING, cfg, seq_len, a, fused)
-    logits = head_tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
+    logits = head * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
     remat = compute.remat_policy  # what the model applies: "none" is dots_saveable under scanned layers
@@ -244,7 +252,7 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
     shard = mesh.devices if mesh.fsdp else 1
     state = {"parameters (float32)": 4.0 * p / shard}
     if backend == "gpu" and mode != "forward":  # what the compiler keeps at the peak, fitted (GPU_BYTES)
-        state["gradients and weight copies at the peak"] = _gpu_coefficients(compute, fused)[5] * p / shard
+        state["gradients and weight copies at the peak"] = _gpu_coefficients(compute, fused)[9] * p / shard
     else:
         if compute.dtype != "float32":
             state[f"{compute.dtype} weight copies"] = DTYPE_BYTES[compute.dtype] * p / shard

@@ -48,7 +48,7 @@ class CompileCache:
     def _save(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(self.path, self.stored)
+            write_json(self.path, dict(sorted(self.stored.items())))  # sorted: branches' additions merge line-wise
 
     def row(self, job: dict, target: gpu.Target, log=None) -> dict:
         """The job's compiled figures (KEPT and "program"), compiled now unless stored; `log` hears of compiles."""

@@ -78,16 +78,30 @@ def test_parse_size():
 
 
 def test_the_gpu_model_by_hand():
-    """GPU calibration: each kind of tensor's element count times its fitted bytes (GPU_BYTES)."""
+    """GPU calibration: what the blocks keep (each kind's element count times its fitted bytes, GPU_BYTES), then
+    the larger of the logits' moment (not fitted: the compute-dtype logits and their float32 gradient, or a
+    chunked loss's block of float32 logits and gradient) and one block's backward."""
     cfg = ModelConfig(d_model=64, num_layers=3, num_heads=4, d_ff=96, vocab_size=100, context_length=32)
-    c = memory.GPU_BYTES[("bfloat16", "none", False)]
-    acts = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16"))
-    tokens = 5 * 32
-    by_hand = [tokens * 3 * 64 * c[0], tokens * 3 * 96 * c[1], 3 * 5 * 4 * 32 * 32 * c[2], tokens * 100 * c[3],
-               tokens * 64 * c[4]]
-    assert list(acts.values()) == pytest.approx(by_hand)
-    full = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", remat="full"))  # one layer's worth
-    assert sum(full.values()) < sum(acts.values()) and all(k.startswith(("one layer", "logits", "embedding"))
-                                                             for k in full)
+    tokens, scores = 5 * 32, 5 * 4 * 32 * 32
+    for remat in ("none", "full", "dots_saveable", "offload"):
+        c = memory.GPU_BYTES[("bfloat16", remat, False)]
+        acts = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", remat=remat))
+        head = (4 + 2) * tokens * 100
+        block = tokens * 64 * c[3] + tokens * 96 * c[4] + scores * c[5]
+        by_hand = {"layers: D-wide tensors": tokens * 3 * 64 * c[0],
+                   "layers: feed-forward hidden": tokens * 3 * 96 * c[1], "layers: attention scores": 3 * scores * c[2], "logits / loss": head,
+                   "one block's backward, beyond the logits": max(0.0, block - head)}
+        assert acts == pytest.approx(by_hand)
+    chunked = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", loss_chunk=40))  # 8 positions x 5 rows
+    assert chunked["logits / loss"] == 8 * 40 * 100
     cudnn = memory.activations(cfg, 5, 32, ComputeConfig(dtype="bfloat16", attention="cudnn"))
     assert cudnn["layers: attention scores"] == 0.0
+
+
+def test_the_logits_do_not_depend_on_the_remat_policy():
+    """The head is outside every block's remat: remat full at a large vocabulary keeps the whole logits."""
+    cfg = ModelConfig(vocab_size=50257, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=1024,
+                      tie_embeddings=True)
+    for remat in ("none", "full", "dots_saveable", "offload"):
+        est = memory.estimate(cfg, 32, 256, ComputeConfig(remat=remat, loss_chunk=0))
+        assert est.activations["logits / loss"] == 8 * 32 * 256 * 50257  # float32: the logits and their gradient
