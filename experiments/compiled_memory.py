@@ -121,15 +121,19 @@ def sections() -> list[Section]:
     return [*out, ctx, bat, mixed, most, big]
 
 
-def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True) -> list[dict]:
-    """The section's rows: compiled now, or (compile=False) only those already in the cache."""
+def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True,
+            predicted: bool = False) -> list[dict]:
+    """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
+    predicted time (a stored figure without one is compiled again)."""
     rows = []
     for label, j in section.rows:
-        if not compile and not store.has(j, target):
+        stale = predicted and "predicted_step_ms" not in store.stored.get(store.key(j, target), {})
+        if not compile and (not store.has(j, target) or stale):
             rows.append({"setting": label, "error": f"not compiled yet (--only {section.name})"})
             continue
         try:
-            r = {**store.row(j, target, log=lambda m: print(f"[{section.name}] {m}", flush=True)), "setting": label}
+            log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
+            r = {**store.row(j, target, log=log, predicted=predicted), "setting": label}
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:

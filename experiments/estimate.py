@@ -2,7 +2,7 @@
 
 A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its
 evaluations (forward passes); a bench run costs `startup` plus, per row, a compile and
-`warmup + steps` steps. FLOPs are `jaxlm.flops.step_flops` (matmuls only).
+`warmup + steps` steps. FLOPs are `jaxlm.analysis.flops.step_flops` (matmuls only).
 
 The CPU constants are fitted to this project's recorded CPU plan runs (docs/results,
 a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s to
@@ -78,14 +78,16 @@ def _values(args: dict, key: str, default) -> list:
 
 
 def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | None:
-    """Every row of a `jaxlm.bench model` sweep: contexts x batches x modes x dtypes x attentions x remats x frameworks."""
+    """Every row of a `jaxlm.bench model` sweep: contexts x batches x modes x dtypes x attentions x remats x
+    frameworks."""
     if args.get("find_max_batch") or args.get("target"):  # compile-only rows for a GPU: compile time is not modelled
         return None
     cfg = load_config(None, overrides, preset=args.get("preset"))
     steps = args.get("warmup", BENCH_DEFAULTS["warmup"]) + args.get("steps", BENCH_DEFAULTS["steps"])
     frameworks = 2 if args.get("framework") == "both" else 1
     variants = frameworks * math.prod(len(_values(args, k, None)) for k in ("dtype", "attention", "remat"))
-    rows = itertools.product(_values(args, "context", cfg.model.context_length), _values(args, "batch", BENCH_DEFAULTS["batch"]),
+    rows = itertools.product(_values(args, "context", cfg.model.context_length),
+                             _values(args, "batch", BENCH_DEFAULTS["batch"]),
                              _values(args, "mode", BENCH_DEFAULTS["mode"]))
     per_variant = sum(tp.row_compile_s + steps * _step_s(tp, step_flops(cfg.model, b, t, mode)) for t, b, mode in rows)
     return tp.startup_s + variants * per_variant
@@ -141,10 +143,15 @@ def list_plans() -> str:
         per_size, data = [], []
         for size in plan.sizes:
             sized = load_plan(name, size)
-            per_size.append(f"{size}: {len(sized.runs)} runs, {plan_estimate(sized, size if size in THROUGHPUT else 'cpu')}")
+            estimate = plan_estimate(sized, size if size in THROUGHPUT else "cpu")
+            per_size.append(f"{size}: {len(sized.runs)} runs, {estimate}")
             data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
+        indent = " " * 4
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent="    ", subsequent_indent="    ")]
-        lines += [textwrap.fill("data: " + "; ".join(data), 100, initial_indent="    ", subsequent_indent="      ")] if data else []
+                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent=indent,
+                                subsequent_indent=indent)]
+        if data:
+            lines.append(textwrap.fill("data: " + "; ".join(data), 100, initial_indent=indent,
+                                       subsequent_indent=indent + "  "))
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)

@@ -29,7 +29,7 @@ class Figure:
     name: str
     what: str
     argv: tuple[str, ...]  # {python} and {out} are filled in
-    result: str  # "run:DIR" (a training run under OUT), "json:FILE" (under OUT) or "stdout" (the last line, JSON)
+    result: str  # "run:DIR" (a training run under OUT) or "json:FILE" (under OUT)
     cpu_dependent: bool  # a ratio against PyTorch, which depends on the CPU, not only on its speed
 
 
@@ -41,23 +41,27 @@ FIGURES = (
     Figure("shakespeare_char", "nanoGPT's shakespeare_char CPU recipe, end to end",
            (*TRAIN, "experiments/configs/shakespeare_char.toml", "--set", 'train.out_dir="{out}/shakespeare"'),
            "run:shakespeare", False),
-    Figure("nanogpt_torch", "the same recipe as a plain PyTorch loop (torchref) beside jaxlm's train step, 200 steps each",
-           ("{python}", "-m", "parity.bench", "nanogpt", "--steps", "200", "--framework", "both"), "stdout", True),
+    Figure("nanogpt_torch",
+           "the same recipe as a plain PyTorch loop (torchref) beside jaxlm's train step, 200 steps each",
+           ("{python}", "-m", "jaxlm.bench", "nanogpt", "--steps", "200", "--framework", "both", "--json",
+            "{out}/nanogpt_torch.json"), "json:nanogpt_torch.json", True),
     Figure("torch_compile_17m", "train step against torch.compile, tinystories-17M, T=256, B=4",
-           ("{python}", "-m", "parity.bench", "model", "--preset", "tinystories-17M", "--context", "256", "--batch", "4",
+           ("{python}", "-m", "jaxlm.bench", "model", "--preset", "tinystories-17M", "--context", "256", "--batch", "4",
             "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_17m.json"),
            "json:torch_compile_17m.json", True),
     Figure("torch_compile_shakespeare", "train step against torch.compile, shakespeare_char size, T=64, B=12",
-           ("{python}", "-m", "parity.bench", "model", "--config", "experiments/configs/shakespeare_char.toml", "--batch",
-            "12", "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_shakespeare.json"),
+           ("{python}", "-m", "jaxlm.bench", "model", "--config", "experiments/configs/shakespeare_char.toml",
+            "--batch", "12", "--mode", "train_step", "--framework", "both", "--json",
+            "{out}/torch_compile_shakespeare.json"),
            "json:torch_compile_shakespeare.json", True),
     Figure("parity", "JAX against the PyTorch reference over 100 float32 training steps",
-           ("{python}", "-m", "parity.check", "--steps", "100", "--json", "{out}/parity.json"), "json:parity.json", False),
+           ("{python}", "-m", "parity.check", "--steps", "100", "--json", "{out}/parity.json"), "json:parity.json",
+           False),
     Figure("decode", "decoding 256 tokens with and without the KV cache, quickstart model",
            ("{python}", "-m", "jaxlm.bench", "decode", "--config", "experiments/configs/quickstart.toml", "--json",
             "{out}/decode.json"), "json:decode.json", False),
     Figure("decode_torch", "decoding 256 tokens with the KV cache against torchref's cached loop, tinystories-17M",
-           ("{python}", "-m", "parity.bench", "decode", "--preset", "tinystories-17M", "--new-tokens", "256", "--mode",
+           ("{python}", "-m", "jaxlm.bench", "decode", "--preset", "tinystories-17M", "--new-tokens", "256", "--mode",
             "cache", "--framework", "both", "--json", "{out}/decode_torch.json"), "json:decode_torch.json", True),
 )
 
@@ -66,18 +70,12 @@ def command(fig: Figure, out: Path) -> list[str]:
     return [a.replace("{python}", sys.executable).replace("{out}", str(out)) for a in fig.argv]
 
 
-def read_result(fig: Figure, out: Path, stdout: str):
-    """What the command reports: a run's final numbers, the JSON file it wrote, or its last stdout line as JSON."""
+def read_result(fig: Figure, out: Path):
+    """What the command reports: a run's final numbers, or the JSON file it wrote."""
     kind, _, where = fig.result.partition(":")
     if kind == "run":
         return summarise_train(read_metrics(out / where / "metrics.jsonl"))
-    if kind == "json":
-        return read_json(out / where, default=None)
-    lines = stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        return None
+    return read_json(out / where, default=None)
 
 
 def measure(fig: Figure, out: Path) -> dict:
@@ -88,7 +86,7 @@ def measure(fig: Figure, out: Path) -> dict:
     wall = time.perf_counter() - t0
     return {"name": fig.name, "what": fig.what, "command": " ".join(argv), "returncode": proc.returncode,
             "wall_s": round(wall, 2), "load_avg_1m": [before, host.describe()["load_avg_1m"]],
-            "cpu_dependent": fig.cpu_dependent, "result": read_result(fig, out, proc.stdout),
+            "cpu_dependent": fig.cpu_dependent, "result": read_result(fig, out),
             "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
 
 
@@ -98,42 +96,54 @@ def summary(record: dict) -> str:
     if isinstance(r, dict) and "eval_loss" in r:
         return f"val loss {r['eval_loss']:.3f}"
     if isinstance(r, dict) and isinstance(r.get("rows"), list):
-        jax_row = next((row for row in r["rows"] if row.get("jax_torch_speed")), None)
+        jax_row = next((row for row in r["rows"] if row.get("speed_vs_reference")), None)
         times = {row["framework"]: row.get("step_ms") for row in r["rows"] if row.get("status") == "ok"}
-        text = f"jax {times.get('jax', 0):.1f} ms vs torch {times.get('torch', 0):.1f} ms"
-        if jax_row:
-            text += f": {jax_row['jax_torch_speed']:.2f}x"
-            if jax_row.get("jax_torch_speed_iqr"):  # the median of paired rounds, with its interquartile range
-                text += " (IQR {:.2f}-{:.2f})".format(*jax_row["jax_torch_speed_iqr"])
-        return text
+        ref = jax_row["reference"] if jax_row else "torch"
+        text = f"jax {times.get('jax', 0):.1f} ms vs {ref} {times.get(ref, 0):.1f} ms"
+        return text + (ratio(jax_row, "speed_vs_reference") if jax_row else "")
     if isinstance(r, dict) and "jax_step_time_s" in r:
         return (f"jaxlm {1e3 * r['jax_step_time_s']:.1f} ms vs torch loop {1e3 * r['torch_step_time_s']:.1f} ms per "
-                f"step: {r['jax_torch']:.2f}x")
+                f"step{ratio(r, 'speedup')}")
     if isinstance(r, dict) and "train_loss_max_abs_diff" in r:
         return (f"{'PASS' if r.get('passed') else 'FAIL'}: losses over {r['steps']} steps differ by at most "
                 f"{r['train_loss_max_abs_diff']:.1e}, logits {r['logits_max_rel_err']:.1e} relative")
     if isinstance(r, dict) and "speedup" in r.get("jax", {}):
         return (f"jax with the KV cache {r['jax']['cache']['tokens_per_second']:,.0f} vs without "
                 f"{r['jax']['no-cache']['tokens_per_second']:,.0f} tokens/s: {r['jax']['speedup']:.1f}x")
-    if isinstance(r, dict) and isinstance(r.get("jax_torch"), dict):
-        return "; ".join(f"{mode}: jax {r['jax'][mode]['tokens_per_second']:.0f} vs torch "
-                         f"{r['torch'][mode]['tokens_per_second']:.0f} tokens/s, {v['speed']:.2f}x, greedy tokens "
-                         f"{'identical' if v['greedy_tokens_identical'] else 'differ'}" for mode, v in r["jax_torch"].items())
+    if isinstance(r, dict) and isinstance(r.get("compared"), dict):
+        return "; ".join(f"{mode}: jax {r['jax'][mode]['tokens_per_second']:.0f} vs {v['reference']} "
+                         f"{r[v['reference']][mode]['tokens_per_second']:.0f} tokens/s"
+                         f"{ratio(v, 'speed_vs_reference')}, "
+                         f"greedy tokens {'identical' if v['greedy_tokens_identical'] else 'differ'}"
+                         for mode, v in r["compared"].items())
     return json.dumps(r)[:160] if r is not None else "no result"
+
+
+def ratio(record: dict, key: str) -> str:
+    """': 1.07x (IQR 0.91-1.04)' (a median of paired rounds, with its interquartile range where there is one), or
+    why no ratio is given: one taken while other processes kept the machine busy means little."""
+    if record.get("busy"):
+        return f": ratio withheld, other processes kept {record['other_cpus']:.1f} CPUs busy"
+    iqr = record.get(f"{key}_iqr")
+    return f": {record[key]:.2f}x" + (" (IQR {:.2f}-{:.2f})".format(*iqr) if iqr else "")
 
 
 def table(machine: dict, records: list[dict]) -> str:
     family = f"{machine['cpu_family_model']}; " if machine.get("cpu_family_model") else ""
-    lines = [f"Measured on {machine['cpu_model']} ({family}{machine['cpus']} cores; {', '.join(machine['vector_extensions'])}):",
-             "", "| figure | wall | result | load before/after | depends on the CPU model | command |", "|---|---|---|---|---|---|"]
+    lines = [f"Measured on {machine['cpu_model']} ({family}{machine['cpus']} cores; "
+             f"{', '.join(machine['vector_extensions'])}):", "",
+             "| figure | wall | result | load before/after | depends on the CPU model | command |",
+             "|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['what']} | {r['wall_s']:.1f} s | {summary(r)} | {r['load_avg_1m'][0]:.1f} / "
-                     f"{r['load_avg_1m'][1]:.1f} | {'yes' if r['cpu_dependent'] else 'speed only'} | `{r['command']}` |")
+                     f"{r['load_avg_1m'][1]:.1f} | {'yes' if r['cpu_dependent'] else 'speed only'} | "
+                     f"`{r['command']}` |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.headline", formatter_class=cli.HelpFormatter, description=__doc__)
+    p = cli.ArgumentParser(prog="python -m experiments.headline", formatter_class=cli.HelpFormatter,
+                           description=__doc__)
     p.add_argument("--out", default="runs/headline", help="where the runs and headline.json go (a fresh one: the "
                    "quickstart figure includes tokenising)")
     p.add_argument("--only", nargs="+", choices=[f.name for f in FIGURES], help="measure these figures only")

@@ -24,6 +24,7 @@ from jaxlm.analysis import memory
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core.config import load_config
 from jaxlm.core.files import write_between_markers
+from jaxlm.nn.loss import chunk_tokens
 from jaxlm.training import compiled as gpu
 from jaxlm.training.compile_cache import CompileCache, job_config
 
@@ -91,7 +92,7 @@ def with_estimates(rows: list[dict]) -> list[dict]:
         cfg = row_config(*(r[f] for f in FIELDS))
         est = memory.estimate(cfg.model, r["batch"], r["context"], cfg.compute, "train_step")
         out.append({**r, "estimate_bytes": est.total, "estimate_state": est.state_total,
-                    "loss_chunk": cfg.compute.loss_chunk_for(cfg.model.vocab_size),
+                    "loss_chunk": chunk_tokens(cfg.compute, cfg.model.vocab_size),
                     "error": est.total / r["total_bytes"] - 1})
     return out
 

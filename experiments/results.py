@@ -1,10 +1,9 @@
 """Reading what runs leave behind: metrics.jsonl, bench JSON, result.json.
 
 Shared by the runner (which condenses a finished run into result.json) and the
-report (which reads result.json and the learning curves). Metric names follow
-`jaxlm.tracking` (``train/loss``, ``eval/perplexity`` ...); the few quantities
-the report needs are looked up through `ALIASES`, so a renamed metric is a
-one-line change here.
+report (which reads result.json and the learning curves). The few quantities the
+report needs are read from the metric names the trainer logs (`METRICS`; the names are
+`jaxlm.training.loop`'s, written by `jaxlm.training.tracking`).
 """
 
 from __future__ import annotations
@@ -20,29 +19,30 @@ from jaxlm.core.files import read_json
 RESULT = "result.json"
 DONE_STATUSES = ("ok", "diverged", "skipped")  # a run with one of these is complete; "failed" is retried
 
-# Quantity -> metric names to try, first match wins.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "train_loss": ("train/loss",),
-    "eval_loss": ("eval/loss", "val/loss"),
-    "eval_ppl": ("eval/perplexity", "val/perplexity"),
-    "eval_acc": ("eval/accuracy", "val/accuracy"),
-    "eval_tokens": ("eval/tokens",),
-    "tokens_per_s": ("perf/tokens_per_s", "train/tokens_per_sec", "perf/tokens_per_sec", "train/tokens_per_s"),
-    "step_time": ("perf/step_time_s", "perf/step_time", "train/step_time"),
-    "peak_memory": ("perf/peak_memory_bytes", "memory/peak_bytes", "perf/peak_bytes"),
-    "lr": ("train/lr", "learning/lr"),
+# Quantity -> the metric that holds it in metrics.jsonl.
+METRICS: dict[str, str] = {
+    "train_loss": "train/loss",
+    "eval_loss": "eval/loss",
+    "eval_ppl": "eval/perplexity",
+    "eval_acc": "eval/accuracy",
+    "eval_tokens": "eval/tokens",
+    "tokens_per_s": "perf/tokens_per_s",
+    "step_time": "perf/step_time_s",
+    "peak_memory": "perf/peak_memory_bytes",
+    "lr": "train/lr",
 }
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (interrupted writer) is dropped.
+    """The records of a metrics.jsonl; a line that is not JSON (a torn last line of an interrupted writer, bytes
+    that are not UTF-8) is dropped.
 
     A run resumed from a checkpoint appends again from the checkpoint's step: a record
     whose step does not advance replaces the earlier records of its kind from that step on.
     """
     records = []
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     for line in lines:
@@ -57,17 +57,16 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         step, kind = rec.get("step"), rec.get("kind")
         if isinstance(step, (int, float)):
-            records = [r for r in records if not (r.get("kind") == kind and isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
+            records = [r for r in records
+                       if not (r.get("kind") == kind and isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
         records.append(rec)
     return records
 
 
 def lookup(record: dict, quantity: str) -> float | None:
-    for name in ALIASES.get(quantity, (quantity,)):
-        v = record.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
+    """The record's number for `quantity` (a `METRICS` key, or a metric name), None where it has none."""
+    v = record.get(METRICS.get(quantity, quantity))
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def series(records: list[dict], quantity: str) -> tuple[list[float], list[float], list[float]]:

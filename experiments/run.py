@@ -6,7 +6,10 @@ checkpoints, metrics and the child's output.log). A run is complete when its
 skipped and the same spec hash; complete runs are skipped, so an interrupted
 plan resumes where it stopped (and an interrupted training run resumes from its
 own checkpoint). A failed run is recorded with the tail of its output and the
-plan goes on; it is retried the next time the plan runs.
+plan goes on; it is retried the next time the plan runs. Ctrl-C or SIGTERM to the runner
+is passed on to the run in progress (a training run saves a checkpoint and stops), waited
+for, and recorded as interrupted (status "interrupted", resumed by the next invocation); a
+second signal kills the run at once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import child
 from experiments.commands import BUILDERS, resolved_train_config
 from experiments.device import (
     Device,
@@ -54,9 +58,8 @@ from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
 
 ERROR_TAIL_LINES = 40
-# Output of a training run that stopped on a non-finite loss (the train CLI's message).
-# The trainer's TrainingDiverged line ("error: loss 5.5, parameter norm nan at step 41 ...") and older wordings.
-DIVERGED_RE = re.compile(r"training diverged|loss is (nan|-?inf)\b|\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b", re.IGNORECASE)
+# The trainer's TrainingDiverged line in a run's output: "error: loss 5.5, parameter norm nan at step 41 ...".
+DIVERGED_RE = re.compile(r"\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b")
 
 
 # --------------------------------------------------------------------------- commands per kind
@@ -112,7 +115,8 @@ def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
     """
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
-    if run_dir.exists() and (stale or (run_dir / RESULT).exists()):
+    ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
+    if run_dir.exists() and (stale or (ended is not None and ended.get("status") != "interrupted")):
         shutil.rmtree(run_dir)
     resuming = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +183,8 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         "platform": device.platform,
         "device_count": device.count,
         "started_at": _now(),
-        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"}, "load_avg_1m_start": os.getloadavg()[0]},
+        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
+                 "load_avg_1m_start": os.getloadavg()[0]},
         "versions": software_versions(),
     }
     if spec.kind == "train":
@@ -201,13 +206,19 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         max_rss = None
         try:
-            rc, max_rss = _wait(proc, spec.timeout)
+            rc, max_rss = child.wait(proc, spec.timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            child.kill(proc)
             rc, timed_out = proc.returncode, True
-        except BaseException:  # Ctrl-C or the runner being killed: take the child down with us
-            _kill(proc)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM to the runner: the run stops the same way, then is recorded
+            rc = child.stop(proc)
+            write_json(run_dir / RESULT, {**result, "status": "interrupted", "reason": f"{str(e) or 'SIGINT'} to the "
+                                          f"runner; the run stopped with exit code {rc}", "returncode": rc,
+                                          "finished_at": _now(), "wall_time_s": time.perf_counter() - t0})
+            raise
+        except BaseException:  # the runner failing: take the child down with it
+            child.kill(proc)
             raise
     wall = time.perf_counter() - t0
 
@@ -224,41 +235,12 @@ def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -
     records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
     if spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
         said = DIVERGED_RE.search(tail)
-        line = tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said else "the loss became NaN/inf"
+        line = (tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said
+                else "the loss became NaN/inf")
         return {"status": "diverged", "reason": line, "error_tail": tail if rc else None}
     if rc != 0:
         return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
     return {"status": "ok"}
-
-
-def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
-    """Wait for the child like Popen.wait, also returning its peak resident memory (bytes, from wait4)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
-        if deadline is not None and time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Stop the child's whole process group (it was started in its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, PermissionError):
-        pass
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 # --------------------------------------------------------------------------- the plan
@@ -267,8 +249,10 @@ def _kill(proc: subprocess.Popen) -> None:
 def headline(result: dict) -> str:
     """One line about a finished run for the progress log."""
     m = result.get("metrics", {})
-    parts = [result["status"] if result["status"] == "skipped" else f"{result['status']} in {result.get('wall_time_s', 0):.1f} s"]
-    for key, label, fmt in (("eval_loss", "val loss", ".3f"), ("eval_ppl", "val ppl", ".2f"), ("tokens_per_s", "tok/s", ".0f")):
+    status = result["status"]
+    parts = [status if status == "skipped" else f"{status} in {result.get('wall_time_s', 0):.1f} s"]
+    for key, label, fmt in (("eval_loss", "val loss", ".3f"), ("eval_ppl", "val ppl", ".2f"),
+                            ("tokens_per_s", "tok/s", ".0f")):
         if isinstance(m.get(key), (int, float)):
             parts.append(f"{label} {m[key]:{fmt}}")
     if result.get("bench_rows"):
@@ -297,8 +281,8 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     )
 
 
-def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False, device: Device | None = None,
-             draft: bool = False) -> dict[str, int]:
+def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False,
+             device: Device | None = None, draft: bool = False) -> dict[str, int]:
     """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
@@ -307,7 +291,8 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     if not (dry_run or draft):
         check_committed(git)
     device = device or detect_device()
-    print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, device {device.kind}", flush=True)
+    print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
+          f"device {device.kind}", flush=True)
     if dry_run:
         return _run_all(plan, plan_dir, runs, device, dry_run, git)
     with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
@@ -315,7 +300,8 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
         return _run_all(plan, plan_dir, runs, device, dry_run, git)
 
 
-def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool, git: dict) -> dict[str, int]:
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool,
+             git: dict) -> dict[str, int]:
     """Each run in turn (or its command, with dry_run); returns a count per status."""
     counts: dict[str, int] = {}
     for i, spec in enumerate(runs, 1):
@@ -355,15 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
-    p.add_argument("--list", action="store_true", help="list the plans, their data and estimated times (as with no PLAN)")
+    p.add_argument("--list", action="store_true",
+                   help="list the plans, their data and estimated times (as with no PLAN)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
-    p.add_argument("--dry-run", action="store_true", help="list the runs, their commands and estimated times; run nothing")
-    p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the plan's first size)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs, their commands and estimated times; run nothing")
+    p.add_argument("--size", help="which [sizes.X] variant (default: gpu on a GPU when the plan has one, else the "
+                   "plan's first size)")
     p.add_argument("--runs-dir", default="runs", help="parent of the plan directory")
     p.add_argument("--draft", action="store_true", help="run from a tree with uncommitted changes; every record says "
                    "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
 
+    previous = signal.signal(signal.SIGTERM, child.raise_interrupted)  # a scheduler's stop: handled as Ctrl-C is
     try:
         if args.plan is None or args.list:
             print(list_plans())
@@ -375,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
         plan = load_plan(args.plan, size)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        name = str(e) or "SIGINT"
+        print(f"\ninterrupted: {name}; the run in progress was stopped and recorded as interrupted, finished runs are "
+              "kept; run the same command again to resume", file=sys.stderr)
+        return 128 + getattr(signal, name, signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 1 if counts.get("failed") else 0
 
 

@@ -1,19 +1,21 @@
-"""PyTorch half of a benchmark row: torchref with the same architecture, batch and mode.
+"""The PyTorch reference's side of `python -m jaxlm.bench` (found through parity/bench_plugin.py):
+torchref with the same architecture, batch and mode as jaxlm's rows.
 
-- torch.compile on the model-plus-loss function unless the setting says eager;
+- torch.compile on the model-plus-loss function unless `--no-compile`;
   the first call (which compiles) is reported as `compile_s`.
 - bfloat16 rows run under `torch.autocast(dtype=torch.bfloat16)` with float32
   parameters, the same policy as jaxlm's `compute.dtype`.
-- Fused attention: torchref calls `F.scaled_dot_product_attention` whenever
-  `compute.attention != "xla"` (`Setting.configs` maps cudnn rows to it).
+- Fused attention: any attention but "xla" (cudnn, auto) means torchref's
+  `F.scaled_dot_product_attention`, the counterpart of cuDNN; "xla" rows run torchref's
+  explicit softmax(QK^T)V (`reference_compute`).
 - Train step: the AdamW of docs/spec.md (betas 0.9/0.95, wd 0.1, eps 1e-8) after
   global-norm clipping at 1.0. By default `torch.optim.AdamW` (foreach, fused on
   CUDA) with `clip_grad_norm_`, PyTorch's fastest equivalent of torchref.AdamW /
-  torchref.clip_grad_norm (same update, same ordering); `Options.torch_optimizer
-  = "torchref"` uses torchref's own (a Python loop per parameter, and a host
+  torchref.clip_grad_norm (same update, same ordering); `--torch-optimizer
+  torchref` uses torchref's own (a Python loop per parameter, and a host
   sync in the clipping).
-- Timing: CUDA events around each step on a GPU, `perf_counter` after the step
-  on CPU (torch on CPU is synchronous). Memory: `torch.cuda.max_memory_allocated`
+- Timing: jaxlm's loop (`jaxlm.bench.timing`), each step followed by a device
+  synchronize (on CPU torch is synchronous). Memory: `torch.cuda.max_memory_allocated`
   after `reset_peak_memory_stats`; on CPU there is no allocator peak, so the
   column is None with memory_source "n/a (cpu)".
 """
@@ -22,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from pathlib import Path
 
 import torch
 
 import torchref
 from jaxlm.analysis import memory
+from jaxlm.bench.timing import time_calls, timed
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from parity.convert import jax_to_torch, torch_config
 from torchref.generate import generate
@@ -42,9 +44,21 @@ def device_kind() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def synchronize() -> None:
+def synchronize(_out=None) -> None:
+    """Wait for the device's queued work (the `wait` of jaxlm's timing loop)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def release_memory() -> None:
+    """After an out-of-memory row: hand the cached blocks back so that the next row starts clean."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def reference_compute(compute: ComputeConfig) -> ComputeConfig:
+    """What torchref reads of a row's compute config: the dtype, and whether the attention is fused."""
+    return ComputeConfig(dtype=compute.dtype, attention="xla" if compute.attention == "xla" else "auto")
 
 
 def autocast(dtype: str):
@@ -109,29 +123,11 @@ def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def time_steps(step, n: int) -> list[float]:
-    """Seconds per step: CUDA events on a GPU, wall clock on CPU."""
-    if torch.cuda.is_available():
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in events:
-            start.record()
-            step()
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) / 1e3 for start, end in events]
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict):
-    """Build, compile (the first call, reported as compile_s) and warm up one torch setting; returns its
-    (run, finish) pair for `jaxlm.bench.core.run_group`, or None when the row is OOM by the analytic estimate."""
-    fused = compute.attention != "xla"
-    estimate = memory.estimate(cfg, batch, context, compute, setting.mode, fused=fused).total
+    """Build, compile (the first call, reported as compile_s) one torch setting; returns its (call, wait, finish)
+    for `jaxlm.bench.measure.run_group`, or None when the row is OOM by the analytic estimate."""
+    compute = reference_compute(compute)
+    estimate = memory.estimate(cfg, batch, context, compute, setting.mode, fused=compute.attention != "xla").total
     row["estimate_gb"] = estimate / 1e9
     if opts.memory_limit_gb is not None and estimate > opts.memory_limit_gb * 1e9:
         row["status"], row["memory_source"] = "OOM", "analytic estimate"
@@ -141,17 +137,12 @@ def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    step = build_step(setting.mode, cfg, compute, batch, context, compile=setting.compile, seed=opts.seed,
-                      optimizer=getattr(opts, "torch_optimizer", "torch"))
-    t0 = time.perf_counter()
-    step()
-    synchronize()
-    row["compile_s"] = time.perf_counter() - t0  # first call: tracing + compilation (+ one step)
-    for _ in range(max(opts.warmup - 1, 0)):
-        step()
-    synchronize()
+    row["compiled"] = not opts.side_args.get("no_compile", False)
+    step = build_step(setting.mode, cfg, compute, batch, context, compile=row["compiled"], seed=opts.seed,
+                      optimizer=opts.side_args.get("torch_optimizer", "torch"))
+    _, row["compile_s"] = timed(lambda: synchronize(step()))  # first call: tracing + compilation (+ one step)
 
-    def finish(times: list[float]) -> None:
+    def finish() -> None:
         if cuda:
             row["memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
             row["memory_source"] = "torch.cuda.max_memory_allocated"
@@ -159,7 +150,7 @@ def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
         else:
             row["memory_gb"], row["memory_source"] = None, "n/a (cpu)"
 
-    return (lambda n, timed=True: time_steps(step, n)), finish
+    return step, synchronize, finish
 
 
 def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out: Path) -> Path:
@@ -169,8 +160,7 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
         note.write_text("torch memory snapshots (torch.cuda.memory._record_memory_history) need CUDA; "
                         "this run had none, so none was written.\n")
         return note
-    torch_compute = ComputeConfig(dtype=compute.dtype, attention="xla" if compute.attention == "xla" else "auto")
-    step = build_step("train_step", cfg, torch_compute, batch, context, compile=False)
+    step = build_step("train_step", cfg, reference_compute(compute), batch, context, compile=False)
     step()  # first step allocates the optimizer state; the recorded steps show the steady state
     torch.cuda.synchronize()
     path = out / "torch_train_step_snapshot.pickle"
@@ -187,7 +177,7 @@ def memory_snapshot(cfg: ModelConfig, compute: ComputeConfig, batch: int, contex
 
 def matmul_call(product, a, b):
     """`product(a, b)` (a `jaxlm.bench.matmul.FORMS` form) on numpy operands as torch tensors, as
-    `jax_side.matmul_call`: a call that returns the product once it is computed."""
+    `jaxlm.bench.steps.matmul_call`: a call that returns the product once it is computed."""
     a, b = torch.from_numpy(a).to(device()), torch.from_numpy(b).to(device())
 
     def call():
@@ -230,7 +220,8 @@ def op_category(name: str, phase: str) -> str:
         return "loss (logits to cross-entropy)"
     fused = re.sub(r"^graph_\d+_cpp_fused_", "", name)
     parts = {p for p in re.sub(r"_\d+$", "", fused).split("_") if p} if fused != name else set()
-    if name in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy") or (parts and parts <= _LAYOUT_ONLY):
+    copies = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy")
+    if name in copies or (parts and parts <= _LAYOUT_ONLY):
         return "copies and transposes"
     return f"element-wise and reductions, {phase}"
 
@@ -246,13 +237,9 @@ def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
 
     inductor_config.cpp.enable_kernel_profile = True  # inductor's C++ kernels appear by name
     step = build_step(mode, cfg, compute, batch, context)
-    for _ in range(warmup + 1):
-        step()
-    t0 = time.perf_counter()
+    time_calls(step, 0, warmup=warmup + 1)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-    wall = time.perf_counter() - t0
+        wall = sum(time_calls(step, steps).seconds)
     events = list(prof.events())
     passes = [(e.time_range.start, e.time_range.end, "backward" if e.name.endswith("Backward") else "forward")
               for e in events if e.name in ("CompiledFunction", "CompiledFunctionBackward")]

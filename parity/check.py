@@ -10,7 +10,7 @@ Error measures (all "max over ..." so one bad element shows):
 - grad_max_rel_err: max over parameters of max |g_jax - g_torch| / max |g_torch|;
 - train_loss_max_abs_diff: max over steps of |loss_jax(t) - loss_torch(t)| when both
   train with AdamW + warmup-cosine + clipping on identical batches (jaxlm through
-  `jaxlm.optim.make_optimizer` and `jaxlm.step.make_train_step`, the training code itself).
+  `jaxlm.training.optim.make_optimizer` and `jaxlm.training.step.make_train_step`, the training code itself).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfi
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import writable_dir_problem, write_json  # noqa: E402
 from jaxlm.core.host import tune_for_cpu_backend  # noqa: E402
-from jaxlm.nn.model import TransformerLM, lm_loss  # noqa: E402
+from jaxlm.nn.loss import block_positions, lm_loss  # noqa: E402
+from jaxlm.nn.model import TransformerLM  # noqa: E402
 from jaxlm.training.optim import make_optimizer  # noqa: E402
 from jaxlm.training.preflight import check_attention  # noqa: E402
 from jaxlm.training.step import TrainState, build_model, make_train_step, split_model  # noqa: E402
@@ -156,7 +157,8 @@ def compare_training(setup: Setup, steps: int) -> dict[str, float]:
         x_np, y_np = data[t][:, :-1], data[t][:, 1:]
         for g in opt_t.param_groups:
             g["lr"] = lr_at(t, o, steps)
-        loss_t = torchref.cross_entropy(ref(torch.from_numpy(x_np).to(setup.device)), torch.from_numpy(y_np).to(setup.device))
+        x_t, y_t = (torch.from_numpy(a).to(setup.device) for a in (x_np, y_np))
+        loss_t = torchref.cross_entropy(ref(x_t), y_t)
         opt_t.zero_grad()
         loss_t.backward()
         if o.grad_clip > 0:
@@ -183,9 +185,11 @@ def round_trip_exact(ref: torch.nn.Module, model: TransformerLM) -> bool:
 def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
     p = cli.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0])
     cli.add_config_args(p)  # [model], [compute] and [optim] are used; default: parity/default.toml
-    p.add_argument("--steps", type=cli.bounded(int, 0), default=0, help="also train N steps in both frameworks and compare the losses (default: 0)")
+    p.add_argument("--steps", type=cli.bounded(int, 0), default=0,
+                   help="also train N steps in both frameworks and compare the losses (default: 0)")
     p.add_argument("--batch", type=cli.bounded(int, 1), default=4, help="sequences per batch (default: 4)")
-    p.add_argument("--seq", type=cli.bounded(int, 1), default=None, help="sequence length (default: min(context_length, 64))")
+    p.add_argument("--seq", type=cli.bounded(int, 1), default=None,
+                   help="sequence length (default: min(context_length, 64))")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default: 0)")
     p.add_argument("--device", default="cpu", help="torch device for the reference: cpu, cuda (default: cpu)")
     p.add_argument("--json", help="write the figures to this JSON file")
@@ -216,7 +220,7 @@ def main(argv=None) -> int:
         f"parity.check: d_model={m.d_model} layers={m.num_layers} heads={m.num_heads} vocab={m.vocab_size} "
         f"norm={m.norm} rope={m.rope} ffn={m.ffn} tied={m.tie_embeddings} window={m.window} "
         f"dtype={c.dtype} attention={c.attention} loss blocks of "
-        f"{setup.batch} x {c.loss_positions(m.vocab_size, setup.batch, setup.seq)} tokens"
+        f"{setup.batch} x {block_positions(c, m.vocab_size, setup.batch, setup.seq)} tokens"
         + (f" lora rank={setup.lora.rank} alpha={setup.lora.alpha} targets={','.join(setup.lora.targets)}"
            if setup.lora.rank else "")
         + f"; batch={setup.batch} seq={setup.seq}; "

@@ -21,13 +21,21 @@ from flax import nnx
 
 import torchref
 from jaxlm.core.config import ModelConfig
+from jaxlm.core.errors import ConfigError
 
+# jaxlm's keys for Hugging Face checkpoints that torchref does not have (grouped-query attention, a head width of its
+# own, Llama 3 RoPE scaling): transformers is their reference (tests/parity/test_hf.py).
+JAXLM_ONLY = ("num_kv_heads", "head_size", "rope_scaling")
 # jaxlm ModelConfig field -> torchref ModelConfig field: the architecture, name for name.
-CONFIG_FIELDS = {f.name: f.name for f in dataclasses.fields(ModelConfig)}
+CONFIG_FIELDS = {f.name: f.name for f in dataclasses.fields(ModelConfig) if f.name not in JAXLM_ONLY}
 
 
 def torch_config(cfg: ModelConfig) -> torchref.ModelConfig:
-    """The torchref config of the same architecture."""
+    """The torchref config of the same architecture; a ConfigError for a key torchref cannot represent."""
+    for key in JAXLM_ONLY:
+        if getattr(cfg, key) is not None:
+            raise ConfigError(f"model.{key} = {getattr(cfg, key)!r}: torchref has no equivalent; compare such a "
+                              "model against transformers (docs/hf.md)")
     return torchref.ModelConfig(**{t: getattr(cfg, j) for j, t in CONFIG_FIELDS.items()})
 
 
@@ -80,7 +88,8 @@ def torch_to_jax(state_dict: dict[str, torch.Tensor], model: nnx.Module) -> nnx.
     new = []
     for path, var in flat:
         names = _names(path, tuple(var.shape))
-        value = np.stack([_to_numpy(state_dict[n]) for n in names]) if _stacked(path) else _to_numpy(state_dict[names[0]])
+        value = (np.stack([_to_numpy(state_dict[n]) for n in names]) if _stacked(path)
+                 else _to_numpy(state_dict[names[0]]))
         if value.shape != tuple(var.shape):
             raise ValueError(f"{torch_name(path)}: torch shape {tuple(value.shape)} != jax shape {tuple(var.shape)}")
         new.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))

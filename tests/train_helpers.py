@@ -69,7 +69,8 @@ def run_steps(cfg, mesh, n: int, seed_data: int = 0):
     rng = np.random.default_rng(seed_data)
     out = []
     for _ in range(n):
-        tok = rng.integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1)).astype(np.int32)
+        tok = rng.integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
+        tok = tok.astype(np.int32)
         x, y = sharding.global_batch(tok[:, :-1], mesh), sharding.global_batch(tok[:, 1:], mesh)
         state, m = b.step_fn(state, x, y)
         out.append(float(m["loss"]))
@@ -89,16 +90,17 @@ def loss_and_grads(cfg, mesh, seed_data: int = 0):
     from flax import nnx
 
     from jaxlm.core import sharding
-    from jaxlm.nn.model import lm_loss
+    from jaxlm.nn.loss import lm_loss
     from jaxlm.training.loop import build
 
     b = build(cfg, mesh)
     state = jax.jit(b.make_state, out_shardings=b.shardings)()
-    tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, (cfg.data.batch_size, cfg.model.context_length + 1))
+    shape = (cfg.data.batch_size, cfg.model.context_length + 1)
+    tok = np.random.default_rng(seed_data).integers(0, cfg.model.vocab_size, shape)
     x, y = (sharding.global_batch(t.astype(np.int32), mesh) for t in (tok[:, :-1], tok[:, 1:]))
 
     def loss(params, x, y):
-        return lm_loss(nnx.merge(b.graphdef, params, state.rest), x, y)
+        return lm_loss(nnx.merge(b.graphdef, params, state.non_trainable), x, y)
 
     bsh = sharding.batch_sharding(mesh)
     fn = sharding.on_mesh(jax.jit(jax.value_and_grad(loss), in_shardings=(b.shardings.params, bsh, bsh)), mesh)
@@ -110,7 +112,8 @@ def max_rel_diff(a, b) -> float:
     """max over leaves of max|a - b| / max|b|."""
     import jax
 
-    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 # name -> parallel.* (and compute.*) overrides, each run on 8 simulated devices against one device
@@ -121,6 +124,9 @@ LAYOUTS = {
     "tp": {"parallel.data": 1, "parallel.tensor": 8, "model.num_heads": 8},
     "tp_dp": {"parallel.data": 2, "parallel.tensor": 4},
     "tp_fsdp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4},
+    # grouped-query attention: 8 query heads, 4 key/value heads of width 6 (not 32 / 8), 2 and 1 per tensor shard
+    "tp_gqa": {"parallel.data": 2, "parallel.tensor": 4, "model.num_heads": 8, "model.num_kv_heads": 4,
+               "model.head_size": 6},
     "scan_fsdp_tp": {"parallel.data": 1, "parallel.fsdp": 2, "parallel.tensor": 4, "compute.scan_layers": "true"},
     "accum_dp": {"parallel.data": 8, "train.grad_accum": 2},
     "pp": {"parallel.data": 1, "parallel.pipeline": 8, "parallel.microbatches": 4, "model.num_layers": 8,
@@ -161,7 +167,7 @@ def _devices_main():
         l8, g8 = loss_and_grads(cfg8, mesh8)
         t8, _ = run_steps(cfg8, mesh8, 20)
         shardings = build(cfg8, mesh8).shardings  # trainable and frozen (a LoRA base) parameters
-        specs = {str(s.spec) for s in jax.tree.leaves((shardings.params, shardings.rest))}
+        specs = {str(s.spec) for s in jax.tree.leaves((shardings.params, shardings.non_trainable))}
         out[name] = {"loss_rel": abs(l8 - l1) / abs(l1), "grad_rel": max_rel_diff(g8, g1),
                      "traj_rel": float(np.max(np.abs(t8 - t1) / np.abs(t1))), "specs": sorted(specs)}
         print(name, out[name], file=sys.stderr, flush=True)

@@ -8,7 +8,8 @@ import torch
 
 
 def get_batch(
-    x: npt.NDArray, batch_size: int, context_length: int, device: str | torch.device, rng: np.random.Generator | None = None
+    x: npt.NDArray, batch_size: int, context_length: int, device: str | torch.device,
+    rng: np.random.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs x[i:i+m] and targets x[i+1:i+m+1] for batch_size offsets i uniform in 0..len(x)-m-1.
 

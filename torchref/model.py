@@ -106,10 +106,10 @@ class Linear(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab_size: int, d_model: int, device=None, dtype=None):
+    def __init__(self, vocab_size: int, d_model: int, device=None, dtype=None, std: float = 1.0):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model, device=device, dtype=dtype))
-        trunc_normal_(self.weight, 1.0)
+        trunc_normal_(self.weight, std)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.weight[token_ids]
@@ -251,7 +251,8 @@ class MultiHeadSelfAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, fused_attention: bool = False, device=None, dtype=None):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None, fused_attention: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         self.norm = cfg.norm
         has_norm = cfg.norm != "none"
@@ -285,7 +286,9 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         rope = RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.context_length, device) if cfg.rope else None
-        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, device, dtype)
+        # A tied embedding is also the output head: std 0.5 / sqrt(d_model) keeps the first logits small (docs/spec.md).
+        std = 0.5 / math.sqrt(cfg.d_model) if cfg.tie_embeddings else 1.0
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, device, dtype, std)
         self.layers = nn.ModuleList(
             TransformerBlock(cfg, rope, fused_attention, device, dtype) for _ in range(cfg.num_layers)
         )

@@ -2,8 +2,9 @@
 
 Each answer uses what the records hold: the 2.7B model's memory compiled for an H100 by `python -m
 experiments.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
-(ROOT/gpu/results.json, `python -m experiments.gpu`). Where they are absent it says why the question needs
-a GPU and gives the exact command. The float16 accumulation is computed here (numpy).
+(ROOT/gpu/results.json, `python -m experiments.gpu`). Where the campaign is absent it says why the question
+needs a GPU, gives the exact command, and answers with the predicted H100 figures meanwhile
+(experiments.answers.predicted). The float16 accumulation is computed here (numpy).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.answers.accounting import model, si, table
+from experiments.answers.predicted import mixed_precision_lines, nsys_lines
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
@@ -119,7 +121,7 @@ def nsys_section(root: Path) -> list[str]:
                       f"`{root}/gpu/` yet. On one NVIDIA GPU: `python -m experiments.gpu --only profile bench_bf16` "
                       "(about a minute of the 9-minute campaign; "
                       "`nsys profile python -m experiments.gpu --only profile` "
-                      "gives the same kernels in Nsight Systems' own timeline).", ""]
+                      "gives the same kernels in Nsight Systems' own timeline). Until then:", ""] + nsys_lines(root)
     out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, "
             f"batch {prof.get('batch')}, {prof.get('dtype')}):", ""]
     out += kernel_lines(prof["forward"], "forward pass") + kernel_lines(prof["train_step"], "train step")
@@ -165,4 +167,4 @@ def mixed_precision_section(root: Path) -> list[str]:
                       "**Pending**: bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 "
                       "through float32); `python -m experiments.gpu --only bench_bf16 bench_f32` measures the size "
                       "table in both."),
-            ""]
+            ""] + ([] if bench else mixed_precision_lines(root))

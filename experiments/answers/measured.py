@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.answers import predicted
 from experiments.answers.accounting import table
+from experiments.answers.gpu import campaign
 from experiments.results import load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
@@ -43,11 +45,13 @@ def measured_section(bench: Path | None) -> list[str]:
         return []
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
-    out += [f"From `{bench}` ({len(ok)} measured rows). Mean and standard deviation over the timed steps, after warm-up.", ""]
+    out += [f"From `{bench}` ({len(ok)} measured rows). Mean and standard deviation over the timed steps, after "
+            "warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
-    out += table(["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"], body) if body else ["No measured rows.", ""]
+    head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
+    out += table(head, body) if body else ["No measured rows.", ""]
     out += backward_lines(ok) + breakdown_lines(meta.get("breakdown") or [])
     return out
 
@@ -62,7 +66,8 @@ def backward_lines(rows: list[dict]) -> list[str]:
         if r.get("mode") == "forward_backward" and f:
             b = r["step_ms"] - f["step_ms"]
             out.append(f"- {r.get('framework')} {r.get('dtype')} T={r.get('context')} B={r.get('batch')}: forward "
-                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward; the FLOP count says 2x).")
+                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward; the FLOP "
+                       "count says 2x).")
     return out + [""] if out else []
 
 
@@ -77,13 +82,22 @@ def breakdown_lines(breakdowns: list[dict]) -> list[str]:
         why = ("attention takes a larger share of the time than of the FLOPs: its softmax, masking and T x T "
                "memory traffic are not in the FLOP count" if t < fl else
                "the feed-forward takes a larger share of the time than of the FLOPs")
-        out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} {bd.get('dtype')}: "
+        out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} "
+                   f"{bd.get('dtype')}: "
                    f"time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
     return out + [""] if out else []
 
 
+def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
+    """(preset, mode) -> ms of the GPU campaign's float32 bench table at the size table's context and batch."""
+    rows = (campaign(root).get("bench_f32") or {}).get("rows") or []
+    return {(r["model"], r["mode"]): r["step_ms"] for r in rows if r.get("status") == "ok" and r.get("step_ms")
+            and r.get("context") == predicted.SIZE_CONTEXT and r.get("batch") == predicted.SIZE_BATCH}
+
+
 def plan_runs(root: Path) -> list[dict]:
-    """The benchmarking plan's completed bench runs under ROOT (its committed records, or runs/ as the runner leaves them)."""
+    """The benchmarking plan's completed bench runs under ROOT (its committed records, or runs/ as the runner
+    leaves them)."""
     for where in (root / PLAN / "records", root / PLAN):
         if where.is_dir():
             return [r for r in load_results(where) if r.get("status") == "ok" and r.get("bench_rows")]
@@ -131,9 +145,10 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         c, h = by_mode(cold).get(mode), by_mode(hot).get(mode)
         if not (c and h and c.get("step_ms_first") and h.get("step_ms_median")):
             continue
-        out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took {ms(c['step_ms_first'])} ms, "
-                   f"{c['step_ms_first'] / h['step_ms_median']:.1f}x the median after {axis(hot, 'warmup')} warm-up steps "
-                   f"({ms(h['step_ms_median'])} ms); the standard deviation over the 10 steps was {ms(c['step_ms_std'])} ms "
+        out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took "
+                   f"{ms(c['step_ms_first'])} ms, {c['step_ms_first'] / h['step_ms_median']:.1f}x the median after "
+                   f"{axis(hot, 'warmup')} warm-up steps ({ms(h['step_ms_median'])} ms); the standard deviation over "
+                   f"the 10 steps was {ms(c['step_ms_std'])} ms "
                    f"against {ms(h['step_ms_std'])} ms.")
     for r in warm[1:-1]:
         fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
@@ -152,22 +167,24 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
            "compile_s), runs `--warmup` untimed steps, then times `--steps` steps, each ended with "
            "`jax.block_until_ready` (JAX dispatches asynchronously, as CUDA does). Times are mean ± standard "
            "deviation over 10 timed steps.", ""]
+    out += ["#### (b) The size table", ""]
     if sizes:
-        out += ["#### (b) The size table", "", f"On {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
+        out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
         out += table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
                      timing_rows(sizes, "preset"))
     else:
-        out += ["#### (b) The size table", "",
-                "**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a GPU, not "
-                "a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and 10 timed steps, "
-                "context 512, batch 4, float32), then `python -m experiments.answers` reads its records. The rows "
-                "below are the CPU-sized model of the same plan.", ""]
+        out += ["**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a "
+                "GPU, not a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and "
+                "10 timed steps, context 512, batch 4, float32), then `python -m experiments.answers` reads its "
+                "records. Until then, the H100's times predicted from its compiled program:", ""]
+    out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
     if not warm:
         return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
                       f"`python -m experiments.run {PLAN}` then `python -m experiments.report runs/{PLAN} "
                       f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
     spec = warm[0].get("spec") or {}
-    setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items() if k in ("config", "preset", "context", "batch"))
+    setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()
+                        if k in ("config", "preset", "context", "batch"))
     warm = sorted(warm, key=lambda r: axis(r, "warmup"))
     head = ["warm-up steps", "forward (ms)", "first (ms)", "forward + backward (ms)", "first (ms)", "backward (ms)",
             "compile (s)"]
@@ -180,4 +197,5 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
         "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "
         "Compilation is not among it here because it is timed apart (compile column); timed through a plain "
         "`jax.jit` call it would fall into the first step and dominate a mean over 10. On a GPU the first calls also "
-        "create the CUDA context and the cuBLAS/cuDNN handles and choose their algorithms.", ""] + measured_section(bench)
+        "create the CUDA context and the cuBLAS/cuDNN handles and choose their algorithms.", ""] \
+        + measured_section(bench)

@@ -1,4 +1,4 @@
-"""One command for a GPU: every GPU figure the curriculum asks for, inside one 9-minute call.
+"""One command for a GPU: every GPU figure the curriculum asks for, inside one call of --budget seconds.
 
     python -m experiments.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
     python -m experiments.gpu                    # on a GPU only: writes docs/results/gpu/
@@ -6,11 +6,12 @@
 
 Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
 ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
-remaining `--budget` is deferred with that reason; `--only NAME` runs chosen steps (e.g. the deferred ones in
-a second call, whose results join the first's in the same --out). Timing: mean +- std over 10 steps after
-5 warm-up steps (jaxlm.bench); memory: the device's peak from its memory stats, next to jaxlm.memory's
-estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into docs/results/gpu/:
-its tiny-model figures are no GPU results.
+remaining `--budget` is deferred with that reason, or, when it stops between rows, run cut at the budget;
+`--only NAME` runs chosen steps (e.g. the deferred ones in a second call, whose results join the first's in the
+same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench), beside the roofline's
+prediction for the same program (experiments/gpu/predict.py); memory: the device's peak from its memory stats,
+next to jaxlm.memory's estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into
+docs/results/gpu/: its tiny-model figures are no GPU results.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
 
@@ -32,6 +34,8 @@ DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on
 SMOKE_OUT = Path("runs/gpu_smoke")
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
+MIN_PARTIAL_S = 30.0  # the least a step that stops between rows is started with
+STEP_SLACK = 1.5  # a step that fits stops between rows once it has run this many times its estimate
 
 
 def steps():
@@ -53,62 +57,80 @@ def steps():
     )
 
     return (
-        Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
-             estimate_attention, run_attention),
-        Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", table_estimate("bfloat16"),
-             table_run("bfloat16")),
+        Step("profile", "Where the time goes: kernels from a profiler trace, predicted against measured per group",
+             estimate_profile, run_profile, cuts=False),
         Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
              estimate_techniques, run_techniques),
+        Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
+             estimate_attention, run_attention),
         Step("max_batch", "Largest batch per technique at context 1024 (`small`)", estimate_max_batch, run_max_batch),
-        Step("profile", "Where the time goes: op-level summary from a profiler trace", estimate_profile, run_profile),
+        Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", table_estimate("bfloat16"),
+             table_run("bfloat16")),
         Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {TARGET_VAL_LOSS}", estimate_shakespeare,
-             run_shakespeare),
+             run_shakespeare, cuts=False),
         Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", table_estimate("float32"),
              table_run("float32")),
     )
 
 
-def plan(steps, budget: float, only: list[str] | None, smoke: bool) -> list[tuple[object, float, str]]:
-    """(step, estimated seconds, "run" or the reason it is left out), in order."""
-    out, used = [], STARTUP_S
+def plan(steps, budget: float, only: list[str] | None, smoke: bool, startup: float = STARTUP_S):
+    """(step, estimated seconds, "run" or why it is cut or left out), in order. A step that does not fit runs
+    cut at the budget when it stops between rows and at least MIN_PARTIAL_S are left; else it is deferred."""
+    out, used = [], startup
     for step in steps:
         est = step.estimate(smoke)
         if only and step.name not in only:
             out.append((step, est, "not chosen (--only)"))
-        elif used + est > budget and not smoke:
-            out.append((step, est, f"deferred: {used:.0f} s + {est:.0f} s > budget {budget:.0f} s "
-                                   f"(run it with --only {step.name})"))
-        else:
+        elif smoke or used + est <= budget:
             used += est
             out.append((step, est, "run"))
+        elif step.cuts and budget - used >= MIN_PARTIAL_S:
+            out.append((step, est, f"cut at the budget: {budget - used:.0f} s of its {est:.0f} s "
+                                   f"(the rest: --only {step.name})"))
+            used = budget
+        else:
+            out.append((step, est, f"deferred: its {est:.0f} s do not fit the {max(budget - used, 0):.0f} s left "
+                                   f"(run it with --only {step.name})"))
     return out
 
 
-def format_plan(rows, budget: float) -> str:
-    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what", f"{'startup':12s} {STARTUP_S:13.0f}  process start, "
-             "JAX import, device initialisation"]
-    total = STARTUP_S
+def format_plan(rows, budget: float, before: tuple = (("startup", STARTUP_S, "process start, JAX import, device "
+                                                                   "initialisation"),), after: tuple = ()) -> str:
+    """The plan as a table: `before` (name, seconds, what), the steps, `after`; the total of what runs."""
+    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what"]
+    total = 0.0
+    for name, seconds, what in before:
+        lines.append(f"{name:12s} {seconds:13.0f}  {what}")
+        total += seconds
     for step, est, status in rows:
         mark = "" if status == "run" else f"  [{status}]"
         lines.append(f"{step.name:12s} {est:13.0f}  {step.title}{mark}")
         total += est if status == "run" else 0
+    for name, seconds, what in after:
+        lines.append(f"{name:12s} {seconds:13.0f}  {what}")
+        total += seconds
+    cut = [status for _, _, status in rows if status.startswith("cut")]
+    total = budget if cut else total
     lines.append(f"{'total':12s} {total:13.0f}  of a {budget:.0f} s budget")
     return "\n".join(lines)
 
 
-def write_report(out: Path, results: dict, rows, meta: dict) -> None:
+def write_report(out: Path, results: dict, rows, meta: dict, notes: dict | None = None) -> None:
     """report.md: every step's section, or the reason it has none; results.json: everything."""
-    from experiments.gpu.sections import section
+    from experiments.gpu.sections import checks_section, section
 
     parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
              f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
              f"warm-up steps. Memory: the device's peak bytes in use (its memory stats) unless a column says "
              f"otherwise; estimates come from `python -m jaxlm.memory` and are labelled as such.", ""]
+    if meta.get("checks"):
+        parts += ["## Correctness on this device", "", checks_section(meta["checks"], meta.get("preflight")), ""]
     for step, est, status in rows:
         parts += [f"## {step.title}", ""]
         res = results.get(step.name)
         if res is None:
-            parts += [f"Not run: {status if status != 'run' else 'the call ended before this step'}.", ""]
+            why = (notes or {}).get(step.name) or (status if status != "run" else "the call ended before this step")
+            parts += [f"Not run: {why}.", ""]
         elif "error" in res:
             parts += [f"Failed: {res['error']}", ""]
         else:
@@ -127,22 +149,37 @@ def _earlier(out: Path, smoke: bool) -> dict:
     return dict(data.get("steps", {})) if same else {}
 
 
-def run(args, out: Path) -> int:
+def run(args, out: Path, deadline: float | None = None, scratch: Path | None = None,
+        after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> int:
+    """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
+    Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
+    each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks)."""
     import jax
 
+    from experiments.gpu.predict import enable_cache
     from experiments.gpu.steps import Context
 
     out.mkdir(parents=True, exist_ok=True)
-    rows = plan(steps(), args.budget, args.only, args.smoke)
-    ctx = Context(out=out, smoke=args.smoke, deadline=time.monotonic() + args.budget - STARTUP_S)
-    meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device,
-            "jax": jax.__version__, "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke}
-    results = _earlier(out, args.smoke)
-    write_report(out, results, rows, meta)
+    deadline = deadline if deadline is not None else time.monotonic() + args.budget - startup
+    rows = plan(steps(), args.budget, args.only, args.smoke, startup)
+    ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch_dir=scratch)
+    enable_cache(ctx.scratch / "xla_cache")
+    meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device, "jax": jax.__version__,
+            "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke, **(meta or {})}
+    results, notes = _earlier(out, args.smoke), {}
+    write_report(out, results, rows, meta, notes)
     for step, est, status in rows:
-        if status != "run":
+        if status.startswith("not chosen"):
             continue
-        print(f"[{step.name}] {step.title} (estimated {est:.0f} s)", flush=True)
+        left = deadline - time.monotonic()
+        fits = args.smoke or est <= left
+        if not fits and not (step.cuts and left >= MIN_PARTIAL_S):
+            notes[step.name] = f"deferred: {max(left, 0):.0f} s left < its estimated {est:.0f} s (--only {step.name})"
+            print(f"[{step.name}] {notes[step.name]}", flush=True)
+            continue
+        slack = fits and not args.smoke  # a step that fits stops at STEP_SLACK times its estimate
+        ctx.deadline = min(deadline, time.monotonic() + STEP_SLACK * est) if slack else deadline
+        print(f"[{step.name}] {step.title} (estimated {est:.0f} s, {left:.0f} s left)", flush=True)
         t0 = time.monotonic()
         try:
             results[step.name] = step.run(ctx)
@@ -150,8 +187,10 @@ def run(args, out: Path) -> int:
             results[step.name] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
         results[step.name]["seconds"] = time.monotonic() - t0
         atomic_write(out / f"{step.name}.json", json.dumps(results[step.name], indent=1, default=str))
-        write_report(out, results, rows, meta)
+        write_report(out, results, rows, meta, notes)
         print(f"[{step.name}] done in {results[step.name]['seconds']:.0f} s", flush=True)
+        if after_step is not None:
+            after_step()
     print(f"wrote {out / 'report.md'}")
     return 0
 
@@ -173,6 +212,13 @@ def output_dir(args) -> Path:
     return Path(args.out) if args.out else DEFAULT_OUT
 
 
+def check_only(only: list[str] | None) -> None:
+    """--only names known steps, or the call stops in one line."""
+    names = [s.name for s in steps()]
+    unknown = [n for n in only or [] if n not in names]
+    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+
+
 def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
@@ -184,9 +230,7 @@ def main(argv: list[str]) -> int:
                         f"with --smoke {SMOKE_OUT})")
     args = parser.parse_args(argv)
     args.argv = argv
-    names = [s.name for s in steps()]
-    unknown = [n for n in args.only or [] if n not in names]
-    cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+    check_only(args.only)
     if args.dry_run:
         print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
         return 0

@@ -1,10 +1,16 @@
-"""The GPU campaign's profiler step: trace capture and its op-level summary.
+"""The GPU campaign's profiler step: trace capture, its op-level summary, and predicted against measured time per
+kernel group.
 
 The summary answers from a JAX/XLA trace what the curriculum asks of Nsight Systems: the top kernels by
 time, the share of matmul kernels in a forward pass against a train step, and softmax against matmul time
 inside attention. Kernels are the device's stream events on a GPU; on a CPU, XLA's op events on its
 executor threads. A kernel counts as a matmul when its name says so (gemm, cuBLAS, CUTLASS, xmma, nvjet,
-dot; on CPU the YNNPACK fusions XLA uses for dots).
+dot; on CPU the YNNPACK fusions XLA uses for dots). Each traced step's own program is also priced by the
+roofline (experiments.gpu.predict): per kernel group, predicted against measured milliseconds.
+
+On a GPU, XLA runs runs of kernels as CUDA graphs (command buffers), and a trace then names the graph instead of
+the instruction for each kernel inside one; the steps traced here are compiled with command buffers off
+(PROFILE_OPTIONS), so that every kernel names the instruction the roofline priced.
 """
 
 from __future__ import annotations
@@ -15,18 +21,28 @@ import json
 import re
 from pathlib import Path
 
+from experiments.gpu import predict
+from experiments.gpu.predict import Event
 from experiments.gpu.steps import TINY, Context, attention_fns
 
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10
+CALLS = 3  # traced calls per program
+PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 
 
-def _events(trace_dir: Path) -> list[tuple[str, float]]:
-    """(kernel or op name, microseconds) of the device's work in the newest trace under trace_dir."""
+def trace_file(trace_dir: Path) -> Path | None:
+    """The newest trace JAX's profiler wrote under trace_dir."""
     files = sorted(trace_dir.glob("plugins/profile/*/*.trace.json.gz"))
-    if not files:
+    return files[-1] if files else None
+
+
+def read_events(path: Path | None) -> list[Event]:
+    """The device's work in a trace: the GPU's stream kernels (copies included), or on a CPU the XLA ops (events
+    that name their HLO instruction) on its executor threads."""
+    if path is None:
         return []
-    data = json.load(gzip.open(files[-1]))
+    data = json.load(gzip.open(path))
     events = data["traceEvents"] if isinstance(data, dict) else data
     procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
@@ -37,25 +53,26 @@ def _events(trace_dir: Path) -> list[tuple[str, float]]:
         if e.get("ph") != "X" or e["name"].startswith("end: "):
             continue
         proc, thread = procs.get(e["pid"], ""), threads.get((e["pid"], e.get("tid")), "")
-        if gpu and proc.startswith("/device:GPU") and "Stream" in thread:
-            out.append((e["name"], float(e.get("dur", 0))))
-        elif not gpu and thread.startswith(("tf_XLAPjRtCpuClient", "tf_XLAEigen")):
-            out.append((e["name"], float(e.get("dur", 0))))
+        args = e.get("args") or {}
+        if (gpu and proc.startswith("/device:GPU") and "Stream" in thread) or (
+                not gpu and thread.startswith(("tf_XLAPjRtCpuClient", "tf_XLAEigen")) and "hlo_op" in args):
+            out.append(Event(e["name"], float(e.get("dur", 0)), args.get("hlo_op", ""), args.get("hlo_module", "")))
     return out
 
 
-def summarise(events: list[tuple[str, float]]) -> dict:
-    total = sum(d for _, d in events) or 1.0
+def summarise(events: list[Event]) -> dict:
+    total = sum(e.us for e in events) or 1.0
     by_name = collections.Counter()
-    for name, dur in events:
-        by_name[name] += dur
+    for e in events:
+        by_name[e.name] += e.us
     matmul = sum(d for n, d in by_name.items() if MATMUL.search(n))
     return {"total_us": total, "matmul_share": matmul / total,
             "top": [{"name": n, "us": d, "share": d / total, "matmul": bool(MATMUL.search(n))}
                     for n, d in by_name.most_common(TOP)]}
 
 
-def _trace(fn, args, advance, trace_dir: Path, calls: int = 3) -> dict:
+def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
+    """CALLS calls of `fn` traced (after two outside the trace); the trace's file."""
     import jax
 
     for _ in range(2):  # warm-up outside the trace
@@ -63,32 +80,70 @@ def _trace(fn, args, advance, trace_dir: Path, calls: int = 3) -> dict:
         jax.block_until_ready(out)
         args = advance(args, out)
     with jax.profiler.trace(str(trace_dir)):
-        for i in range(calls):
+        for i in range(CALLS):
             with jax.profiler.StepTraceAnnotation("step", step_num=i):
                 out = fn(*args)
                 jax.block_until_ready(out)
             args = advance(args, out)
-    return summarise(_events(trace_dir))
+    return trace_file(trace_dir)
 
 
-def profile_summary(ctx) -> dict:
+def _compile(step, gpu: bool) -> tuple[object, str]:
+    """The step compiled for tracing: with command buffers off on a GPU (PROFILE_OPTIONS), or as it is when the
+    compiler refuses the option (the note says so: the groups' kernels may then go unmatched)."""
+    from jaxlm.bench import steps
+
+    if not gpu:
+        return steps.compile_step(step), "default compiler options (no command buffers on a CPU)"
+    try:
+        return step.jitted.lower(*step.args).compile(compiler_options=PROFILE_OPTIONS), "command buffers off"
+    except Exception as e:  # an XLA that does not take the option: trace what it compiles by default
+        return steps.compile_step(step), f"command buffers as compiled by default ({type(e).__name__}: {e})"[:300]
+
+
+def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: int) -> dict:
+    """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
+    the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
+    from jaxlm.analysis.roofline import device_rates
+    from jaxlm.analysis.roofline import predict as roofline
+    from jaxlm.bench import steps
+
+    step = steps.build_step(mode, cfg, compute, batch, context)
+    compiled, options = _compile(step, ctx.gpu)
+    folder = ctx.scratch / "traces" / mode
+    trace = _trace(compiled, step.args, step.advance, folder)
+    events = read_events(trace)
+    text = compiled.as_text() or ""
+    program = folder / "program.hlo.txt.gz"
+    with gzip.open(program, "wt") as f:
+        f.write(text)
+    device, label = predict.target()
+    res = summarise(events)
+    res["roofline"] = {**predict.compare(roofline(text, device_rates(device)), events, CALLS,
+                                         predict.module_name(text)),
+                       "label": label, "compiler": options, "calls": CALLS}
+    res["files"] = {"trace": str(trace) if trace else None, "program": str(program)}
+    return res
+
+
+def profile_summary(ctx: Context) -> dict:
     """Trace a forward pass and a train step of `small` (bfloat16 on a GPU) and attention alone."""
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.bench import jax_side
     from jaxlm.core.config import ComputeConfig, ModelConfig
 
     cfg, T, B = (TINY, 32, 2) if ctx.smoke else (ModelConfig.from_name("small"), 1024, 4)
     compute = ComputeConfig(dtype="bfloat16" if ctx.gpu else "float32")
     res = {"model": "tiny" if ctx.smoke else "small", "context": T, "batch": B, "dtype": compute.dtype}
     for mode in ("forward", "train_step"):
-        step = jax_side.build_step(mode, cfg, compute, B, T)
-        res[mode] = _trace(jax_side.compile_step(step), step.args, step.advance, ctx.scratch / "traces" / mode)
+        res[mode] = traced_program(ctx, mode, cfg, compute, B, T)
     shape = (B, T, cfg.num_heads, cfg.head_dim)
-    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(compute.dtype) for key in jax.random.split(jax.random.key(0), 3))
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(compute.dtype) for key in keys)
     fwd, _ = attention_fns("xla", None)
-    res["attention"] = _trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" / "attention")
+    res["attention"] = summarise(read_events(_trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" /
+                                                    "attention")))
     return res
 
 
@@ -97,4 +152,4 @@ def run_profile(ctx: Context) -> dict:
 
 
 def estimate_profile(smoke: bool) -> float:
-    return 8.0 if smoke else 40.0
+    return 8.0 if smoke else 50.0

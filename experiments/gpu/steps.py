@@ -3,9 +3,9 @@
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
 section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
 shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
-marked skipped with the reason. Estimates: compile time per row grows with the
-layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
-bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+marked skipped with the reason. Estimates: compile time per row grows with the layer count (the model is
+unrolled); run time is 15 steps at the step's model FLOPs over the H100's bfloat16 / float32 peak at 40 %
+MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.gpu import predict
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ModelConfig
@@ -25,6 +26,7 @@ from jaxlm.core.config import ModelConfig
 H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
 COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 0.30}
+PREDICT_S = 1.5  # a timed row's prediction: its program lowered again and loaded from the compilation cache
 TARGET_VAL_LOSS = 1.47
 TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
 _NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
@@ -35,6 +37,7 @@ class Context:
     out: Path
     smoke: bool
     deadline: float  # time.monotonic() after which long steps stop between rows
+    scratch_dir: Path | None = None  # bulky outputs; default: `scratch`
 
     @property
     def warmup(self) -> int:
@@ -46,9 +49,9 @@ class Context:
 
     @property
     def device(self) -> str:
-        from jaxlm.bench import jax_side
+        from jaxlm.bench.steps import device_kind
 
-        return jax_side.device_kind()
+        return device_kind()
 
     @property
     def gpu(self) -> bool:
@@ -58,7 +61,10 @@ class Context:
 
     @property
     def scratch(self) -> Path:
-        """Where bulky outputs go (traces, the training run and its checkpoint): not the committed report."""
+        """Where bulky outputs go (traces, the training run and its checkpoint, the compilation cache): not the
+        committed report."""
+        if self.scratch_dir is not None:
+            return self.scratch_dir
         return self.out if self.smoke else Path("runs/gpu_campaign")
 
     def out_of_time(self) -> bool:
@@ -71,6 +77,7 @@ class Step:
     title: str
     estimate: Callable[[bool], float]  # smoke -> estimated seconds on an H100
     run: Callable[[Context], dict]
+    cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
 
 
 def models(smoke: bool) -> dict[str, ModelConfig]:
@@ -96,13 +103,17 @@ ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    from jaxlm.bench.breakdown import time_calls
+    import statistics
 
-    mean, std = time_calls(fn, args, warmup, steps)
-    return 1e3 * mean, 1e3 * std
+    import jax
+
+    from jaxlm.bench.timing import time_calls
+
+    seconds = time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds
+    return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
-def _rel(a, b) -> float:
+def rel_error(a, b) -> float:
     import jax.numpy as jnp
 
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -125,7 +136,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
     import jax
     import jax.numpy as jnp
 
-    from jaxlm.bench.core import is_oom
+    from jaxlm.bench.measure import is_oom
 
     keys = jax.random.split(jax.random.key(T), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
@@ -141,10 +152,12 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = _rel(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(_rel(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
+            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
             row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
             row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
+            row["predicted_fwd_ms"] = predict.program_ms(fwd, (q16, k16, v16))
+            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (q16, k16, v16, ct))
             row["status"] = "ok"
         except Exception as e:
             row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
@@ -166,29 +179,30 @@ def run_attention(ctx: Context) -> dict:
 
 
 def estimate_attention(smoke: bool) -> float:
-    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 4.0  # 6 small compiles and ~60 short calls per case
+    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
 
 
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
 
 def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    opts = core.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
-    rows = core.run_sweep(cfg, settings, [context], [batch], opts)
+    opts = measure.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
+    rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
     for r in rows:
         if r.get("status") == "ok" or r.get("estimate_gb") is not None:
-            cfg_r, compute = core.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
+            cfg_r, compute = measure.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
                                           remat=r["remat"]).configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
+            r.update(predict.for_row(r, cfg_r, compute))
     return rows
 
 
 def table_run(dtype: str):
     def run(ctx: Context) -> dict:
-        from jaxlm.bench import core
+        from jaxlm.bench import measure
 
-        settings = [core.Setting(mode=m, dtype=dtype) for m in flops.MODES]
+        settings = [measure.Setting(mode=m, dtype=dtype) for m in flops.MODES]
         rows = []
         for name, cfg in models(ctx.smoke).items():
             for T in contexts(ctx.smoke):
@@ -205,8 +219,8 @@ def table_estimate(dtype: str):
     def est(smoke: bool) -> float:
         if smoke:
             return 10.0
-        return sum(_row_seconds(cfg, m, dtype, 4, T) for cfg in models(False).values() for T in contexts(False)
-                   for m in flops.MODES)
+        return sum(_row_seconds(cfg, m, dtype, 4, T) + PREDICT_S for cfg in models(False).values()
+                   for T in contexts(False) for m in flops.MODES)
 
     return est
 
@@ -215,9 +229,9 @@ TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudn
 
 
 def _technique_settings(ctx: Context):
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
-    return [core.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+    return [measure.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
 
 
 def run_techniques(ctx: Context) -> dict:
@@ -258,14 +272,14 @@ def estimate_techniques(smoke: bool) -> float:
     if smoke:
         return 6.0
     return sum(_row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
-               for n in ("small", "large") for _, r in TECHNIQUES)
+               + PREDICT_S for n in ("small", "large") for _, r in TECHNIQUES)
 
 
 def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
     one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
     and bisection) up to the largest batch that runs."""
-    from jaxlm.bench import core
+    from jaxlm.bench import measure
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = _device_bytes()
@@ -277,7 +291,7 @@ def run_max_batch(ctx: Context) -> dict:
             rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
             continue
         predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
-        fits, probed = core.batch_fits(s, cfg, T, core.Options(warmup=0, steps=1, model_name="small")), []
+        fits, probed = measure.batch_fits(s, cfg, T, measure.Options(warmup=0, steps=1, model_name="small")), []
 
         def probe(b: int) -> bool:
             if ctx.out_of_time():
@@ -359,9 +373,10 @@ def estimate_shakespeare(smoke: bool) -> float:
 # --------------------------------------------------------------------------- plots
 
 def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from jaxlm.bench import plot_results
+    from experiments.report.figures import bench_figures
 
     try:
-        plot_results([r for r in rows if r.get("status") == "ok"], ctx.out / prefix)
+        (ctx.out / prefix).mkdir(parents=True, exist_ok=True)
+        bench_figures(rows, ctx.out / prefix)
     except Exception as e:  # a missing plotting extra must not cost the table
         print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)

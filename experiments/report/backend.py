@@ -40,11 +40,12 @@ def evidence(brows: list[dict]) -> list[str]:
             continue
         kept = r["hlo_dots"] > b["hlo_dots"]
         out.append(f"remat={r['remat']} ({_shape(r)}): the compiled step has {r['hlo_dots']} matmuls and "
-                   f"{fmt(r.get('xla_flops'), 'count')} FLOPs against {b['hlo_dots']} and {fmt(b.get('xla_flops'), 'count')} "
+                   f"{fmt(r.get('xla_flops'), 'count')} FLOPs against {b['hlo_dots']} and "
+                   f"{fmt(b.get('xla_flops'), 'count')} "
                    f"without remat, so XLA:CPU {'keeps' if kept else 'removed'} the recomputation; its compiled memory "
                    f"estimate is {fmt(r.get('estimate_gb'), 'g')} GB against {fmt(b.get('estimate_gb'), 'g')} GB. "
-                   "XLA:CPU schedules and frees buffers unlike a GPU, so this memory figure is not remat's effect there "
-                   "(the GPU campaign measures it; the estimate below is what the policy should save).")
+                   "XLA:CPU schedules and frees buffers unlike a GPU, so this memory figure is not remat's effect "
+                   "there (the GPU campaign measures it; the estimate below is what the policy should save).")
     for r in ok:
         dtypes = r.get("matmul_dtypes")
         if r.get("dtype") == "bfloat16" and dtypes:
@@ -67,11 +68,12 @@ def annotate(sentences: list[str], cpu: bool) -> list[str]:
 
 
 def _bench_config(run: dict, row: dict):
-    from jaxlm.bench.core import Setting
+    from jaxlm.bench.measure import Setting
     from jaxlm.core.config import load_config
 
     spec = run.get("spec") or {}
-    overrides = [f"{k}={toml_value(v)}" for k, v in (spec.get("set") or {}).items() if k.split(".")[0] in ("model", "compute")]
+    overrides = [f"{k}={toml_value(v)}" for k, v in (spec.get("set") or {}).items()
+                 if k.split(".")[0] in ("model", "compute")]
     cfg = load_config(None, overrides, preset=(spec.get("args") or {}).get("preset"))
     setting = Setting(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
                       remat=row.get("remat") or "none")
@@ -106,9 +108,11 @@ def _steps(runs: list[dict], brows: list[dict]) -> list[dict]:
             model, compute = _bench_config(by_name.get(row["run"], {}), row)
         except (KeyError, TypeError, ValueError, UserError):  # a record without the fields to rebuild its model
             continue
-        what = {"memory_analysis": "compiled estimate", "memory_stats": "peak device memory"}.get(row.get("memory_source"), "?")
+        what = {"memory_analysis": "compiled estimate",
+                "memory_stats": "peak device memory"}.get(row.get("memory_source"), "?")
         model = dataclasses.replace(model, context_length=row["context"])
-        out.append({"label": f"`{row['run']}` {row['mode']} {row['dtype']} {row.get('attention')} remat={row.get('remat')}",
+        label = f"`{row['run']}` {row['mode']} {row['dtype']} {row.get('attention')} remat={row.get('remat')}"
+        out.append({"label": label,
                     "bytes": row["memory_gb"] * 1e9 if isinstance(row.get("memory_gb"), (int, float)) else None,
                     "what": what, "job": _job(model, compute, row["batch"], row["mode"])})
     for r in runs:
@@ -144,7 +148,8 @@ def _measured(steps: list[dict]) -> str:
     values = sorted(s["bytes"] for s in steps if s["bytes"])
     if not values:
         return "-"
-    span = fmt(values[0], "bytes") + ("" if fmt(values[0], "bytes") == fmt(values[-1], "bytes") else f" to {fmt(values[-1], 'bytes')}")
+    low, high = fmt(values[0], "bytes"), fmt(values[-1], "bytes")
+    span = low + ("" if low == high else f" to {high}")
     return f"{span} ({steps[0]['what']})"
 
 

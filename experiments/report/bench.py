@@ -9,7 +9,7 @@ from experiments.report.compare import change_phrase, describe_changes
 from experiments.report.format import NAMES, fmt, pct_change, table
 from experiments.report.noise import Family, half_width, welch
 
-# Bench row fields shown in the table (jaxlm.bench.core.COLUMNS), with formats.
+# Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("framework", "framework", "g"),
     ("mode", "mode", "g"),
@@ -30,8 +30,10 @@ BENCH_COLUMNS: list[tuple[str, str, str]] = [
     ("params", "params", "count"),
 ]
 # Row fields that are measurements (everything else identifies the setting).
-BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
-                  "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error", "traceback", "run", "max_batch",
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95",
+                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+                  "memory_gb", "memory_source", "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy",
+                  "step_cpu_ms", "device", "error", "traceback", "run", "max_batch",
                   "hlo_dots", "matmul_dtypes"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
 # What a row's memory_gb is, by its memory_source: a measured device peak, or XLA's compiled estimate.
@@ -76,7 +78,8 @@ def step_test(row: dict, base: dict):
 def bench_table(rows: list[dict]) -> str:
     cols = [(t, k, how) for t, k, how in BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
     # Columns with one value throughout say nothing per row: state them once above the table instead.
-    varying = [(t, k, how) for t, k, how in cols if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
+    varying = [(t, k, how) for t, k, how in cols
+               if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
     body = []
     for r in rows:
         cells = [f"`{r['run']}`"]
@@ -93,7 +96,8 @@ def max_batch_table(runs: list[dict]) -> str | None:
     found = [(r["name"], f) for r in runs for f in r.get("bench_max_batch") or []]
     if not found:
         return None
-    return table(["run", "setting", "context", "max batch"], [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
+    return table(["run", "setting", "context", "max batch"],
+                 [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
 
 
 def bench_value(row: dict, q: str):
@@ -110,7 +114,8 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
     out = []
     for field, base in baseline.items():
         def key(r):
-            return tuple(sorted((k, str(v)) for k, v in r.items() if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
+            return tuple(sorted((k, str(v)) for k, v in r.items()
+                                if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
 
         bases = {key(r): r for r in ok if str(r.get(field)) == str(base)}
         by_label: dict[str, list] = {}
@@ -121,9 +126,11 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
             phrases = []
             sources = {r.get("memory_source") for pair in pairs for r in pair}
             for q, title in BENCH_COMPARED.items():
-                NAMES[q] = MEMORY_TITLES.get(next(iter(sources)), title) if q == "memory_gb" and len(sources) == 1 else title
+                single = q == "memory_gb" and len(sources) == 1
+                NAMES[q] = MEMORY_TITLES.get(next(iter(sources)), title) if single else title
                 changes = [(p, "") for r, b in pairs
-                           if isinstance(bench_value(r, q), (int, float)) and isinstance(bench_value(b, q), (int, float))
+                           if isinstance(bench_value(r, q), (int, float))
+                           and isinstance(bench_value(b, q), (int, float))
                            and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
                 phrase = change_phrase(q, changes)
                 if phrase and q in ("step_ms", "tokens_per_s"):
@@ -140,8 +147,10 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
 
 def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:
     """' (beyond noise in 2 of 3 row pairs)' from the step-time tests of the pairs (throughput is B·T / step time)."""
-    timed = [(r, b) for r, b in pairs if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
-    verdicts = [noise.beyond(step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch"))) for r, b in timed]
+    timed = [(r, b) for r, b in pairs
+             if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
+    verdicts = [noise.beyond(step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch")))
+                for r, b in timed]
     tested = [v for v in verdicts if v is not None]
     if not tested:
         return " (one timed step: noise unknown)"
@@ -157,7 +166,9 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
     for axis, other in (("context", "batch"), ("batch", "context")):
         groups: dict[tuple, dict] = {}
         for r in ok:
-            key = tuple((k, str(v)) for k, v in sorted(r.items()) if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled") and not isinstance(v, (list, dict)))
+            key = tuple((k, str(v)) for k, v in sorted(r.items())
+                        if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled")
+                        and not isinstance(v, (list, dict)))
             groups.setdefault(key, {})[r[axis]] = r
         for key, by_x in groups.items():
             if len(by_x) < 3:
@@ -168,12 +179,16 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
             parts = []
             if a.get("memory_gb") and b.get("memory_gb"):
                 what = MEMORY_TITLES.get(b.get("memory_source"), "memory")
-                parts.append(f"{what} grew {b['memory_gb'] / a['memory_gb']:.1f}x ({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
+                parts.append(f"{what} grew {b['memory_gb'] / a['memory_gb']:.1f}x "
+                             f"({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
             if a.get("tokens_per_s") and b.get("tokens_per_s"):
-                parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x ({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
+                parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x "
+                             f"({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
             if parts:
-                out.append(f"{k.get('mode')} {k.get('dtype')}{'' if k.get('attention') in (None, 'xla') else ' ' + k['attention']}"
-                           f"{'' if k.get('remat') in (None, 'none') else ' remat=' + k['remat']}, {other} {k.get(other)}: from {axis} {xs[0]} to {xs[-1]} "
+                attention = "" if k.get("attention") in (None, "xla") else " " + k["attention"]
+                remat = "" if k.get("remat") in (None, "none") else " remat=" + k["remat"]
+                out.append(f"{k.get('mode')} {k.get('dtype')}{attention}{remat}, {other} {k.get(other)}: "
+                           f"from {axis} {xs[0]} to {xs[-1]} "
                            f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
     return out
 
@@ -182,8 +197,10 @@ def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[
     """(mode, dtype, other axis) -> [(axis value, memory in bytes)] of ok rows with a memory figure."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
     for r in rows:
-        if r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float)) and r.get("remat") in (None, "none"):
-            groups.setdefault((r.get("mode"), r.get("dtype"), r.get(fixed)), []).append((float(r[axis]), r["memory_gb"] * 1e9))
+        if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
+                and r.get("remat") in (None, "none")):
+            point = (float(r[axis]), r["memory_gb"] * 1e9)
+            groups.setdefault((r.get("mode"), r.get("dtype"), r.get(fixed)), []).append(point)
     return {k: sorted(v) for k, v in groups.items() if len({x for x, _ in v}) >= 3}
 
 
@@ -218,7 +235,8 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
 
 
 def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
-    """memory = a + b T + c T^2 per (mode, dtype, batch): agree when c > 0 and the T^2 term is >= 10 % at the longest T."""
+    """memory = a + b T + c T^2 per (mode, dtype, batch): agree when c > 0 and the T^2 term is >= 10 % at the
+    longest T."""
     groups = _memory_points(rows, "context", "batch")
     if not groups:
         return "no memory-vs-context rows", "not resolved at this size"
@@ -229,6 +247,7 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
         _, worst_line = _fit(xs, ys, 1)
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
-        parts.append(f"{mode} {dtype}, batch {batch}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² term "
-                     f"{100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to {100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
+        parts.append(f"{mode} {dtype}, batch {batch}: {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + {c:.3g} B·T², the T² "
+                     f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
+                     f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
     return "; ".join(parts), "agree" if faster else "disagree"

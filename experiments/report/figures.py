@@ -7,7 +7,9 @@ compiled for a GPU (`jaxlm.bench model --target`, rows with `total_gb`) is drawn
 line beside the measured ones. Before/after compares the optimisation runs with their
 baseline, with 95 % error bars, and a bar is coloured as a change only when the change is
 beyond noise (Holm over the figure's comparisons). A plot the records cannot support is named
-as missing with the reason, never drawn from made-up points.
+as missing with the reason, never drawn from made-up points. `bench_figures` draws the same memory and
+throughput lines from any benchmark rows alone (a plan's benchmark section, the GPU campaign, or one
+`jaxlm.bench model --json` file: `python -m experiments.report FILE.json`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
         got = y(r)
         if isinstance(r.get(x), (int, float)) and got is not None and math.isfinite(got[0]):
             groups.setdefault(line_label(r, fixed, got[2]), {}).setdefault(float(r[x]), []).append(got[:2])
-    return {k: sorted((a, statistics.fmean(v for v, _ in ps), statistics.fmean(e for _, e in ps)) for a, ps in pts.items())
+    mean = statistics.fmean
+    return {k: sorted((a, mean(v for v, _ in ps), mean(e for _, e in ps)) for a, ps in pts.items())
             for k, pts in groups.items() if len(pts) >= 2}
 
 
@@ -94,15 +97,21 @@ def natural(label: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
 
 
+def _memory(row: dict) -> tuple[float, float, str] | None:
+    """(GB, no interval: a plan or a peak is one exact figure, where from)."""
+    m = memory_of(row)
+    return (m[0], 0.0, m[1]) if m else None
+
+
 def memory_vs_context(rows: list[dict], out: Path) -> list[str]:
-    lines = lines_by(rows, "context", "batch", lambda r: (m[0], 0.0, m[1]) if (m := memory_of(r)) else None)
+    lines = lines_by(rows, "context", "batch", _memory)
     if not lines:
         return ["**Missing: memory vs sequence length**: no benchmark rows measure memory at two or more contexts.", ""]
     line_plot(lines, "sequence length (tokens)", "peak memory (GB)", "memory vs sequence length, a line per model and "
               "setting (source in brackets)", out / "memory_vs_context.png")
     gpu = any("compiled for" in k for k in lines)
-    note = ([] if gpu else ["No row was compiled for a GPU here, so the bfloat16 line from the GPU compiler is **pending** "
-                            "(`python -m jaxlm.bench model --target h100-80gb ...` adds it)."])
+    note = ([] if gpu else ["No row was compiled for a GPU here, so the bfloat16 line from the GPU compiler is "
+                            "**pending** (`python -m jaxlm.bench model --target h100-80gb ...` adds it)."])
     return (["![memory vs sequence length](figures/memory_vs_context.png)", "", *note,
              "Memory vs sequence length: compiled memory plans are exact for their program, so these points carry no "
              "error bars. The train steps' growth:", ""]
@@ -121,10 +130,13 @@ def _throughput(row: dict) -> tuple[float, float, str] | None:
 def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
     lines = lines_by(rows, "batch", "context", _throughput)
     if not lines:
-        return ["**Missing: throughput vs batch**: no benchmark rows measure throughput at two or more batch sizes.", ""]
-    devices = sorted({str(r.get("device") or "?").upper() for r in rows if isinstance(r.get("tokens_per_s"), (int, float))})
+        return ["**Missing: throughput vs batch**: no benchmark rows measure throughput at two or more batch sizes.",
+                ""]
+    measured = [r for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
+    devices = sorted({str(r.get("device") or "?").upper() for r in measured})
     line_plot(lines, "batch (sequences)", f"tokens/s measured on {', '.join(devices)}",
-              f"throughput vs batch on {', '.join(devices)} (95 % intervals from the timed steps)", out / "throughput_vs_batch.png")
+              f"throughput vs batch on {', '.join(devices)} (95 % intervals from the timed steps)",
+              out / "throughput_vs_batch.png")
     dtypes = {r.get("dtype") for r in rows if isinstance(r.get("tokens_per_s"), (int, float))}
     note = ([] if "bfloat16" in dtypes else
             ["No bfloat16 row was measured here, so the mixed-precision line is **pending** (a GPU run adds it)."])
@@ -133,7 +145,30 @@ def throughput_vs_batch(rows: list[dict], out: Path) -> list[str]:
             + [f"- {s}" for s in growth(lines, "throughput", "B", lambda v: fmt(v, "count") + " tokens/s")] + [""])
 
 
-BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True), ("step_ms", "step time (ms)", True))
+# The line figures of benchmark rows: name -> (x, the axis held fixed per line, y of a row, x label, y label).
+BENCH_FIGURES = {
+    "memory_vs_context.png": ("context", "batch", _memory, "sequence length (tokens)", "peak memory (GB)"),
+    "memory_vs_batch.png": ("batch", "context", _memory, "batch (sequences)", "peak memory (GB)"),
+    "throughput_vs_batch.png": ("batch", "context", _throughput, "batch (sequences)", "tokens/s"),
+}
+
+
+def bench_figures(rows: list[dict], out: Path) -> list[str]:
+    """The memory and throughput figures that benchmark rows support (a line per model, setting and fixed axis,
+    with two or more points), written into `out`; their file names."""
+    rows = [r for r in rows if r.get("status") == "ok"]
+    written = []
+    for name, (x, fixed, y, xlabel, ylabel) in BENCH_FIGURES.items():
+        lines = lines_by(rows, x, fixed, y)
+        if lines:
+            line_plot(lines, xlabel, ylabel, f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting",
+                      out / name)
+            written.append(name)
+    return written
+
+
+BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True),
+                ("step_ms", "step time (ms)", True))
 
 
 def _row_stats(row: dict, q: str) -> Stats | None:

@@ -16,6 +16,7 @@ from experiments.report.seeds import (
     compare_phrase,
     group_settings,
 )
+from experiments.results import read_metrics
 
 MIB = 2**20
 
@@ -25,11 +26,7 @@ def params_row(run: dict) -> dict | None:
     path = Path(run.get("_dir", "")) / "metrics.jsonl"
     if not path.is_file():
         return None
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for r in read_metrics(path):
         if r.get("kind") == "params":
             return {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith("params/")}
     return None
@@ -65,7 +62,8 @@ def peft(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
         state = p["grad_bytes"] + p["optimizer_bytes"]
         per = p.get("quantised_bytes_per_param") or p.get("frozen_bytes_per_param") or 0
         step = Stats.of([t for r_, _ in g if (t := (r_.get("metrics") or {}).get("step_time"))])
-        rows.append([name, _label(r), str(len(g)), f"{int(p['trainable_params']):,}", f"{100 * p['trainable_params'] / total:.2f} %",
+        rows.append([name, _label(r), str(len(g)), f"{int(p['trainable_params']):,}",
+                     f"{100 * p['trainable_params'] / total:.2f} %",
                      f"{state / MIB:.3f}", f"{p['frozen_bytes'] / MIB:.3f}", fmt(per, ".3f") if per else "-",
                      fmt(step.mean * 1e3, ".1f") if step else "-", loss[name].text(4)])
         if full is not None and name != full:
@@ -73,17 +71,18 @@ def peft(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
             findings.append(
                 f"{_label(r)} trained {100 * p['trainable_params'] / total:.2f} % of the parameters with "
                 f"{100 * state / (fp['grad_bytes'] + fp['optimizer_bytes']):.1f} % of full fine-tuning's gradient + "
-                f"optimizer-state memory: {compare_phrase(loss[name], loss[full], noise, digits=4)} for full fine-tuning.")
+                f"optimizer-state memory: {compare_phrase(loss[name], loss[full], noise, digits=4)} for full "
+                "fine-tuning.")
         if p.get("quantised_bytes_per_param"):
             findings.append(f"{_label(r)} stored its quantised frozen weights at {p['quantised_bytes_per_param']:.3f} "
                             f"bytes per parameter (float32: 4), {p['frozen_bytes'] / MIB:.3f} MiB of frozen weights "
                             "in all (embeddings and norms stay float32).")
-    headers = ["setting", "method", "seeds", "trainable", "share", "grad + opt MiB", "frozen MiB", "bytes / quantised param",
-               "step ms", "val loss"]
+    headers = ["setting", "method", "seeds", "trainable", "share", "grad + opt MiB", "frozen MiB",
+               "bytes / quantised param", "step ms", "val loss"]
     return findings, ["## Fine-tuning cost", "", table(headers, rows), "",
-                      "Val loss: mean ± the half-width of its 95 % t-interval over the seeds. Gradients: one float32 per trainable "
-                      "parameter; optimizer state: AdamW's two moments and its step count; frozen: the parameters "
-                      "outside the trainable set, in the bytes they are stored in.", ""]
+                      "Val loss: mean ± the half-width of its 95 % t-interval over the seeds. Gradients: one "
+                      "float32 per trainable parameter; optimizer state: AdamW's two moments and its step count; "
+                      "frozen: the parameters outside the trainable set, in the bytes they are stored in.", ""]
 
 
 def quantize_rows(runs: list[dict]) -> list[dict]:
@@ -125,7 +124,8 @@ def quantization(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]
         if base is None or k == base:
             continue
         what = f"{k[0]} with {q['weights']} weights" if k[1] else f"{k[0]} as trained"
-        size = f"; weights {cells[base][0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's" if k[1] else ""
+        size = (f"; weights {cells[base][0]['weight_bytes'] / q['weight_bytes']:.2f}x smaller than float32's"
+                if k[1] else "")
         findings.append(f"{what}: validation loss {stats[k].text(4)}, {paired_phrase(losses, cells[base][1], noise)} "
                         f"against float32{size}.")
     for bits in (8, 4):
@@ -133,8 +133,9 @@ def quantization(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]
         qat = next((k for k, (q, _) in cells.items() if k[1] == bits and f"w{bits}" in q["trained"]), None)
         if ptq and qat:
             better = "below" if stats[qat].mean < stats[ptq].mean else "above"
-            findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {stats[qat].text(4)}, {better} PTQ of "
-                            f"the float32 model ({stats[ptq].text(4)}): {paired_phrase(cells[qat][1], cells[ptq][1], noise)}.")
+            findings.append(f"At int{bits}, QAT then conversion ({qat[0]}) reached {stats[qat].text(4)}, {better} "
+                            f"PTQ of the float32 model ({stats[ptq].text(4)}): "
+                            f"{paired_phrase(cells[qat][1], cells[ptq][1], noise)}.")
     table_rows = [[k[0], q["trained"], q["weights"], str(stats[k].n), stats[k].text(4), f"{q['weight_bytes']:,}"]
                   for k, (q, _) in cells.items()]
     return findings, ["## Float32, PTQ and QAT", "",

@@ -1,4 +1,4 @@
-"""Plots: learning curves, final metrics against an axis, and the bench package's plots."""
+"""Plots: learning curves, final metrics against an axis, and the benchmark rows' figures."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from experiments.plan import format_value
+from experiments.report.figures import bench_figures
 from experiments.report.format import QUANTITIES, x_value
 from experiments.report.output import COLOURS, pyplot
 from experiments.report.seeds import Setting, Stats, group_settings
@@ -13,7 +14,8 @@ from experiments.results import read_metrics, series
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 MAX_LINES = 8  # lines per panel; more settings make more panel rows
-X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)", "time": "wall time since the first log (s)"}
+X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)",
+            "time": "wall time since the first log (s)"}
 
 
 def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -25,13 +27,16 @@ def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[flo
     for r in runs:
         steps, vals, times = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)
         cfg = r.get("config") or {}
-        tokens_per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
-        per_run.append({s: (v, t, s * tokens_per_step / 1e6) for s, v, t in zip(steps, vals, times) if math.isfinite(v)})
+        tokens_per_step = ((cfg.get("data", {}).get("batch_size") or 0)
+                           * (cfg.get("model", {}).get("context_length") or 0))
+        per_run.append({s: (v, t, s * tokens_per_step / 1e6) for s, v, t in zip(steps, vals, times)
+                        if math.isfinite(v)})
     common = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
     xs, mean, lo, hi = [], [], [], []
     for s in common:
         vals = [d[s][0] for d in per_run]
-        x = {"step": s, "time": sum(d[s][1] for d in per_run) / len(per_run), "tokens": sum(d[s][2] for d in per_run) / len(per_run)}[by]
+        x = {"step": s, "time": sum(d[s][1] for d in per_run) / len(per_run),
+             "tokens": sum(d[s][2] for d in per_run) / len(per_run)}[by]
         if math.isfinite(x):
             st = Stats.of(vals)
             xs.append(x)
@@ -88,7 +93,8 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
         if not any(ax.get_lines() for row in axs for ax in row):
             plt.close(fig)
             continue
-        fig.suptitle("seed mean, band: its 95 % t-interval over seeds; x: last finite point of a diverged run", fontsize=8)
+        fig.suptitle("seed mean, band: its 95 % t-interval over seeds; x: last finite point of a diverged run",
+                     fontsize=8)
         fig.tight_layout()
         name = f"curves_by_{by}.png"
         fig.savefig(out / name, dpi=80, bbox_inches="tight")
@@ -131,7 +137,8 @@ def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
 
 
 def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path) -> str | None:
-    """Final metrics against one axis (seed mean, error bar: its 95 % t-interval), a line per combination of the other axes."""
+    """Final metrics against one axis (seed mean, error bar: its 95 % t-interval), a line per combination of the
+    other axes."""
     groups: dict[str, list[tuple[float, Setting]]] = {}
     for s in group_settings([r for r in runs if r.get("status") in ("ok", "diverged")]):
         xs = [v for r in s.runs if (v := x_value(r, x)) is not None]
@@ -165,19 +172,18 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
     return name
 
 
-AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size (sequences)", "model.context_length": "context length (tokens)",
-               "params": "parameters"}
-UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)", "eval_acc": " (next-token top-1)"}
+AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size (sequences)",
+               "model.context_length": "context length (tokens)", "params": "parameters"}
+UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)",
+         "eval_acc": " (next-token top-1)"}
 
 
 def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
-    """The bench package's own plots; returns (new PNG names, a note if it could not run)."""
+    """The benchmark rows' memory and throughput figures (`figures.bench_figures`); (PNG names, a note if it
+    could not run)."""
     try:
-        from jaxlm.bench import plot_results
-    except ImportError as e:
+        return bench_figures(rows, out), None
+    except ImportError as e:  # the plots extra
         return [], f"bench plots unavailable ({e})"
-    try:
-        paths = plot_results([{k: v for k, v in r.items() if k != "run"} for r in rows], out)
     except Exception as e:  # a plotting failure must not lose the tables
         return [], f"bench plots failed: {type(e).__name__}: {e}"
-    return [Path(p).name for p in paths or []], None

@@ -31,8 +31,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt", help="prompt of the sample (default: the run's log.sample_prompt)")
     g.add_argument("--tokens", type=cli.bounded(int, SAMPLE_TOKENS), default=SAMPLE_TOKENS, metavar="N",
                    help=f"new tokens in the sample (>= {SAMPLE_TOKENS})")
-    g.add_argument("--temperature", type=cli.bounded(float, 0.0), default=0.8, metavar="T", help="sampling temperature; 0 = greedy")
-    g.add_argument("--top-p", type=cli.bounded(float, 0.0, 1.0, open_low=True), default=0.95, metavar="P", help="nucleus mass")
+    g.add_argument("--temperature", type=cli.bounded(float, 0.0), default=0.8, metavar="T",
+                   help="sampling temperature; 0 = greedy")
+    g.add_argument("--top-p", type=cli.bounded(float, 0.0, 1.0, open_low=True), default=0.95, metavar="P",
+                   help="nucleus mass")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="sampling seed")
 
 
@@ -65,9 +67,9 @@ def sample(run_dir: Path, prompt: str | None, args: argparse.Namespace) -> tuple
                                     eot_id=None)
     new = out.tokens[0]
     text = tok.decode(new)
-    how = (f"newest checkpoint (step {max(saved_steps(run_dir))}), prompt {text_prompt!r}, {len(new)} new tokens, temperature "
-           f"{args.temperature:g}, top-p {args.top_p:g}, top-k off, seed {args.seed}, KV cache "
-           f"(`jaxlm.decode.Generator`; the window slides past {model.cfg.context_length} tokens)")
+    how = (f"newest checkpoint (step {max(saved_steps(run_dir))}), prompt {text_prompt!r}, {len(new)} new tokens, "
+           f"temperature {args.temperature:g}, top-p {args.top_p:g}, top-k off, seed {args.seed}, KV cache "
+           f"(`jaxlm.nn.decode.Generator`; the window slides past {model.cfg.context_length} tokens)")
     lines = ["```text", (text_prompt + text).replace("```", "'''"), "```", ""]
     measured = fluency(new, text)
     if measured:
@@ -87,7 +89,8 @@ def run_summary(run_dir: Path, records: list[dict]) -> list[str]:
             ("data", f"`{cfg.data.dir}` ({cfg.data.tokenizer} tokenizer), batch {cfg.data.batch_size}"),
             ("optimizer", f"AdamW lr {cfg.optim.lr:g} (min {cfg.optim.min_lr:g}), warmup {cfg.optim.warmup_steps}"),
             ("compute", f"{cfg.compute.dtype}, attention {cfg.compute.attention}, remat {cfg.compute.remat}"),
-            ("steps", f("steps", "{}")), ("final train loss", f("train_loss")), ("final validation loss", f("eval_loss")),
+            ("steps", f("steps", "{}")), ("final train loss", f("train_loss")),
+            ("final validation loss", f("eval_loss")),
             ("best validation loss", f("best_eval_loss")), ("validation perplexity", f("eval_ppl", "{:.2f}")),
             ("tokens/s (median)", f("tokens_per_s", "{:,.0f}")), ("logged wall time", f("logged_time_s", "{:.1f} s"))]
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]

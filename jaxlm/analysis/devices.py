@@ -11,7 +11,10 @@ keeps). Where no CUDA figure is published the row says which figure it holds.
 
 Peak FLOP/s are dense (no structured sparsity) from the vendors' datasheets, per dtype: "bfloat16" and
 "float16" (tensor cores, float32 accumulation), "tf32" (tensor cores; JAX's default precision runs float32
-matmuls this way on Ampere and later) and "float32" (the CUDA cores, what MFU in float32 is measured against).
+matmuls this way on Ampere and later) and "float32" (the CUDA cores: `precision=HIGHEST`). Beside them, the
+*achieved* rates the roofline (jaxlm.analysis.roofline) prices kernels with: measured on machines of this kind
+where one was lent, else one rule for every other GPU (the H100's measured share of its datasheet figure):
+`Device.matmul_share`, `achieved_bandwidth`, `achieved_link`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ class Device:
     bandwidth: float  # bytes/s of device memory
     peak_flops: dict[str, float]  # dtype -> dense FLOP/s
     cuda: CudaTarget | None = None
+    measured_matmul: float | None = None  # FLOP/s of an 8192^3 bf16 matmul measured on a machine of this kind
+    measured_copy: float | None = None  # bytes/s (read + written) of a device-to-device copy measured likewise
+    link: float | None = None  # bytes/s each GPU sends over its links (NVLink, else PCIe), datasheet, one way
+
+    @property
+    def matmul_share(self) -> float:
+        """Achieved over dense peak for matmuls, the same for every dtype (measured in bf16 only: TF32 and float32
+        are priced at bf16's share of their own peaks, derived, not measured); UNMEASURED_MATMUL_SHARE else."""
+        if self.measured_matmul and "bfloat16" in self.peak_flops:
+            return self.measured_matmul / self.peak_flops["bfloat16"]
+        return UNMEASURED_MATMUL_SHARE
+
+    @property
+    def achieved_bandwidth(self) -> float:
+        return self.measured_copy or UNMEASURED_COPY_SHARE * self.bandwidth
+
+    @property
+    def achieved_link(self) -> float | None:
+        """Never measured here: the datasheet's one-way figure at the copy's share (UNMEASURED_COPY_SHARE)."""
+        return self.link and UNMEASURED_COPY_SHARE * self.link
 
     def config_text(self) -> str:
         """The GpuTargetConfigProto (text form) XLA's GPU compiler takes for this GPU."""
@@ -88,26 +111,46 @@ _ADA = dict(compute_capability=(8, 9), fp32_per_sm=128, shared_per_sm=100 * 1024
 # (shared memory, threads per SM); their memory, and that of the H100 NVL and V100, is nvidia-smi's total.
 # Peaks: the H100 SXM / H200 / H100 NVL / A100 / L4 / V100 SXM2 datasheets (sparse figures halved), the Ada
 # whitepaper (RTX 4090, float32 accumulation), Google Cloud's TPU pages (bfloat16 per chip).
+# Measured (measured_matmul, measured_copy) on the H100 SXM and H200 machines this project is lent: an 8192^3
+# bf16 matrix product on random data, 798 TFLOP/s on the H100 and 769-798 on the H200 (the middle taken); a
+# device-to-device copy, about 3.0 TB/s (H100) and 4.3 TB/s (H200) counting bytes read + written.
+# Links, one way per GPU (datasheets): NVLink 4 on H100/H200 SXM 900 GB/s bidirectional; the H100 NVL's bridge
+# 600 GB/s; NVLink 3 on A100 SXM 600 GB/s; NVLink 2 on V100 SXM2 300 GB/s; L4 and RTX 4090: PCIe 4.0 x16,
+# 64 GB/s bidirectional.
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("h100-80gb", "NVIDIA H100 80GB HBM3", "H100", 84_942_979_072, 3_352_320_000_000,
-           _peaks(989e12, 494.5e12, 67e12), _HOPPER),
-    Device("h100-94gb", "NVIDIA H100 NVL", "H100 NVL", 95_830 * 2**20, 3.9e12, _peaks(835.5e12, 417.5e12, 60e12)),
+           _peaks(989e12, 494.5e12, 67e12), _HOPPER, measured_matmul=798e12, measured_copy=3.0e12, link=450e9),
+    Device("h100-94gb", "NVIDIA H100 NVL", "H100 NVL", 95_830 * 2**20, 3.9e12, _peaks(835.5e12, 417.5e12, 60e12),
+           link=300e9),
     Device("h200", "NVIDIA H200 141GB HBM3e", "H200", 151_397_597_184, 4.8e12, _peaks(989e12, 494.5e12, 67e12),
-           _HOPPER),
+           _HOPPER, measured_matmul=784e12, measured_copy=4.3e12, link=450e9),
     Device("a100-40gb", "NVIDIA A100-SXM4-40GB", "A100", 42_331_013_120, 1_555_200_000_000,
-           _peaks(312e12, 156e12, 19.5e12), _AMPERE),
+           _peaks(312e12, 156e12, 19.5e12), _AMPERE, link=300e9),
     Device("a100-80gb", "NVIDIA A100-SXM4-80GB", "A100", 85_100_068_864, 2_039_040_000_000,
-           _peaks(312e12, 156e12, 19.5e12), _AMPERE),
+           _peaks(312e12, 156e12, 19.5e12), _AMPERE, link=300e9),
     Device("l4", "NVIDIA L4", "L4", 23_034 * 2**20, 300e9, _peaks(121e12, 60e12, 30.3e12),
-           CudaTarget(sms=58, l2_bytes=48 * 2**20, clock_ghz=2.04, **_ADA)),
+           CudaTarget(sms=58, l2_bytes=48 * 2**20, clock_ghz=2.04, **_ADA), link=32e9),
     Device("rtx4090", "NVIDIA GeForce RTX 4090", "RTX 4090", 24_564 * 2**20, 1_008e9,
-           _peaks(165.2e12, 82.6e12, 82.6e12), CudaTarget(sms=128, l2_bytes=72 * 2**20, clock_ghz=2.52, **_ADA)),
-    Device("v100-32gb", "Tesla V100-SXM2-32GB", "V100", 32_768 * 2**20, 900e9, _peaks(None, None, 15.7e12, 125e12)),
+           _peaks(165.2e12, 82.6e12, 82.6e12), CudaTarget(sms=128, l2_bytes=72 * 2**20, clock_ghz=2.52, **_ADA),
+           link=32e9),
+    Device("v100-32gb", "Tesla V100-SXM2-32GB", "V100", 32_768 * 2**20, 900e9, _peaks(None, None, 15.7e12, 125e12),
+           link=150e9),
     Device("tpu-v4", "TPU v4", "TPU v4", 32 * 2**30, 1.2e12, {"bfloat16": 275e12}),
     Device("tpu-v5e", "TPU v5 lite", "TPU v5 lite", 16 * 2**30, 819e9, {"bfloat16": 197e12}),
     Device("tpu-v5p", "TPU v5p", "TPU v5p", 95 * 2**30, 2.765e12, {"bfloat16": 459e12}),
 )}
 TARGETS = tuple(name for name, d in DEVICES.items() if d.cuda is not None)  # what --target compiles for
+
+# The one rule for a GPU without measurements: the H100's measured share of its datasheet peak (0.81) and
+# bandwidth (0.90), the lent machine standing in for every other kind.
+_H100 = DEVICES["h100-80gb"]
+UNMEASURED_MATMUL_SHARE = _H100.measured_matmul / _H100.peak_flops["bfloat16"]
+UNMEASURED_COPY_SHARE = _H100.measured_copy / _H100.bandwidth
+# A fixed cost per kernel, not measured here: the gap between kernels a CUDA graph launches back to back (about
+# 0.5 us in NVIDIA's "Getting Started with CUDA Graphs": 3.4 us per kernel doing 2.9 us of work; XLA launches
+# its kernels as command buffers, i.e. CUDA graphs) plus the start and drain of a grid, which keep a small
+# kernel from reaching full bandwidth.
+KERNEL_LAUNCH_S = 2e-6
 
 
 def find(device_kind: str) -> Device | None:

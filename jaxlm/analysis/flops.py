@@ -35,14 +35,21 @@ ADAMW_TERMS: tuple[tuple[str, str, int], ...] = (
 ADAMW_FLOPS_PER_PARAM = sum(n for _, _, n in ADAMW_TERMS)
 
 
+def attention_widths(cfg: ModelConfig) -> tuple[int, int]:
+    """(N H, K H): the width of the queries (and attention output), and of the keys (and values) with K key/value
+    heads; both d_model for multi-head attention with H = d_model / N."""
+    return cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per component (docs/spec.md shapes)."""
+    """Parameters per component (docs/spec.md shapes; q and output_proj d x NH, k and v d x KH)."""
     d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
+    q, kv = attention_widths(cfg)
     norms = 0 if cfg.norm == "none" else 2 * d
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
     counts = {
         "embedding": v * d,
-        "attention": n * 4 * d * d,
+        "attention": n * 2 * d * (q + kv),
         "ffn": n * ffn_mats * d * f,
         "norms": n * norms + (0 if cfg.norm == "none" else d),
         "lm_head": 0 if cfg.tie_embeddings else v * d,
@@ -71,11 +78,13 @@ class ForwardFlops:
 
 
 def forward_flops(cfg: ModelConfig, seq_len: int) -> ForwardFlops:
+    """Grouped-query attention shrinks the k and v projections only: every query head still scores T x T keys."""
     d, f, v, n, t = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers, seq_len
+    q, kv = attention_widths(cfg)
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
     return ForwardFlops(
-        attention_proj=n * 2 * t * 4 * d * d,
-        attention_core=n * 2 * 2 * t * t * d,
+        attention_proj=n * 2 * t * 2 * d * (q + kv),
+        attention_core=n * 2 * 2 * t * t * q,
         ffn=n * 2 * t * ffn_mats * d * f,
         lm_head=2 * t * d * v,
     )

@@ -32,8 +32,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from jaxlm.analysis.flops import param_counts
+from jaxlm.analysis.flops import attention_widths, param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.nn.loss import block_positions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MODES = ("forward", "forward_backward", "train_step")
@@ -82,10 +83,10 @@ def usable_share() -> float:
 SAVED = {
     "norms": ("D", "t", 1.0),  # RMSNorm output feeding the next matmul
     "residuals": ("D", "t", 1.0),  # the residual stream at the block's input
-    "qkv": ("D", "t", 3.0),  # q, k (after RoPE), v
+    "qkv": ("QKV", "t", 1.0),  # q, k (after RoPE), v: N H + 2 K H wide (3 D without grouped-query attention)
     "attention scores/probs": ("HT", "f32", 4.0),  # masked logits, their float32 copy, exp, probabilities
     "attention mask": ("HT", "u8", 1.0),  # the causal mask, broadcast to (B, N, T, T) booleans
-    "attention output": ("D", "t", 1.0),  # softmax(.) V before output_proj
+    "attention output": ("Q", "t", 1.0),  # softmax(.) V before output_proj, N H wide
     "ffn hidden": ("F", "t", 4.0),  # w1 x, w3 x, silu(w1 x), the gated product (SwiGLU)
 }
 WORKING: dict = {}  # beyond the saved tensors, the layer being differentiated needs no more at the peak (CPU)
@@ -122,7 +123,15 @@ class Estimate:
 
 
 def _width(kind: str, cfg: ModelConfig, seq_len: int) -> int:
-    return {"D": cfg.d_model, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+    q, kv = attention_widths(cfg)
+    return {"D": cfg.d_model, "Q": q, "QKV": q + 2 * kv, "F": cfg.d_ff, "HT": cfg.num_heads * seq_len}[kind]
+
+
+def d_wide(cfg: ModelConfig) -> float:
+    """The mean width of a layer's D-wide tensors (norm output, residual, q, k, v, attention output): d_model,
+    unless grouped-query attention or a head_dim apart from d_model / num_heads narrows or widens q, k and v."""
+    q, kv = attention_widths(cfg)
+    return (2 * cfg.d_model + 2 * q + 2 * kv) / 6
 
 
 def _bytes(dtype: str, compute_bytes: int) -> int:
@@ -152,8 +161,8 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     kept = {name: 0.0 for name in per_layer}
     kept["residuals"] = a * cfg.d_model
     if remat == "dots_saveable":
-        kept["qkv"] = 3.0 * a * cfg.d_model
-        kept["attention output"] = a * cfg.d_model
+        kept["qkv"] = a * _width("QKV", cfg, seq_len)
+        kept["attention output"] = a * _width("Q", cfg, seq_len)
         if not fused:
             kept["attention scores/probs"] = 4.0 * cfg.num_heads * seq_len
         gated = 2 if cfg.ffn == "swiglu" else 1
@@ -162,12 +171,12 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
 
 
 def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, fused: bool = False, remat: str = "none") -> list[float]:
-    """The element counts GPU_BYTES multiplies (but the last, the parameters): D, F per layer and token and
-    N T^2 per layer and sequence over all layers, kept; the same back from the host (BACK_FROM_HOST policies,
+    """The element counts GPU_BYTES multiplies (but the last, the parameters): D (`d_wide`), F per layer and token
+    and N T^2 per layer and sequence over all layers, kept; the same back from the host (BACK_FROM_HOST policies,
     else zeros); then one block's (no T x T tensor with a fused kernel)."""
     tokens = batch * seq_len
     d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
-    one = [tokens * cfg.d_model, tokens * d_ff, 0.0 if fused else batch * cfg.num_heads * seq_len**2]
+    one = [tokens * d_wide(cfg), tokens * d_ff, 0.0 if fused else batch * cfg.num_heads * seq_len**2]
     layers = [cfg.num_layers * n for n in one]
     return layers + (layers if remat in BACK_FROM_HOST else [0.0] * 3) + one
 
@@ -175,7 +184,7 @@ def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, fused: bool = False
 def head_tokens(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> int:
     """Tokens whose logits live at once: all `batch` x `seq_len`, or one block's under a chunked loss (the same
     positions of every row, the rows split over `devices`; `batch` is one device's part)."""
-    return batch * compute.loss_positions(cfg.vocab_size, batch * devices, seq_len)
+    return batch * block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
 
 
 def head_bytes(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> float:
@@ -222,6 +231,8 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
     fused = compute.attention == "cudnn" if fused is None else fused
     if backend == "gpu" and mode != "forward":
         return _gpu_activations(cfg, batch, seq_len, compute, fused, devices)
+    # the loss holds one block of the global batch's positions at a time (all of them: whole logits), split like
+    # the batch over the devices
     tokens = batch * seq_len
     head = tokens if mode == "forward" else head_tokens(cfg, batch, seq_len, compute, devices)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)

@@ -1,8 +1,8 @@
 """Predicted GPU time of a compiled program: a roofline over every kernel of the GPU compiler's optimised HLO.
 
     compiled = jax.jit(step).lower(...).compile()   # for a GPU, e.g. an abstract H100 (`--target`)
-    p = predict(compiled.as_text(), rates)          # rates: the device's DeviceRates
-    p.seconds, p.groups(), p.top(15)
+    p = predict(compiled.as_text(), device_rates(DEVICES["h100-80gb"]))   # the GPU's achieved rates
+    p.seconds, p.groups(), p.top(15), summary(p)
 
 The kernels are what the GPU would launch: each instruction of the entry computation and of the loop bodies
 it runs (a `while` with a known trip count runs its body that many times; nested loops multiply), not the
@@ -19,6 +19,10 @@ The bytes of a fusion are its operands and results, a slice of an operand counti
 in-place update only the update. Float32 dots at JAX's default precision (no `operand_precision` in the text)
 run as TF32, `highest` as true float32; an `algorithm=` field overrides (bf16_3x: three bf16 passes).
 A conditional counts its costliest branch; a loop of unknown trip count counts once (`notes` says so).
+Each kernel also gets the pass it belongs to (`PHASES`, from the jax op name: `transpose(...)` is the backward
+pass, `rematted_computation` the forward recomputed inside it) and the part of the model it computes
+(`COMPONENTS`, from its source locations), so a prediction answers "forward against backward" and "feed-forward
+against attention" as well as "which kernels".
 
 The model ignores overlap between kernels on different streams (communication hidden behind compute),
 cache reuse across kernels (L2), the kernel choices autotuning makes on a real GPU (tiles, cuBLAS against
@@ -34,12 +38,29 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from jaxlm.analysis import hlo
+from jaxlm.analysis.devices import KERNEL_LAUNCH_S, Device
 from jaxlm.analysis.hlo import Computation, Instr, Module
 from jaxlm.analysis.hlo_cost import Cost, kernel_cost
 
 GROUPS = ("matmul", "attention", "softmax/normalisation", "other elementwise", "optimizer update", "collectives",
           "copies")
 DTYPE_CLASSES = ("bf16", "tf32", "fp32", "fp8", "int8", "fp64")  # keys of DeviceRates.matmul_flops
+PEAK_KEYS = {"bf16": "bfloat16", "tf32": "tf32", "fp32": "float32"}  # dtype class -> jaxlm.analysis.devices' peak
+PHASES = ("forward", "backward", "recompute", "optimizer", "other")
+# The part of the model a kernel computes: the first rule that any of its source locations ("file:function",
+# innermost first) or its jax op name matches, in this order.
+COMPONENTS = (
+    ("optimizer and clipping", re.compile(r"^optax/|^jaxlm/training/optim\.py:")),
+    ("attention (cuDNN, fused)", re.compile(r"^__cudnn\$fmha")),
+    ("attention matmuls", re.compile(r"^matmul@jaxlm/nn/attention\.py:")),
+    ("attention softmax and mask", re.compile(r"^jaxlm/nn/attention\.py:")),
+    ("attention projections", re.compile(r"CausalSelfAttention\.")),
+    ("feed-forward", re.compile(r"SwiGLU\.|SiLUFFN\.|\.ffn$")),
+    ("norms", re.compile(r"RMSNorm\.")),
+    ("residuals and other block work", re.compile(r"TransformerBlock\.")),
+    ("output head and loss", re.compile(r"TransformerLM\.project|^jaxlm/nn/loss\.py:|:cross_entropy$")),
+    ("embedding", re.compile(r"Embedding\.")),
+)
 
 # Source locations (innermost frame first; "file:function") that name a kernel's group.
 SOURCE_GROUPS = (
@@ -63,6 +84,13 @@ class DeviceRates:
     link_bandwidth: float | None = None  # bytes/s each GPU sends over its links (NVLink); collectives need it
 
 
+def device_rates(device: Device) -> DeviceRates:
+    """A GPU's achieved rates from the device table: every dtype class it has a dense peak for, at the GPU's
+    matmul share (jaxlm.analysis.devices: measured where a machine of this kind was lent, else the rule)."""
+    flops = {c: device.matmul_share * device.peak_flops[k] for c, k in PEAK_KEYS.items() if k in device.peak_flops}
+    return DeviceRates(flops, device.achieved_bandwidth, KERNEL_LAUNCH_S, device.achieved_link)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One kernel of the program, priced; `seconds`, `flops` and `bytes` are per execution."""
@@ -72,6 +100,8 @@ class Kernel:
     group: str
     op_name: str  # the jax op of its metadata
     source: str  # the innermost source location ("jaxlm/nn/attention.py:151 _attention_xla")
+    phase: str  # of PHASES
+    component: str  # of COMPONENTS, or "other"
     flops: float
     bytes: float
     dtype_class: str | None  # of its matmuls; None without
@@ -130,6 +160,22 @@ class Prediction:
     def top(self, n: int = 15) -> tuple[Kernel, ...]:
         return tuple(sorted(self.kernels, key=lambda k: -k.total_seconds)[:n])
 
+    @property
+    def dtype_class(self) -> str | None:
+        """The dtype class most of the program's matmul FLOPs run in (what its MFU is measured against)."""
+        by: dict[str, float] = {}
+        for k in self.kernels:
+            if k.dtype_class:
+                by[k.dtype_class] = by.get(k.dtype_class, 0.0) + k.flops * k.count
+        return max(by, key=by.get) if by else None
+
+    def split(self, by: str) -> dict[str, float]:
+        """Predicted seconds by a kernel attribute ("phase", "component", "group", "bound"), largest first."""
+        out: dict[str, float] = {}
+        for k in self.kernels:
+            out[getattr(k, by)] = out.get(getattr(k, by), 0.0) + k.total_seconds
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
     def mfu(self, model_flops: float, peak_flops: float) -> float:
         """Model FLOPs of one run over the predicted time at the device's dense peak."""
         return model_flops / (self.seconds * peak_flops)
@@ -173,6 +219,22 @@ def _group(module: Module, ins: Instr, cost: Cost, chain: list[tuple[str, str, i
     return "copies" if moves else by_source or "other elementwise"
 
 
+def _phase(module: Module, ins: Instr, group: str, chain: list[tuple[str, str, int]]) -> str:
+    if group == "optimizer update":
+        return "optimizer"
+    if "rematted_computation" in ins.op_name:
+        return "recompute"
+    if "transpose(" in ins.op_name:
+        return "backward"
+    return "forward" if "jvp(" in ins.op_name or any(f.startswith("jaxlm/nn/") for f, _, _ in chain) else "other"
+
+
+def _component(kind: str, flops: float, chain: list[tuple[str, str, int]]) -> str:
+    where = [kind] + [f"matmul@{f}:{fn}" if flops else f"{f}:{fn}" for f, fn, _ in chain[:1]]
+    where += [f"{f}:{fn}" for f, fn, _ in chain]
+    return next((name for name, rule in COMPONENTS for w in where if rule.search(w)), "other")
+
+
 def _price(cost: Cost, rates: DeviceRates) -> tuple[float, str]:
     if cost.link_bytes is not None:
         if cost.link_bytes and not rates.link_bandwidth:
@@ -194,8 +256,9 @@ def _kernel(module: Module, comp: Computation, ins: Instr, rates: DeviceRates, c
     seconds, bound = _price(cost, rates)
     source = f"{chain[0][0]}:{chain[0][2]} {chain[0][1]}" if chain else ""
     cls = max(cost.flops, key=cost.flops.get) if cost.flops else None
-    return Kernel(ins.name, _kind(ins), _group(module, ins, cost, chain), ins.op_name, source,
-                  sum(cost.flops.values()), cost.bytes, cls, seconds, bound, count)
+    group, flops = _group(module, ins, cost, chain), sum(cost.flops.values())
+    return Kernel(ins.name, _kind(ins), group, ins.op_name, source, _phase(module, ins, group, chain),
+                  _component(_kind(ins), flops, chain), flops, cost.bytes, cls, seconds, bound, count)
 
 
 def _walk(module: Module, name: str, rates: DeviceRates, count: int, notes: list[str]) -> list[Kernel]:
@@ -226,3 +289,41 @@ def predict(text: str | Module, rates: DeviceRates) -> Prediction:
     module = hlo.parse_module(text) if isinstance(text, str) else text
     notes: list[str] = []
     return Prediction(tuple(_walk(module, module.entry, rates, 1, notes)), tuple(notes))
+
+
+def summary(p: Prediction, top: int = 15) -> dict:
+    """The prediction in JSON-ready figures (milliseconds): what compiled rows keep and `python -m jaxlm.bench ops
+    --target` prints: the groups (GROUPS, shares summing to 1), the passes and model parts, the `top` kernels, and
+    the `top` ops (one op's kernels summed over the layers and launches, as a profiler's kernel summary sums
+    the launches of one kernel)."""
+    total = p.seconds or 1.0
+
+    def kernel(k: Kernel) -> dict:
+        return {"kernel": k.name, "kind": k.kind, "group": k.group, "component": k.component, "phase": k.phase,
+                "op": _op(k), "source": k.source, "predicted_ms": 1e3 * k.total_seconds,
+                "share": k.total_seconds / total, "flops": k.flops * k.count, "bytes": k.bytes * k.count,
+                "bound": k.bound, "count": k.count}
+
+    ops: dict[tuple, dict] = {}  # the same op of every layer, as a profiler sums the launches of one kernel
+    for k in p.kernels:
+        o = ops.setdefault((k.group, k.component, k.phase, _op(k), k.source), {
+            "op": _op(k), "source": k.source, "group": k.group, "component": k.component, "phase": k.phase,
+            "launches": 0, "predicted_ms": 0.0, "share": 0.0, "flops": 0.0})
+        o["launches"] += k.count
+        o["predicted_ms"] += 1e3 * k.total_seconds
+        o["share"] += k.total_seconds / total
+        o["flops"] += k.flops * k.count
+
+    return {"predicted_ms": 1e3 * p.seconds, "flops": p.flops, "bytes": p.bytes, "dtype_class": p.dtype_class,
+            "notes": list(p.notes),
+            "groups": [{"group": g.group, "predicted_ms": 1e3 * g.seconds, "share": g.share, "flops": g.flops,
+                        "bytes": g.bytes, "bound": g.bound, "launches": g.launches} for g in p.groups()],
+            "phases": {k: 1e3 * v for k, v in p.split("phase").items()},
+            "components": {k: 1e3 * v for k, v in p.split("component").items()},
+            "top": [kernel(k) for k in p.top(top)],
+            "ops": sorted(ops.values(), key=lambda o: -o["predicted_ms"])[:top]}
+
+
+def _op(k: Kernel) -> str:
+    """The kernel's jax op name without the jit(...) every op of the step starts with."""
+    return re.sub(r"^jit\([^)]*\)/", "", k.op_name)

@@ -1,9 +1,9 @@
-"""`python -m jaxlm.bench` (the command lives in jaxlm/cli/bench.py)."""
+"""`python -m jaxlm.bench` (the command lives in jaxlm/bench/commands.py)."""
 
 import sys
 
 from jaxlm import cli
-from jaxlm.cli.bench import main
+from jaxlm.bench.commands import main
 
 if __name__ == "__main__":
     sys.exit(cli.run(main))

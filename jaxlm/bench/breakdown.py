@@ -1,6 +1,6 @@
 """Where the time goes: attention vs feed-forward vs output head, each jitted and timed standalone.
 
-Each component is the model's own module (jaxlm.model) at the model's shapes:
+Each component is the model's own module (jaxlm.nn.model) at the model's shapes:
 attention = CausalSelfAttention with RoPE (projections + core), feed-forward =
 the SwiGLU / SiLU block, head = ln_final + lm_head + cross-entropy. Attention and
 feed-forward times are per layer, multiplied by num_layers. Backward time is
@@ -13,29 +13,22 @@ with the analytic FLOP shares.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxlm.analysis import flops
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.layers import FFNS, Linear, Precision, RMSNorm, RotaryEmbedding
-from jaxlm.nn.model import CausalSelfAttention, LinearKinds, cross_entropy
+from jaxlm.nn.loss import cross_entropy
+from jaxlm.nn.model import CausalSelfAttention, LinearKinds
 
 
-def time_calls(fn, args, warmup: int, steps: int) -> tuple[float, float]:
-    """Mean and std seconds of `fn(*args)` over `steps` calls after `warmup`, each waited for."""
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return float(np.mean(times)), float(np.std(times))
+def mean_seconds(fn, args, warmup: int, steps: int) -> float:
+    """Mean seconds of `fn(*args)` over `steps` calls after `warmup`, each waited for."""
+    return float(np.mean(time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds))
 
 
 class _Head(nnx.Module):
@@ -58,7 +51,8 @@ def _components(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: i
         rope = tables
     targets = jax.random.randint(jax.random.key(1), (batch, context), 0, cfg.vocab_size)
     return {
-        "attention": (CausalSelfAttention(cfg, compute.attention, linear=linear, rngs=rngs), lambda m, x: m(x, rope), cfg.num_layers),
+        "attention": (CausalSelfAttention(cfg, compute.attention, linear=linear, rngs=rngs), lambda m, x: m(x, rope),
+                      cfg.num_layers),
         "ffn": (FFNS[cfg.ffn](cfg.d_model, cfg.d_ff, linear=linear, rngs=rngs), lambda m, x: m(x), cfg.num_layers),
         "lm_head": (_Head(cfg, precision, rngs), lambda m, x: m(x, targets), 1),
     }
@@ -70,7 +64,8 @@ def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, co
     x = jax.random.normal(jax.random.key(0), (batch, context, cfg.d_model), jnp.dtype(compute.dtype))  # (B, T, D)
     fwd_flops = flops.forward_flops(cfg, context)
     analytic = {"attention": fwd_flops.attention, "ffn": fwd_flops.ffn, "lm_head": fwd_flops.lm_head}
-    out = {"dtype": compute.dtype, "attention_impl": compute.attention, "context": context, "batch": batch, "components": {}}
+    out = {"dtype": compute.dtype, "attention_impl": compute.attention, "context": context, "batch": batch,
+           "components": {}}
     for name, (module, call, layers) in _components(cfg, compute, batch, context).items():
         graphdef, params = nnx.split(module)
 
@@ -79,8 +74,8 @@ def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, co
 
         fwd = jax.jit(f).lower(params, x).compile()
         fwd_bwd = jax.jit(jax.value_and_grad(f, argnums=(0, 1))).lower(params, x).compile()
-        t_f = time_calls(fwd, (params, x), warmup, steps)[0] * layers
-        t_fb = time_calls(fwd_bwd, (params, x), warmup, steps)[0] * layers
+        t_f = mean_seconds(fwd, (params, x), warmup, steps) * layers
+        t_fb = mean_seconds(fwd_bwd, (params, x), warmup, steps) * layers
         out["components"][name] = {
             "forward_s": t_f, "backward_s": max(t_fb - t_f, 0.0), "flops_forward": batch * analytic[name],
         }
@@ -97,7 +92,8 @@ def component_breakdown(cfg: ModelConfig, compute: ComputeConfig, batch: int, co
 
 
 def format_breakdown(result: dict) -> str:
-    lines = [f"{'component':>10}  {'fwd ms':>9}  {'bwd ms':>9}  {'fwd share':>9}  {'bwd share':>9}  {'FLOP share':>10}  {'fwd TFLOP/s':>11}"]
+    lines = [f"{'component':>10}  {'fwd ms':>9}  {'bwd ms':>9}  {'fwd share':>9}  {'bwd share':>9}  "
+             f"{'FLOP share':>10}  {'fwd TFLOP/s':>11}"]
     for name, c in result["components"].items():
         share = lambda v: f"{100 * v:.1f}%" if v is not None else "-"
         lines.append(

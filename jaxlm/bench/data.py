@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from jaxlm import cli
+from jaxlm.bench.timing import time_calls
 from jaxlm.data.bpe import train_bpe
 from jaxlm.data.corpora import corpus_files
 
@@ -26,8 +26,9 @@ def bench(root: str | os.PathLike | None = None, vocab_size: int = 10000, batch_
     cores = os.cpu_count() or 1
     rows = []
 
-    best = min(_timed(lambda: train_bpe(files, vocab_size, ["<|endoftext|>"])) for _ in range(repeats))
-    rows.append((f"BPE training, vocab {vocab_size}, {mb:.1f} MB, {cores} workers", f"{best:.2f} s", f"{mb / best:.2f} MB/s"))
+    best = min(time_calls(lambda: train_bpe(files, vocab_size, ["<|endoftext|>"]), repeats).seconds)
+    rows.append((f"BPE training, vocab {vocab_size}, {mb:.1f} MB, {cores} workers", f"{best:.2f} s",
+                 f"{mb / best:.2f} MB/s"))
 
     from jaxlm.data.loader import train_batches
     from jaxlm.data.prepare import prepare
@@ -35,8 +36,9 @@ def bench(root: str | os.PathLike | None = None, vocab_size: int = 10000, batch_
 
     load_tokenizer("gpt2")  # build once; prepare's own load then hits the cache
     with tempfile.TemporaryDirectory() as tmp:
-        best = min(_timed(lambda: prepare([str(f) for f in files], "gpt2", tmp, progress=False)) for _ in range(repeats))
-        rows.append((f"GPT-2 encoding via prepare, {mb:.1f} MB (one process below 16 MB)", f"{best:.2f} s", f"{mb / best:.2f} MB/s"))
+        best = min(time_calls(lambda: prepare([str(f) for f in files], "gpt2", tmp, progress=False), repeats).seconds)
+        rows.append((f"GPT-2 encoding via prepare, {mb:.1f} MB (one process below 16 MB)", f"{best:.2f} s",
+                     f"{mb / best:.2f} MB/s"))
 
         big = Path(tmp) / "x8.txt"  # large enough for worker processes
         with open(big, "wb") as f:
@@ -45,22 +47,18 @@ def bench(root: str | os.PathLike | None = None, vocab_size: int = 10000, batch_
                     f.write(src.read_bytes())
         big_mb = big.stat().st_size / 1e6
         out8 = Path(tmp) / "x8"
-        best = min(_timed(lambda: prepare([str(big)], "gpt2", out8, progress=False)) for _ in range(repeats))
-        rows.append((f"GPT-2 encoding via prepare, same text x8 = {big_mb:.0f} MB, {cores} workers", f"{best:.2f} s", f"{big_mb / best:.2f} MB/s"))
+        best = min(time_calls(lambda: prepare([str(big)], "gpt2", out8, progress=False), repeats).seconds)
+        rows.append((f"GPT-2 encoding via prepare, same text x8 = {big_mb:.0f} MB, {cores} workers", f"{best:.2f} s",
+                     f"{big_mb / best:.2f} MB/s"))
 
         it = train_batches(tmp, batch_size, context_length, seed=0)
         for _ in range(100):
             next(it)
-        t = _timed(lambda: [next(it) for _ in range(loader_batches)])
+        (t,) = time_calls(lambda: [next(it) for _ in range(loader_batches)], 1).seconds
         it.close()
-        rows.append((f"loader, batch {batch_size} x {context_length}, {loader_batches} batches", f"{t:.2f} s", f"{loader_batches / t:,.0f} batches/s"))
+        rows.append((f"loader, batch {batch_size} x {context_length}, {loader_batches} batches", f"{t:.2f} s",
+                     f"{loader_batches / t:,.0f} batches/s"))
     return rows
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def format_table(rows: list[tuple[str, str, str]]) -> str:
@@ -74,7 +72,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--root", metavar="DIR", help="data root holding the corpora tinyshakespeare and wikitext-2 "
                    "(default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")
-    p.add_argument("--vocab-size", metavar="N", type=int, default=10000, help="BPE vocabulary to train (> 256 + special tokens)")
+    p.add_argument("--vocab-size", metavar="N", type=int, default=10000,
+                   help="BPE vocabulary to train (> 256 + special tokens)")
     p.add_argument("--batch", metavar="N", type=int, default=32, help="loader batch size in sequences")
     p.add_argument("--context", metavar="N", type=int, default=256, help="loader sequence length")
     p.add_argument("--repeats", metavar="N", type=int, default=3, help="runs per figure (the best is kept)")
@@ -82,7 +81,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cli.check_option(args.vocab_size > 257, "--vocab-size", args.vocab_size, "must be > 257 (256 bytes + <|endoftext|>)")
+    cli.check_option(args.vocab_size > 257, "--vocab-size", args.vocab_size,
+                     "must be > 257 (256 bytes + <|endoftext|>)")
     for flag in ("--batch", "--context", "--repeats", "--loader-batches"):
         value = getattr(args, flag[2:].replace("-", "_"))
         cli.check_option(value >= 1, flag, value, "must be >= 1")

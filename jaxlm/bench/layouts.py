@@ -30,6 +30,7 @@ import time
 
 from jaxlm import cli
 from jaxlm.analysis.memory import compiled_memory
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import MESH_AXES, load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import write_json
@@ -89,14 +90,13 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
         state = jax.jit(b.make_state, out_shardings=b.shardings)()
         tok = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (B, T + 1)).astype(np.int32)
         xs, ys = sharding.global_batch(tok[:, :-1], mesh), sharding.global_batch(tok[:, 1:], mesh)
-        state, metrics = b.step_fn(state, xs, ys)
-        jax.block_until_ready(metrics)
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            state, metrics = b.step_fn(state, xs, ys)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - t0)
+        held = [state]
+
+        def call():
+            held[0], metrics = b.step_fn(held[0], xs, ys)
+            return metrics
+
+        times = time_calls(call, steps, warmup=1, wait=jax.block_until_ready).seconds
         row.update(step_ms=1e3 * float(np.median(times)), tokens_per_s=B * T / float(np.median(times)))
     return row
 

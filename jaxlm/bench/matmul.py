@@ -2,43 +2,33 @@
 
 Every projection of the model (q/k/v/output, the feed-forward's in and out, the output head) at
 the step's B x T tokens, in the three forms a train step runs: the forward product x @ W.T, the input
-gradient g @ W and the weight gradient g.T @ x. With `--framework both` (from `python -m parity.bench
-matmul`) torch's `@` on the same float32 operands runs beside each, the two in alternating blocks of
-calls, so a change of load hits both alike. Run it twice, with `--threads 1` and without, to see how each
-library's matmuls scale from one core to all of them (docs/benchmarks.md, "Where the CPU step goes").
+gradient g @ W and the weight gradient g.T @ x. With `--framework both` a plugged-in side's product on
+the same float32 operands runs beside each (parity's: the PyTorch reference's `@`), the two in alternating
+blocks of calls, so a change of load hits both alike. Run it twice, with `--threads 1` and without, to see
+how each library's matmuls scale from one core to all of them (docs/benchmarks.md, "Where the CPU step
+goes"). Needs the core install; a plugged-in side, the extra its `--framework` help names.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from jaxlm import cli
-from jaxlm.bench import core
+from jaxlm.bench import sides
+from jaxlm.bench.timing import Load, time_calls, withheld
 from jaxlm.core.config import ModelConfig
 from jaxlm.core.files import write_json
 
 FORMS = {  # name: (what the train step computes, the operand shapes from (tokens, d_in, d_out), the product of
-    # two operands, written once for a JAX array and a torch tensor alike)
+    # two operands, written once for the arrays of every side alike)
     "forward": ("x @ W.T", lambda k, i, o: ((k, i), (o, i)), lambda x, w: x @ w.T),
     "input grad": ("g @ W", lambda k, i, o: ((k, o), (o, i)), lambda g, w: g @ w),
     "weight grad": ("g.T @ x", lambda k, i, o: ((k, o), (k, i)), lambda g, x: g.T @ x),
 }
 
 
-BLOCK = 10  # timed calls of one framework in a row, after it has run untimed for core.SETTLE_S
-
-
-def _block(call) -> list[float]:
-    """BLOCK timed calls, after untimed ones for core.SETTLE_S (the other framework's threads stop spinning)."""
-    core.settle(call)
-    times = []
-    for _ in range(BLOCK):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return times
+BLOCK = 10  # timed calls of one side in a row, after it has run untimed for timing.SETTLE_S
 
 
 def projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -51,9 +41,10 @@ def projections(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     return out
 
 
-def bench(cfg: ModelConfig, tokens: int, repeats: int, frameworks=("jax",), seed: int = 0) -> list[dict]:
+def bench(cfg: ModelConfig, tokens: int, repeats: int, frameworks=(sides.OWN,), seed: int = 0) -> list[dict]:
     """GFLOP/s of every projection in every form: the median of `repeats` calls, in blocks of `BLOCK` calls of each
-    framework in alternating order."""
+    side in alternating order (settled first); with a second side, jax's GFLOP/s over its (`speed_vs_reference`),
+    each row marked with the machine's load while it was timed."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -61,17 +52,20 @@ def bench(cfg: ModelConfig, tokens: int, repeats: int, frameworks=("jax",), seed
     for name, (d_in, d_out) in projections(cfg).items():
         for form, (expr, shapes, product) in FORMS.items():
             a, b = (rng.standard_normal(s, dtype=np.float32) for s in shapes(tokens, d_in, d_out))
-            calls = {fw: core.framework_side(fw, "matmul").matmul_call(product, a, b) for fw in frameworks}
+            calls = {fw: sides.load(fw).matmul_call(product, a, b) for fw in frameworks}
             times = {fw: [] for fw in frameworks}
-            for r in range(-(-repeats // BLOCK)):
-                for fw in (frameworks if r % 2 == 0 else frameworks[::-1]):
-                    times[fw] += _block(calls[fw])
+            with Load() as load:
+                for r in range(-(-repeats // BLOCK)):
+                    for fw in (frameworks if r % 2 == 0 else frameworks[::-1]):
+                        times[fw] += time_calls(calls[fw], BLOCK, settled=True).seconds
             flop = 2 * tokens * d_in * d_out
             row = {"projection": name, "form": form, "expr": expr, "m_k_n": f"{tokens}x{d_in}->{d_out}"}
             for fw in frameworks:
                 row[f"{fw}_gflops"] = flop / statistics.median(times[fw]) / 1e9
             if len(frameworks) == 2:
-                row["jax_torch"] = row["jax_gflops"] / row["torch_gflops"]
+                row.update(reference=frameworks[1],
+                           speed_vs_reference=row[f"{frameworks[0]}_gflops"] / row[f"{frameworks[1]}_gflops"])
+                load.mark(row)
             rows.append(row)
     return rows
 
@@ -82,9 +76,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", metavar="T", type=int, help="sequence length (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, default=4, help="batch size: the matmuls have B x T rows")
     p.add_argument("--repeats", metavar="N", type=int, default=40, help="timed calls of each matmul per framework")
-    p.add_argument("--framework", default="jax", choices=["jax", "torch", "both"],
-                   help="which side(s) to time; torch needs `python -m parity.bench matmul`")
-    p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (Linux; default: every CPU the process may use)")
+    sides.add_framework_arg(p, "time")
+    p.add_argument("--threads", metavar="N", type=int,
+                   help="run on N CPUs (Linux; default: every CPU the process may use)")
     p.add_argument("--json", metavar="PATH", help="also write the rows here")
 
 
@@ -92,24 +86,27 @@ def main(args: argparse.Namespace) -> int:
     for flag in ("--context", "--batch", "--repeats", "--threads"):
         value = getattr(args, flag[2:])
         cli.check_option(value is None or value >= 1, flag, value, "must be >= 1")
-    frameworks = core.FRAMEWORKS if args.framework == "both" else (args.framework,)
-    for fw in frameworks:
-        core.framework_side(fw, "matmul")  # a torch side that is not registered stops here in one line
     cfg = cli.load_config_from_args(args).model
     from jaxlm.core.host import describe, limit_cpu_threads
 
     if args.threads:
         limit_cpu_threads(args.threads)
+    frameworks = tuple(sides.load_chosen(args.framework))  # after --threads; a missing extra stops here
     tokens = args.batch * (args.context or cfg.context_length)
     rows = bench(cfg, tokens, args.repeats, frameworks)
     host = describe()
-    print(f"{host['cpu_model']} ({host['cpu_family_model'] or 'family unknown'}), {args.threads or host['cpus']} CPU(s); "
+    print(f"{host['cpu_model']} ({host['cpu_family_model'] or 'family unknown'}), "
+          f"{args.threads or host['cpus']} CPU(s); "
           f"float32; GFLOP/s, median of {args.repeats} calls")
     for r in rows:
-        line = f"{r['projection']:>28} {r['form']:>11} {r['m_k_n']:>18}: jax {r['jax_gflops']:6.0f}"
-        if "jax_torch" in r:
-            line += f"  torch {r['torch_gflops']:6.0f}  jax/torch {r['jax_torch']:.2f}"
+        line = f"{r['projection']:>28} {r['form']:>11} {r['m_k_n']:>18}: " + "  ".join(
+            f"{fw} {r[f'{fw}_gflops']:6.0f}" for fw in frameworks)
+        if "reference" in r:
+            line += f"  jax/{r['reference']} {'busy' if r['busy'] else format(r['speed_vs_reference'], '.2f')}"
         print(line)
+    note = withheld("jax/reference ratios", [r for r in rows if "reference" in r])
+    if note:
+        print(note)
     if args.json:
         print(f"wrote {write_json(args.json, {'host': host, 'threads': args.threads, 'tokens': tokens, 'rows': rows})}")
     return 0

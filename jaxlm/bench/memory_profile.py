@@ -8,9 +8,8 @@ Writes, for mode in (forward, train_step):
 - `jax_{mode}_buffers.txt`: the compiled step's `memory_analysis()` (the
   temp bytes are the in-step transient peak) and the largest live arrays
   (`jax.live_arrays()` by size, with shape and dtype);
-- on a CUDA torch: `torch_train_step_snapshot.pickle` for pytorch.org/memory_viz
-  (allocation history over two train steps); on CPU torch there is no
-  allocator history, so a note file says it was skipped.
+- what each plugged-in side asked for writes (`memory_snapshot`; parity's: an allocation
+  history on a GPU, a note on the CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from pathlib import Path
 import jax
 
 from jaxlm.analysis.memory import compiled_memory
-from jaxlm.bench import jax_side
+from jaxlm.bench import sides, steps
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.training.tracking import peak_memory_bytes
 
@@ -45,13 +44,13 @@ def _live_arrays(top: int) -> list[str]:
 
 
 def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, out_dir: str | Path, *,
-                   torch_too: bool = False, top: int = 25) -> list[Path]:
+                   other_sides: tuple[str, ...] = (), top: int = 25) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for mode in ("forward", "train_step"):
-        step = jax_side.build_step(mode, cfg, compute, batch, context)
-        compiled = jax_side.compile_step(step)
+        step = steps.build_step(mode, cfg, compute, batch, context)
+        compiled = steps.compile_step(step)
         outputs = compiled(*step.args)
         jax.block_until_ready(outputs)
         prof = out / f"jax_{mode}.prof"
@@ -61,7 +60,7 @@ def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context
         except Exception as e:  # keep the text report even if pprof output fails
             (out / f"jax_{mode}.prof.error.txt").write_text(f"save_device_memory_profile failed: {e}\n")
         lines = [f"{mode}: {dataclasses.asdict(cfg)} {dataclasses.asdict(compute)}",
-                 f"batch {batch}, context {context}, device {jax_side.device_kind()}",
+                 f"batch {batch}, context {context}, device {steps.device_kind()}",
                  "", "compiled memory_analysis():"] + _describe_analysis(compiled)
         peak = peak_memory_bytes()
         lines.append(f"  runtime peak_bytes_in_use (process): {peak / 2**20:.3f} MiB" if peak is not None
@@ -71,8 +70,6 @@ def memory_profile(cfg: ModelConfig, compute: ComputeConfig, batch: int, context
         txt.write_text("\n".join(lines) + "\n")
         written.append(txt)
         del outputs, step, compiled
-    if torch_too:
-        from jaxlm.bench import core
-
-        written.append(core.framework_side("torch").memory_snapshot(cfg, compute, batch, context, out))
+    for name in other_sides:  # plugged-in sides (jaxlm.bench.sides) write their own
+        written.append(sides.load(name).memory_snapshot(cfg, compute, batch, context, out))
     return written

@@ -1,11 +1,12 @@
 """`python -m jaxlm.bench ops`: where a step's time goes, op by op, from a profile of the compiled step.
 
-The JAX side traces the benchmark's own step (`jax_side.build_step`: for `train_step`, training's
-donated step with AdamW) with `jax.profiler` while XLA:CPU records every executed thunk
+The JAX side traces the benchmark's own step (`jaxlm.bench.steps.build_step`: for `train_step`, training's
+own step) with `jax.profiler` while XLA:CPU records every executed thunk
 (`--xla_cpu_enable_xprof_traceme`, set here before JAX starts), then reads each thunk's time from
 the trace and what it computes from the compiled HLO (its op and the `op_name` JAX wrote: the einsum,
-`jvp(...)` for the forward pass, `transpose(jvp(...))` for the backward pass). `--framework torch|both`
-(`python -m parity.bench ops`) profiles torchref's `torch.compile`d step with `torch.profiler`.
+`jvp(...)` for the forward pass, `transpose(jvp(...))` for the backward pass). `--framework` with a
+plugged-in side profiles that side's step with its own profiler (parity's: the PyTorch reference's compiled
+step). Needs the core install; a plugged-in side, the extra its `--framework` help names.
 
 Categories, the same on both sides: projection matmuls (every `x @ W.T`, the output head included)
 forward / backward, attention matmuls (QK^T, PV), the loss (ops on (tokens, vocab) arrays that are not
@@ -25,11 +26,11 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections import Counter
 
 from jaxlm import cli
-from jaxlm.bench import core
+from jaxlm.bench import sides
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import write_json
 
@@ -38,7 +39,7 @@ CATEGORIES = (
     "projection matmuls, forward", "projection matmuls, backward", "attention matmuls, forward",
     "attention matmuls, backward", "loss (logits to cross-entropy)", "element-wise and reductions, forward",
     "element-wise and reductions, backward", "copies and transposes", "optimizer, clipping, metrics",
-    "dispatch and bookkeeping",  # torch only: the Python and autograd time of the wrappers themselves
+    "dispatch and bookkeeping",  # another side's own: the Python and autograd time of its wrappers
 )
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%(\S+) = (\S+) (\S+?)\((.*)")
 _NO_THUNK = {"bitcast", "parameter", "constant", "get-tuple-element", "tuple"}  # no work at run time
@@ -148,24 +149,22 @@ def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
     """Profile `steps` calls of the JAX step (after `warmup`): the per-category and top op times per step."""
     import jax
 
-    from jaxlm.bench import jax_side
+    from jaxlm.bench import steps as jax_steps
 
-    step = jax_side.build_step(mode, cfg, compute, batch, context)
-    compiled = jax_side.compile_step(step)
+    step = jax_steps.build_step(mode, cfg, compute, batch, context)
+    compiled = jax_steps.compile_step(step)
     hlo = parse_hlo(compiled.as_text())
-    args = step.args
-    for _ in range(warmup):
-        out = compiled(*args)
-        jax.block_until_ready(out)
-        args = step.advance(args, out)
+    args = [step.args]
+
+    def call():
+        out = compiled(*args[0])
+        args[0] = step.advance(args[0], out)
+        return out
+
+    time_calls(call, 0, warmup=warmup, wait=jax.block_until_ready)
     with tempfile.TemporaryDirectory() as trace_dir:
-        t0 = time.perf_counter()
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(steps):
-                out = compiled(*args)
-                jax.block_until_ready(out)
-                args = step.advance(args, out)
-        wall = time.perf_counter() - t0
+            wall = sum(time_calls(call, steps, wait=jax.block_until_ready).seconds)
         times = thunk_seconds(trace_dir, hlo)
     if not times:
         raise RuntimeError("the trace holds no XLA:CPU op events: the backend started before "
@@ -175,24 +174,28 @@ def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    from jaxlm.bench.kernels import add_target_args
+
     p.description = __doc__
     cli.add_config_args(p)
+    add_target_args(p)  # --target: the GPU's kernels, predicted (jaxlm.bench.kernels)
     p.add_argument("--context", metavar="T", type=int, help="sequence length (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, default=4, help="batch size")
     p.add_argument("--mode", choices=MODES, default="train_step", help="which step to profile")
-    p.add_argument("--framework", default="jax", choices=["jax", "torch", "both"],
-                   help="which side(s) to profile; torch needs `python -m parity.bench ops`")
+    sides.add_framework_arg(p, "profile")
     p.add_argument("--warmup", metavar="N", type=int, default=3, help="steps run before the profiled ones")
     p.add_argument("--steps", metavar="N", type=int, default=10, help="profiled steps")
     p.add_argument("--top", metavar="N", type=int, default=12, help="slowest single ops listed per side")
     p.add_argument("--statistic", choices=("mean", "min"), default="mean",
-                   help="per op: the mean over the profiled steps, or the fastest (an estimate of the quiet-machine time)")
+                   help="per op: the mean over the profiled steps, or the fastest (an estimate of the quiet-machine "
+                   "time)")
     p.add_argument("--threads", metavar="N", type=int, help="CPU threads for both frameworks (default: each one's own)")
     p.add_argument("--json", metavar="PATH", help="also write the results here")
 
 
 def format_side(name: str, res: dict) -> str:
-    lines = [f"{name}: {res['step_ms']:.2f} ms per profiled step (wall), ops {res['ops_ms']:.2f} ms ({res['statistic']} per op)"]
+    lines = [f"{name}: {res['step_ms']:.2f} ms per profiled step (wall), ops {res['ops_ms']:.2f} ms "
+             f"({res['statistic']} per op)"]
     for cat, ms in sorted(res["categories"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {ms:9.3f} ms  {100 * ms / res['ops_ms']:5.1f} %  {cat}")
     lines.append(f"  slowest {len(res['top'])} ops:")
@@ -201,12 +204,14 @@ def format_side(name: str, res: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.target or args.target_config:
+        from jaxlm.bench import kernels
+
+        return kernels.main(args)
     for flag in ("--batch", "--steps", "--top", "--threads", "--context"):
         value = getattr(args, flag[2:])
         cli.check_option(value is None or value >= 1, flag, value, "must be >= 1")
     cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
-    frameworks = core.FRAMEWORKS if args.framework == "both" else (args.framework,)
-    sides = {fw: core.framework_side(fw, "ops") for fw in frameworks}
     full = cli.load_config_from_args(args)
     context = args.context or full.model.context_length
     cfg = dataclasses.replace(full.model, context_length=max(context, full.model.context_length))
@@ -215,13 +220,13 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads:
         limit_cpu_threads(args.threads)
-
+    chosen = sides.load_chosen(args.framework)  # after --threads; a missing extra stops here
     tune_for_cpu_backend()
     kw = dict(steps=args.steps, warmup=args.warmup, top=args.top, statistic=args.statistic)
     res = {"mode": args.mode, "batch": args.batch, "context": context, "model": dataclasses.asdict(cfg),
            "threads": args.threads}
-    for fw, side in sides.items():
-        profile = op_profile if fw == "jax" else side.op_profile
+    for fw, side in chosen.items():
+        profile = op_profile if fw == sides.OWN else side.op_profile
         res[fw] = profile(args.mode, cfg, full.compute, args.batch, context, **kw)
         print(format_side(fw, res[fw]))
     if args.json:

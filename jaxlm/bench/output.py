@@ -1,4 +1,4 @@
-"""The console table, JSON and CSV of benchmark rows (`jaxlm.bench.core.COLUMNS`)."""
+"""The console table, JSON and CSV of benchmark rows (`jaxlm.bench.measure.COLUMNS`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from jaxlm.bench.core import COLUMNS
+from jaxlm.bench.measure import COLUMNS
+from jaxlm.bench.timing import withheld
 from jaxlm.core.files import atomic_write
 
 
@@ -16,11 +17,13 @@ def _fmt(value, col: str) -> str:
         return "-"
     if col == "memory_gb" or col == "estimate_gb":
         return f"{value:.3f}"
-    if col == "mfu":
+    if col in ("mfu", "predicted_mfu"):
         return f"{100 * value:.1f}%"
+    if col == "busy":
+        return "busy" if value else "quiet"
     if col in ("params", "flops_per_step"):
         return _si(value)
-    if col == "tokens_per_s":
+    if col in ("tokens_per_s", "predicted_tokens_per_s"):
         return f"{value:,.0f}"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
@@ -28,10 +31,13 @@ def _fmt(value, col: str) -> str:
 
 
 def _cell(row: dict, col: str) -> str:
-    """One table cell; a paired speed ratio shows its interquartile range over the rounds beside it."""
+    """One table cell; a paired speed ratio shows its interquartile range over the rounds beside it, and none is
+    shown for a row timed on a busy machine."""
+    if col == "speed_vs_reference" and row.get("busy") and row.get(col) is not None:
+        return "withheld"
     text = _fmt(row.get(col), col)
-    if col == "jax_torch_speed" and row.get("jax_torch_speed_iqr"):
-        low, high = row["jax_torch_speed_iqr"]
+    if col == "speed_vs_reference" and row.get("speed_vs_reference_iqr"):
+        low, high = row["speed_vs_reference_iqr"]
         text += f" ({low:.3g}-{high:.3g})"
     return text
 
@@ -45,25 +51,34 @@ def _si(x: float) -> str:
 
 TABLE_COLUMNS = (
     "framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s", "step_ms",
-    "step_ms_std", "tokens_per_s", "tflops", "mfu", "memory_gb", "memory_source", "jax_torch_speed",
+    "step_ms_std", "tokens_per_s", "tflops", "mfu", "memory_gb", "memory_source", "busy", "speed_vs_reference",
 )
 
 
 HEADINGS = {  # table headings that read as words; other columns: the key with spaces
     "compile_s": "compile s", "step_ms": "step ms", "tokens_per_s": "tokens/s",
     "tflops": "TFLOP/s", "mfu": "MFU", "memory_gb": "memory GB", "memory_source": "memory from",
-    "jax_torch_speed": "speedup vs torch",
+    "busy": "machine",
 }
 
 
+def _heading(col: str, rows: list[dict]) -> str:
+    if col == "speed_vs_reference":  # named after the side the rows compare with
+        sides = sorted({r["reference"] for r in rows if r.get("reference")})
+        return f"speedup vs {'/'.join(sides) or 'reference'}"
+    return HEADINGS.get(col, col.replace("_", " "))
+
+
 def format_table(rows: list[dict], columns=TABLE_COLUMNS) -> str:
-    """A fixed-width console table; columns that are empty in every row are dropped."""
+    """A fixed-width console table; columns that are empty in every row are dropped. Below it, one line when
+    a speed ratio is withheld because its rows were timed on a busy machine."""
     cols = [c for c in columns if any(r.get(c) not in (None, "none") for r in rows) or c in ("framework", "status")]
     cells = [[_cell(r, c) for c in cols] for r in rows]
-    heads = [HEADINGS.get(c, c.replace("_", " ")) for c in cols]
+    heads = [_heading(c, rows) for c in cols]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
     line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
-    return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    note = withheld(_heading("speed_vs_reference", rows), [r for r in rows if r.get("speed_vs_reference") is not None])
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, cells), *([note] if note else [])])
 
 
 def _json_safe(v):

@@ -1,10 +1,12 @@
 """`python -m jaxlm.bench model`: model steps over a sweep of settings and shapes (docs/benchmarks.md).
 
 The model comes from the common config flags (--config, --preset, --set); the sweep axes
-(--context, --batch, --mode, --dtype, --attention, --remat) default to the config's values.
+(--context, --batch, --mode, --dtype, --attention, --remat) default to the config's values, and a
+train step is training's own for that config (optimizer, accumulation, LoRA, QAT). Needs the core
+install; a plugged-in side (`--framework`) the extra its help names; `--target` the 'gpu-compile' extra.
 Examples:
   python -m jaxlm.bench model --preset small --context 128 256 512 1024 --mode forward forward_backward \\
-      --dtype float32 bfloat16 --framework both --json runs/bench/small.json --plot runs/bench/plots
+      --dtype float32 bfloat16 --framework both --json runs/bench/small.json
   python -m jaxlm.bench model --preset small --context 1024 --mode train_step --dtype bfloat16 --find-max-batch
   python -m jaxlm.bench model --set model.d_model=64 --set model.num_layers=2 --context 64 --batch 1 1000 \\
       --memory-limit-gb 0.5          # the second row is marked OOM without running
@@ -22,7 +24,7 @@ from pathlib import Path
 from jaxlm import cli
 from jaxlm.analysis.flops import MODES
 from jaxlm.analysis.memory import search_largest
-from jaxlm.bench import core, output  # import no framework
+from jaxlm.bench import measure, output, sides  # import no framework
 from jaxlm.core.config import ComputeConfig, Config
 from jaxlm.core.errors import UserError
 
@@ -32,19 +34,18 @@ COMPUTE_CHOICES = {name: typing.get_args(tp) for name, tp in typing.get_type_hin
 def add_args(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     cli.add_config_args(p)
-    p.add_argument("--context", metavar="T", type=int, nargs="+", help="sequence lengths (default: model.context_length)")
+    p.add_argument("--context", metavar="T", type=int, nargs="+",
+                   help="sequence lengths (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, nargs="+", default=[4], help="batch sizes")
     p.add_argument("--mode", metavar="MODE", nargs="+", choices=MODES,
                    help="what one step runs (default: forward; with --target, train_step)")
-    p.add_argument("--dtype", metavar="DTYPE", nargs="+", choices=COMPUTE_CHOICES["dtype"], help="compute dtypes (default: compute.dtype)")
+    p.add_argument("--dtype", metavar="DTYPE", nargs="+", choices=COMPUTE_CHOICES["dtype"],
+                   help="compute dtypes (default: compute.dtype)")
     p.add_argument("--attention", metavar="KIND", nargs="+",
                    help="xla | cudnn | auto | window:N | cudnn+window:N (default: compute.attention)")
     p.add_argument("--remat", metavar="POLICY", nargs="+", choices=COMPUTE_CHOICES["remat"],
                    help="rematerialisation policies, JAX only (default: compute.remat)")
-    p.add_argument("--framework", default="jax", choices=["jax", "torch", "both"], help="which side(s) to measure")
-    p.add_argument("--no-compile", action="store_true", help="run torchref eagerly (no torch.compile)")
-    p.add_argument("--torch-optimizer", default="torch", choices=["torch", "torchref"],
-                   help="torch.optim.AdamW (foreach/fused) or torchref's own AdamW on torch train steps")
+    sides.add_framework_arg(p)
     p.add_argument("--warmup", metavar="N", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--steps", metavar="N", type=int, default=10, help="timed steps per row")
     p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the weights and the batch")
@@ -56,18 +57,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="largest batch that fits per setting and context (galloping, then bisection)")
     p.add_argument("--max-batch-limit", metavar="N", type=int, default=4096, help="upper bound of --find-max-batch")
     p.add_argument("--breakdown", action="store_true", help="time attention / feed-forward / head standalone (JAX)")
-    p.add_argument("--memory-profile", metavar="DIR", help="write pprof device-memory profiles and live-buffer listings")
+    p.add_argument("--memory-profile", metavar="DIR",
+                   help="write pprof device-memory profiles and live-buffer listings")
     p.add_argument("--json", metavar="PATH", help="write the rows and the run's metadata here")
     p.add_argument("--csv", metavar="PATH", help="write the rows here")
-    p.add_argument("--plot", metavar="DIR", help="write PNG figures from this sweep's rows")
-    p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (the process's CPU affinity: XLA's thread "
-                   "pool and torch.set_num_threads follow it; Linux) (default: every CPU the process may use)")
+    p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (the process's CPU affinity, which XLA's "
+                   "thread pool follows, and OMP_NUM_THREADS; Linux) (default: every CPU the process may use)")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     g = p.add_argument_group("compile for a GPU instead of running (the gpu-compile extra; docs/memory.md)")
     which = g.add_mutually_exclusive_group()
     which.add_argument("--target", metavar="GPU[:N]", help="compile every row for N of a known GPU (h100-80gb, h200, "
                        "a100-40gb, a100-80gb, l4, rtx4090) and report the compiler's memory plan; nothing runs")
     which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
+    sides.add_plugin_args(p)
 
 
 def check_args(args: argparse.Namespace, cfg: Config) -> None:
@@ -83,27 +85,25 @@ def check_args(args: argparse.Namespace, cfg: Config) -> None:
     cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
     cli.check_option(args.max_batch_limit >= 1, "--max-batch-limit", args.max_batch_limit, "must be >= 1")
     cli.check_option(args.threads is None or args.threads >= 1, "--threads", args.threads, "must be >= 1")
-    cli.check_option(args.memory_limit_gb is None or args.memory_limit_gb > 0, "--memory-limit-gb", args.memory_limit_gb,
-                "must be > 0")
+    cli.check_option(args.memory_limit_gb is None or args.memory_limit_gb > 0, "--memory-limit-gb",
+                     args.memory_limit_gb, "must be > 0")
     cli.check_option(args.peak_tflops is None or args.peak_tflops > 0, "--peak-tflops", args.peak_tflops, "must be > 0")
     for attention in args.attention:
         try:
-            core.parse_attention(attention)
+            measure.parse_attention(attention)
         except ValueError as e:
             raise UserError(f"--attention: {e}") from None
 
 
-def settings_from(args, compute: ComputeConfig) -> list[core.Setting]:
-    frameworks = ["jax", "torch"] if args.framework == "both" else [args.framework]
+def settings_from(args, compute: ComputeConfig) -> list[measure.Setting]:
     out = []
-    for fw in frameworks:
-        remats = args.remat if fw == "jax" else ["none"]
+    for fw in sides.chosen(args.framework):
+        remats = args.remat if fw == sides.OWN else ["none"]  # remat is jaxlm's; other sides run without
         for mode in args.mode:
             for dtype in args.dtype:
                 for attn in args.attention:
                     for remat in remats:
-                        out.append(core.Setting(fw, mode, dtype, attn, remat, compile=not args.no_compile,
-                                                compute=compute))
+                        out.append(measure.Setting(fw, mode, dtype, attn, remat, compute=compute))
     return out
 
 
@@ -118,23 +118,23 @@ def max_batch_rows(args, settings, base, opts, meta: dict, on_row) -> list[dict]
     found = []
     for s in settings:
         for context in args.context:
-            best = search_largest(core.batch_fits(s, base, context, opts), args.max_batch_limit)
+            best = search_largest(measure.batch_fits(s, base, context, opts), args.max_batch_limit)
             found.append((s, context, best))
             print(f"[max batch] {s.label} T={context}: {best}", flush=True)
     meta["max_batch"] = [{"setting": s.label, "context": c, "max_batch": b} for s, c, b in found]
     rows = []
     for s, context, best in found:
         if best > 0:
-            rows.append({**core.run_one(s, base, context, best, opts), "max_batch": True})
+            rows.append({**measure.run_one(s, base, context, best, opts), "max_batch": True})
             if on_row:
                 on_row(rows[-1])
-    core.add_speed_ratios(rows)
+    measure.add_speed_ratios(rows)
     return rows
 
 
 def extras(args, settings, base, meta: dict) -> None:
     """--breakdown (the first JAX setting at every shape) and --memory-profile (the first shape)."""
-    jax_settings = [s for s in settings if s.framework == "jax"] or [core.Setting()]
+    jax_settings = [s for s in settings if s.framework == sides.OWN] or [measure.Setting()]
     if args.breakdown:
         from jaxlm.bench.breakdown import component_breakdown, format_breakdown
 
@@ -148,8 +148,9 @@ def extras(args, settings, base, meta: dict) -> None:
     if args.memory_profile:
         from jaxlm.bench.memory_profile import memory_profile
 
+        others = [fw for fw in sides.chosen(args.framework) if fw != sides.OWN]
         for path in memory_profile(*jax_settings[0].configs(base, args.context[0]), args.batch[0], args.context[0],
-                                   args.memory_profile, torch_too=args.framework in ("torch", "both")):
+                                   args.memory_profile, other_sides=others):
             print(f"[memory profile] {path}")
 
 
@@ -158,11 +159,6 @@ def write_outputs(args, rows: list[dict], meta: dict) -> None:
         print(f"wrote {output.write_rows(rows, args.json, meta)}")
     if args.csv:
         print(f"wrote {output.write_csv(rows, args.csv)}")
-    if args.plot:
-        from jaxlm.bench.plots import plot_results
-
-        for path in plot_results(rows, args.plot):
-            print(f"wrote {path}")
 
 
 def compiled_sweep(args, cfg: Config, name: str) -> int:
@@ -184,7 +180,7 @@ def compiled_sweep(args, cfg: Config, name: str) -> int:
         print(f"[compiled] {s.label} T={r['context']} B={r['batch']}: {r['status']} {what}", flush=True)
 
     def save(rows: list[dict]) -> str:
-        print(f"\n{t.label}")
+        print(f"\n{t.label}; predicted_* columns: {t.predicted_label}")
         print(output.format_table(rows, BENCH_COLUMNS))
         write_outputs(args, rows, meta)
         return "the table above" + (f" and {args.json}" if args.json else "")
@@ -205,18 +201,20 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         limit_cpu_threads(args.threads)  # before the JAX backend starts: XLA sizes its thread pool then
     tune_for_cpu_backend()
+    sides.load_chosen(args.framework)  # after --threads (a side's threads follow it); a missing extra stops here
     base = cfg.model
     name = args.preset or (Path(args.config).stem if args.config else "default")
-    opts = core.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
-                        peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
-                        seed=args.seed, torch_optimizer=args.torch_optimizer)
+    opts = measure.Options(warmup=args.warmup, steps=args.steps, memory_limit_gb=args.memory_limit_gb,
+                           peak_tflops=args.peak_tflops, model_name=name + ("*" if args.overrides else ""),
+                           seed=args.seed, run=cfg, side_args=vars(args))
     settings = settings_from(args, cfg.compute)
-    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads, "host": describe()}
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads,
+            "host": describe()}
     on_row = None if args.quiet else progress_line
     if args.find_max_batch:
         rows = max_batch_rows(args, settings, base, opts, meta, on_row)
     else:
-        rows = core.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
+        rows = measure.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
     print()
     print(output.format_table(rows))
     extras(args, settings, base, meta)

@@ -1,5 +1,6 @@
 """The rows of `python -m jaxlm.bench model --target GPU`: each setting and shape compiled for the GPU
-(jaxlm.training.compiled) instead of timed, in the columns of a benchmark row.
+(jaxlm.training.compiled) instead of timed, in the columns of a benchmark row, with its step time, tokens/s
+and MFU predicted from the compiled program (`predicted_*`: a roofline over its kernels, not measured).
 
     python -m jaxlm.bench model --target h100-80gb --preset small --context 256 1024 --mode train_step --json F
 
@@ -20,9 +21,10 @@ from jaxlm.core.errors import ConfigError, UsageError
 from jaxlm.core.stop import Interrupted, StopFlag
 from jaxlm.training import compiled as gpu
 
+PREDICTED = ("predicted_step_ms", "predicted_tokens_per_s", "predicted_mfu")
 BENCH_COLUMNS = ("framework", "mode", "dtype", "attention", "remat", "context", "batch", "status", "compile_s",
-                 "argument_gb", "temp_gb", "total_gb", "fits", "matmuls", "matmul_dtypes", "cudnn_attention_calls",
-                 "largest_batch", "error")
+                 *PREDICTED, "argument_gb", "temp_gb", "total_gb", "fits", "matmuls", "matmul_dtypes",
+                 "cudnn_attention_calls", "largest_batch", "error")
 
 
 def setting_config(setting, cfg: Config, context: int, batch: int) -> Config:
@@ -33,14 +35,15 @@ def setting_config(setting, cfg: Config, context: int, batch: int) -> Config:
 
 
 def bench_row(setting, cfg: Config, context: int, batch: int, target: gpu.Target, name: str) -> dict:
-    """One compiled benchmark row (no timing columns); a failure becomes an error row, as in a timed sweep."""
+    """One compiled benchmark row (no timing columns, the predicted ones instead); a failure becomes an error row
+    whose predicted columns are empty, as in a timed sweep."""
     row = {"framework": setting.framework, "model": name, "mode": setting.mode, "dtype": setting.dtype,
            "attention": setting.attention, "remat": setting.remat, "context": context, "batch": batch,
            "device": target.label, "params": param_counts(cfg.model)["total"]}
     try:
         r = gpu.compiled_row(setting_config(setting, cfg, context, batch), target, setting.mode)
     except (UsageError, ConfigError, ValueError) as e:  # e.g. cuDNN at float32, a batch the mesh cannot split
-        return {**row, "status": "invalid", "error": str(e).splitlines()[0][:200]}
+        return {**row, **dict.fromkeys(PREDICTED), "status": "invalid", "error": str(e).splitlines()[0][:200]}
     r["matmul_dtypes"] = " ".join(f"{k}:{v}" for k, v in r["matmul_dtypes"].items())
     gb = {f"{k}_gb": r[f"{k}_bytes"] / 1e9 for k in ("argument", "output", "alias", "temp", "total")}
     # memory_gb / memory_source: what reports and plots of timed sweeps read, here the compiled total

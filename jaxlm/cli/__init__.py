@@ -5,9 +5,11 @@
     sys.exit(cli.run(main))
 
 `run` turns a `UserError` into one line, ``error: <culprit>: <what>; <what to do>``
-on stderr, and its exit code (2: bad input, 1: runtime failure); any other
-exception into one line saying where its full traceback was written (exit 1);
-Ctrl-C into exit 130. ``--debug`` or ``JAXLM_DEBUG=1`` shows tracebacks instead.
+on stderr, and its exit code (2: bad input, 1: runtime failure); running out of memory
+into one line naming the limits set on the process (exit 1); any other exception into one
+line saying where its full traceback was written (exit 1); Ctrl-C into exit 130; a reader
+that closed the pipe (`... | head`) into a quiet exit 141, as a Unix tool killed by SIGPIPE.
+``--debug`` or ``JAXLM_DEBUG=1`` shows tracebacks instead.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jaxlm.core import platform, stop
+from jaxlm.core import limits, platform, stop
 from jaxlm.core.config import PRESETS, Config, load_config
-from jaxlm.core.errors import InternalError, UsageError, UserError, write_traceback
+from jaxlm.core.errors import InternalError, OutOfMemory, UsageError, UserError, write_traceback
 from jaxlm.core.typedconfig import help_config
 
 platform.prepare()  # before any command imports JAX: CPU and a quiet start where a CUDA plugin has no GPU
@@ -39,6 +41,11 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}; see --help")
+
+    def _print_message(self, message: str, file=None) -> None:
+        """As argparse's (--help, --version), without swallowing a write error: a closed pipe reaches `run`."""
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def bounded(kind: type = int, low=None, high=None, open_low: bool = False, open_high: bool = False):
@@ -65,7 +72,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     is none to show (None, False, []) or the help text names it already (what stands in for None)."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False or action.default == [] or "default" in (action.help or ""):
+        nothing = action.default is None or action.default is False or action.default == []
+        if nothing or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -109,16 +117,50 @@ def _unexpected(e: BaseException, run_dir: str | Path | None = None) -> str:
     return f"unexpected {type(e).__name__}: {first}; {where} (rerun with --debug to print it)"
 
 
+def out_of_memory(e: BaseException) -> OutOfMemory | None:
+    """A failed allocation as the machine's limit, not a bug: its line names the limits set on the process."""
+    if not limits.is_out_of_memory(e):
+        return None
+    first = _one_line(e)[:200] or type(e).__name__
+    where = limits.describe_limits() or "no limit is set on this process: the host or the device is full"
+    return OutOfMemory(f"out of memory ({first}); {where}; use a smaller batch or model, or raise the limit")
+
+
 @contextlib.contextmanager
 def traceback_in(run_dir: str | Path) -> Iterator[None]:
     """Inside the block, an unexpected exception's traceback goes to RUN/error.log (when RUN exists)
-    and it leaves as an InternalError whose one line says so; UserErrors pass through untouched."""
+    and it leaves as an InternalError whose one line says so; UserErrors, running out of memory and a
+    closed stdout pass through as what they are."""
     try:
         yield
-    except UserError:
+    except (UserError, BrokenPipeError):
         raise
     except Exception as e:  # with --debug, `run` re-raises this and Python prints both tracebacks
-        raise InternalError(_unexpected(e, run_dir)) from e
+        if _interrupt_of(e) is not None:
+            raise
+        raise (out_of_memory(e) or InternalError(_unexpected(e, run_dir))) from e
+
+
+def _interrupt_of(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt behind `e`: itself, or the cause of the error it became (a C extension whose import
+    Ctrl-C stopped raises ImportError "initialization failed" from it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`... | head`): nothing more to say, and nothing at exit either
+    (the interpreter's final flush would complain), so stdout points at /dev/null from here on."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's StringIO)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
@@ -131,28 +173,57 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     interrupted = False
     try:
-        return main(argv)
-    except KeyboardInterrupt as e:
-        if debug:
-            raise
-        interrupted = True
-        if str(e):  # an Interrupted stop at a safe point says what was and was not done
-            print(f"interrupted: {_one_line(e)}", file=sys.stderr)
-        return 130
+        try:
+            held = stop.arm() if own_command else None
+            if held:
+                raise KeyboardInterrupt(f"{held} during start-up, before the command began; nothing was done")
+            return main(argv)
+        finally:
+            if own_command:  # a closed pipe shows here, where it can still be handled, not at exit
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_closed()
     except UserError as e:
         if debug:
             raise
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
-    except Exception as e:
+    except (KeyboardInterrupt, Exception) as e:
         if debug:
             raise
-        print(f"error: {_unexpected(e)}", file=sys.stderr)
+        stopped = _interrupt_of(e)
+        if stopped is not None:
+            interrupted = True
+            return _interrupted(stopped, own_command)
+        oom = out_of_memory(e)
+        print(f"error: {_one_line(oom) if oom else _unexpected(e)}", file=sys.stderr)
         return 1
     finally:
+        if own_command:
+            stop.arm(False)
         if own_command and (interrupted or stop.caught_signal()):
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, signal.SIG_IGN)
+
+
+def _interrupted(e: KeyboardInterrupt, own_command: bool) -> int:
+    """Exit 130 with one line (an Interrupted stop at a safe point says what was and was not done); as the
+    process's own command, without the interpreter's exit, which can crash after JAX was stopped mid-call."""
+    if str(e) or own_command:
+        print(f"interrupted: {_one_line(e) or 'SIGINT, stopped'}", file=sys.stderr)
+    if own_command:
+        _exit_now(130)
+    return 130
+
+
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's exit (everything the command held was released while unwinding)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def check_option(ok: bool, flag: str, value, rule: str) -> None:

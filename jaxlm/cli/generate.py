@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from jaxlm import cli
-from jaxlm.core.config import Config, load_config
+from jaxlm.core.config import MAX_SEED, MAX_STEPS, Config, load_config
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError, UserError
 
 
@@ -26,17 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (its latest checkpoint)")
     src.add_argument("--checkpoint", metavar="DIR", help="one checkpoint of a run, e.g. RUN/checkpoints/600")
-    ap.add_argument("--prompt", metavar="TEXT", action="append", default=[], help="prompt text; repeat for a batch of prompts")
+    ap.add_argument("--prompt", metavar="TEXT", action="append", default=[],
+                    help="prompt text; repeat for a batch of prompts")
     ap.add_argument("--prompt-file", action="append", default=[], metavar="FILE",
                     help="a UTF-8 file whose whole text is one prompt; repeatable")
     ap.add_argument("--max-new-tokens", metavar="N", type=int, default=200, help="tokens to generate per sample (>= 1)")
-    ap.add_argument("--temperature", metavar="T", type=float, default=1.0, help="softmax temperature (>= 0); 0 = greedy")
+    ap.add_argument("--temperature", metavar="T", type=float, default=1.0,
+                    help="softmax temperature (>= 0); 0 = greedy")
     ap.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus probability mass in (0, 1]; 1 = off")
     ap.add_argument("--top-k", metavar="K", type=int, default=0, help="keep the k most likely tokens (>= 0); 0 = off")
-    ap.add_argument("--seed", metavar="N", type=int, default=0, help="random seed of the sampling")
+    ap.add_argument("--seed", metavar="N", type=cli.bounded(int, 0, MAX_SEED), default=0,
+                    help="random seed of the sampling")
     ap.add_argument("--num-samples", metavar="N", type=int, default=1, help="samples per prompt (>= 1)")
     ap.add_argument("--stream", action="store_true", help="print tokens as they are generated, one sample at a time")
     ap.add_argument("--no-cache", action="store_true", help="re-run the full forward per token (slow; for comparison)")
+    ap.add_argument("--tokenizer", metavar="DIR", help="the tokenizer, for a run that records none (weights imported "
+                    "without tokenizer.json): a directory with tokenizer.json or vocab.json + merges.txt, bytes, gpt2")
     cli.add_config_args(ap, base="the run's config.toml")
     return ap
 
@@ -94,11 +99,13 @@ def main(argv=None) -> int:
     from jaxlm.training.checkpoint import load_for_generation
 
     tune_for_cpu_backend()
-    model, tok = load_for_generation(path, cfg)
+    model, tok = load_for_generation(path, cfg, args.tokenizer)
     rows = [i for i in range(len(texts)) for _ in range(args.num_samples)]  # row r continues prompt rows[r]
-    prompts = [encode_prompt(tok, texts[i]) for i in rows]
+    encoded = [encode_prompt(tok, text) for text in texts]
+    check_lengths(encoded, len(rows), args.max_new_tokens, cfg.model.context_length)
+    prompts = [encoded[i] for i in rows]
     gen, sampling = Generator(model, tok.vocab_size), SamplingParams(args.temperature, args.top_k, args.top_p)
-    kw = dict(seed=args.seed, eot_id=tok.eot_id, use_cache=not args.no_cache)
+    kw = dict(seed=args.seed, eot_id=tok.stop_ids, use_cache=not args.no_cache)
     if args.stream:
         for r, i in enumerate(rows):
             print(f"--- prompt {i} sample {r % args.num_samples}", file=sys.stderr)
@@ -110,6 +117,31 @@ def main(argv=None) -> int:
         print(f"--- prompt {i} sample {r % args.num_samples}", file=sys.stderr)
         print(texts[i] + tok.decode(res.tokens[r]))
     return 0
+
+
+# Host bytes per token of the output: the packed prompts, their device copy and the copy fetched back (int32
+# each), and the Python list of ids returned (an 8-byte pointer and, past the cached small ints, a 32-byte int).
+BYTES_PER_TOKEN = 3 * 4 + 8 + 32
+
+
+def check_lengths(prompts: list[list[int]], rows: int, max_new_tokens: int, context: int) -> None:
+    """--max-new-tokens within what this run can hold (positions are int32; each of the `rows` rows' tokens are
+    kept in host memory until the end); a warning for each prompt longer than the context (the model sees its end)."""
+    from jaxlm.core.limits import host_memory
+
+    for i, p in enumerate(prompts):
+        if len(p) > context:
+            print(f"warning: prompt {i} is {len(p):,} tokens, longer than model.context_length = {context}: the "
+                  f"model sees only its last {context}", file=sys.stderr)
+    longest = min(max(map(len, prompts)), context)
+    cli.check_option(longest + max_new_tokens <= MAX_STEPS, "--max-new-tokens", max_new_tokens,
+                     f"must be at most {MAX_STEPS - longest:,} (a row's positions are int32)")
+    need, have = rows * (longest + max_new_tokens) * BYTES_PER_TOKEN, host_memory()
+    if have is not None and need > have[0]:
+        fits = max(have[0] // (rows * BYTES_PER_TOKEN) - longest, 0)
+        cli.check_option(False, "--max-new-tokens", max_new_tokens,
+                         f"{rows} row(s) of {longest + max_new_tokens:,} tokens need about {need / 2**30:.1f} GiB of "
+                         f"host memory, but {have[1]} {have[0] / 2**30:.1f} GiB; at most about {fits:,} fit")
 
 
 def stream_row(tok, text: str, generate: Callable) -> None:

@@ -6,7 +6,8 @@ DIR gets the run's config with LoRA off, its tokenizer, and one checkpoint (at t
 of the merged float32 weights W + (alpha / r) B A with a fresh optimizer state: `jaxlm.generate`,
 `jaxlm.bench`, `parity.check` and `train.init_from` read it like any run. The merged model's
 logits are compared with the adapted model's on a random batch and the difference printed.
-The merge holds the locks of the run and of DIR (jaxlm.core.lock): no trainer writes either meanwhile.
+The merge reads the run under a shared lock and writes DIR under its own (jaxlm.core.lock): no trainer writes
+either meanwhile; a read-only run needs no lock.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ def merge_run(src: str | Path, out: str | Path) -> float:
     """Write the merged run to `out`; returns max |logits(merged) - logits(adapted)| on a random batch."""
     from jaxlm.training.checkpoint import find_run_dir
 
-    out = Path(out)
+    out, run_dir = Path(out), find_run_dir(src)[0]
+    if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
+        raise UsageError(f"--out {out}: inside the run being merged ({run_dir}); write the merged run to a new "
+                         "directory beside it")
     problem = writable_dir_problem(out)
     if problem:
         raise UsageError(f"--out {out}: {problem}; choose a new directory")
-    with DirLock(find_run_dir(src)[0], str(src)), DirLock(out, f"--out {out}"):
+    with DirLock(run_dir, str(src), shared=True), DirLock(out, f"--out {out}"):
         return _merge(src, out)
 
 

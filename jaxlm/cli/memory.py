@@ -176,6 +176,11 @@ def format_target_report(r: dict) -> str:
                  f"{r['usable_fraction']:.2f} of {gib(r['capacity_bytes'])}, JAX's allocator share)")
     if "largest_batch" in r:
         lines.append(f"largest batch that fits: {r['largest_batch']} (by compiling)")
+    if r.get("predicted_step_ms"):
+        mfu = f", MFU {100 * r['predicted_mfu']:.0f}% of the {r['predicted_peak']} peak" if r["predicted_mfu"] else ""
+        lines += ["", r["predicted_label"], f"  step {r['predicted_step_ms']:.2f} ms, "
+                  f"{r['predicted_tokens_per_s']:,.0f} tokens/s{mfu} (kernel by kernel: python -m jaxlm.bench ops "
+                  "--target ...)"]
     return "\n".join(lines)
 
 

@@ -7,8 +7,8 @@ feed-forward) converted to symmetric per-output-channel int8 / int4 (`jaxlm/nn/q
 with its validation loss (the run's val.bin: its data.eval_tokens targets, as in training) and its weight bytes (integer
 weights at their bit width plus a float32 scale per output channel; embeddings, norms and
 the output head stay float32). A QAT run (`qat.*`) keeps the activation quantisation it trained with. Given a
-float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run's lock (jaxlm.core.lock)
-is held while it is read, so no trainer replaces its checkpoints between the rows.
+float run and QAT runs, this one table is the float / PTQ / QAT comparison. Each run is read under a shared lock
+(jaxlm.core.lock), so no trainer replaces its checkpoints between the rows; a read-only run needs none.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jaxlm import cli
 from jaxlm.core.errors import DataError, UsageError
+from jaxlm.core.files import writable_file_problem
 
 
 def projections(model) -> list:
@@ -61,7 +62,7 @@ def val_loss(model, cfg, eval_tokens: int) -> float:
     from flax import nnx
 
     from jaxlm.data.loader import eval_batches
-    from jaxlm.nn.model import lm_terms
+    from jaxlm.nn.loss import lm_terms
     from jaxlm.training.step import eval_sums
 
     graphdef, state = nnx.split(model)
@@ -81,12 +82,12 @@ def quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dic
     from jaxlm.core.lock import DirLock
     from jaxlm.training.checkpoint import find_run_dir
 
-    with DirLock(find_run_dir(run)[0], run):
+    with DirLock(find_run_dir(run)[0], run, shared=True):
         return _quantize_run(run, bits_list, tokens)
 
 
 def _quantize_run(run: str, bits_list: list[int], tokens: int | None) -> list[dict]:
-    """`quantize_run` under the run's lock."""
+    """`quantize_run` under the run's shared lock."""
     from jaxlm.nn import lora
     from jaxlm.training.checkpoint import restore_for_inference
 
@@ -118,6 +119,9 @@ def main(argv=None) -> int:
     bad = [b for b in args.bits if b not in (4, 8)]
     if bad:
         raise UsageError(f"--bits {bad[0]}: must be 4 or 8")
+    problem = writable_file_problem(args.json) if args.json else None
+    if problem:  # before the evaluations, not after them
+        raise UsageError(f"--json {args.json}: cannot be written: {problem}")
     rows = [row for run in args.runs for row in quantize_run(run, args.bits, args.tokens)]
     print(f"{'run':<40} {'weights':<28} {'val loss':>9} {'weight bytes':>13}")
     for r in rows:

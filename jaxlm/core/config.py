@@ -1,13 +1,9 @@
 """One typed configuration tree, loaded from TOML with presets and dotted `--set` overrides.
 
-Every section is a frozen dataclass validated on construction. Errors name the
-key and the value (``optim.lr = -1.0: must be > 0``) and say where the value
-came from (the TOML file or the `--set` flag). Every field carries a one-line
-doc, printed by ``--help-config``. This module declares the tree; the generic machinery
-(coercion, overrides, TOML in and out) is `jaxlm/core/typedconfig.py`. Nothing heavy is imported.
-
-`ModelConfig` is the architecture alone (what function the network computes);
-`ComputeConfig` is how jaxlm executes it (dtype, attention kernel, remat).
+Every section is a frozen dataclass validated on construction. Errors name the key and the value
+(``optim.lr = -1.0: must be > 0``) and say where the value came from (the TOML file or the `--set` flag).
+Every field carries a one-line doc, printed by ``--help-config``. This module declares the tree; the generic
+machinery (coercion, overrides, TOML in and out) is `jaxlm/core/typedconfig.py`. Nothing heavy is imported.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from typing import Any, Literal
 
 from jaxlm.core import typedconfig as tc
 from jaxlm.core.errors import ConfigError
-from jaxlm.core.oldkeys import migrate, migrate_override
 from jaxlm.core.presets import PRESETS
 
 
@@ -35,15 +30,9 @@ def _check(ok: bool, key: str, value: Any, rule: str) -> None:
         raise ConfigError(f"{key} = {value!r}: {rule}")
 
 
-MAX_STEPS = 2**31 - 1  # the train state counts steps in an int32 (the schedule reads it): more would overflow
+MAX_STEPS = 2**31 - 1  # int32: the train state's step counter (the schedule reads it), token ids and positions
 TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
-
-
-def default_d_ff(d_model: int, ffn: str) -> int:
-    """SwiGLU: about 8/3 d_model rounded to a multiple of 64; SiLU: 4 d_model (same parameter count)."""
-    if ffn == "silu":
-        return 4 * d_model
-    return max(64, int(round(8 * d_model / 3 / 64)) * 64)
+MAX_SEED = 2**32 - 1  # an unsigned 32-bit seed (NumPy's data order wants it >= 0)
 
 
 # --------------------------------------------------------------------------- model and compute
@@ -57,34 +46,49 @@ class ModelConfig:
     context_length: int = opt(256, "longest sequence the model accepts (RoPE table length)")
     d_model: int = opt(512, "width of the residual stream")
     num_layers: int = opt(4, "number of Transformer blocks")
-    num_heads: int = opt(16, "attention heads; must divide d_model")
+    num_heads: int = opt(16, "attention (query) heads; must divide d_model unless head_size is set")
+    num_kv_heads: int | None = opt(None, "key/value heads, each shared by a group of query heads; unset: num_heads")
+    head_size: int | None = opt(None, "width of each attention head; unset: d_model / num_heads")
     d_ff: int | None = opt(None, "feed-forward width; unset: 8/3 d_model rounded to 64 (swiglu), 4 d_model (silu)")
     rope_theta: float = opt(10000.0, "RoPE base frequency")
+    rope_scaling: list[float] | None = opt(None, "Llama 3 RoPE scaling: factor, low/high freq factor, original context")
     norm: Literal["pre", "post", "none"] = opt("pre", "RMSNorm placement: pre-norm, post-norm, or no norms (ablation)")
     rope: bool = opt(True, "rotary position embeddings on queries and keys; false = NoPE (ablation)")
     ffn: Literal["swiglu", "silu"] = opt("swiglu", "gated SwiGLU or the ungated SiLU feed-forward (ablation)")
     tie_embeddings: bool = opt(False, "share the output projection with the token embeddings")
     dropout: float = opt(0.0, "dropout on attention probabilities and residual branches, training only")
     eps: float = opt(1e-5, "RMSNorm epsilon")
-    window: int | None = opt(None, "sliding-window attention: each query sees itself and at most this many previous keys")
+    window: int | None = opt(
+        None, "sliding-window attention: each query sees itself and at most this many previous keys")
 
     def __post_init__(self):
-        if self.d_ff is None:
-            object.__setattr__(self, "d_ff", default_d_ff(self.d_model, self.ffn))
-        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff"):
-            _check(getattr(self, name) > 0, name, getattr(self, name), "must be positive")
-        _check(self.d_model % self.num_heads == 0, "d_model", self.d_model,
-               f"must be divisible by num_heads ({self.num_heads})")
-        _check(not (self.rope and self.head_dim % 2), "num_heads", self.num_heads,
-               f"RoPE needs an even head size, got d_model / num_heads = {self.head_dim}")
+        if self.d_ff is None:  # SwiGLU: about 8/3 d_model rounded to a multiple of 64; SiLU: 4 d_model (same count)
+            swiglu = max(64, int(round(8 * self.d_model / 3 / 64)) * 64)
+            object.__setattr__(self, "d_ff", 4 * self.d_model if self.ffn == "silu" else swiglu)
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "num_kv_heads",
+                     "head_size"):
+            value = getattr(self, name)
+            _check(value is None or 0 < value <= MAX_STEPS, name, value, f"must be in 1 ... {MAX_STEPS:,}")
+        for name in ("rope_theta", "eps"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "must be > 0")
+        _check(self.head_size or self.d_model % self.num_heads == 0, "d_model", self.d_model,
+               f"must be divisible by num_heads ({self.num_heads}), or set head_size")
+        _check(self.num_heads % self.kv_heads == 0, "num_kv_heads", self.num_kv_heads, f"must divide {self.num_heads}")
+        _check(not (self.rope and self.head_dim % 2), "head_size" if self.head_size else "num_heads",
+               self.head_size or self.num_heads, f"RoPE needs an even head size, got {self.head_dim}")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.window is None or self.window >= 1, "window", self.window, "must be >= 1 or unset")
-        _check(self.rope_theta > 0 and self.eps > 0, "rope_theta" if self.rope_theta <= 0 else "eps",
-               self.rope_theta if self.rope_theta <= 0 else self.eps, "must be > 0")
+        s = self.rope_scaling  # Llama 3.1's [8, 1, 4, 8192]
+        _check(s is None or (self.rope and len(s) == 4 and min(s) > 0 and s[2] > s[1]), "rope_scaling", s, "must be 4 "
+               "numbers > 0 (factor, low and high frequency factor, original context), high > low, with rope = true")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.num_heads
+        return self.head_size or self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":
@@ -110,28 +114,13 @@ class ComputeConfig:
         False, "stack the blocks' parameters on a leading layers axis and run them with lax.scan (compiles once)")
     loss_chunk: int | None = opt(
         None, "tokens per block of the LM head + cross-entropy, so only one block's logits ever exist (each block's "
-        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on (there the float32 logits "
-        "are a large share of a step's memory, at no cost in CPU step time), else 0 (docs/techniques/loss-chunking.md)")
+        "gradients formed as it is computed); 0: whole logits; unset: 1024 from a 32,000-token vocabulary on, else 0 "
+        "(the block size is decided in jaxlm.nn.loss.block_positions; docs/techniques/loss-chunking.md)")
 
     def __post_init__(self):
         _check(not (self.attention == "cudnn" and self.dtype == "float32"), "attention", self.attention,
                "cuDNN attention has no float32 kernel; set compute.dtype = \"bfloat16\" or use \"xla\"")
         _check(self.loss_chunk is None or self.loss_chunk >= 0, "loss_chunk", self.loss_chunk, "must be >= 0 or unset")
-
-    def loss_chunk_for(self, vocab_size: int) -> int:
-        """loss_chunk with its unset default resolved for this vocabulary (0: whole logits)."""
-        if self.loss_chunk is not None:
-            return self.loss_chunk
-        return AUTO_LOSS_CHUNK if vocab_size >= AUTO_LOSS_CHUNK_VOCAB else 0
-
-    def loss_positions(self, vocab_size: int, batch: int, seq: int) -> int:
-        """Positions of every row per block of the chunked loss (seq: one block, the whole logits): the fewest
-        blocks of at most loss_chunk tokens (at least one position of each row), evened out to pad the least."""
-        chunk = self.loss_chunk_for(vocab_size)
-        if not chunk or chunk >= batch * seq:
-            return seq
-        blocks = -(-seq // max(1, chunk // batch))
-        return -(-seq // blocks)
 
     @property
     def remat_policy(self) -> str:
@@ -145,9 +134,6 @@ class ComputeConfig:
         return "dots_saveable" if self.remat == "none" and self.scan_layers else self.remat
 
 
-AUTO_LOSS_CHUNK, AUTO_LOSS_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: its value from this vocabulary on
-
-
 # --------------------------------------------------------------------------- training run
 
 
@@ -158,10 +144,11 @@ class DataConfig:
     dir: str = opt("runs/data/quickstart", "directory of the token files (built from `source` when missing)")
     source: list[str] = opt(["pydoc"], "what to tokenise into `dir`: corpus names (`python -m jaxlm.data list`), "
                             "text files, or \"pydoc\" (Python's bundled docs)")
-    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as \"wikitext-2/valid.txt\", "
-                                "or a file); empty: the last val_fraction of the `source` tokens")
-    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level BPE "
-                         "of N entries trained on `source` when the data is prepared)")
+    val_source: list[str] = opt([], "validation text, as `source` (a corpus NAME/FILE such as "
+                                "\"wikitext-2/valid.txt\", or a file); empty: the last val_fraction of the `source` "
+                                "tokens")
+    tokenizer: str = opt("bytes", "bytes | gpt2 | a directory holding vocab.json + merges.txt | bpe:N (a byte-level "
+                         "BPE of N entries trained on `source` when the data is prepared)")
     val_fraction: float = opt(0.1, "share of the text held out for validation (its end) when val_source is empty")
     batch_size: int = opt(16, "global batch in sequences per optimizer step")
     eval_tokens: int = opt(65536, "validation targets scored per evaluation, from the start of val.bin, the same "
@@ -196,7 +183,8 @@ class OptimConfig:
         _check(self.lr > 0, "lr", self.lr, "must be > 0")
         _check(0 <= self.min_lr <= self.lr, "min_lr", self.min_lr, f"must be in [0, lr = {self.lr}]")
         _check(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps, "must be >= 1 or unset")
+        _check(self.cosine_steps is None or self.cosine_steps >= 1, "cosine_steps", self.cosine_steps,
+               "must be >= 1 or unset")
         for name in ("warmup_steps", "cosine_steps"):
             _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
@@ -222,6 +210,7 @@ class TrainConfig:
         for name in ("steps", "grad_accum", "eval_every", "steps_per_call"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(self.steps <= MAX_STEPS, "steps", self.steps, TOO_MANY_STEPS)
+        _check(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"must be in 0 ... {MAX_SEED:,}")
         _check(self.out_dir.strip() != "", "out_dir", self.out_dir, "must name a directory")
         _check(self.init_from is None or self.init_from.strip() != "", "init_from", self.init_from,
                "must name a run directory or be unset")
@@ -239,14 +228,15 @@ class LogConfig:
     sample_prompt: str = opt("The ", "prompt of the samples")
     sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
     progress: bool = opt(True, "show a progress bar")
-    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.flops has no entry")
+    peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.analysis.flops has no entry")
 
     def __post_init__(self):
         _check(self.every >= 1, "every", self.every, "must be >= 1")
         for name in ("sample_every", "sample_tokens", "sample_temperature"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
         p = self.profile_steps
-        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p, "must be [first, last] with first <= last")
+        _check(not p or (len(p) == 2 and 0 <= p[0] <= p[1]), "profile_steps", p,
+               "must be [first, last] with first <= last")
 
 
 @dataclass(frozen=True)
@@ -295,8 +285,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
 
 
 def quant_block(d_in: int, block: int) -> int:
-    """The block a quantised base uses on an input width d_in: `block`, or the largest divisor of both
-    when d_in is not a multiple of it (what `jaxlm.nn.quant.block_size` computes)."""
+    """The block a quantised base (`jaxlm.nn.quant`) uses on an input width d_in: `block`, or the largest divisor
+    of both when d_in is not a multiple of it. Here, the lowest layer, because lora.* is checked against it."""
     return block if d_in % block == 0 else math.gcd(d_in, block)
 
 
@@ -329,8 +319,10 @@ class LoraConfig:
     def check_model(self, m: ModelConfig) -> None:
         """The adapters fit the layers they adapt: a rank of at most min(in, out) of every target, and for
         nf4 an even block (two codes per byte) on every target's input width."""
-        widths = {t: (m.d_ff if t == "w2" else m.d_model, m.d_ff if t in ("w1", "w3") else m.d_model)
-                  for t in self.targets if self.rank}  # target -> (in, out)
+        q, kv, d, f = m.num_heads * m.head_dim, m.kv_heads * m.head_dim, m.d_model, m.d_ff
+        shapes = dict(q_proj=(d, q), k_proj=(d, kv), v_proj=(d, kv), output_proj=(q, d), w1=(d, f), w2=(f, d),
+                      w3=(d, f))
+        widths = {t: shapes[t] for t in self.targets if self.rank}  # target -> (in, out)
         for t, (d_in, d_out) in widths.items():
             _check(self.rank <= min(d_in, d_out), "lora.rank", self.rank, f"above min(in, out) = {min(d_in, d_out)} of "
                    f"{t} (model.d_model = {m.d_model}, model.d_ff = {m.d_ff}): it adds parameters but no rank")
@@ -344,7 +336,8 @@ class QatConfig:
     """Quantisation-aware training: fake-quantised forward, straight-through gradients; unset: off
     (post-training conversion: python -m jaxlm.quantize)."""
 
-    weight_bits: int | None = opt(None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
+    weight_bits: int | None = opt(
+        None, "symmetric per-output-channel weight quantisation of the blocks' Linears: 8 or 4")
     activation_bits: int | None = opt(None, "dynamic per-token quantisation of the blocks' Linear inputs: 8")
 
     def __post_init__(self):
@@ -369,7 +362,8 @@ class Config:
         _check(self.data.batch_size % self.train.grad_accum == 0, "data.batch_size", self.data.batch_size,
                f"must be divisible by train.grad_accum ({self.train.grad_accum})")
         qat = self.qat.weight_bits or self.qat.activation_bits
-        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank, "QAT (qat.*) and LoRA in one run are not supported")
+        _check(not (qat and self.lora.rank), "lora.rank", self.lora.rank,
+               "QAT (qat.*) and LoRA in one run are not supported")
         _check(not (self.lora.rank and self.lora.dropout and self.parallel.pipeline != 1), "lora.dropout",
                self.lora.dropout, "the pipeline (parallel.pipeline) runs the adapters without dropout; set it to 0")
         self.lora.check_model(self.model)
@@ -380,12 +374,12 @@ class Config:
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None, cls=Config):
     """Defaults < TOML at `path` < preset `preset` < `--set` overrides; validated, errors naming their source."""
-    data = migrate(tc.read_toml(path), str(path)) if path is not None else {}
+    data = tc.read_toml(path) if path is not None else {}
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"--preset {preset!r}: unknown; known: {', '.join(PRESETS)}")
         data = tc.merge_trees(data, PRESETS[preset])
-    overrides = [t for t in map(migrate_override, overrides) if t is not None]
+    overrides = list(overrides)
     for text in overrides:
         try:
             tc.check_override(cls, *tc.parse_override(text))

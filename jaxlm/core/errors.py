@@ -62,6 +62,12 @@ class DirectoryInUse(UserError):
     """Another process holds the directory's lock (jaxlm.core.lock); the message names it."""
 
 
+class OutOfMemory(UserError):
+    """An allocation failed (host or device); the message names the limits set on the process."""
+
+    exit_code = 1
+
+
 class WriteFailed(UserError):
     """A file could not be written (disk full, quota, permission); the message names the file and the cause."""
 

@@ -14,7 +14,7 @@ from jaxlm.core.errors import MissingExtra
 
 # top-level module -> the extra that installs it
 EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile",
-          "weasyprint": "pdf"}
+          "weasyprint": "pdf", "safetensors": "hf", "tokenizers": "hf", "huggingface_hub": "hf"}
 
 
 def missing_message(module: str) -> str:

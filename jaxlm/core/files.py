@@ -75,6 +75,17 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+def writable_file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be written as a file (atomically, beside its old version), or None when it can;
+    creates nothing (checked before long work whose result goes there)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory"
+    if not path.parent.is_dir():
+        return f"{path.parent} is not a directory" if path.parent.exists() else f"{path.parent} does not exist"
+    return writable_dir_problem(path.parent)
+
+
 def write_between_markers(path: str | os.PathLike, text: str, begin: str, end: str) -> Path:
     """Replace what lies between the lines `begin` and `end` in `path` with `text` (or append the block)."""
     path = Path(path)

@@ -55,7 +55,8 @@ def limit_cpu_threads(n: int) -> int:
 
     Must run before JAX starts its CPU backend: XLA sizes its thread pool (the dots' threads
     too) from the CPUs the process may run on, and threads started later inherit the set.
-    Torch is told with `torch.set_num_threads` where it is loaded, and OpenMP by OMP_NUM_THREADS.
+    OpenMP is told by OMP_NUM_THREADS (a framework loaded later follows it; one already loaded is told by
+    its caller).
     """
     import os
 
@@ -65,9 +66,6 @@ def limit_cpu_threads(n: int) -> int:
     cpus = sorted(os.sched_getaffinity(0))[:n]
     os.sched_setaffinity(0, cpus)
     os.environ["OMP_NUM_THREADS"] = str(len(cpus))
-    torch = sys.modules.get("torch")  # loaded when parity.bench added the torch side
-    if torch is not None:
-        torch.set_num_threads(len(cpus))
     return len(cpus)
 
 

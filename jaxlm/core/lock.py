@@ -2,15 +2,23 @@
 
     with DirLock("runs/x", "train.out_dir = 'runs/x'"):
         ...  # runs/.x.lock holds {"host", "pid", "command", "since"}
+    with DirLock("runs/x", "runs/x", shared=True):
+        ...  # a reader: refused while a writer holds it, beside other readers
 
-A second process asking for the same directory gets one `DirectoryInUse` line naming the
-holder's pid, host and command. The kernel drops a `flock` when its process dies, so
-the file of a killed holder (kill -9, a crash) still names it but is not locked: the
-next writer takes it over with a warning. The file sits beside the directory, not in
-it, so taking the lock creates nothing a failed start has to clean up (only missing
-parent directories, removed again on release when still empty), and a directory
-built elsewhere and renamed into place (`jaxlm.data prepare`) is covered too. Where
-the parent cannot be written but the directory exists and can, the file is DIR/.lock.
+The file is always PARENT/.NAME.lock, whatever the permissions, so every process finds the
+same one; it sits beside the directory, not in it, so taking the lock creates nothing a
+failed start has to clean up (only missing parent directories, removed again on release when
+still empty), and a directory built elsewhere and renamed into place (`jaxlm.data prepare`) is
+covered too. A writer that cannot create it is refused in one line saying how to make it.
+
+A second writer gets one `DirectoryInUse` line naming the holder's pid, host and command
+(or that readers hold it). The kernel drops a `flock` when its process dies, so the file of
+a killed holder (kill -9, a crash) still names it but is not locked: the next writer takes
+it over with a warning when it names this host. A file naming another host is refused: a
+`flock` is not always seen across hosts (some network file systems keep it local), so that
+holder may be alive; deleting the file is the override. A reader (`shared=True`: quantize,
+lora merge) does not write its name into the file, and needs none where none can be created
+(a read-only run: no process with its rights can write it either).
 """
 
 from __future__ import annotations
@@ -27,13 +35,9 @@ from jaxlm.core.errors import DirectoryInUse, UsageError
 
 
 def lock_path(directory: str | os.PathLike) -> Path:
-    """PARENT/.NAME.lock for PARENT/NAME (symbolic links resolved, so every spelling shares one file);
-    NAME/.lock when only the directory itself can be written."""
+    """PARENT/.NAME.lock for PARENT/NAME (symbolic links resolved, so every spelling shares one file)."""
     d = Path(directory).resolve()
-    beside = d.parent / f".{d.name}.lock"
-    if d.is_dir() and d.parent.is_dir() and not os.access(d.parent, os.W_OK) and os.access(d, os.W_OK):
-        return d / ".lock"
-    return beside
+    return d.parent / f".{d.name}.lock"
 
 
 def _holder() -> dict:
@@ -57,10 +61,13 @@ def _read(fd: int) -> dict:
 
 
 class DirLock:
-    """An exclusive lock on `directory` for this process; `culprit` starts the refusal line (a key or a flag)."""
+    """A lock on `directory` for this process, exclusive (a writer) or `shared` (a reader); `culprit` starts
+    the refusal line (a key or a flag)."""
 
-    def __init__(self, directory: str | os.PathLike, culprit: str):
-        self.path, self.culprit = lock_path(directory), culprit
+    def __init__(self, directory: str | os.PathLike, culprit: str, shared: bool = False):
+        self.path, self.culprit, self.shared = lock_path(directory), culprit, shared
+        if Path(directory).resolve().parent == Path(directory).resolve():
+            raise UsageError(f"{culprit}: {directory} is the file system's root; choose a directory inside it")
         self._fd: int | None = None
         self._created: list[Path] = []
 
@@ -72,32 +79,65 @@ class DirLock:
             raise UsageError(f"{self.culprit}: cannot create {self.path.parent} ({e.strerror or e})") from None
         while self._fd is None:
             fd = self._open()
+            if fd is None:  # a reader where the file cannot be made: nothing with this process's rights writes here
+                return self
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read(fd)
-                os.close(fd)
-                self._remove_created()
-                raise DirectoryInUse(f"{self.culprit}: in use by {_describe(holder)}, which holds {self.path}; wait "
-                                     "for it to finish or stop it, or choose another directory") from None
+                self._refuse(fd)
             if self._same_file(fd):
                 self._fd = fd
             else:  # the previous holder removed the file between our open and our flock: take the new one
                 os.close(fd)
-        stale = _read(self._fd)
+        if not self.shared:
+            self._take_over(_read(self._fd))
+        return self
+
+    def _open(self) -> int | None:
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # flock needs no write access
+            try:
+                return os.open(self.path, flags, 0o644)
+            except OSError as e:
+                error = e
+        if self.shared and not self.path.exists():
+            return None
+        self._remove_created()
+        raise UsageError(f"{self.culprit}: cannot create the lock file {self.path} ({error.strerror or error}); it "
+                         f"sits beside the directory so that every process finds it: make {self.path.parent} "
+                         "writable, or create the file once, writable by every user of the directory") from None
+
+    def _refuse(self, fd: int) -> None:
+        holder, readers = _read(fd), False
+        if not self.shared:  # only readers (shared holders) let a shared request through
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                readers = True
+            except BlockingIOError:
+                pass
+        os.close(fd)
+        self._remove_created()
+        who = "another process reading it (jaxlm.quantize, jaxlm.lora merge)" if readers else _describe(holder)
+        raise DirectoryInUse(f"{self.culprit}: in use by {who}, which holds {self.path}; wait for it to finish or "
+                             "stop it, or choose another directory") from None
+
+    def _take_over(self, stale: dict) -> None:
+        """Write this holder into the file: a stale one of this host is named in a warning; one of another
+        host is refused (its process may be alive there), unless the user deletes the file."""
+        if stale.get("host") not in (None, socket.gethostname()):
+            os.close(self._fd)  # the file stays: it is the other host's
+            self._fd = None
+            self._remove_created()
+            raise DirectoryInUse(f"{self.culprit}: {self.path} names {_describe(stale)}, which this host cannot "
+                                 f"check (a lock is not always seen across hosts); if that process is gone, delete "
+                                 f"{self.path} and run again")
         if stale:
             print(f"warning: {self.path}: took over the lock of {_describe(stale)}, which no longer holds it "
                   "(stopped without releasing it)", file=sys.stderr)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, (json.dumps(_holder()) + "\n").encode(), 0)
-        return self
-
-    def _open(self) -> int:
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            self._remove_created()
-            raise UsageError(f"{self.culprit}: cannot create the lock file {self.path} ({e.strerror or e})") from None
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, (json.dumps(_holder()) + "\n").encode(), 0)
+        except OSError:  # a file opened read-only (made writable by no one here): locked, though not named
+            pass
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -106,11 +146,17 @@ class DirLock:
             return False
 
     def release(self) -> None:
-        """Remove the file (while still holding it, so no one takes a file about to vanish), then unlock."""
+        """Remove the file while holding it exclusively (so no one takes a file about to vanish), then unlock;
+        a reader removes it only when no other process holds it."""
         if self._fd is None:
+            self._remove_created()
             return
         try:
+            if self.shared:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.path.unlink(missing_ok=True)
+        except OSError:  # another reader holds it, or the directory cannot be written: the file stays
+            pass
         finally:
             os.close(self._fd)
             self._fd = None

@@ -43,6 +43,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "vocab": ((TENSOR,), (TENSOR,)),
     "embed": ((FSDP,), ()),
     "heads": ((TENSOR,), (TENSOR,)),
+    "kv_heads": ((TENSOR,), (TENSOR,)),  # grouped-query key/value heads: a shard keeps its query heads' group
     "head_dim": ((), ()),
     "mlp": ((TENSOR,), (TENSOR,)),
     "norm": ((), ()),
@@ -101,9 +102,10 @@ def batch_size_over(mesh: Mesh) -> int:
 
 
 def check_model(cfg: ModelConfig, mesh: Mesh) -> None:
-    """Tensor parallelism splits whole heads and d_ff columns: both must divide over ``tensor``."""
+    """Tensor parallelism splits whole heads (query and key/value: a shard holds whole groups of grouped-query
+    attention) and d_ff columns: each must divide over ``tensor``."""
     t = mesh.shape[TENSOR]
-    for key, value in (("num_heads", cfg.num_heads), ("d_ff", cfg.d_ff)):
+    for key, value in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.kv_heads), ("d_ff", cfg.d_ff)):
         if value % t:
             raise ConfigError(f"model.{key} = {value}: does not divide over parallel.tensor = {t}")
 
@@ -113,7 +115,8 @@ def check_pipeline(cfg: ModelConfig, scan_layers: bool, microbatches: int, batch
     if p == 1:
         return
     if not scan_layers:
-        raise ConfigError(f"parallel.pipeline = {p}: needs compute.scan_layers = true (stages split the stacked layers)")
+        raise ConfigError(f"parallel.pipeline = {p}: needs compute.scan_layers = true "
+                          "(stages split the stacked layers)")
     if cfg.num_layers % p:
         raise ConfigError(f"model.num_layers = {cfg.num_layers}: does not divide over parallel.pipeline = {p}")
     if batch_size % (microbatches * batch_size_over(mesh)):

@@ -1,22 +1,80 @@
-"""SIGTERM and Ctrl-C as a flag a long command checks at safe points.
+"""SIGTERM and Ctrl-C as a flag a long command checks at safe points, and Ctrl-C held until a command starts.
 
 Python turns SIGINT into a KeyboardInterrupt wherever the main thread is; inside a
 callback from JAX's C++ (tracing, compiling, loading a plugin) it is swallowed (the
-run goes on) or crashes the process. Under `StopFlag` the first SIGTERM / SIGINT only
-sets `signal`: start-up stages call `check`, which stops with one line before any
-work is done, and the training loop saves a checkpoint and stops. A second SIGINT
-stops at once: each `on_abort` callback says what was left (and releases what it
-holds), one line is printed and the process exits 130.
+run goes on) or crashes the process (a segmentation fault, exit 139). Under `StopFlag`
+the first SIGTERM / SIGINT only sets `signal`: start-up stages call `check`, which stops
+with one line before any work is done, and the training loop saves a checkpoint and
+stops. A second SIGINT stops at once: each `on_abort` callback says what was left (and
+releases what it holds), one line is printed and the process exits 130.
+
+Every other command gets `defer_interrupts` from its first import of jaxlm on (`python -m
+jaxlm.train`, `experiments.run`, `parity.check`, ...): a Ctrl-C before the command's `main` starts (while
+JAX and its plugins load, where JAX's plugin loader swallowed it) is held until
+`jaxlm.cli.run` starts `main`, which then stops at once with one line (exit 130). Once
+`main` runs, Ctrl-C is Python's KeyboardInterrupt, except that one landing in a
+garbage-collector callback (JAX has one) or a finaliser, where Python would print and drop
+it, is sent again 50 ms later; `jaxlm.cli.run` then leaves without the interpreter's exit,
+which crashed (exit 139) after JAX was stopped mid-call.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
+import threading
 from typing import Callable
 
 _caught = False  # a StopFlag of this process caught a signal (jaxlm.cli.run reads it as the process exits)
+COMMAND_PACKAGES = ("jaxlm", "experiments", "parity")  # `python -m` of a module of these: a command
+RETRY_S = 0.05
+_state = {"armed": False, "pending": None}  # the command's main is running; a signal held before it ran
+
+
+def started_as_command() -> bool:
+    """This process is `python -m` of one of this project's modules (not a library import, a notebook, pytest)."""
+    argv = list(getattr(sys, "orig_argv", []))
+    i = argv.index("-m") if "-m" in argv else -1
+    return 0 <= i < len(argv) - 1 and argv[i + 1].partition(".")[0] in COMMAND_PACKAGES
+
+
+def _unraisable(frame) -> bool:
+    """The frame runs inside a garbage-collector callback (JAX registers one) or a finaliser, where Python prints
+    an exception and goes on ("Exception ignored in ...")."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deferred_interrupt(signum, frame) -> None:
+    if not _state["armed"]:
+        _state["pending"] = signal.Signals(signum).name
+    elif _unraisable(frame):
+        retry = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+        retry.daemon = True
+        retry.start()
+    else:
+        raise KeyboardInterrupt
+
+
+def defer_interrupts() -> None:
+    """In a command's process, Ctrl-C held until its main starts and kept out of JAX's code (module docstring);
+    where SIGINT has another handler than Python's own (a notebook's), nothing changes."""
+    if (started_as_command() and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, _deferred_interrupt)
+
+
+def arm(armed: bool = True) -> str | None:
+    """The command's main starts (later interrupts raise, outside JAX's code) or has ended (`armed` False: one
+    arriving now is held, not raised into the interpreter's exit); returns a signal held before."""
+    _state["armed"] = armed
+    return _state["pending"]
 
 
 def caught_signal() -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -52,9 +53,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
         raise ConfigError(f"{key} = {value!r}: expected {tp.__name__}, got {type(value).__name__}")
+    if tp is float and not math.isfinite(value):  # TOML reads inf, nan and 1e400 (inf): no key means them
+        raise ConfigError(f"{key} = {value!r}: must be a finite number")
+    if tp is str and "\0" in value:  # no file name, prompt or tokenizer name holds one; the OS refuses it late
+        raise ConfigError(f"{key} = {value!r}: holds a NUL character")
     return value
 
 
@@ -117,7 +122,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = value
+        old = node.get(path[-1])  # an inline table (`train={steps=3}`) sets its keys, not the whole section
+        node[path[-1]] = merge_trees(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return data
 
 
@@ -142,13 +148,19 @@ def flatten_tree(tree: dict, prefix: str = "") -> dict:
 
 
 def read_toml(path: str | Path) -> dict:
+    """The TOML file as a dict; a UTF-8 byte-order mark (what some Windows editors write first) is skipped."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); a TOML config "
+                          "is a text file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def to_dict(cfg) -> dict:

@@ -85,7 +85,8 @@ def str_to_token(text: str, where: str = "") -> bytes:
 # --------------------------------------------------------------------------- save / load
 
 
-def save_vocab_merges(directory: str | os.PathLike, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]]) -> tuple[Path, Path]:
+def save_vocab_merges(directory: str | os.PathLike, vocab: dict[int, bytes],
+                      merges: Sequence[tuple[bytes, bytes]]) -> tuple[Path, Path]:
     """Write GPT-2 style `vocab.json` (byte-encoded token -> id) and `merges.txt` into `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,8 @@ def save_vocab_merges(directory: str | os.PathLike, vocab: dict[int, bytes], mer
     return vocab_path, merges_path
 
 
-def load_vocab_merges(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+def load_vocab_merges(vocab_path: str | os.PathLike,
+                      merges_path: str | os.PathLike) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Read GPT-2 style `vocab.json` + `merges.txt` (with or without the `#version` header)."""
     vocab_path, merges_path = Path(vocab_path), Path(merges_path)
     for p in (vocab_path, merges_path):
@@ -166,7 +168,8 @@ def _covers(data: bytes, special: bytes, j: int) -> bool:
     return i != -1 and i < j
 
 
-def file_chunks(paths: Sequence[Path], specials: Sequence[bytes], chunk_bytes: int = _CHUNK_BYTES) -> list[tuple[str, int, int]]:
+def file_chunks(paths: Sequence[Path], specials: Sequence[bytes],
+                chunk_bytes: int = _CHUNK_BYTES) -> list[tuple[str, int, int]]:
     """Split each file into (path, start, end) byte ranges at safe boundaries."""
     chunks = []
     for path in paths:
@@ -212,7 +215,8 @@ def _count_pretokens(args) -> Counter:
     return counts
 
 
-def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_workers: int | None = None, progress: bool = False) -> Counter:
+def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_workers: int | None = None,
+                    progress: bool = False) -> Counter:
     """Pre-token string -> frequency over all files, special tokens removed."""
     specials_b = [s.encode("utf-8") for s in special_tokens]
     total = sum(p.stat().st_size for p in paths)
@@ -300,7 +304,8 @@ def train_bpe(
     return vocab, merges
 
 
-def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vocab_size: int, progress: bool) -> list[tuple[bytes, bytes]]:
+def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vocab_size: int,
+           progress: bool) -> list[tuple[bytes, bytes]]:
     """Run merges in place on `words`, adding tokens to `vocab` until it has vocab_size entries."""
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
     where: dict[tuple[int, int], set[int]] = defaultdict(set)
@@ -379,7 +384,8 @@ def _rewrite_words(words: list[list[int]], freqs: list[int], where: dict[tuple[i
     return delta
 
 
-def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Sequence[str], out: str | os.PathLike, num_workers: int | None = None, progress: bool = True) -> dict:
+def train_and_save(inputs: Sequence[str], vocab_size: int, special_tokens: Sequence[str], out: str | os.PathLike,
+                   num_workers: int | None = None, progress: bool = True) -> dict:
     """CLI helper: train, write vocab.json + merges.txt + special_tokens.json, return timings."""
     problem = writable_dir_problem(out)
     if problem:  # before the training, not after it

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxlm.core.errors import DataError
-from jaxlm.core.files import atomic_path
+from jaxlm.core.files import atomic_path, writable_dir_problem
 from jaxlm.data.bpe import _bar
 
 
@@ -62,7 +62,8 @@ _CS336_FILES = {
     "german.txt": (594, "372a3b9d896f2774e83721ea5d9aedc77a65ea31d7dfd77c4dbc6ee5eac50c28"),
     "gpt2_merges.txt": (456304, "ac33235097fe06d4a8fff0feac994644809e6eb6ab70669e1e9fd40ae032428e"),
     "gpt2_vocab.json": (1042301, "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-    "special_token_double_newlines_non_whitespace.txt": (23, "385b1a48679d11ec498dbda931e5d6bb035d0db87998730197bf1e11ab97d297"),
+    "special_token_double_newlines_non_whitespace.txt":
+        (23, "385b1a48679d11ec498dbda931e5d6bb035d0db87998730197bf1e11ab97d297"),
     "special_token_trailing_newlines.txt": (15, "c7fac215bf4c84da8e1bbad6ff1fe9c07754f961479aa25c26b3460a2077da82"),
     "tinystories_sample.txt": (3794, "defaedb58bf28079f3e29c6142cb7f3568d331a577e0911c5d7925c465c50c43"),
     "train-bpe-reference-merges.txt": (1271, "f74582742501ca5edd5be2b66adb83d7ae2b8d6363fd276771792e70de1428ed"),
@@ -76,8 +77,10 @@ CORPORA: dict[str, Corpus] = {c.name: c for c in (
                    "input.txt", 1115394, "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),)),
     Corpus("wikitext-2", "WikiText-2 validation and test splits, word-level with <unk>, 2.4 MB; CC BY-SA 3.0",
            ("valid.txt",), ("valid.txt", "test.txt"),
-           (Remote(f"{_WT2}/valid.txt", "valid.txt", 1121681, "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8"),
-            Remote(f"{_WT2}/test.txt", "test.txt", 1256449, "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"))),
+           (Remote(f"{_WT2}/valid.txt", "valid.txt", 1121681,
+                   "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8"),
+            Remote(f"{_WT2}/test.txt", "test.txt", 1256449,
+                   "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"))),
     Corpus("cs336", "the CS336 assignment-1 test fixtures (GPT-2 vocabulary, BPE references, samples), 1.6 MB; MIT",
            ("corpus.en",), tuple(_CS336_FILES),
            tuple(Remote(f"{_CS336}/{n}", n, size, sha) for n, (size, sha) in _CS336_FILES.items())),
@@ -91,7 +94,8 @@ CORPORA: dict[str, Corpus] = {c.name: c for c in (
                  for n in ("owt_train.txt", "owt_valid.txt"))),
     Corpus("wikitext103", "WikiText-103 raw (Salesforce release), 540 MB train; CC BY-SA 3.0",
            ("wiki.train.raw",), ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw"),
-           (Remote("https://wikitext.smerity.com/wikitext-103-raw-v1.zip", "wikitext-103-raw-v1.zip", unpack="unzip"),)),
+           (Remote("https://wikitext.smerity.com/wikitext-103-raw-v1.zip", "wikitext-103-raw-v1.zip",
+                   unpack="unzip"),)),
 )}
 
 
@@ -190,18 +194,23 @@ def _unpack(archive: Path, how: str) -> None:
     else:
         with zipfile.ZipFile(archive) as z:
             for info in (i for i in z.infolist() if not i.is_dir()):
-                with atomic_path(archive.parent / Path(info.filename).name) as tmp, z.open(info) as src, open(tmp, "wb") as dst:
+                with (atomic_path(archive.parent / Path(info.filename).name) as tmp, z.open(info) as src,
+                      open(tmp, "wb") as dst):
                     shutil.copyfileobj(src, dst, 1 << 22)
     archive.unlink()
 
 
-def download(name: str, root: str | os.PathLike | None = None, timeout: float = 10.0, progress: bool = True) -> list[Path]:
+def download(name: str, root: str | os.PathLike | None = None, timeout: float = 10.0,
+             progress: bool = True) -> list[Path]:
     """Fetch corpus `name` into ROOT/NAME/ (nothing to do when its files are there); returns its files."""
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
     corpus, folder = CORPORA[name], Path(root or data_root()) / name
     if all((folder / f).is_file() for f in corpus.files):
         return [folder / f for f in corpus.files]
+    problem = writable_dir_problem(folder)
+    if problem:  # before any download
+        raise DataError(f"{folder}: cannot hold the download: {problem}; choose another --root (or $JAXLM_DATA)")
     folder.mkdir(parents=True, exist_ok=True)
     for remote in corpus.remotes:
         unpacked = remote.name.removesuffix(".gz") if remote.unpack == "gunzip" else remote.name

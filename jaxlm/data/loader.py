@@ -24,7 +24,8 @@ from jaxlm.core.errors import DataError
 from jaxlm.data.prepare import read_meta
 
 
-def get_batch(x: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator | int | None = None, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+def get_batch(x: np.ndarray, batch_size: int, context_length: int, rng: np.random.Generator | int | None = None,
+              dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
     """`get_batch` of docs/spec.md on a numpy array or memmap: offsets i uniform in 0 .. len(x)-m-1,
     inputs x[i:i+m], targets x[i+1:i+m+1], both (batch_size, m) of `dtype`."""
     if len(x) <= context_length:
@@ -114,18 +115,31 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
     return slice(process_index * per, (process_index + 1) * per)
 
 
+def check_ids(window: np.ndarray, vocab_size: int, path: str, where: str) -> None:
+    """Every id of a batch below the tokenizer's vocabulary (a max over B x T ids: nothing beside a step). The
+    preflight scan is skipped for a file whose size and mtime match its record, so an edited file shows here,
+    before an out-of-range id gathers a NaN embedding."""
+    top = int(window.max()) if window.size else -1
+    if top >= vocab_size:
+        raise DataError(f"{path}: {where} holds token id {top}, but the tokenizer has {vocab_size} ids (meta.json); "
+                        "the file changed after it was prepared: prepare the data again")
+
+
 class Batches:
     """Iterator of (x, y) int32 arrays; `step` is the global step of the next batch."""
 
-    def __init__(self, iterator, start_step: int):
+    def __init__(self, iterator, start_step: int, source: TokenWindows | None = None, vocab_size: int | None = None):
         self._it = iterator
         self.step = start_step
+        self._path, self._vocab = (source.path if source else ""), vocab_size
 
     def __iter__(self):
         return self
 
     def __next__(self) -> tuple[np.ndarray, np.ndarray]:
         batch = next(self._it)
+        for ids in batch if self._vocab is not None else ():
+            check_ids(ids, self._vocab, self._path, f"the batch of step {self.step + 1}")
         self.step += 1
         return batch
 
@@ -162,8 +176,9 @@ def train_batches(
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(1, prefetch)))
     if num_workers > 0:
         _absl_flags_parsed()
-        it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)))
-    return Batches(iter(it_ds), start_step)
+        it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers,
+                                                                per_worker_buffer_size=max(1, prefetch)))
+    return Batches(iter(it_ds), start_step, source, read_meta(data_dir).get("vocab_size"))
 
 
 def _absl_flags_parsed() -> None:
@@ -198,7 +213,7 @@ def eval_batches(
     context changes with m. Yields int32 inputs and targets and a float32 mask (1 = scored), each
     (batch_size // process_count, m): this process's rows of every global batch.
     """
-    source = TokenWindows.from_dir(data_dir, split, context_length)
+    source, vocab = TokenWindows.from_dir(data_dir, split, context_length), read_meta(data_dir)["vocab_size"]
     m, n = context_length, scored_tokens(source.num_tokens, eval_tokens)
     rows = process_rows(batch_size, process_index, process_count)
     num_windows = -(-n // m)
@@ -209,4 +224,5 @@ def eval_batches(
             seg = source.tokens[start : min(start + m, n) + 1]
             w[row, : len(seg)] = seg
             mask[row, : len(seg) - 1] = 1.0
+        check_ids(w, vocab, source.path, f"the evaluation windows from token {lo * m}")
         yield w[rows, :-1], w[rows, 1:], mask[rows]

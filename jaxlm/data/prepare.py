@@ -6,6 +6,7 @@ Layout of a prepared directory::
     val.bin     same, the validation split
     meta.json   dtype, vocab_size, tokenizer, eot_id, token counts, sources (written last)
     vocab.json, merges.txt, special_tokens.json   only for a tokenizer given as a directory, or `bpe:N`
+                                                  (tokenizer.json, generation_config.json: a Hugging Face one)
 
 Documents (input files, or the pieces of a file already separated by `<|endoftext|>`)
 are joined with the `<|endoftext|>` id. Files are cut into chunks at boundaries that do
@@ -18,7 +19,7 @@ per target: it holds the target's lock (jaxlm.core.lock).
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,6 @@ from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
 
 META = "meta.json"
 FORMAT = "jaxlm-tokens/1"
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json")
 PYDOC = "pydoc"  # a source name: Python's bundled documentation text (pydoc_data.topics)
 BUILTIN_TOKENIZERS = ("bytes", "gpt2")
 
@@ -119,7 +119,8 @@ def _task_bytes(task: tuple) -> int:
     return task[2] if task[0] == "text" else task[3] - task[2]
 
 
-def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int, progress: bool, desc: str) -> int:
+def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, path: Path, workers: int,
+                    progress: bool, desc: str) -> int:
     tasks = _tasks(sources, tokenizer)
     total = sum(_task_bytes(t) for t in tasks)
     bar = _bar(total, desc, progress, unit="B")
@@ -130,7 +131,7 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                 _init_worker(tokenizer, dtype.name)
                 results = map(_encode_task, tasks)
             else:
-                pool = mp_context().Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer, dtype.name))
+                pool = mp_context().Pool(min(workers, len(tasks)), _init_worker, (tokenizer, dtype.name))
                 results = pool.imap(_encode_task, tasks)
             for task, ids in zip(tasks, results):
                 f.write(ids.data)  # an OSError with its errno (tofile's short write has none)
@@ -148,17 +149,6 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
 
 
 # --------------------------------------------------------------------------- prepare
-
-
-def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """SHA-256 of the vocabulary, merges and special tokens: equal digests encode identically."""
-    h = hashlib.sha256()
-    for i, tok in sorted(tokenizer.vocab.items()):
-        h.update(i.to_bytes(4, "little") + len(tok).to_bytes(2, "little") + tok)
-    for a, b in tokenizer.merges:
-        h.update(len(a).to_bytes(2, "little") + a + len(b).to_bytes(2, "little") + b)
-    h.update(json.dumps(tokenizer.special_tokens).encode())
-    return h.hexdigest()
 
 
 def prepare(
@@ -258,13 +248,15 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
 
     files: list[str] = []
     if tokenizer not in BUILTIN_TOKENIZERS:  # copy the tokenizer so the directory is self-contained
-        for name in TOKENIZER_FILES[:2]:
-            shutil.copyfile(Path(tokenizer) / name, build / name)
+        for name in tok.files:
+            if (Path(tokenizer) / name).is_file():
+                shutil.copyfile(Path(tokenizer) / name, build / name)
         (build / "special_tokens.json").write_text(json.dumps(tok.special_tokens) + "\n")
-        files = list(TOKENIZER_FILES)
+        files = [name for name in (*tok.files, "special_tokens.json") if (build / name).is_file()]
 
     def describe(srcs):
-        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC else Path(s).stat().st_size} for s in srcs]
+        return [{"path": s, "bytes": sum(len(d.encode()) for d in pydoc_documents()) if s == PYDOC
+                 else Path(s).stat().st_size} for s in srcs]
 
     return {
         "format": FORMAT,
@@ -272,7 +264,7 @@ def _build(build: Path, inputs, val_inputs, val_fraction, tok: Tokenizer, tokeni
         "vocab_size": tok.vocab_size,
         "tokenizer": tokenizer,
         "tokenizer_files": files,
-        "tokenizer_sha256": tokenizer_digest(tok),
+        "tokenizer_sha256": tok.digest(),
         "special_tokens": tok.special_tokens,
         "eot_id": tok.eot_id,
         "tokens": {"train": n_train, "val": n_val},
@@ -309,7 +301,8 @@ def _split_tail(src: Path, dst: Path, n_keep: int, dtype: np.dtype) -> None:
 def read_meta(data_dir: str | os.PathLike) -> dict:
     path = Path(data_dir) / META
     if not path.is_file():
-        raise DataError(f"{path}: not found; create it with `python -m jaxlm.data prepare --input ... --out {data_dir}`")
+        raise DataError(f"{path}: not found; create it with "
+                        f"`python -m jaxlm.data prepare --input ... --out {data_dir}`")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # not UTF-8, not JSON
@@ -329,7 +322,8 @@ def load_tokenizer_from_meta(data_dir: str | os.PathLike) -> Tokenizer:
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir if meta.get("tokenizer_files") else meta["tokenizer"])
     if tok.vocab_size != meta["vocab_size"]:
-        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer {meta['tokenizer']!r} has {tok.vocab_size}")
+        raise DataError(f"{Path(data_dir) / META}: vocab_size {meta['vocab_size']} but tokenizer "
+                        f"{meta['tokenizer']!r} has {tok.vocab_size}")
     return tok
 
 
@@ -357,11 +351,9 @@ def max_token_id(data_dir: str | os.PathLike, split: str = "train") -> int:
     if split in known and stamps.get(split) == fresh:
         return int(known[split])
     value = scan_max(path, meta["dtype"])
-    try:
+    with contextlib.suppress(OSError):  # a read-only data directory: scan again next time
         atomic_write(data_dir / META, json.dumps({**meta, "max_token_id": {**known, split: value},
                                                   "max_token_id_stamps": {**stamps, split: fresh}}, indent=2) + "\n")
-    except OSError:  # a read-only data directory: scan again next time
-        pass
     return value
 
 
@@ -370,30 +362,28 @@ def _same_tokenizer(meta: dict, spec: str) -> bool:
         return spec == meta["tokenizer"]
     if not Path(spec).is_dir():
         return spec == meta["tokenizer"]
-    return tokenizer_digest(load_tokenizer(spec)) == meta.get("tokenizer_sha256")
+    return load_tokenizer(spec).digest() == meta.get("tokenizer_sha256")
 
 
 def ensure_prepared(data_cfg, progress: bool = True) -> Path:
-    """The prepared directory of a `jaxlm.config.DataConfig`, tokenising `source` first if needed."""
+    """The prepared directory of a `jaxlm.core.config.DataConfig`, tokenising `source` first if needed."""
     d = Path(data_cfg.dir)
     if (d / META).is_file():
         meta = read_meta(d)
         if not _same_tokenizer(meta, data_cfg.tokenizer):
-            raise DataError(
-                f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is {data_cfg.tokenizer!r}; "
-                f"delete {d} or point data.dir elsewhere"
-            )
+            raise DataError(f"{d}: prepared with tokenizer {meta['tokenizer']!r} but data.tokenizer is "
+                            f"{data_cfg.tokenizer!r}; delete {d} or point data.dir elsewhere")
         return d
     if not data_cfg.source:
         raise DataError(f"{d / META}: not found, and data.source is empty, so there is nothing to prepare; "
                         "set data.source, or data.dir to a prepared directory")
     _check_sources(data_cfg.source, "training")  # a missing corpus fails before any output
-    val = list(data_cfg.val_source) or None
-    if val:
+    if val := list(data_cfg.val_source) or None:
         _check_sources(val, "validation")
-    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer {data_cfg.tokenizer!r}", file=sys.stderr)
+    print(f"[jaxlm.data] preparing {d} from {', '.join(map(str, data_cfg.source))} with tokenizer "
+          f"{data_cfg.tokenizer!r}", file=sys.stderr)
     meta = prepare(list(data_cfg.source), data_cfg.tokenizer, d, val_fraction=None if val else data_cfg.val_fraction,
-                   val_inputs=val, progress=progress,
-                   culprit=f"data.dir = {str(d)!r}")
-    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens ({meta['seconds']} s)", file=sys.stderr)
+                   val_inputs=val, progress=progress, culprit=f"data.dir = {str(d)!r}")
+    print(f"[jaxlm.data] {d}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens "
+          f"({meta['seconds']} s)", file=sys.stderr)
     return d

@@ -23,6 +23,7 @@ Imports nothing heavy (tiktoken, regex; no jax, no grain, no numpy).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ import tiktoken
 from jaxlm.core.errors import DataError
 from jaxlm.data.bpe import GPT2_PATTERN, load_vocab_merges, special_split_re
 from jaxlm.data.corpora import data_root
+from jaxlm.data.hf_tokenizer import HFTokenizer, is_hf_tokenizer
 
 EOT = "<|endoftext|>"
 # encode_iterable encodes its buffer once it holds this many characters.
@@ -42,7 +44,8 @@ _STREAM_CHUNK_CHARS = 1 << 14
 class Tokenizer:
     """Byte-level BPE: `encode`, `decode`, `encode_iterable`; ids are the vocabulary's ids."""
 
-    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] | None = None):
+    def __init__(self, vocab: dict[int, bytes], merges: Sequence[tuple[bytes, bytes]],
+                 special_tokens: Sequence[str] | None = None):
         self._vocab = dict(vocab)
         self._merges = list(merges)
         self.special_tokens = list(dict.fromkeys(special_tokens or []))
@@ -72,7 +75,8 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_files(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> "Tokenizer":
+    def from_files(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike,
+                   special_tokens: Sequence[str] | None = None) -> "Tokenizer":
         vocab, merges = load_vocab_merges(vocab_path, merges_path)
         return cls(vocab, merges, special_tokens)
 
@@ -96,6 +100,24 @@ class Tokenizer:
     @property
     def eot_id(self) -> int | None:
         return self.special_ids.get(EOT)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """The ids that end a generation: <|endoftext|>'s, when there is one."""
+        return [] if self.eot_id is None else [self.eot_id]
+
+    bos_id = None  # no sequence starts with a BOS token (a Hugging Face tokenizer's may: jaxlm/data/hf_tokenizer.py)
+    files = ("vocab.json", "merges.txt")  # what a tokenizer directory of this kind holds (with special_tokens.json)
+
+    def digest(self) -> str:
+        """SHA-256 of the vocabulary, merges and special tokens: equal digests encode identically."""
+        h = hashlib.sha256()
+        for i, tok in sorted(self.vocab.items()):
+            h.update(i.to_bytes(4, "little") + len(tok).to_bytes(2, "little") + tok)
+        for a, b in self.merges:
+            h.update(len(a).to_bytes(2, "little") + a + len(b).to_bytes(2, "little") + b)
+        h.update(json.dumps(self.special_tokens).encode())
+        return h.hexdigest()
 
     @property
     def vocab(self) -> dict[int, bytes]:
@@ -133,7 +155,8 @@ class Tokenizer:
         try:
             return b"".join([decoder[i] for i in ids])
         except (IndexError, TypeError):
-            bad = next(i for i in ids if not (isinstance(i, int) or hasattr(i, "__index__")) or not 0 <= int(i) < len(decoder))
+            bad = next(i for i in ids
+                       if not (isinstance(i, int) or hasattr(i, "__index__")) or not 0 <= int(i) < len(decoder))
             raise ValueError(f"token id {bad!r} is outside the vocabulary (size {len(decoder)})") from None
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -187,7 +210,8 @@ class Tokenizer:
         return start
 
 
-def _mergeable_ranks(first_id: dict[bytes, int], merges: Sequence[tuple[bytes, bytes]]) -> tuple[dict[bytes, int], list[int] | None]:
+def _mergeable_ranks(first_id: dict[bytes, int],
+                     merges: Sequence[tuple[bytes, bytes]]) -> tuple[dict[bytes, int], list[int] | None]:
     """tiktoken ranks for the 256 bytes and every merge result, plus rank -> id when they differ.
 
     Tokens that are neither single bytes nor merge results (special tokens, strays)
@@ -259,7 +283,8 @@ def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
         if len(tok) == 1:
             continue
         best = min(
-            ((max(ranks[tok[:k]], ranks[tok[k:]]), k) for k in range(1, len(tok)) if tok[:k] in ranks and tok[k:] in ranks and max(ranks[tok[:k]], ranks[tok[k:]]) < rank),
+            ((max(ranks[tok[:k]], ranks[tok[k:]]), k) for k in range(1, len(tok))
+             if tok[:k] in ranks and tok[k:] in ranks and max(ranks[tok[:k]], ranks[tok[k:]]) < rank),
             default=None,
         )
         if best is None:
@@ -276,12 +301,14 @@ def trained_bpe_size(spec) -> int | None:
         return None
     n = spec[len("bpe:"):]
     if not n.isdigit() or int(n) <= 257:
-        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 (256 bytes, <|endoftext|> and at least one merge)")
+        raise DataError(f"tokenizer {spec!r}: expected bpe:N with N > 257 "
+                        "(256 bytes, <|endoftext|> and at least one merge)")
     return int(n)
 
 
-def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
-    """`"bytes"`, `"gpt2"`, or a directory with vocab.json + merges.txt (+ special_tokens.json)."""
+def load_tokenizer(spec: str | os.PathLike):
+    """`"bytes"`, `"gpt2"`, a directory with vocab.json + merges.txt (+ special_tokens.json), or one with a
+    Hugging Face tokenizer.json (`HFTokenizer`, the hf extra)."""
     spec = str(spec)
     if spec == "bytes":
         return byte_tokenizer()
@@ -289,7 +316,10 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
         return _gpt2()
     d = Path(spec)
     if not d.is_dir():
-        raise DataError(f"{spec}: unknown tokenizer; use 'bytes', 'gpt2' or a directory with vocab.json + merges.txt")
+        raise DataError(f"{spec}: unknown tokenizer; use 'bytes', 'gpt2' or a directory with vocab.json + merges.txt "
+                        "or tokenizer.json")
+    if is_hf_tokenizer(d):
+        return HFTokenizer.from_dir(d)
     vocab_path, merges_path = d / "vocab.json", d / "merges.txt"
     for p in (vocab_path, merges_path):
         if not p.is_file():

@@ -2,7 +2,9 @@
 
 Layout: every array is (batch, seq, heads, head_dim), "BTNH", the layout
 `jax.nn.dot_product_attention` uses. Queries have length T, keys/values length S
-(S >= T for a KV-cache decode step).
+(S >= T for a KV-cache decode step). Keys and values may have fewer heads K than
+the N query heads (grouped-query attention, N a multiple of K): query head n
+attends with key/value head n // (N / K), as Llama's `repeat_kv` lays them out.
 
 Masking semantics (shared by every implementation):
 
@@ -144,12 +146,18 @@ def _check_cudnn(q: jax.Array, k: jax.Array) -> None:
 
 
 def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
-    """Reference attention. q (B,T,N,H), k/v (B,S,N,H), mask broadcastable to (B,N,T,S) or None."""
+    """Reference attention. q (B,T,N,H), k/v (B,S,K,H), mask broadcastable to (B,N,T,S) or None."""
     scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
     # Heads-major operands put the batch axes (B, N) first, which XLA's CPU dot
     # handles several times faster than the BTNH layout (same arithmetic).
-    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # (B, N, T|S, H)
-    logits = jnp.einsum("BNTH,BNSH->BNTS", q, k, preferred_element_type=jnp.float32)  # (B, N, T, S)
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))  # (B, N|K, T|S, H)
+    B, N, T, H = q.shape
+    K, S = k.shape[1], k.shape[2]
+    if K == N:
+        logits = jnp.einsum("BNTH,BNSH->BNTS", q, k, preferred_element_type=jnp.float32)  # (B, N, T, S)
+    else:  # grouped-query: the G = N / K query heads of a group share one key head, without copying the keys
+        q = q.reshape(B, K, N // K, T, H)  # (B, K, G, T, H)
+        logits = jnp.einsum("BKGTH,BKSH->BKGTS", q, k, preferred_element_type=jnp.float32).reshape(B, N, T, S)
     logits = logits.astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, _MASKED)  # (B, N, T, S)
@@ -161,7 +169,11 @@ def _attention_xla(q, k, v, mask, dropout_rate, dropout_rng):
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum("BNTS,BNSH->BNTH", probs.astype(v.dtype), v)  # (B, N, T, H)
+    if K == N:
+        out = jnp.einsum("BNTS,BNSH->BNTH", probs.astype(v.dtype), v)  # (B, N, T, H)
+    else:
+        probs = probs.reshape(B, K, N // K, T, S).astype(v.dtype)  # (B, K, G, T, S)
+        out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, v).reshape(B, N, T, H)  # (B, N, T, H)
     return jnp.swapaxes(out, 1, 2)  # (B, T, N, H)
 
 
@@ -197,15 +209,17 @@ def attention(
 ) -> jax.Array:
     """softmax(q k^T / sqrt(head_dim) + mask) v on (batch, seq, heads, head_dim) arrays.
 
-    q: (B, T, N, H); k, v: (B, S, N, H) with S >= T; returns (B, T, N, H) in v's dtype.
+    q: (B, T, N, H); k, v: (B, S, K, H) with S >= T and N a multiple of K; returns (B, T, N, H) in v's dtype.
     See the module docstring for the exact causal / window / mask semantics.
     Dropout on the attention probabilities is applied iff ``dropout_rate > 0``
     (pass 0 at evaluation time); it then needs ``dropout_rng`` and the XLA path.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown attention implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
-    if q.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"expected q (B,T,N,H) and k, v (B,S,N,H); got q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] \
+            or k.ndim != 4 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"expected q (B,T,N,H) and k, v (B,S,K,H) with K dividing N; got q {q.shape}, k {k.shape}, "
+                         f"v {v.shape}")
     if window is not None and window < 0:
         raise ValueError(f"window must be >= 0 or None, got {window}")
     if window is not None and not causal:

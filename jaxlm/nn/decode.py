@@ -148,7 +148,7 @@ class Request:
 
     prompt_lengths: jax.Array  # (B,) int32
     max_new_tokens: jax.Array  # () int32
-    eot_id: jax.Array  # () int32, -1: none
+    eot_id: jax.Array  # (E,) int32: the end-of-text ids (a Llama 3 instruct model has several), -1: none
     seed_key: jax.Array  # a PRNG key
     sample_ids: jax.Array  # (B,) int32: each row's random stream
     temperature: jax.Array  # () float32
@@ -211,11 +211,11 @@ class Generator:
             last = _last_logits(model, seqs, lengths, window)  # (B, V)
         token = req.next_tokens(last, jnp.int32(0))
         start = DecodeState(cache, seqs, lengths, jnp.zeros_like(lengths), token, jnp.int32(0))
-        return _loop(model, _accept(start, token, req), req, until, window, slides)
+        return _loop(self.graphdef, state, _accept(start, token, req), req, until, window, slides)
 
     def _resume_fn(self, state, d: DecodeState, req: Request, until, *, window: int, slides: bool):
         self.traces["resume"] += 1
-        return _loop(nnx.merge(self.graphdef, state), d, req, until, window, slides)
+        return _loop(self.graphdef, state, d, req, until, window, slides)
 
     def compiled_sizes(self) -> dict[str, int]:
         """Entries in each jitted function's compilation cache."""
@@ -228,14 +228,14 @@ class Generator:
         sampling: SamplingParams = SamplingParams(),
         *,
         seed: int = 0,
-        eot_id: int | None = None,
+        eot_id: int | Sequence[int] | None = None,
         use_cache: bool = True,
         sample_ids: Sequence[int] | None = None,
         on_tokens: Callable[[np.ndarray, np.ndarray], None] | None = None,
     ) -> Generation:
         """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
-        Rows stop at `eot_id` (not included in the output) or after max_new_tokens;
+        Rows stop at `eot_id` (one id or several; not included in the output) or after max_new_tokens;
         past the context window the window slides. `sample_ids` (default 0 ... B-1)
         pick each row's random stream. `on_tokens(tokens (B,), active (B,) bool)` is
         called once per step with the new token of each row (streaming); the steps
@@ -246,13 +246,14 @@ class Generator:
         ids = np.array(range(len(seqs)) if sample_ids is None else sample_ids, np.int32)  # (B,)
         if ids.shape != (len(seqs),):
             raise ValueError(f"sample_ids must have one entry per prompt ({len(seqs)}), got {len(ids)}")
-        # Cache, window and token-buffer lengths are rounded up to buckets (capped at the context) so few shapes compile.
+        # Cache, window and token-buffer lengths are rounded up to buckets (capped at the context): few shapes compile.
         total = _round_up(max(lengths) + max_new_tokens, self.CACHE_BUCKET)
         S = min(self.cfg.context_length, total)
         statics = dict(prefill=min(S, _round_up(max(lengths), self.PREFILL_BUCKET)), window=S, use_cache=use_cache,
                        slides=max(lengths) + max_new_tokens > self.cfg.context_length)
-        req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), np.int32(-1 if eot_id is None else eot_id),
-                      jax.random.key(seed), ids, *sampling.as_arrays(), np.int32(self.vocab_size))
+        stops = np.atleast_1d(np.array(-1 if eot_id is None else eot_id, np.int32))  # (E,)
+        req = Request(np.array(lengths, np.int32), np.int32(max_new_tokens), stops, jax.random.key(seed), ids,
+                      *sampling.as_arrays(), np.int32(self.vocab_size))
         chunk = max_new_tokens if on_tokens is None else self.STREAM_CHUNK
         d = self._begin(self.state, _pack(seqs, total), req, np.int32(chunk), **statics)
         shown = 0
@@ -277,17 +278,24 @@ class Generator:
         return seqs
 
 
-def _loop(model: TransformerLM, d: DecodeState, req: Request, until, window: int, slides: bool) -> DecodeState:
+def _loop(graphdef, state, d: DecodeState, req: Request, until, window: int, slides: bool) -> DecodeState:
     """Sample tokens until every row has stopped or `until` steps are done: cached steps while every fed-back
     token has a cache slot, then (`slides`, or without the cache) full forwards over each row's last `window`."""
 
     def live(d):
         return jnp.any(d.stop == RUNNING) & (d.step < until)
 
+    def body(step: Callable) -> Callable:
+        """step(model, d) as a loop body. The weights enter an inner jit as an argument: an NNX transform in the
+        forward (the remat of compute.remat) cannot update a module whose arrays the body closes over."""
+        inner = jax.jit(lambda state, d: step(nnx.merge(graphdef, state), d))
+        return lambda d: inner(state, d)
+
     if d.cache is not None:
-        d = jax.lax.while_loop(lambda d: live(d) & (jnp.max(d.lengths) <= window), lambda d: _cached_step(model, d, req), d)
+        d = jax.lax.while_loop(lambda d: live(d) & (jnp.max(d.lengths) <= window),
+                               body(lambda m, d: _cached_step(m, d, req)), d)
     if d.cache is None or slides:
-        d = jax.lax.while_loop(live, lambda d: _full_step(model, d, req, window), d)
+        d = jax.lax.while_loop(live, body(lambda m, d: _full_step(m, d, req, window)), d)
     return d
 
 
@@ -318,7 +326,7 @@ def _at(logits: jax.Array, index: jax.Array) -> jax.Array:
 def _accept(d: DecodeState, token: jax.Array, req: Request) -> DecodeState:
     """Append each running row's new token, or stop the row at the end-of-text token or at max_new_tokens."""
     running = d.stop == RUNNING  # (B,)
-    eot = running & (token == req.eot_id)
+    eot = running & jnp.any(token[:, None] == req.eot_id[None, :], axis=-1)  # (B,)
     keep = running & ~eot
     slot = jnp.where(keep, d.lengths, d.seqs.shape[1])  # (B,): past the end (dropped) where nothing is kept
     seqs = d.seqs.at[jnp.arange(token.shape[0]), slot].set(token, mode="drop")  # (B, L)
@@ -352,8 +360,10 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
-    """The prompt's token ids; an empty text starts from <|endoftext|> (id 0 without one)."""
-    return list(tokenizer.encode(text)) or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
+    """The prompt's token ids, after the tokenizer's BOS when it has one (a Hugging Face model's); an empty text
+    without a BOS starts from <|endoftext|> (id 0 without one)."""
+    ids = ([] if tokenizer.bos_id is None else [tokenizer.bos_id]) + list(tokenizer.encode(text))
+    return ids or [tokenizer.eot_id if tokenizer.eot_id is not None else 0]
 
 
 def generate(

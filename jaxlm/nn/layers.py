@@ -70,11 +70,22 @@ def linear_init(d_in: int, d_out: int, precision: Precision, rngs: nnx.Rngs) -> 
     return truncated_normal(rngs.params(), (d_out, d_in), math.sqrt(2.0 / (d_in + d_out)), precision.param)
 
 
+def tied_embedding_std(d_model: int) -> float:
+    """The initial std of an embedding that is also the output head (docs/spec.md).
+
+    At std 1 (the untied embedding's) every logit sums d_model unit terms and the input token's own logit is about
+    d_model: the first loss is about d_model nats instead of ln(vocab). GPT-2 and nanoGPT tie at std 0.02, logits
+    of std 0.02 sqrt(d_model) (0.4 at 384 wide, 1.0 at 2,560); 0.5 / sqrt(d_model) holds them at 0.5 at every
+    width, about 0.1 nats above ln(vocab).
+    """
+    return 0.5 / math.sqrt(d_model)
+
+
 class Linear(nnx.Module):
     """y = x @ W.T with W stored (d_out, d_in), no bias."""
 
-    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None, precision: Precision = Precision(),
-                 rngs: nnx.Rngs):
+    def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str] | None = None,
+                 precision: Precision = Precision(), rngs: nnx.Rngs):
         w = linear_init(d_in, d_out, precision, rngs)
         self.weight = nnx.Param(w, logical=axes)  # logical names of (d_out, d_in) for jaxlm/core/sharding.py
         self.precision = precision
@@ -85,10 +96,11 @@ class Linear(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """Token id -> row of `weight` (vocab, d_model)."""
+    """Token id -> row of `weight` (vocab, d_model), drawn with std `std` (1 unless it is also the output head)."""
 
-    def __init__(self, vocab_size: int, d_model: int, *, precision: Precision = Precision(), rngs: nnx.Rngs):
-        w = truncated_normal(rngs.params(), (vocab_size, d_model), 1.0, precision.param)
+    def __init__(self, vocab_size: int, d_model: int, *, std: float = 1.0, precision: Precision = Precision(),
+                 rngs: nnx.Rngs):
+        w = truncated_normal(rngs.params(), (vocab_size, d_model), std, precision.param)
         self.weight = nnx.Param(w, logical=("vocab", "embed"))
         self.precision = precision
 
@@ -109,11 +121,25 @@ class RMSNorm(nnx.Module):
         return (x32 * rms * self.weight[...].astype(jnp.float32)).astype(x.dtype)
 
 
-class RotaryEmbedding(nnx.Module):
-    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs)."""
+def llama3_frequencies(inv_freq: np.ndarray, scaling) -> np.ndarray:
+    """Llama 3.1's RoPE scaling of the frequencies (H/2,): wavelengths longer than original_context /
+    low_freq_factor slow down by `factor`, shorter than original_context / high_freq_factor stay, and the
+    band between interpolates smoothly (Meta's llama-models `apply_scaling`, transformers' "llama3" rope_type)."""
+    factor, low, high, context = scaling
+    wavelen = 2 * math.pi / inv_freq  # (H/2,)
+    smooth = (context / wavelen - low) / (high - low)  # (H/2,)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return np.where(wavelen < context / high, inv_freq, np.where(wavelen > context / low, inv_freq / factor, mid))
 
-    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0):
+
+class RotaryEmbedding(nnx.Module):
+    """RoPE tables: pair k at position p rotates by p * theta^(-2k/H) (interleaved pairs); `scaling`: the
+    Llama 3 frequency scaling [factor, low_freq_factor, high_freq_factor, original_context] or None."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0, scaling=None):
         inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (H/2,)
+        if scaling is not None:
+            inv_freq = llama3_frequencies(inv_freq, scaling)
         angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # (max_len, H/2)
         self.cos = Buffer(jnp.asarray(np.cos(angles), jnp.float32))  # (max_len, H/2)
         self.sin = Buffer(jnp.asarray(np.sin(angles), jnp.float32))  # (max_len, H/2)

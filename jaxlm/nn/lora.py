@@ -117,15 +117,16 @@ def _bytes(tree) -> int:
     return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))
 
 
-def memory_summary(params, opt_state, rest: nnx.State) -> dict[str, float]:
+def memory_summary(params, opt_state, non_trainable: nnx.State) -> dict[str, float]:
     """Counts and bytes of what a train state holds: trainable and frozen parameters, gradients, optimizer state.
 
     A gradient is one float32 per trainable parameter; frozen weights are the Params outside the
     trainable set plus the quantised bases (codes and scales), in the bytes they are stored in.
     """
-    frozen = jax.tree.leaves(nnx.filter_state(rest, nnx.Param)) if jax.tree.leaves(params) else []
-    codes = [a for a in jax.tree.leaves(nnx.filter_state(rest, quant.Frozen)) if a.dtype in (jnp.uint8, jnp.int8)]
-    scales = [a for a in jax.tree.leaves(nnx.filter_state(rest, quant.Frozen)) if a.dtype == jnp.float32]
+    frozen = jax.tree.leaves(nnx.filter_state(non_trainable, nnx.Param)) if jax.tree.leaves(params) else []
+    bases = jax.tree.leaves(nnx.filter_state(non_trainable, quant.Frozen))  # quantised bases: codes and scales
+    codes = [a for a in bases if a.dtype in (jnp.uint8, jnp.int8)]
+    scales = [a for a in bases if a.dtype == jnp.float32]
     n_quantised = sum(int(np.prod(a.shape)) * (2 if a.dtype == jnp.uint8 else 1) for a in codes)  # 2 nf4 per byte
     n_frozen = sum(int(np.prod(a.shape)) for a in frozen) + n_quantised
     frozen_bytes = _bytes(frozen) + _bytes(codes) + _bytes(scales)

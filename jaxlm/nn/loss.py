@@ -14,17 +14,52 @@ exist; recomputing them in the backward pass costs a fourth head matmul (+24 % F
 at the configuration above). Each block's gradients still come from `jax.vjp` of the model's own
 projection and of `token_nll`, so casts, tied weights and sharding constraints need no hand-written rule.
 
+Every loss entry point is here: `lm_loss` (training), `lm_terms` (evaluation), `cross_entropy` and
+`token_accuracy` on whole logits; and the one rule for the block size, `block_positions`.
+
 Shapes: B batch, T sequence, D d_model, V vocab, n blocks, c positions per block.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
 
+from jaxlm.core.config import ComputeConfig
+
+if TYPE_CHECKING:
+    from jaxlm.nn.model import TransformerLM
+
 Project = Callable[[jax.Array, jax.Array], jax.Array]  # (x (B, c, D), head weight (V, D)) -> logits (B, c, V)
+
+# --------------------------------------------------------------------------- the block size
+
+AUTO_CHUNK, AUTO_CHUNK_VOCAB = 1024, 32000  # compute.loss_chunk unset: 1024 tokens from this vocabulary on, else 0
+
+
+def chunk_tokens(compute: ComputeConfig, vocab_size: int) -> int:
+    """compute.loss_chunk with its unset default resolved for this vocabulary (0: whole logits). Unset, blocks
+    from a 32,000-token vocabulary on: there the float32 logits are a large share of a step's memory, at no cost
+    in CPU step time (docs/techniques/loss-chunking.md)."""
+    if compute.loss_chunk is not None:
+        return compute.loss_chunk
+    return AUTO_CHUNK if vocab_size >= AUTO_CHUNK_VOCAB else 0
+
+
+def block_positions(compute: ComputeConfig, vocab_size: int, batch: int, seq: int) -> int:
+    """Positions of every row per block of the loss (seq: one block, the whole logits): the fewest blocks of at
+    most `chunk_tokens` tokens, at least one position of each row (a chunk smaller than the batch is raised to
+    one position per row), evened out to pad the least."""
+    chunk = chunk_tokens(compute, vocab_size)
+    if not chunk or chunk >= batch * seq:
+        return seq
+    blocks = -(-seq // max(1, chunk // batch))
+    return -(-seq // blocks)
+
+
+# --------------------------------------------------------------------------- per position
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -40,6 +75,9 @@ def token_terms(logits: jax.Array, targets: jax.Array, accuracy: bool) -> tuple[
     """(cross-entropy, argmax == target or None) at each position of (..., V) logits."""
     correct = jnp.argmax(logits, axis=-1) == targets if accuracy else None
     return token_nll(logits, targets), correct
+
+
+# --------------------------------------------------------------------------- in blocks
 
 
 def _blocks(a: jax.Array, positions: int) -> jax.Array:
@@ -98,3 +136,41 @@ def blockwise_mean(x: jax.Array, w: jax.Array, targets: jax.Array, project: Proj
 
     mean_nll.defvjp(forward, backward)
     return mean_nll(x, w)
+
+
+# --------------------------------------------------------------------------- the model's loss
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
+    return jnp.mean(token_nll(logits, targets))
+
+
+def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean of argmax(logits) == target, float32."""
+    return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
+
+
+def _final(model: TransformerLM, tokens: jax.Array, deterministic: bool) -> tuple[jax.Array, int]:
+    """The final norm's output (B, T, D) and the positions per block of the loss (T: the whole logits at once)."""
+    B, T = tokens.shape
+    x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
+    return x, block_positions(model.compute, model.cfg.vocab_size, B, T)
+
+
+def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """Float32 mean cross-entropy of the model's next-token predictions. With ``compute.loss_chunk`` the head
+    and the loss run in blocks (`blockwise_mean`) and the whole logits (B, T, V) never exist: the same function."""
+    x, positions = _final(model, tokens, deterministic)
+    if positions < tokens.shape[1]:
+        return blockwise_mean(x, model.head_weight(), targets, model.project, positions)
+    return cross_entropy(model.project(x), targets)
+
+
+def lm_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Evaluation, no dropout: the cross-entropy (B, T) float32 and argmax == target (B, T) at every position
+    (in blocks with compute.loss_chunk)."""
+    x, positions = _final(model, tokens, True)
+    if positions < tokens.shape[1]:
+        return blockwise(x, model.head_weight(), targets, model.project, positions, accuracy=True)
+    return token_terms(model.project(x), targets, accuracy=True)

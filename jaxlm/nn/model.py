@@ -1,4 +1,5 @@
-"""The Transformer LM of docs/spec.md in Flax NNX: attention, blocks, the LM, its KV cache, the loss.
+"""The Transformer LM of docs/spec.md in Flax NNX: attention, blocks, the LM, its KV cache (its loss:
+`jaxlm/nn/loss.py`).
 
 Parameter paths equal torchref's `state_dict()` keys with "/" for "." (e.g.
 ``layers/0/attn/q_proj/weight``), weights are stored (d_out, d_in) like torch
@@ -25,7 +26,7 @@ Layer layout: unrolled (``layers/0/...``, a Python loop) or, with ``compute.scan
 stacked on a leading layers axis and run by `lax.scan` (``layers/attn/...``, `jaxlm/nn/scan.py`),
 through a GPipe schedule when the mesh has a pipeline axis.
 
-Shapes: B batch, T sequence, D d_model, N heads, H head_dim, F d_ff, V vocab.
+Shapes: B batch, T sequence, D d_model, N heads, K key/value heads, H head_dim, F d_ff, V vocab.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.core.sharding import constrain
-from jaxlm.nn import loss, pipeline, remat, scan
+from jaxlm.nn import pipeline, remat, scan
 from jaxlm.nn.attention import attention
 from jaxlm.nn.layers import (
     FFNS,
@@ -52,6 +53,7 @@ from jaxlm.nn.layers import (
     apply_rope,
     dense,
     dropout,
+    tied_embedding_std,
 )
 from jaxlm.nn.lora import LoRALinear
 from jaxlm.nn.quant import QATLinear
@@ -82,25 +84,27 @@ class LinearKinds:
 
 
 class CausalSelfAttention(nnx.Module):
-    """Multi-head causal self-attention; RoPE on q and k when the caller passes tables."""
+    """Causal self-attention with N query heads and K key/value heads (K = N: multi-head; K < N: grouped-query,
+    each key/value head serving N / K consecutive query heads) of width H; RoPE on q and k when the caller
+    passes tables."""
 
     def __init__(self, cfg: ModelConfig, implementation: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
-        d = cfg.d_model
-        self.q_proj = linear("q_proj", d, d, ("heads", "embed"), rngs)
-        self.k_proj = linear("k_proj", d, d, ("heads", "embed"), rngs)
-        self.v_proj = linear("v_proj", d, d, ("heads", "embed"), rngs)
-        self.output_proj = linear("output_proj", d, d, ("embed", "heads"), rngs)
+        d, q, kv = cfg.d_model, cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        self.q_proj = linear("q_proj", d, q, ("heads", "embed"), rngs)
+        self.k_proj = linear("k_proj", d, kv, ("kv_heads", "embed"), rngs)
+        self.v_proj = linear("v_proj", d, kv, ("kv_heads", "embed"), rngs)
+        self.output_proj = linear("output_proj", q, d, ("embed", "heads"), rngs)
         self.num_heads, self.window, self.implementation = cfg.num_heads, cfg.window, implementation
+        self.kv_heads, self.head_dim = cfg.kv_heads, cfg.head_dim
         self.dropout_rate = cfg.dropout
 
     def _qkv(self, x: jax.Array, rope) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """x (B, T, D) -> q, k, v, each (B, T, N, H), RoPE applied to q and k."""
-        B, T, D = x.shape
-        N = self.num_heads
-        names = ("batch", "seq", "heads", "head_dim")
-        q = constrain(self.q_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
-        k = constrain(self.k_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
-        v = constrain(self.v_proj(x).reshape(B, T, N, D // N), *names)  # (B, T, N, H)
+        """x (B, T, D) -> q (B, T, N, H), k and v (B, T, K, H), RoPE applied to q and k."""
+        B, T, _ = x.shape
+        N, K, H = self.num_heads, self.kv_heads, self.head_dim
+        q = constrain(self.q_proj(x).reshape(B, T, N, H), "batch", "seq", "heads", "head_dim")  # (B, T, N, H)
+        k = constrain(self.k_proj(x).reshape(B, T, K, H), "batch", "seq", "kv_heads", "head_dim")  # (B, T, K, H)
+        v = constrain(self.v_proj(x).reshape(B, T, K, H), "batch", "seq", "kv_heads", "head_dim")  # (B, T, K, H)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
@@ -109,8 +113,8 @@ class CausalSelfAttention(nnx.Module):
         self, x: jax.Array, rope: tuple[jax.Array, jax.Array] | None = None, dropout_key: jax.Array | None = None
     ) -> jax.Array:
         """x (B, T, D) -> (B, T, D). rope: (cos, sin) for the T positions; dropout_key: training only."""
-        B, T, D = x.shape
-        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, rope)  # (B, T, N, H), 2 x (B, T, K, H)
         train = dropout_key is not None and self.dropout_rate > 0.0
         out = attention(
             q,
@@ -122,45 +126,46 @@ class CausalSelfAttention(nnx.Module):
             dropout_rate=self.dropout_rate if train else 0.0,
             dropout_rng=dropout_key if train else None,
         )  # (B, T, N, H)
-        return self.output_proj(out.reshape(B, T, D))  # (B, T, D)
+        return self.output_proj(out.reshape(B, T, -1))  # (B, T, D)
 
     def extend(
         self, x: jax.Array, rope, kv: tuple[jax.Array, jax.Array], start: jax.Array, visible: jax.Array
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Attention of T new tokens per row against a key/value cache (evaluation only).
 
-        x (B, T, D): the new tokens; kv: (k, v) buffers (B*N, S, H) (see `KVCache`);
+        x (B, T, D): the new tokens; kv: (k, v) buffers (B*K, S, H) (see `KVCache`);
         start (B,) int: row b's new keys go to cache slots start[b] ... start[b]+T-1;
         visible (B, 1, T, S) bool: which cache slots each new query may attend (built by
         `TransformerLM.extend`, causal + window already folded in).
         Returns the output (B, T, D) and the updated buffers.
         """
-        B, T, D = x.shape
-        q, k, v = self._qkv(x, rope)  # 3 x (B, T, N, H)
-        k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*N, S, H)
-        # attention takes (B, S, N, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
-        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))  # (B, S, N, H)
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x, rope)  # (B, T, N, H), 2 x (B, T, K, H)
+        k_buf, v_buf = (_write_rows(buf, new.astype(buf.dtype), start) for buf, new in zip(kv, (k, v)))  # (B*K, S, H)
+        # attention takes (B, S, K, H) views; its XLA path swaps them back, so the dots read the buffers as they are.
+        k_seq, v_seq = (jnp.swapaxes(buf.reshape(B, -1, *buf.shape[1:]), 1, 2) for buf in (k_buf, v_buf))
         out = attention(q, k_seq, v_seq, implementation=self.implementation, causal=False, mask=visible)  # (B, T, N, H)
-        return self.output_proj(out.reshape(B, T, D)), (k_buf, v_buf)
+        return self.output_proj(out.reshape(B, T, -1)), (k_buf, v_buf)
 
 
 def _write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """buf (B*N, S, H) with new (B, T, N, H) written at slots start[b] ... start[b]+T-1 of each row b.
+    """buf (B*K, S, H) with new (B, T, K, H) written at slots start[b] ... start[b]+T-1 of each row b.
 
     One `dynamic_update_slice` per row, so XLA updates the buffer in place inside the decode
     loop (a vmapped one becomes a scatter whose bounds check reads the old slots, which cost a
     copy of the whole cache per step). A start that would run past S is clamped; callers keep
     start[b] + T <= S (generation stops at the cache's end).
     """
-    B, T, N, H = new.shape
-    new = jnp.swapaxes(new, 1, 2).reshape(B * N, T, H)  # (B*N, T, H)
+    B, T, K, H = new.shape
+    new = jnp.swapaxes(new, 1, 2).reshape(B * K, T, H)  # (B*K, T, H)
     for b in range(B):
-        buf = jax.lax.dynamic_update_slice(buf, new[b * N:(b + 1) * N], (b * N, start[b], 0))  # (B*N, S, H)
+        buf = jax.lax.dynamic_update_slice(buf, new[b * K:(b + 1) * K], (b * K, start[b], 0))  # (B*K, S, H)
     return buf
 
 
 class TransformerBlock(nnx.Module):
-    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h); none: no norms."""
+    """pre: h = x + attn(ln1 x), out = h + ffn(ln2 h); post: h = ln1(x + attn x), out = ln2(h + ffn h);
+    none: no norms."""
 
     def __init__(self, cfg: ModelConfig, attention: str = "xla", *, linear: MakeLinear, rngs: nnx.Rngs):
         self.norm = cfg.norm
@@ -227,7 +232,8 @@ class TransformerLM(nnx.Module):
         self.microbatches = microbatches  # GPipe micro-batches when the mesh has a pipeline axis (scanned layers)
         precision = Precision.from_config(compute)
         self.precision = precision
-        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, precision=precision, rngs=rngs)
+        std = tied_embedding_std(cfg.d_model) if cfg.tie_embeddings else 1.0  # a tied one is the output head too
+        self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model, std=std, precision=precision, rngs=rngs)
         linear = LinearKinds(precision, lora, qat)
         blocks = [TransformerBlock(cfg, compute.attention, linear=linear, rngs=rngs) for _ in range(cfg.num_layers)]
         self.layers = scan.stack(blocks) if compute.scan_layers else nnx.List(blocks)  # same numbers either way
@@ -236,13 +242,14 @@ class TransformerLM(nnx.Module):
         if not cfg.tie_embeddings:
             self.lm_head = Linear(cfg.d_model, cfg.vocab_size, axes=("vocab", "embed"), precision=precision, rngs=rngs)
         if cfg.rope:
-            self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+            self.rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta, cfg.rope_scaling)
         # One dropout stream, forked after every parameter is drawn, so the initial
         # parameters do not depend on cfg.dropout. None when dropout is off.
         self.dropout_rngs = rngs["dropout"].fork() if cfg.dropout > 0.0 else None
         remat.check(compute.remat)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+                 deterministic: bool = True) -> jax.Array:
         """tokens (B, T) int -> logits (B, T, V) in the compute dtype (the loss upcasts to float32).
 
         positions: (B, T) or (T,) token positions for RoPE; default 0 ... T-1.
@@ -299,7 +306,7 @@ class TransformerLM(nnx.Module):
         length = self.cfg.context_length if length is None else length
         if not 0 < length <= self.cfg.context_length:
             raise ValueError(f"cache length {length} must be in 1 ... context_length {self.cfg.context_length}")
-        shape = (batch * self.cfg.num_heads, length, self.cfg.head_dim)  # (B*N, S, H)
+        shape = (batch * self.cfg.kv_heads, length, self.cfg.head_dim)  # (B*K, S, H)
         dtype = self.precision.compute
         layers = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.cfg.num_layers))
         return KVCache(layers)
@@ -328,7 +335,7 @@ class TransformerLM(nnx.Module):
         x = self.token_embeddings(tokens)  # (B, T, D)
         rope = self.rope(positions) if self.cfg.rope else None  # 2 x (B, T, H/2)
         if self.compute.scan_layers:
-            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B*N, S, H)
+            kv = jax.tree.map(lambda *a: jnp.stack(a), *cache.layers)  # 2 x (L, B*K, S, H)
             x, kv = scan.scan(self.layers, lambda b, h, c: b.extend(h, rope, c, start, visible), x, kv)
             return self._head(x), KVCache(tuple((kv[0][i], kv[1][i]) for i in range(self.cfg.num_layers)))
         layers = []
@@ -341,11 +348,12 @@ class TransformerLM(nnx.Module):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B*N, S, H), row b's head n at b*N + n.
+    """Preallocated per-layer key/value buffers: layers[i] = (k, v), each (B*K, S, H), row b's key/value head n at
+    b*K + n (K = model.num_kv_heads: grouped-query attention stores N / K times fewer than the N query heads).
 
     A plain pytree (no positions inside): the caller tracks each row's length and
     passes it as `start` to `TransformerLM.extend`. Keys are stored after RoPE.
-    Why (B*N, S, H): it is the operand layout of the XLA attention's batched dots, so a
+    Why (B*K, S, H): it is the operand layout of the XLA attention's batched dots, so a
     decode step reads the cache where it lies. Stored (B, S, N, H), each layer's cache
     was copied whole into that layout at every step; stored (B, N, S, H), XLA:CPU still
     copied it, to reshape the freshly written buffer for the dot.
@@ -357,40 +365,3 @@ class KVCache:
     def length(self) -> int:
         return self.layers[0][0].shape[1]
 
-
-# --------------------------------------------------------------------------- loss and metrics
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean over all positions of logsumexp(logits) - logits[target], in float32 (stable: max subtracted)."""
-    return jnp.mean(loss.token_nll(logits, targets))
-
-
-def token_accuracy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean of argmax(logits) == target, float32."""
-    return jnp.mean((jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32))
-
-
-def _final(model: TransformerLM, tokens: jax.Array, deterministic: bool) -> tuple[jax.Array, int]:
-    """The final norm's output (B, T, D) and the positions per block of the loss (T: the whole logits at once)."""
-    B, T = tokens.shape
-    x = model.final_norm(model.hidden(tokens, deterministic=deterministic))  # (B, T, D)
-    return x, model.compute.loss_positions(model.cfg.vocab_size, B, T)
-
-
-def lm_loss(model: TransformerLM, tokens: jax.Array, targets: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """Float32 mean cross-entropy of the model's next-token predictions. With ``compute.loss_chunk`` the head
-    and the loss run in blocks (`jaxlm/nn/loss.py`) and the whole logits (B, T, V) never exist: the same function."""
-    x, positions = _final(model, tokens, deterministic)
-    if positions < tokens.shape[1]:
-        return loss.blockwise_mean(x, model.head_weight(), targets, model.project, positions)
-    return cross_entropy(model.project(x), targets)
-
-
-def lm_terms(model: TransformerLM, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Evaluation, no dropout: the cross-entropy (B, T) float32 and argmax == target (B, T) at every position
-    (in blocks with compute.loss_chunk)."""
-    x, positions = _final(model, tokens, True)
-    if positions < tokens.shape[1]:
-        return loss.blockwise(x, model.head_weight(), targets, model.project, positions, accuracy=True)
-    return loss.token_terms(model.project(x), targets, accuracy=True)

@@ -16,15 +16,13 @@ blocks run along the input axis I.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
 
-from jaxlm.core.config import QatConfig
+from jaxlm.core.config import QatConfig, quant_block
 from jaxlm.nn.layers import Precision, dense, linear_init
 
 # NF4 levels: the quantiles of N(0, 1) normalised to [-1, 1] with an exact 0 (QLoRA paper, appendix E).
@@ -37,28 +35,24 @@ NF4 = np.array([
 INT_BITS = {8: jnp.int8, 4: jnp.int4}
 
 
-def block_size(d_in: int, block: int) -> int:
-    """The block actually used: `block`, or its largest divisor that divides d_in when d_in is not a multiple."""
-    return block if d_in % block == 0 else math.gcd(d_in, block)
-
-
 def _blocks(w: jax.Array, block: int) -> jax.Array:
-    """(..., O, I) -> (..., O, I/b, b) with b = block_size(I, block)."""
-    b = block_size(w.shape[-1], block)
+    """(..., O, I) -> (..., O, I/b, b) with b = quant_block(I, block)."""
+    b = quant_block(w.shape[-1], block)
     return w.reshape(*w.shape[:-1], w.shape[-1] // b, b)
 
 
 def quantize_blockwise(w: jax.Array, kind: str, block: int) -> tuple[jax.Array, jax.Array]:
     """(codes, scales): nf4 codes packed two per uint8 (..., O, nb, b/2), or int8 (..., O, nb, b); absmax
     (..., O, nb, 1); nb = I / b."""
-    if kind == "nf4" and block_size(w.shape[-1], block) % 2:
-        raise ValueError(f"nf4 packs two codes per byte: the block must be even, got {block_size(w.shape[-1], block)}")
+    if kind == "nf4" and (b := quant_block(w.shape[-1], block)) % 2:
+        raise ValueError(f"nf4 packs two codes per byte: the block must be even, got {b}")
     wb = _blocks(w.astype(jnp.float32), block)  # (..., O, nb, block)
     absmax = jnp.max(jnp.abs(wb), axis=-1, keepdims=True)  # (..., O, nb, 1)
     safe = jnp.where(absmax > 0, absmax, 1.0)
     if kind == "int8":
         return jnp.round(wb / safe * 127).astype(jnp.int8), absmax
-    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - jnp.asarray(NF4)), axis=-1).astype(jnp.uint8)  # (..., O, nb, block)
+    idx = jnp.argmin(jnp.abs((wb / safe)[..., None] - jnp.asarray(NF4)), axis=-1)  # (..., O, nb, block)
+    idx = idx.astype(jnp.uint8)
     return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax  # (..., O, nb, block/2)
 
 

@@ -92,12 +92,12 @@ class Checkpointer:
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.keep_best:
             policies.append(
-                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1, keep_checkpoints_without_metrics=False)
+                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                         keep_checkpoints_without_metrics=False)
             )
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
-            enable_async_checkpointing=True,
-            create=True,
+            enable_async_checkpointing=True, create=True,
             cleanup_tmp_directories=True,  # what a killed save left behind
             # Directories made in save() itself: made in the background, a failure left orbax's other
             # threads waiting 5 minutes for it, and the process hanging at exit.
@@ -120,6 +120,7 @@ class Checkpointer:
         if step in self.manager.all_steps():
             return
         self.wait()
+        self.saving = step  # before orbax starts writing: a second Ctrl-C inside save() must not say none was
         with self._writing(step):
             self.manager.save(
                 step,
@@ -129,7 +130,6 @@ class Checkpointer:
                 metrics={"val_loss": float(val_loss)} if val_loss is not None else None,
                 force=True,
             )
-        self.saving = step
 
     def wait(self) -> None:
         """Block until the save in flight is complete on disk."""
@@ -155,7 +155,8 @@ class Checkpointer:
         STEP.unrestorable (kept for inspection, out of the way of the steps saved again)."""
         target = abstract_state.as_dict()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_savable(target)), meta=ocp.args.JsonRestore())
-        step, out, failed = restore_newest(self.dir, self.manager.all_steps(), lambda s: self.manager.restore(s, args=args))
+        step, out, failed = restore_newest(self.dir, self.manager.all_steps(),
+                                           lambda s: self.manager.restore(s, args=args))
         if failed:
             self._set_aside(failed)
         return TrainState(**from_savable(out["state"], target)), dict(out["meta"])
@@ -317,9 +318,9 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
     abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
-    graphdef, params, rest = split_model(abstract)
+    graphdef, params, non_trainable = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {"params": params, "rest": rest}
+    target = {"params": params, "non_trainable": non_trainable}
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target)
     saved = abstract_savable(target)
     args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -331,7 +332,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
     finally:
         manager.close()
     restored = from_savable(out["state"], target)
-    model = nnx.merge(graphdef, restored["params"], restored["rest"])
+    model = nnx.merge(graphdef, restored["params"], restored["non_trainable"])
     tokenizer = None
     if (run_dir / "tokenizer" / "meta.json").is_file():
         from jaxlm.data.prepare import load_tokenizer_from_meta
@@ -372,22 +373,28 @@ def load_base_weights(path: str | Path, cfg: Config):
     return loaded
 
 
-def load_for_generation(path: str | Path, cfg: Config | None = None):
-    """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given."""
+def load_for_generation(path: str | Path, cfg: Config | None = None, tokenizer: str | None = None):
+    """(model, tokenizer) restored from a run or checkpoint directory, run with `cfg.compute` when given;
+    `tokenizer` (a `load_tokenizer` spec) stands in for the run's own."""
     if cfg is not None and cfg.compute.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ConfigError(f"compute.attention: 'cudnn' needs an NVIDIA GPU, JAX sees {jax.default_backend()!r} "
                           "devices; use 'xla' or 'auto'")
     try:
-        model, saved, tokenizer = restore_for_inference(path)
+        model, saved, own = restore_for_inference(path)
     except CheckpointError:
         raise
     except Exception as e:  # orbax / config / missing-file errors all mean "cannot restore this path"
         raise CheckpointError(f"{path}: cannot restore a checkpoint: {type(e).__name__}: {e}") from e
-    if tokenizer is None:
-        raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded")
+    if tokenizer is not None:
+        from jaxlm.data.tokenizer import load_tokenizer
+
+        own = load_tokenizer(tokenizer)
+    if own is None:
+        raise CheckpointError(f"{path}: the run records no tokenizer (tokenizer/meta.json), so text cannot be encoded; "
+                              "pass --tokenizer DIR (a directory with tokenizer.json, or vocab.json + merges.txt)")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
         scan.relayout(model, cfg.compute.scan_layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
                                                                   saved.lora, saved.qat)))
         model = nnx.merge(graphdef, nnx.state(model))
-    return model, tokenizer
+    return model, own

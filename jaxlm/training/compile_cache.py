@@ -6,8 +6,11 @@
 A *job* names a step as a config does: {"preset": NAME or None, "set": [SECTION.KEY=VALUE, ...], "mode":
 train_step | forward}. Figures are keyed by (job, target, jax version), each with the hash of the lowered
 program it was compiled from (`jaxlm.training.compiled.program_hash`): a job missing from the file is lowered
-first, and a figure of the same program is reused; only a new program compiles. Keys do not depend on
-jaxlm's sources, so a refactor that leaves the program unchanged keeps every figure (a test lowers stored
+first, and a figure of the same program is reused; only a new program compiles. A figure holds the compiled
+memory and, from the same compile, the predicted step time with its per-group, per-pass and per-part totals and
+slowest ops (`jaxlm.training.compiled.prediction`), so pages and answers read both without compiling; figures
+stored before predictions existed get theirs when asked for (`row(..., predicted=True)`: compiled again). Keys do
+not depend on jaxlm's sources, so a refactor that leaves the program unchanged keeps every figure (a test lowers stored
 jobs again and fails when the program they name has changed).
 """
 
@@ -20,8 +23,11 @@ from jaxlm.core.config import Config, load_config
 from jaxlm.core.files import write_json
 from jaxlm.training import compiled as gpu
 
+PREDICTED = "predicted_step_ms"
 KEPT = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes", "matmuls", "matmul_dtypes",
-        "cudnn_attention_calls", "compile_s", "label", "compiler_options")
+        "cudnn_attention_calls", "compile_s", "label", "compiler_options", PREDICTED, "predicted_tokens_per_s",
+        "predicted_mfu", "predicted_peak", "predicted_label", "predicted_groups", "predicted_phases",
+        "predicted_components", "predicted_ops", "predicted_notes")  # not the kernels: their ops, summed
 
 
 def job_config(job: dict) -> Config:
@@ -50,23 +56,34 @@ class CompileCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_json(self.path, dict(sorted(self.stored.items())))  # sorted: branches' additions merge line-wise
 
-    def row(self, job: dict, target: gpu.Target, log=None) -> dict:
-        """The job's compiled figures (KEPT and "program"), compiled now unless stored; `log` hears of compiles."""
+    def row(self, job: dict, target: gpu.Target, log=None, predicted: bool = False) -> dict:
+        """The job's compiled figures (KEPT and "program"), compiled now unless stored; `log` hears of compiles.
+        `predicted`: a stored figure without the predicted time (kept since it was compiled) is compiled again."""
         key = self.key(job, target)
-        if key not in self.stored:
-            cfg, mode = job_config(job), job.get("mode", "train_step")
-            lowered = gpu.lower_step(cfg, target, mode)
-            program = gpu.program_hash(lowered, target)
-            same = next((v for v in self.stored.values() if v.get("program") == program), None)
-            if same is None:
-                r = gpu.compiled_row(cfg, target, mode, lowered=lowered)
-                same = {**{k: r[k] for k in KEPT if k in r}, "program": program}
-                if log:
-                    log(f"{job}: {r['total_bytes'] / 2**30:.2f} GiB (temp {r['temp_bytes'] / 2**30:.2f}), "
-                        f"compiled in {r['compile_s']:.0f} s")
-            self.stored[key] = same
+        stored = self.stored.get(key)
+        if stored is None or (predicted and PREDICTED not in stored):
+            self.stored[key] = self._figures(job, target, log, predicted)
             self._save()
         return self.stored[key]
+
+    def _figures(self, job: dict, target: gpu.Target, log, predicted: bool) -> dict:
+        """A stored figure of the same lowered program, else a new compile (which every entry of that program
+        then shares)."""
+        cfg, mode = job_config(job), job.get("mode", "train_step")
+        lowered = gpu.lower_step(cfg, target, mode)
+        program = gpu.program_hash(lowered, target)
+        same = [v for v in self.stored.values() if v.get("program") == program]
+        if same and (not predicted or PREDICTED in same[0]):
+            return same[0]
+        r = gpu.compiled_row(cfg, target, mode, lowered=lowered)
+        figures = {**{k: r[k] for k in KEPT if k in r}, "program": program}
+        for v in same:
+            v.update(figures)
+        if log:
+            ms = f", predicted {r[PREDICTED]:.1f} ms per step" if r.get(PREDICTED) else ""
+            log(f"{job}: {r['total_bytes'] / 2**30:.2f} GiB (temp {r['temp_bytes'] / 2**30:.2f}){ms}, "
+                f"compiled in {r['compile_s']:.0f} s")
+        return figures
 
     def largest(self, job: dict, target: gpu.Target) -> int:
         """The largest batch of `job` that fits the target, by compiling (jaxlm.training.compiled.largest_batch)."""

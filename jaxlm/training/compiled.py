@@ -32,7 +32,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxlm.analysis.devices import DEVICES, TARGETS
+from jaxlm.analysis import hlo, roofline
+from jaxlm.analysis.devices import DEVICES, TARGETS, Device, find
+from jaxlm.analysis.flops import step_flops
+from jaxlm.analysis.hlo import Module
 from jaxlm.analysis.memory import compiled_memory, search_largest, usable_share
 from jaxlm.core import platform
 from jaxlm.core.config import Config
@@ -40,6 +43,7 @@ from jaxlm.core.errors import ConfigError, DataError, MissingExtra, UsageError
 
 EXTRA = "pip install -e '.[gpu-compile]'"
 LABEL = "compiled for {device} (the GPU compiler's plan), not measured"
+PREDICTED = "predicted from the compiled program for {device}, not measured"
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,20 @@ class Target:
 
     @property
     def label(self) -> str:
-        device = self.description + (f" x{self.count}" if self.count > 1 else "")
-        return LABEL.format(device=device)
+        return LABEL.format(device=self._devices)
+
+    @property
+    def predicted_label(self) -> str:
+        return PREDICTED.format(device=self._devices)
+
+    @property
+    def _devices(self) -> str:
+        return self.description + (f" x{self.count}" if self.count > 1 else "")
+
+    @property
+    def device(self) -> Device | None:
+        """The device table's row for this GPU (a config file's: the row its description names), or None."""
+        return DEVICES.get(self.name) if self.name in TARGETS else find(self.description)
 
 
 def _count(text: str, flag: str) -> int:
@@ -199,53 +215,70 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=
 
 # --------------------------------------------------------------------------- reading the compiled program
 
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = \(?(\w+)\[")
-_CALL = re.compile(r"\b(dot|custom-call)\(([^)]*)\)")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_PARAM = re.compile(r"%?([\w.\-]+): (\w+)\[")
 
-
-def program_facts(text: str) -> dict:
-    """Static counts in optimised HLO text: matmuls (XLA dots, inside fusions too, and cuBLAS calls) by operand
-    dtypes ("bf16xbf16"), cuDNN attention calls by kind. An op inside a loop body counts once."""
+def program_facts(program: str | Module) -> dict:
+    """Static counts in an optimised HLO module (or its text): matmuls (XLA dots, inside fusions too, and cuBLAS
+    calls) by operand dtypes ("bf16xbf16"), cuDNN attention calls by kind. An op inside a loop body counts once."""
+    module = hlo.parse_module(program) if isinstance(program, str) else program
     matmuls, cudnn = collections.Counter(), collections.Counter()
-    types: dict[str, str] = {}
-    for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):  # a computation: its parameters
-            types = dict(_PARAM.findall(line))
-            continue
-        d = _DEF.match(line)
-        if not d:
-            continue
-        types[d.group(1)] = d.group(2)
-        call = _CALL.search(line)
-        if not call:
-            continue
-        if call.group(1) == "custom-call":
-            name = (_TARGET.search(line) or [None, ""])[1]
-            if name.startswith("__cudnn$fmha"):
-                cudnn[name.removeprefix("__cudnn$")] += 1
-            if not name.startswith("__cublas"):
-                continue
-        operands = re.findall(r"%([\w.\-]+)", call.group(2))[:2]
-        matmuls["x".join(types.get(o, "?") for o in operands)] += 1
+    for comp in module.computations.values():
+        for ins in comp.instrs.values():
+            target = ins.attr("custom_call_target") or "" if ins.opcode == "custom-call" else ""
+            if target.startswith("__cudnn$fmha"):
+                cudnn[target.removeprefix("__cudnn$")] += 1
+            if ins.opcode == "dot" or target.startswith("__cublas"):
+                types = [comp.instrs[o].shape[0].dtype if o in comp.instrs else "?" for o in ins.operands[:2]]
+                matmuls["x".join(types)] += 1
     return {"matmuls": sum(matmuls.values()), "matmul_dtypes": dict(sorted(matmuls.items())),
             "cudnn_attention_calls": sum(cudnn.values()), "cudnn_calls": dict(sorted(cudnn.items()))}
 
 
-def describe(compiled, target: Target, fraction: float | None = None) -> dict:
-    """What a compiled row reports: bytes per device, the program's facts, collectives, and whether it fits."""
+def prediction(module: Module, cfg: Config, target: Target, mode: str = "train_step", top: int = 15) -> dict:
+    """The predicted_* keys of a compiled row: step time, tokens/s and MFU from the roofline over the compiled
+    program (jaxlm.analysis.roofline) at the target GPU's achieved rates, and the per-group, per-pass, per-part
+    times and the `top` slowest kernels behind them. MFU: the model FLOPs of jaxlm.analysis.flops (attention's
+    full T x T, the convention of measured MFU too) over the dense peak of the dtype class most matmul FLOPs
+    run in (TF32 for float32 at JAX's default precision). All None (and the label says why) for a GPU without a
+    row in the device table or a matmul dtype without a rate."""
+    device = target.device
+    none = dict.fromkeys(("predicted_step_ms", "predicted_tokens_per_s", "predicted_mfu"))
+    if device is None:
+        return none | {"predicted_label": f"no prediction: {target.description} has no achieved rates in "
+                                          "jaxlm.analysis.devices"}
+    try:
+        p = roofline.predict(module, roofline.device_rates(device))
+    except ValueError as e:  # a matmul dtype the device table has no rate for (fp8, int8): the memory stands
+        return none | {"predicted_label": f"no prediction: {e}"}
+    s = roofline.summary(p, top)
+    peak_key = roofline.PEAK_KEYS.get(s["dtype_class"] or "")
+    peak = device.peak_flops.get(peak_key) if peak_key else None
+    model = step_flops(cfg.model, cfg.data.batch_size, cfg.model.context_length, mode)
+    seconds = p.seconds
+    return {"predicted_step_ms": 1e3 * seconds,
+            "predicted_tokens_per_s": cfg.data.batch_size * cfg.model.context_length / seconds,
+            "predicted_mfu": model / (seconds * peak * target.count) if peak else None, "predicted_peak": peak_key,
+            "predicted_label": target.predicted_label, "predicted_groups": s["groups"],
+            "predicted_phases": s["phases"], "predicted_components": s["components"], "predicted_top": s["top"],
+            "predicted_ops": s["ops"], "predicted_notes": s["notes"]}
+
+
+def describe(compiled, target: Target, fraction: float | None = None, cfg: Config | None = None,
+             mode: str = "train_step") -> dict:
+    """What a compiled row reports: bytes per device, the program's facts, collectives, whether it fits, and
+    (given the step's config) its predicted time."""
     m = compiled_memory(compiled)
-    text = compiled.as_text()
+    module = hlo.parse_module(compiled.as_text())
     out = {"label": target.label, "target": target.name, "gpus": target.count, "argument_bytes": m.argument,
            "output_bytes": m.output, "alias_bytes": m.alias, "temp_bytes": m.temp, "total_bytes": m.total}
-    out.update(program_facts(text))
+    out.update(program_facts(module))
     if target.count > 1:
-        out["collectives"] = {op: c for op, c in collectives(text).items() if c["count"]}
+        out["collectives"] = {op: c for op, c in collectives(module).items() if c["count"]}
     fraction = usable_share() if fraction is None else fraction
     out.update(capacity_bytes=target.memory_bytes, usable_fraction=fraction,
                usable_bytes=int(fraction * target.memory_bytes))
     out["fits"] = out["total_bytes"] <= out["usable_bytes"]
+    if cfg is not None:
+        out.update(prediction(module, cfg, target, mode))
     return out
 
 
@@ -263,7 +296,7 @@ def with_shape(cfg: Config, batch: int | None = None, context: int | None = None
 def compiled_row(cfg: Config, target: Target, mode: str = "train_step", fraction: float | None = None,
                  lowered=None) -> dict:
     compiled, seconds, options = compile_step(cfg, target, mode, lowered)
-    row = {**describe(compiled, target, fraction), "compile_s": seconds}
+    row = {**describe(compiled, target, fraction, cfg, mode), "compile_s": seconds}
     if options:
         row["compiler_options"] = options
     return row
@@ -294,23 +327,18 @@ def largest_batch(cfg: Config, target: Target, mode: str = "train_step", limit: 
 # --------------------------------------------------------------------------- collectives
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-                "s8": 1, "u8": 1, "pred": 1}
-_OP = re.compile(r"=\s*(?P<type>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_ARRAY = re.compile(r"\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 
 
-def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
-    """op -> {"count", "bytes"} over the HLO's instructions (result shapes; tuples summed). A static count: an
-    op inside a loop body (the scanned layers) counts once."""
+def collectives(program: str | Module) -> dict[str, dict[str, int]]:
+    """op -> {"count", "bytes"} over an optimised HLO module's instructions (their result shapes; tuples summed;
+    an async pair counted at its start). A static count: an op inside a loop body (the scanned layers) counts
+    once."""
+    module = hlo.parse_module(program) if isinstance(program, str) else program
     out = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
-    for m in _OP.finditer(hlo_text):
-        nbytes = 0
-        for a in _ARRAY.finditer(m.group("type")):
-            n = 1
-            for d in filter(None, a.group("dims").split(",")):
-                n *= int(d)
-            nbytes += n * _DTYPE_BYTES.get(a.group("dtype"), 4)
-        out[m.group("op")]["count"] += 1
-        out[m.group("op")]["bytes"] += nbytes
+    for comp in module.computations.values():
+        for ins in comp.instrs.values():
+            op = ins.opcode.removesuffix("-start")
+            if op in out:
+                out[op]["count"] += 1
+                out[op]["bytes"] += int(hlo.nbytes(ins.shape))
     return out

@@ -42,8 +42,8 @@ from jaxlm.training.step import TrainState, init_state, make_eval_step, make_mul
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
 
-class Built(NamedTuple):
-    """Everything compiled for a run on one mesh."""
+class JittedSteps(NamedTuple):
+    """A run's train and eval steps jitted for one mesh, and the train state they take (graph, maker, layout)."""
 
     graphdef: Any
     make_state: Callable  # () -> a fresh TrainState (call under jit with out_shardings)
@@ -54,7 +54,7 @@ class Built(NamedTuple):
     eval_fn: Callable  # jitted (state, x, y, mask) -> {"loss_sum", "correct", "tokens"}
 
 
-def build(cfg: Config, mesh) -> Built:
+def build(cfg: Config, mesh) -> JittedSteps:
     """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
     sharding.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
     sharding.check_model(cfg.model, mesh)
@@ -76,7 +76,7 @@ def build(cfg: Config, mesh) -> Built:
     multi_fn = jit(make_multi_step(train_step), in_shardings=(shardings, ssh, ssh), out_shardings=(shardings, rep),
                    donate_argnums=0)
     eval_fn = jit(make_eval_step(graphdef), in_shardings=(shardings, bsh, bsh, bsh), out_shardings=rep)
-    return Built(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
+    return JittedSteps(graphdef, make_state, shardings, abstract, step_fn, multi_fn, eval_fn)
 
 
 def steps_in_call(step: int, cfg: Config) -> int:
@@ -106,7 +106,7 @@ class Loop:
 
     cfg: Config
     mesh: Any
-    built: Built
+    jitted: JittedSteps
     state: TrainState
     step: int  # optimizer steps done
     data_dir: Path
@@ -133,12 +133,16 @@ class Loop:
                     stack.callback(closer)
 
     def abort_note(self) -> str:
-        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not."""
-        saving = self.ckpt.saving
-        if saving is None:
+        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
+        orbax temporary directory on disk (a save under way)."""
+        saving, partial = self.ckpt.saving, sorted(p.name for p in self.ckpt.dir.glob("*.orbax-checkpoint-tmp*"))
+        if saving is not None and (self.ckpt.dir / str(saving)).is_dir():
+            return f"checkpoint {saving} was saved in {self.ckpt.dir}"
+        if saving is None and not partial:
             return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
-        done = (self.ckpt.dir / str(saving)).is_dir()
-        return f"checkpoint {saving} {'was saved' if done else 'was not completed'} in {self.ckpt.dir}"
+        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
+        step = saving if saving is not None else "(unknown step)"
+        return f"checkpoint {step} was not completed in {self.ckpt.dir}{left}"
 
 
 def start(cfg: Config, stop: StopFlag) -> Loop:
@@ -152,12 +156,12 @@ def start(cfg: Config, stop: StopFlag) -> Loop:
         stop.check("the first step")
         tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
         mesh = sharding.make_mesh(cfg=cfg.parallel)
-        built = build(cfg, mesh)
+        jitted = build(cfg, mesh)
         run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
         latest = (saved_steps(run_dir) or [None])[-1] if cfg.checkpoint.resume else None
         if latest is None or latest < cfg.train.steps:  # before anything is created or allocated
-            check_disk(cfg, sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(built.abstract)))
-            compile_first_call(cfg, built, mesh, latest or 0)
+            check_disk(cfg, sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(jitted.abstract)))
+            compile_first_call(cfg, jitted, mesh, latest or 0)
         stop.check("the first step")
         ckpt = Checkpointer(run_dir, cfg.checkpoint)
     except BaseException:
@@ -165,7 +169,7 @@ def start(cfg: Config, stop: StopFlag) -> Loop:
             lock.release()
         raise
     try:
-        state, step = restore_or_init(cfg, built, ckpt, mesh)
+        state, step = restore_or_init(cfg, jitted, ckpt, mesh)
         complete = step >= cfg.train.steps
         if lead and not complete:
             write_run_files(run_dir, cfg, data_dir)
@@ -186,19 +190,19 @@ def start(cfg: Config, stop: StopFlag) -> Loop:
 
     bar = tqdm(total=cfg.train.steps, initial=step, disable=not (cfg.log.progress and lead and not complete),
                dynamic_ncols=True)
-    return Loop(cfg, mesh, built, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
+    return Loop(cfg, mesh, jitted, state, step, data_dir, load_tokenizer_from_meta(data_dir), batches, ckpt, tracker,
                 Profiler(cfg.log.profile_steps, tracker.tb_dir), bar, lead, lock)
 
 
-def compile_first_call(cfg: Config, built: Built, mesh, step: int) -> None:
+def compile_first_call(cfg: Config, jitted: JittedSteps, mesh, step: int) -> None:
     """Compile the first call's step ahead of time (the call reuses the executable) and hold its memory
     against the device's (preflight.check_memory) before any state is allocated."""
     n = steps_in_call(step, cfg)
     shape = (cfg.data.batch_size, cfg.model.context_length)
-    fn, shape, where = ((built.step_fn, shape, sharding.batch_sharding(mesh)) if n == 1 else
-                        (built.multi_fn, (n, *shape), sharding.stacked_batch_sharding(mesh)))
+    fn, shape, where = ((jitted.step_fn, shape, sharding.batch_sharding(mesh)) if n == 1 else
+                        (jitted.multi_fn, (n, *shape), sharding.stacked_batch_sharding(mesh)))
     x = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=where)
-    compiled = fn.lower(built.abstract, x, x).compile()
+    compiled = fn.lower(jitted.abstract, x, x).compile()
     try:
         stats = compiled.memory_analysis()
     except NotImplementedError:  # a backend without the analysis: nothing to hold against the device
@@ -206,7 +210,7 @@ def compile_first_call(cfg: Config, built: Built, mesh, step: int) -> None:
     check_memory(cfg, stats, sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches)
 
 
-def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer, mesh) -> tuple[TrainState, int]:
+def restore_or_init(cfg: Config, jitted: JittedSteps, ckpt: Checkpointer, mesh) -> tuple[TrainState, int]:
     """(state, optimizer steps done): the newest checkpoint that restores when resuming, else a fresh state
     (with the weights of train.init_from when set, placed with the state's shardings: a fresh optimizer
     and schedule on them)."""
@@ -215,8 +219,8 @@ def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer, mesh) -> tupl
         if base is not None:
             base = jax.device_put(base, sharding.state_shardings(base, mesh))
             print(f"initialised from the weights of {cfg.train.init_from}", file=sys.stderr)
-        return jax.jit(built.make_state, out_shardings=built.shardings)(base), 0
-    state, meta = ckpt.restore(built.abstract)
+        return jax.jit(jitted.make_state, out_shardings=jitted.shardings)(base), 0
+    state, meta = ckpt.restore(jitted.abstract)
     step = int(meta["data_step"])
     print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
     if step >= cfg.train.steps:
@@ -228,7 +232,7 @@ def restore_or_init(cfg: Config, built: Built, ckpt: Checkpointer, mesh) -> tupl
 
 def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) -> None:
     """One line (and a metrics.jsonl row at step 0) on what is trained and what it costs in memory."""
-    m = memory_summary(state.params, state.opt_state, state.rest)
+    m = memory_summary(state.params, state.opt_state, state.non_trainable)
     total = m["trainable_params"] + m["frozen_params"]
     if fresh:
         tracker.scalars(0, {f"params/{k}": v for k, v in m.items()}, "params")
@@ -237,7 +241,8 @@ def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) 
                   "parameter)") if m["frozen_params"] else ""
         if m["quantised_bytes_per_param"]:
             frozen += f", the quantised base {m['quantised_bytes_per_param']:.3f} bytes per parameter"
-        print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({100 * m['trainable_params'] / total:.2f} %)"
+        share = 100 * m["trainable_params"] / total
+        print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({share:.2f} %)"
               f"; gradients {m['grad_bytes'] / 2**20:.2f} MiB, optimizer state {m['optimizer_bytes'] / 2**20:.2f} MiB"
               f"{frozen}", file=sys.stderr)
 
@@ -246,7 +251,7 @@ def run_call(loop: Loop) -> None:
     """One jitted call of `steps_in_call` steps; its metrics stay on the device until `drain`."""
     n = steps_in_call(loop.step, loop.cfg)
     xs, ys = zip(*(next(loop.batches) for _ in range(n)))
-    b, mesh = loop.built, loop.mesh
+    b, mesh = loop.jitted, loop.mesh
     loop.profiler.before_step(loop.step)
     with loop.profiler.annotation(loop.step):
         if n == 1:
@@ -275,7 +280,8 @@ def log_step(loop: Loop, done: int, m: dict[str, float]) -> None:
     """Check one step's metrics and add them to the log window; write the window at log steps."""
     if not (math.isfinite(m["loss"]) and math.isfinite(m["param_norm"])):
         last = loop.ckpt.latest_step()
-        where = f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None else "no checkpoint was written"
+        where = (f"the last good checkpoint is step {last} in {loop.ckpt.dir}" if last is not None
+                 else "no checkpoint was written")
         raise TrainingDiverged(f"loss {m['loss']}, parameter norm {m['param_norm']} at step {done} "
                                f"(grad_norm {m['grad_norm']:.3g}, lr {m['lr']:.3g}); stopped without saving, {where}; "
                                "lower optim.lr or check the data")
@@ -307,7 +313,7 @@ def evaluate(loop: Loop) -> dict[str, float]:
     totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
     for batch in eval_batches(loop.data_dir, "val", B, T, cfg.data.eval_tokens,
                               process_index=jax.process_index(), process_count=jax.process_count()):
-        out = loop.built.eval_fn(loop.state, *(sharding.global_batch(a, mesh) for a in batch))
+        out = loop.jitted.eval_fn(loop.state, *(sharding.global_batch(a, mesh) for a in batch))
         for k, v in jax.device_get(out).items():
             totals[k] += float(v)
     n = totals["tokens"]
@@ -337,7 +343,7 @@ def save(loop: Loop) -> None:
 def write_sample(loop: Loop) -> str:
     """A text sample from the current weights (the decoding Generator, sliding past the context), logged."""
     cfg, tok = loop.cfg, loop.tokenizer
-    out = Generator(loop.state.model(loop.built.graphdef), tok.vocab_size).generate(
+    out = Generator(loop.state.model(loop.jitted.graphdef), tok.vocab_size).generate(
         [encode_prompt(tok, cfg.log.sample_prompt)], cfg.log.sample_tokens,
         SamplingParams(temperature=cfg.log.sample_temperature), seed=cfg.train.seed)
     text = cfg.log.sample_prompt + tok.decode(out.tokens[0])
@@ -355,7 +361,8 @@ def on_schedule(loop: Loop, stop: StopFlag) -> bool:
         write_sample(loop)
     if done % cfg.checkpoint.every == 0 or final or stop.signal is not None:
         if stop.signal is not None and loop.lead:
-            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} (Ctrl-C again stops at once, without it)")
+            loop.bar.write(f"{stop.signal}: saving a checkpoint at step {done} "
+                           "(Ctrl-C again stops at once, without it)")
         save(loop)
     return stop.signal is not None
 

@@ -13,6 +13,7 @@ is one UserError line naming the key, file or value.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,15 +21,18 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxlm.analysis.flops import param_counts
 from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core import sharding
 from jaxlm.core.config import ComputeConfig, Config, ModelConfig
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
 from jaxlm.core.files import read_json, writable_dir_problem
+from jaxlm.core.limits import host_memory
 from jaxlm.core.lock import DirLock
 from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
+from jaxlm.nn.loss import chunk_tokens
 from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
 
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
@@ -42,7 +46,9 @@ def preflight(cfg: Config) -> Path:
     check_run_dir(cfg)
     check_init_from(cfg)
     start_distributed(cfg)
+    check_model_size(cfg)
     check_devices(cfg)
+    note_loss_chunk(cfg)
     data_dir = prepare_data(cfg)
     check_data(cfg, data_dir)
     check_same_tokenizer(cfg, data_dir)
@@ -52,12 +58,39 @@ def preflight(cfg: Config) -> Path:
 def lock_run(cfg: Config) -> DirLock | None:
     """train.out_dir's lock (jaxlm.core.lock), taken by process 0 before anything in it is read or written;
     None on the other processes."""
+    check_out_dir(Path(cfg.train.out_dir))
     _check_writable(Path(cfg.train.out_dir))
     if cfg.parallel.distributed:
         start_distributed(cfg)
         if jax.process_index() != 0:
             return None
     return DirLock(cfg.train.out_dir, f"train.out_dir = {cfg.train.out_dir!r}").acquire()
+
+
+# What may sit in train.out_dir before its run starts: the traceback file of a failed start, and what a plan
+# runner (experiments.run) writes before it starts the run there: its spec and the run's output log.
+ALLOWED_BEFORE_A_RUN = ("error.log", "spec.json", "output.log")
+
+
+def check_out_dir(run_dir: Path) -> None:
+    """train.out_dir is not a file system's root or a home directory, and an existing non-empty directory is a run
+    (it holds config.toml or checkpoints/): training writes config.toml, metrics.jsonl, tokenizer/ and tb/ there."""
+    where = run_dir.expanduser().resolve()
+    if where == Path(where.anchor) or where == Path(os.path.expanduser("~")).resolve():
+        what = "the file system's root" if where == Path(where.anchor) else "a home directory"
+        raise ConfigError(f"train.out_dir = {str(run_dir)!r}: {what}; a run writes config.toml, metrics.jsonl and "
+                          "checkpoints/ into its directory: choose a directory of its own, e.g. runs/NAME")
+    if not where.is_dir() or (where / "config.toml").is_file() or (where / "checkpoints").is_dir():
+        return
+    try:
+        others = sorted(p.name for p in where.iterdir() if p.name not in ALLOWED_BEFORE_A_RUN)
+    except OSError:  # unreadable: the writability check says so
+        return
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ConfigError(f"train.out_dir = {str(run_dir)!r}: not empty and not a jaxlm run (no config.toml, no "
+                          f"checkpoints/): it holds {shown}, which the run would write over or mix with; choose a "
+                          "new or empty directory")
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -114,7 +147,8 @@ def run_identity(cfg: Config) -> dict:
     """The MUST_MATCH keys of `cfg` (flat) and whether it clips gradients (clipping adds an optimizer state):
     recorded in every checkpoint's meta, compared on resume."""
     flat = flatten_tree(to_dict(cfg))
-    return {**{k: v for k, v in flat.items() if k.startswith(MUST_MATCH)}, "optim.grad_clip > 0": cfg.optim.grad_clip > 0}
+    return {**{k: v for k, v in flat.items() if k.startswith(MUST_MATCH)},
+            "optim.grad_clip > 0": cfg.optim.grad_clip > 0}
 
 
 def checkpoint_identity(run_dir: Path, step: int) -> dict | None:
@@ -124,7 +158,8 @@ def checkpoint_identity(run_dir: Path, step: int) -> dict | None:
 
 
 def check_compatible(saved: dict, cfg: Config, where: Path, what: str, note: str = "") -> None:
-    """One CheckpointError naming every key the resumed run may not change (`model.d_model: checkpoint 128, config 64`)."""
+    """One CheckpointError naming every key the resumed run may not change
+    (`model.d_model: checkpoint 128, config 64`)."""
     new = run_identity(cfg)
     keys = [k for k in sorted(saved.keys() | new.keys()) if saved.get(k) != new.get(k)]
     if keys:
@@ -180,9 +215,19 @@ def prepare_data(cfg: Config) -> Path:
     data_dir = ensure_prepared(cfg.data)
     vocab = read_meta(data_dir)["vocab_size"]
     if vocab > cfg.model.vocab_size:
-        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: smaller than the tokenizer's vocabulary ({vocab} "
-                          f"in {Path(data_dir) / META}); raise it to at least {vocab}")
+        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: smaller than the tokenizer's vocabulary "
+                          f"({vocab} in {Path(data_dir) / META}); raise it to at least {vocab}")
     return data_dir
+
+
+def note_loss_chunk(cfg: Config) -> None:
+    """A warning, once, when compute.loss_chunk is below the micro-batch: a block of the chunked loss holds at
+    least one position of every row, so the block is raised to the micro-batch."""
+    micro, chunk = cfg.data.batch_size // cfg.train.grad_accum, chunk_tokens(cfg.compute, cfg.model.vocab_size)
+    if 0 < chunk < micro:
+        print(f"warning: compute.loss_chunk = {chunk} is below the micro-batch of {micro} rows (data.batch_size / "
+              f"train.grad_accum); a block holds one position of every row, so blocks of {micro} tokens are used",
+              file=sys.stderr)
 
 
 def check_data(cfg: Config, data_dir: Path) -> None:
@@ -234,6 +279,8 @@ def check_same_tokenizer(cfg: Config, data_dir: Path) -> None:
 
 
 def _gib(n: float) -> str:
+    if n >= 2**40:
+        return f"{n / 2**40:,.4g} TiB"
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
@@ -255,20 +302,40 @@ def check_disk(cfg: Config, checkpoint_bytes: int) -> None:
 
 def available_memory() -> tuple[int, str] | None:
     """(bytes one device may still use, what that is), or None where it cannot be known. A GPU/TPU reports
-    its own limit; the CPU devices share the host's available memory (/proc/meminfo)."""
+    its own limit; the CPU devices share the host's memory, within the tightest of its available memory, the
+    process's memory cgroup and its address-space limit (jaxlm.core.limits)."""
     device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
         return stats["bytes_limit"] - stats.get("bytes_in_use", 0), f"this {device.device_kind} has"
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    kib = next((int(line.split()[1]) for line in text.splitlines() if line.startswith("MemAvailable:")), None)
-    if kib is None or device.platform != "cpu":
+    host = host_memory()
+    if host is None or device.platform != "cpu":
         return None
     n = len(jax.local_devices())
-    return kib * 1024 // n, "this host has available" + (f" per each of its {n} CPU devices" if n > 1 else "")
+    return host[0] // n, host[1] + (f" per each of its {n} CPU devices" if n > 1 else "")
+
+
+def check_model_size(cfg: Config) -> None:
+    """The weights alone (float32, or the quantised base's bytes) and the RoPE tables fit the memory of every
+    device together: checked before anything is built, where a width of 1e20 would reach NumPy and XLA."""
+    have = available_memory()
+    if have is None:
+        return
+    per_device, where = have
+    m = cfg.model
+    params = param_counts(m)["total"]
+    weights = params * BASE_BYTES[cfg.lora.base] + (m.context_length * m.head_dim * 4 if m.rope else 0)
+    total = per_device * jax.device_count()
+    if weights > total:
+        raise ConfigError(f"model.d_model = {m.d_model}, model.num_layers = {m.num_layers}, model.vocab_size = "
+                          f"{m.vocab_size}, model.d_ff = {m.d_ff}, model.context_length = {m.context_length}: "
+                          f"{params:,.4g} parameters take {_gib(weights)} before any optimizer state or activation, "
+                          f"but {where} {_gib(per_device)}"
+                          + (f" ({jax.device_count()} devices: {_gib(total)})" if jax.device_count() > 1 else "")
+                          + "; choose a smaller model")
+
+
+BASE_BYTES = {"float32": 4, "int8": 1, "nf4": 0.5}  # bytes per weight: a lower bound of every kind of lora.base
 
 
 def check_memory(cfg: Config, stats, batch_unit: int) -> None:
@@ -291,4 +358,5 @@ def check_memory(cfg: Config, stats, batch_unit: int) -> None:
         raise ConfigError(f"data.batch_size = {B}: {figure}; about {fits} fits: lower data.batch_size, raise "
                           "train.grad_accum or set compute.remat")
     raise ConfigError(f"model.d_model = {cfg.model.d_model}, model.num_layers = {cfg.model.num_layers} (a --preset?): "
-                      f"{figure}, so no batch fits; choose a smaller model, or shard it over more devices (parallel.fsdp)")
+                      f"{figure}, so no batch fits; choose a smaller model, or shard it over more devices "
+                      "(parallel.fsdp)")

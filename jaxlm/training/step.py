@@ -21,7 +21,8 @@ from flax import nnx
 
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
 from jaxlm.nn import lora as lora_lib
-from jaxlm.nn.model import TransformerLM, lm_loss, lm_terms
+from jaxlm.nn.loss import lm_loss, lm_terms
+from jaxlm.nn.model import TransformerLM
 
 
 @jax.tree_util.register_dataclass
@@ -32,16 +33,16 @@ class TrainState:
     step: jax.Array  # int32 scalar: optimizer updates done = the next global step
     params: nnx.State  # the trainable leaves, float32: every nnx.Param, or only the LoRA adapters
     opt_state: Any  # optax state: clipping + AdamW moments, float32
-    rest: nnx.State  # every other model variable (RoPE tables, dropout RNG, a LoRA run's frozen base)
+    non_trainable: nnx.State  # every other model variable (RoPE tables, dropout RNG, a LoRA run's frozen base)
 
     @classmethod
     def create(cls, model: nnx.Module, tx: optax.GradientTransformation) -> "TrainState":
         """The one constructor: step 0, the model's variables, a fresh optimizer state."""
-        _, params, rest = split_model(model)
-        return cls(jnp.zeros((), jnp.int32), params, tx.init(params), rest)
+        _, params, non_trainable = split_model(model)
+        return cls(jnp.zeros((), jnp.int32), params, tx.init(params), non_trainable)
 
     def model(self, graphdef) -> TransformerLM:
-        return nnx.merge(graphdef, self.params, self.rest)
+        return nnx.merge(graphdef, self.params, self.non_trainable)
 
     def as_dict(self) -> dict[str, Any]:
         """The checkpointed form (orbax stores dicts of arrays)."""
@@ -63,7 +64,7 @@ def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed
 
 
 def split_model(model: nnx.Module):
-    """(graphdef, params, rest): the trainable leaves apart from every other variable. Trainable are the
+    """(graphdef, params, non_trainable): the trainable leaves apart from every other variable. Trainable are the
     LoRA adapters when the model has any (the base is then frozen: no gradient, no optimizer state),
     else every nnx.Param."""
     trainable = nnx.LoRAParam if lora_lib.has_adapters(model) else nnx.Param
@@ -85,22 +86,22 @@ def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.Gradien
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1):
     """The pure step function (not jitted: the caller jits it with shardings and donation)."""
 
-    def loss_fn(params, rest, x, y):
+    def loss_fn(params, non_trainable, x, y):
         # Fresh Variable objects at this trace level: the dropout RNG counter is mutated below,
         # and nnx refuses to mutate Variables created outside the grad trace.
-        rest = jax.tree.map(lambda v: v, rest)
-        model = nnx.merge(graphdef, params, rest)
+        non_trainable = jax.tree.map(lambda v: v, non_trainable)
+        model = nnx.merge(graphdef, params, non_trainable)
         model.set_attributes(deterministic=False, raise_if_not_found=False)  # LoRA adapter dropout
         loss = lm_loss(model, x, y, deterministic=False)
-        _, _, rest = split_model(model)  # dropout RNG counters advance
-        return loss, rest
+        _, _, non_trainable = split_model(model)  # dropout RNG counters advance
+        return loss, non_trainable
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, x: jax.Array, y: jax.Array):
-        params, rest = state.params, state.rest
+        params, non_trainable = state.params, state.non_trainable
         if grad_accum == 1:
-            (loss, rest), grads = grad_fn(params, rest, x, y)
+            (loss, non_trainable), grads = grad_fn(params, non_trainable, x, y)
         else:
             B, T = x.shape
             A = grad_accum
@@ -108,12 +109,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
             ys = y.reshape(B // A, A, T).swapaxes(0, 1)
 
             def micro(carry, xy):
-                rest, gsum, lsum = carry
-                (l, rest), g = grad_fn(params, rest, *xy)
-                return (rest, jax.tree.map(jnp.add, gsum, g), lsum + l), None
+                non_trainable, gsum, lsum = carry
+                (l, non_trainable), g = grad_fn(params, non_trainable, *xy)
+                return (non_trainable, jax.tree.map(jnp.add, gsum, g), lsum + l), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (rest, gsum, lsum), _ = jax.lax.scan(micro, (rest, zeros, jnp.zeros((), jnp.float32)), (xs, ys))
+            init = (non_trainable, zeros, jnp.zeros((), jnp.float32))
+            (non_trainable, gsum, lsum), _ = jax.lax.scan(micro, init, (xs, ys))
             grads = jax.tree.map(lambda g: g / A, gsum)
             loss = lsum / A
         grad_norm = optax.global_norm(grads)
@@ -125,7 +127,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callab
             "param_norm": optax.global_norm(params),
             "lr": jnp.asarray(schedule(state.step), jnp.float32),
         }
-        return TrainState(state.step + 1, params, opt_state, rest), metrics
+        return TrainState(state.step + 1, params, opt_state, non_trainable), metrics
 
     return train_step
 

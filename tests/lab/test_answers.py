@@ -67,10 +67,12 @@ def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
 
 def test_measured_answers_from_a_bench_result(tmp_path):
     rows = [{"framework": "jax", "mode": m, "dtype": "float32", "attention": "xla", "remat": "none", "context": 64,
-             "batch": 2, "status": "ok", "step_ms": ms, "step_ms_std": 0.5} for m, ms in (("forward", 10.0), ("forward_backward", 31.0))]
+             "batch": 2, "status": "ok", "step_ms": ms, "step_ms_std": 0.5}
+            for m, ms in (("forward", 10.0), ("forward_backward", 31.0))]
     comps = {"attention": {"forward_s": 0.004, "flops_forward": 1e9}, "ffn": {"forward_s": 0.006, "flops_forward": 3e9}}
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps({"meta": {"breakdown": [{"context": 64, "batch": 2, "dtype": "float32", "components": comps}]},
+    breakdown = [{"context": 64, "batch": 2, "dtype": "float32", "components": comps}]
+    path.write_text(json.dumps({"meta": {"breakdown": breakdown},
                                 "rows": rows}))
     text = "\n".join(measured.measured_section(path))
     assert "| jax | forward | float32 | 64 | 2 | 10 | 0.5 |" in text
@@ -110,15 +112,17 @@ def test_unicode_answers_come_from_python():
     one = "\n".join(text.unicode1())
     assert "U+0000" in one and "`'\\x00'`" in one and "has 21 characters" in one
     assert text.encoding_rows()[0][2:] == ["23 (0% zero)", "26 (31% zero)", "52 (65% zero)"]  # 7 ASCII + 5 x 3 + 1
-    assert text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong).startswith("raises UnicodeDecodeError")
+    wrong = text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong)
+    assert wrong.startswith("raises UnicodeDecodeError")
     assert text.decode_error(b"\x80\x80").startswith("raises") and text.decode_error(b"hi") == "decodes to 'hi'"
 
 
 def test_tokenizer_answers_quote_the_tokenizer_plans_sections(tmp_path):
     (tmp_path / "tokenizer").mkdir()
     (tmp_path / "tokenizer" / "report.md").write_text(
-        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\nratio 4.03\n\n"
-        "### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n## What this backend can show\n\nno\n")
+        "# tokenizer\n\n## Tokenizer experiments\n\n### BPE training\n\n| a | b |\n\n### Bytes per token\n\n"
+        "ratio 4.03\n\n### Why uint16\n\nbelow 65,536\n\n### Encoding throughput\n\n5.49 MB/s\n\n"
+        "## What this backend can show\n\nno\n")
     md = "\n".join(text.tokenizer_sections(tmp_path))
     assert md.index("### train_bpe_tinystories") < md.index("| a | b |") < md.index("### tokenizer_experiments")
     assert md.index("ratio 4.03") < md.index("5.49 MB/s") < md.index("below 65,536") and "backend" not in md
@@ -128,7 +132,8 @@ def test_float16_accumulation_matches_the_known_sums():
     sums = dict(gpu.accumulation())
     assert sums["float16 += float16"] == 9.953125  # the sum the curriculum's handout shows
     assert sums["float32 += float32"] == pytest.approx(10.0001335, abs=1e-6)
-    assert sums["float32 += float16"] == sums["float32 += float32(float16)"] == pytest.approx(1000 * float(np.float16(0.01)), rel=1e-5)
+    assert sums["float32 += float16"] == sums["float32 += float32(float16)"] \
+        == pytest.approx(1000 * float(np.float16(0.01)), rel=1e-5)
 
 
 # --------------------------------------------------------------------------- answers from records
@@ -148,7 +153,8 @@ def test_learning_rate_from_records_names_the_best_rate_the_edge_and_the_grid(tm
             write_run(tmp_path, "lr_sweep", f"lr{lr}-s{seed}", status="ok", axes={"optim.lr": lr, "seed": seed},
                       spec=spec, metrics={"eval_loss": loss})
     for seed in range(2):
-        write_run(tmp_path, "lr_sweep", f"lr10-s{seed}", status="diverged", axes={"optim.lr": 10.0, "seed": seed}, spec=spec)
+        write_run(tmp_path, "lr_sweep", f"lr10-s{seed}", status="diverged", axes={"optim.lr": 10.0, "seed": seed},
+                  spec=spec)
     md = "\n".join(studies.learning_rate_section(tmp_path))
     assert "| 0.01 | 2 | 2.100 ± 0.141 | none |" in md  # mean 2.1, sample std sqrt(0.02)
     assert "| 10 | 2 | – | 2 of 2 |" in md
@@ -211,3 +217,51 @@ def test_nsys_answers_from_the_campaigns_profile(tmp_path):
     assert "forward pass: 2.00 ms of device time over the traced calls, 75% in matmul kernels" in md
     assert "train step: 2.00 ms" in md and "`nvjet_gemm`: 75.0% (matmul)" in md
     assert "**Pending**" in "\n".join(gpu.nsys_section(tmp_path / "none"))
+
+
+def _predicted_store(tmp_path):
+    """A compiled store holding predicted kernel tables for the size table's steps (synthetic figures)."""
+    from experiments.compiled_time import sections
+    from jaxlm.training.compile_cache import CompileCache
+    from jaxlm.training.compiled import parse_target
+
+    target, stored = parse_target("h100-80gb"), {}
+    groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2}]
+    ops = [{"op": "jvp(ki,oi->ko)/dot_general", "source": "jaxlm/nn/layers.py:64 dense", "group": "matmul",
+            "component": "feed-forward", "launches": 48, "share": 0.5, "flops": 1e12},
+           {"op": "jvp()/div", "source": "jaxlm/nn/attention.py:160 _attention_xla", "group": "attention",
+            "component": "attention softmax and mask", "launches": 12, "share": 0.1, "flops": 0.0}]
+    for label, job in next(s for s in sections() if s.name == "sizes").rows:  # "small, forward"
+        train = label.endswith("train_step")
+        stored[CompileCache.key(job, target)] = {
+            "predicted_step_ms": 30.0 if train else 10.0, "predicted_tokens_per_s": 2048 / 0.03,
+            "predicted_mfu": 0.4, "predicted_label": "predicted from the compiled program for H100, not measured",
+            "predicted_phases": {"backward": 16.0, "recompute": 2.0, "forward": 8.0, "optimizer": 4.0},
+            "predicted_components": {"feed-forward": 12.0, "attention matmuls": 3.0, "attention softmax and mask": 6.0,
+                                     "attention projections": 3.0},
+            "predicted_groups": groups, "predicted_ops": ops}
+    (tmp_path / "compiled").mkdir()
+    (tmp_path / "compiled" / "h100-80gb.json").write_text(json.dumps(stored))
+
+
+def test_size_table_and_nsys_answers_from_the_predicted_kernel_tables(tmp_path):
+    from experiments.answers import predicted
+
+    _predicted_store(tmp_path)
+    md = "\n".join(predicted.size_section(tmp_path, {("small", "forward"): 12.5}))
+    assert "**Predicted, not measured**" in md and "predicted from the compiled program for H100" in md
+    # forward 10, train 30 = forward 8 + backward 16 + recompute 2 + optimizer 4; measured forward beside it
+    assert "| small | 10 | 30 | 8 | 18 | 4 | 68,267 | 40% | 12.5 | – |" in md
+    assert "backward pass takes 2.0x to 2.0x the forward's" in md  # 16 / 8, the recompute apart
+    fl = flops.forward_flops(answers.model("small"), 512)
+    split = "\n".join(predicted.breakdown_section(tmp_path))  # FFN 12 ms of 30, attention 12
+    assert f"| small | 40% | 40% | 0% | 0% | 0% | 1.00 | {fl.ffn / fl.attention:.2f} |" in split
+    nsys = "\n".join(predicted.nsys_lines(tmp_path))
+    assert "(a) The forward pass (eval step) is predicted at 10 ms, the train step at 30 ms" in nsys
+    assert "(b) Most predicted time in the forward pass: `jvp(ki,oi->ko)/dot_general` (feed-forward, " \
+           "jaxlm/nn/layers.py:64 dense; 48 launches, 50%)" in nsys
+    assert "(c) Non-matmul ops with the most predicted time in the forward pass: `jvp()/div`" in nsys
+    assert "small 80%" in nsys  # matmul group 50% + attention matmuls 3 ms of 10
+    m = answers.model("small")  # softmax: 5 FLOPs per score; QK^T and PV: 4 d_model per query-key pair
+    assert f"a time ratio of 2.00, while their FLOPs are in the ratio {5 * m.num_heads / (4 * m.d_model):.3f}" in nsys
+    assert "Not predicted yet" in "\n".join(predicted.nsys_lines(tmp_path / "none"))

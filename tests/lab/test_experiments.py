@@ -51,7 +51,8 @@ FAKE = textwrap.dedent(
         print("something broke: a detail worth keeping", file=sys.stderr)
         sys.exit(3)
     if mode == "nan":
-        print("training diverged: loss is nan at step 3", file=sys.stderr)
+        print("error: loss nan, parameter norm 12.5 at step 3 (grad_norm nan, lr 0.01); stopped without saving",
+              file=sys.stderr)
         sys.exit(1)
     """
 )
@@ -305,7 +306,7 @@ def test_failed_diverged_skipped_are_labelled_and_the_plan_continues(tmp_path, m
     assert counts == {"failed": 1, "diverged": 1, "skipped": 2, "ok": 1}
     res = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
     assert "a detail worth keeping" in res["broken"]["error_tail"] and res["broken"]["returncode"] == 3
-    assert res["nan"]["status"] == "diverged"
+    assert res["nan"]["status"] == "diverged" and res["nan"]["reason"].startswith("error: loss nan, parameter norm")
     assert "cuDNN" in res["flash"]["reason"] and "cpu" in res["flash"]["reason"]
     assert res["fine"]["metrics"]["eval_loss"] == pytest.approx(4.0 * 0.8**3)
     assert res["fine"]["max_rss_bytes"] > 1e6
@@ -374,7 +375,7 @@ def test_interrupted_plan_resumes_without_redoing_finished_runs(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 130, out
-    assert not (runs / "second" / "result.json").exists()
+    assert json.loads((runs / "second" / "result.json").read_text())["status"] == "interrupted"  # resumed, not wiped
     first_mtime = (runs / "first" / "result.json").stat().st_mtime_ns
 
     (runs / "BLOCK").unlink()
@@ -617,7 +618,7 @@ def test_the_trainers_divergence_line_is_recognised():
     from experiments.run import DIVERGED_RE
 
     line = "error: loss 5.549072742462158, parameter norm nan at step 41 (grad_norm nan, lr 29.9); stopped without saving"
-    assert DIVERGED_RE.search(line) and DIVERGED_RE.search("training diverged: loss is nan at step 3")
+    assert DIVERGED_RE.search(line) and DIVERGED_RE.search("error: loss -inf, parameter norm 3.2 at step 7 (lr 5)")
     assert not DIVERGED_RE.search("error: loss 5.5 at step 41; data.batch_size must divide by grad_accum")
 
 

@@ -1,15 +1,22 @@
-"""experiments.gpu: the dry run's plan fits the budget; without a GPU only --dry-run and --smoke run, and a smoke
-run never writes into docs/results/gpu; the CPU smoke run writes every step's section."""
+"""experiments.gpu: the dry runs' plans fit their budgets; without a GPU only --dry-run and --smoke run, and a smoke
+run never writes into docs/results/gpu; the lent command's CPU smoke runs its install (a dry run for the lent
+machine), checks and every campaign step, and copies its summary to $OUT."""
 
 import argparse
 import json
 import re
+import subprocess
+import sys
 
 import jax
 import pytest
 
-from experiments.gpu import campaign
+from experiments.gpu import campaign, lent, merge
 from jaxlm import cli
+
+
+def _total(out: str) -> float:
+    return float(re.search(r"^total\s+(\d+)", out, re.M).group(1))
 
 
 def test_dry_run_lists_every_step_with_seconds_within_the_budget(capsys):
@@ -17,16 +24,31 @@ def test_dry_run_lists_every_step_with_seconds_within_the_budget(capsys):
     out = capsys.readouterr().out
     for step in campaign.steps():
         assert re.search(rf"^{step.name}\s+\d+\s", out, re.M), step.name
-    total = float(re.search(r"^total\s+(\d+)", out, re.M).group(1))
-    assert total <= 540
+    assert _total(out) <= 540
     planned = campaign.plan(campaign.steps(), 540, None, False)
     assert campaign.STARTUP_S + sum(est for _, est, status in planned if status == "run") <= 540
-    assert planned[0][0].name == "attention" and planned[0][2] == "run"  # the most important step is never deferred
+    assert planned[0][0].name == "profile" and planned[0][2] == "run"  # the most important step is never deferred
+    # a step that stops between rows runs cut rather than not at all; the others wait for a call with --only
+    assert [s for _, _, s in planned if s.startswith("cut")] and all(
+        step.cuts or not status.startswith("cut") for step, _, status in planned)
 
 
-def test_unknown_step_is_one_line_exit_2(capsys):
-    assert cli.run(campaign.main, ["--dry-run", "--only", "nope"]) == 2
-    assert capsys.readouterr().err.startswith("error: --only nope")
+def test_lent_dry_run_fits_eight_minutes_install_and_checks_included(capsys):
+    assert cli.run(lent.main, ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for name, seconds, _ in lent.PHASES:
+        assert re.search(rf"^{name}\s+{seconds:.0f}\s", out, re.M), name
+    assert _total(out) <= 480 == lent.BUDGET_S
+    rows = campaign.plan(campaign.steps(), lent.campaign_budget(480), None, False, startup=0.0)
+    used = sum(s for _, s, _ in lent.PHASES) + lent.FINISH_S + sum(e for _, e, st in rows if st == "run")
+    assert used <= 480 and rows[0][2] == "run"
+    assert "deferred" in out  # what does not fit is named, with the call that runs it
+
+
+@pytest.mark.parametrize("main", [campaign.main, lent.main])
+def test_unknown_step_is_one_line_exit_2(capsys, main):
+    assert cli.run(main, ["--dry-run", "--only", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: --only nope: unknown step; known: profile, techniques")
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the full campaign runs on a GPU")
@@ -34,8 +56,30 @@ def test_without_a_gpu_the_full_campaign_is_one_line_exit_2_and_writes_nothing(t
     monkeypatch.chdir(tmp_path)
     assert cli.run(campaign.main, ["--only", "attention"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: python -m experiments.gpu: no GPU here (JAX's backend is cpu)") and err.count("\n") == 1
+    assert err.startswith("error: python -m experiments.gpu: no GPU here (JAX's backend is cpu)")
+    assert err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the lent command runs on a GPU there")
+def test_without_a_gpu_the_lent_command_stops_in_one_line_after_its_preflight(tmp_path):
+    """JAX_PLATFORMS=cuda,cpu, as the command sets it: here CUDA does not start, and the call says so."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.gpu.lent", "--carry", str(tmp_path / "none"),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=campaign.REPO)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert re.search(r"(no GPU|JAX found no device)", errors[0])
+    record = json.loads((tmp_path / "out" / "lent.json").read_text())
+    assert record["stopped"] and record["preflight"]["imports"]["flax"] == "ok" and "checks" not in record
+
+
+def test_without_wheels_the_install_says_what_to_carry(tmp_path, monkeypatch):
+    args = argparse.Namespace(carry=str(tmp_path), smoke=False, site=str(tmp_path / "site"))
+    assert lent.install(args) == {"skipped": f"no wheels in {tmp_path}: every carried package is installed here "
+                                             "already"}
+    monkeypatch.setattr(lent, "_version", lambda name: None if name == "grain" else "1.0")
+    assert lent.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
+                                           "experiments.gpu.carry download where pip reaches PyPI, and carry .whl")
 
 
 @pytest.mark.parametrize("out", ["docs/results/gpu", "docs/results/gpu/smoke", str(campaign.REPO / "docs/results/gpu")])
@@ -43,6 +87,8 @@ def test_smoke_never_writes_into_the_gpu_report(tmp_path, monkeypatch, capsys, o
     monkeypatch.chdir(tmp_path)
     assert cli.run(campaign.main, ["--smoke", "--out", out]) == 2
     assert capsys.readouterr().err.startswith(f"error: --out {out}: a --smoke run's tiny-model figures never go into")
+    assert cli.run(lent.main, ["--smoke", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {out}: the lent run writes its own folder")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -51,30 +97,107 @@ def test_smoke_without_out_goes_to_runs():
     assert not campaign.SMOKE_OUT.resolve().is_relative_to((campaign.REPO / campaign.DEFAULT_OUT).resolve())
 
 
+def on_smoke(test):
+    """The tests of the lent command's smoke run share one run (about 50 s of CPU): one xdist worker, once."""
+    return pytest.mark.slow(pytest.mark.xdist_group("gpu_smoke")(test))
+
+
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory, tinyshakespeare):
-    out = tmp_path_factory.mktemp("gpu")
-    assert cli.run(campaign.main, ["--smoke", "--out", str(out)]) == 0
-    return out
+    """`python3 -m experiments.gpu.lent --smoke` with $OUT set, as the device tool sets it."""
+    out, dest = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("OUT")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OUT", str(dest))
+        assert cli.run(lent.main, ["--smoke", "--out", str(out)]) == 0
+    return out, dest
 
 
+@on_smoke
 def test_smoke_runs_every_step_and_writes_report_and_json(smoke):
-    report = (smoke / "report.md").read_text()
-    results = json.loads((smoke / "results.json").read_text())["steps"]
+    out, _ = smoke
+    report = (out / "report.md").read_text()
+    results = json.loads((out / "results.json").read_text())["steps"]
     for step in campaign.steps():
         assert f"## {step.title}" in report
         assert "error" not in results[step.name], results[step.name]
-        assert (smoke / f"{step.name}.json").exists()
+        assert "cut" not in results[step.name], step.name  # a smoke run is never cut short
+        assert (out / f"{step.name}.json").exists()
     assert "skipped: cuDNN attention needs an NVIDIA GPU" in report
     assert "Not run" not in report and "Failed" not in report
 
 
+@on_smoke
 def test_smoke_attention_parity_and_profile_are_real_numbers(smoke):
-    results = json.loads((smoke / "results.json").read_text())["steps"]
+    results = json.loads((smoke[0] / "results.json").read_text())["steps"]
     xla = [r for r in results["attention"]["rows"] if r["implementation"] == "xla"]
     assert xla and all(r["status"] == "ok" and 0 < r["out_rel_err"] < 1e-2 for r in xla)  # bfloat16 vs float32
+    assert all(r["predicted_fwd_ms"] > 0 and r["predicted_fwd_bwd_ms"] > r["predicted_fwd_ms"] for r in xla)
     prof = results["profile"]
     assert prof["forward"]["top"] and 0 < prof["train_step"]["matmul_share"] <= 1
     bench = results["bench_bf16"]["rows"]
     assert {r["mode"] for r in bench} == {"forward", "forward_backward", "train_step"}
     assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in bench)
+
+
+@on_smoke
+def test_every_timed_row_carries_its_prediction(smoke):
+    results = json.loads((smoke[0] / "results.json").read_text())["steps"]
+    rows = [r for name in ("bench_bf16", "bench_f32", "techniques") for r in results[name]["rows"]
+            if r["status"] == "ok"]
+    assert rows
+    for r in rows:
+        assert r["predicted_step_ms"] > 0 and "no prediction" in r["prediction"], r  # a CPU: H100 rates, labelled
+        assert r["predicted_tokens_per_s"] == pytest.approx(r["batch"] * r["context"] / r["predicted_step_ms"] * 1e3)
+        assert r["measured_over_predicted"] == pytest.approx(r["step_ms"] / r["predicted_step_ms"])
+        assert 0 < r["predicted_mfu"] <= 1
+    by = {(r["mode"], r["dtype"]): r["predicted_step_ms"] for r in rows if r.get("remat") == "none"}
+    assert by[("forward", "bfloat16")] < by[("forward_backward", "bfloat16")] < by[("train_step", "bfloat16")]
+
+
+@on_smoke
+def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
+    from jaxlm.analysis.roofline import GROUPS
+
+    roof = json.loads((smoke[0] / "results.json").read_text())["steps"]["profile"]["train_step"]["roofline"]
+    assert [g["group"] for g in roof["groups"]] == list(GROUPS)
+    assert roof["matched_share"] > 0.9  # XLA:CPU's op events name their instructions too
+    assert roof["measured_ms"] == pytest.approx(sum(g["measured_ms"] for g in roof["groups"]))
+    assert roof["predicted_ms"] == pytest.approx(sum(g["predicted_ms"] for g in roof["groups"]))
+    assert roof["error"] == pytest.approx(roof["predicted_ms"] / roof["measured_ms"] - 1)
+    assert "Predicted against measured, per call" in (smoke[0] / "report.md").read_text()
+
+
+@on_smoke
+def test_lent_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
+    out, dest = smoke
+    record = json.loads((out / "lent.json").read_text())
+    assert set(record["phases"]) == {"install", "startup", "checks", "campaign"}
+    install = record["install"]
+    assert install.get("problem") is None and ("simulated" in install or "installed here already" in install["skipped"])
+    checks = {(r["check"], r.get("implementation"), r.get("window")): r for r in record["checks"]["rows"]}
+    assert record["checks"]["ok"] and checks[("train", None, None)]["max_rel_diff"] < 2e-2
+    assert checks[("checkpoint", None, None)]["arrays_equal"] is True
+    assert checks[("attention", "cudnn", None)]["ok"] is None  # skipped on a CPU, with the reason
+    assert {p.name for p in dest.iterdir()} == {*lent.OUT_FILES, *merge.PROFILE_FILES}
+    assert "## Correctness on this device" in (out / "report.md").read_text()
+
+
+@on_smoke
+def test_merge_refuses_smoke_results_and_takes_a_gpu_run_in(smoke, tmp_path, capsys):
+    _, dest = smoke
+    into = tmp_path / "report"
+    assert cli.run(merge.main, [str(dest), "--into", str(into)]) == 2
+    assert "a --smoke run's tiny-model figures never go into" in capsys.readouterr().err
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    data = json.loads((dest / "results.json").read_text())
+    data["meta"].update(smoke=False, device="NVIDIA H100 80GB HBM3")
+    profile = {"profile": data["steps"]["profile"]}
+    (gpu / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": profile}))
+    (into).mkdir()
+    (into / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": {"max_batch": {"rows": []}}}))
+    assert cli.run(merge.main, [str(gpu), "--into", str(into)]) == 0
+    merged = json.loads((into / "results.json").read_text())["steps"]
+    assert set(merged) == {"profile", "max_batch"}  # the earlier call's step stays
+    assert merged["profile"]["measured_by"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert "Predicted against measured, per call" in (into / "report.md").read_text()

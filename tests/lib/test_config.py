@@ -64,13 +64,13 @@ def test_compute_keys_under_model_are_unknown(tmp_path):
         load_config(None, ["model.remat=full"])
 
 
-def test_dropped_eval_batches_is_ignored_with_a_warning(tmp_path, capsys):
-    old = tmp_path / "old.toml"
-    old.write_text("[train]\nsteps = 7\neval_batches = 20\n")  # a run directory written before data.eval_tokens
-    cfg = load_config(old, ["train.eval_batches=3"])
-    assert cfg.train.steps == 7 and cfg.data.eval_tokens == 65536
-    err = capsys.readouterr().err
-    assert "train.eval_batches is ignored" in err and "--set train.eval_batches is ignored" in err
+def test_an_unknown_key_is_an_error_naming_it(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text("[train]\nsteps = 7\neval_batches = 20\n")
+    with pytest.raises(ConfigError, match=r"run.toml: unknown key 'train.eval_batches'"):
+        load_config(toml)
+    with pytest.raises(ConfigError, match=r"--set train.eval_batches=3: .*eval_batches"):
+        load_config(None, ["train.eval_batches=3"])
     with pytest.raises(ConfigError, match=r"data.eval_tokens = -1: must be >= 0"):
         load_config(None, ["data.eval_tokens=-1"])
 

@@ -15,7 +15,8 @@ import torchref
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig, load_config
 from jaxlm.core.errors import ConfigError
-from jaxlm.nn.model import TransformerLM, cross_entropy, lm_loss, lm_terms, token_accuracy
+from jaxlm.nn.loss import block_positions, chunk_tokens, cross_entropy, lm_loss, lm_terms, token_accuracy
+from jaxlm.nn.model import TransformerLM
 from jaxlm.training.step import build_model, split_model
 from parity.convert import torch_config, torch_to_jax
 from tests.train_helpers import max_rel_diff, run_steps, tiny_overrides
@@ -55,7 +56,7 @@ def test_chunked_loss_and_gradients_equal_the_whole_logits_and_torchref(chunk, t
     loss_t = torchref.cross_entropy(ref(torch.tensor(np.asarray(x))), torch.tensor(np.asarray(y)))
     whole = torch_to_jax(ref.state_dict(), build(cfg, 0))
     chunked = torch_to_jax(ref.state_dict(), build(cfg, chunk))
-    assert chunked.compute.loss_positions(V, B, T) < T  # really in blocks
+    assert block_positions(chunked.compute, V, B, T) < T  # really in blocks
     l0, g0 = loss_and_grads(whole, x, y)
     l1, g1 = loss_and_grads(chunked, x, y)
     assert abs(l1 - l0) <= 1e-6 * abs(l0)
@@ -81,7 +82,8 @@ def test_evaluation_loss_and_accuracy_unchanged():
     hit = np.arange(B * T).reshape(B, T) % 3 == 0  # 13 of the 39 targets are the model's own argmax
     y = jnp.where(hit, jnp.argmax(logits, -1), (jnp.argmax(logits, -1) + 1) % V)
     (nll0, hit0), (nll1, hit1) = lm_terms(whole, x, y), lm_terms(chunked, x, y)  # (B, T) each
-    assert np.array_equal(hit0, hit1) and float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
+    assert np.array_equal(hit0, hit1)
+    assert float(jnp.mean(hit1)) == float(token_accuracy(logits, y)) == pytest.approx(13 / 39)
     assert float(jnp.mean(nll1)) == pytest.approx(float(cross_entropy(logits, y)), rel=1e-6)
     np.testing.assert_allclose(nll1, nll0, rtol=1e-6)
 
@@ -115,7 +117,7 @@ def test_training_with_accumulation_follows_the_same_trajectory(tmp_path):
     mesh = sharding.make_mesh(jax.devices()[:1])
     cfgs = [load_config(None, tiny_overrides("/unused", "/unused", **{"train.grad_accum": 2, "compute.loss_chunk": c}))
             for c in (0, 23)]
-    assert cfgs[1].compute.loss_positions(257, 4, 32) == 5
+    assert block_positions(cfgs[1].compute, 257, 4, 32) == 5
     (t0, p0), (t1, p1) = (run_steps(c, mesh, 6) for c in cfgs)
     np.testing.assert_allclose(t1, t0, rtol=1e-6, atol=0)
     assert max_rel_diff(p1, p0) < 1e-5
@@ -131,14 +133,14 @@ def test_training_with_accumulation_follows_the_same_trajectory(tmp_path):
 
 def test_block_geometry_and_default():
     c = ComputeConfig
-    assert c(loss_chunk=1024).loss_positions(50257, 128, 256) == 8  # 32 blocks of 128 x 8 tokens
-    assert c(loss_chunk=1024).loss_positions(50257, 5, 256) == 128  # 204 per row at most: 2 blocks of 128
-    assert c(loss_chunk=256).loss_positions(65, 12, 64) == 16  # 21 per row at most: 4 blocks of 16, none padded
-    assert c(loss_chunk=10).loss_positions(V, 3, 13) == 3
-    assert c(loss_chunk=2).loss_positions(V, 3, 13) == 1  # fewer tokens than rows: one position of each
-    assert c(loss_chunk=39).loss_positions(V, 3, 13) == 13  # the whole batch: one block, the whole logits
-    assert c(loss_chunk=0).loss_positions(50257, 128, 256) == 256
-    assert c().loss_chunk_for(50257) == 1024 and c().loss_chunk_for(32000) == 1024 and c().loss_chunk_for(31999) == 0
+    assert block_positions(c(loss_chunk=1024), 50257, 128, 256) == 8  # 32 blocks of 128 x 8 tokens
+    assert block_positions(c(loss_chunk=1024), 50257, 5, 256) == 128  # 204 per row at most: 2 blocks of 128
+    assert block_positions(c(loss_chunk=256), 65, 12, 64) == 16  # 21 per row at most: 4 blocks of 16, none padded
+    assert block_positions(c(loss_chunk=10), V, 3, 13) == 3
+    assert block_positions(c(loss_chunk=2), V, 3, 13) == 1  # fewer tokens than rows: one position of each
+    assert block_positions(c(loss_chunk=39), V, 3, 13) == 13  # the whole batch: one block, the whole logits
+    assert block_positions(c(loss_chunk=0), 50257, 128, 256) == 256
+    assert chunk_tokens(c(), 50257) == 1024 and chunk_tokens(c(), 32000) == 1024 and chunk_tokens(c(), 31999) == 0
     with pytest.raises(ConfigError, match=r"loss_chunk = -1: must be >= 0 or unset"):
         c(loss_chunk=-1)
 
@@ -157,3 +159,16 @@ def test_estimator_counts_one_block_of_logits():
     b = memory.largest_batch(cfg, 256, cap, compute)
     assert memory.estimate(cfg, b, 256, compute).total <= cap < memory.estimate(cfg, b + 1, 256, compute).total
     assert b > memory.largest_batch(cfg, 256, cap, ComputeConfig(loss_chunk=0))
+
+
+def test_cross_entropy_and_accuracy():
+    logits = jax.random.normal(jax.random.key(0), (3, 5, V)) * 4
+    targets = jax.random.randint(jax.random.key(1), (3, 5), 0, V)
+    x = np.asarray(logits, np.float64)
+    ref = np.mean(np.log(np.exp(x).sum(-1)) - np.take_along_axis(x, np.asarray(targets)[..., None], -1)[..., 0])
+    np.testing.assert_allclose(cross_entropy(logits, targets), ref, rtol=1e-6)
+    big = logits + 1e4  # stable for huge logits
+    np.testing.assert_allclose(cross_entropy(big, targets), ref, rtol=1e-3)
+    assert cross_entropy(logits.astype(jnp.bfloat16), targets).dtype == jnp.float32
+    acc = np.mean(np.argmax(x, -1) == np.asarray(targets))
+    np.testing.assert_allclose(token_accuracy(logits, targets), acc)

@@ -1,4 +1,4 @@
-"""jaxlm.attention and jaxlm.model on CPU: shapes, masks, RoPE, precision, remat, dropout, names.
+"""jaxlm.nn.attention and jaxlm.nn.model on CPU: shapes, masks, RoPE, precision, remat, dropout, names.
 
 Prime-ish sizes (d_model 48, 4 heads of 12, vocab 97, seq 13) so a swapped axis
 cannot pass by accident.
@@ -17,13 +17,9 @@ from flax import nnx
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn import remat as remat_lib
 from jaxlm.nn.attention import attention, cudnn_supported, visibility_mask
-from jaxlm.nn.model import (
-    RotaryEmbedding,
-    TransformerLM,
-    apply_rope,
-    cross_entropy,
-    token_accuracy,
-)
+from jaxlm.nn.layers import RotaryEmbedding, apply_rope
+from jaxlm.nn.loss import cross_entropy
+from jaxlm.nn.model import TransformerLM
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
 H = D // N
@@ -40,11 +36,7 @@ def tokens(batch=2, seq=T, seed=1):
 
 def qkv(B=2, Tq=T, S=T, dtype=jnp.float32, seed=0):
     kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    return (
-        jax.random.normal(kq, (B, Tq, N, H), dtype),
-        jax.random.normal(kk, (B, S, N, H), dtype),
-        jax.random.normal(kv, (B, S, N, H), dtype),
-    )
+    return jax.random.normal(kq, (B, Tq, N, H), dtype), *(jax.random.normal(k, (B, S, N, H), dtype) for k in (kk, kv))
 
 
 def lm_loss(model, tok, *, deterministic=True):
@@ -333,7 +325,8 @@ def test_scanned_layers_match_unrolled_with_dropout():
     assert models[1].layers.attn.q_proj.weight.shape == (3, D, D)
     p0, p1 = (_flat_layers(m, m, 3) for m in models)
     assert p0.keys() == p1.keys() and all(np.array_equal(p0[k], p1[k]) for k in p0)
-    (l0, g0), (l1, g1) = (_layer_grads(cfg, tok, ComputeConfig(scan_layers=s), deterministic=False) for s in (False, True))
+    (l0, g0), (l1, g1) = (_layer_grads(cfg, tok, ComputeConfig(scan_layers=s), deterministic=False)
+                          for s in (False, True))
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
     for k in g0:
         np.testing.assert_allclose(g1[k], g0[k], atol=1e-6, err_msg=str(k))
@@ -405,15 +398,3 @@ def test_init_statistics():
 
 # --------------------------------------------------------------------------- loss and metrics
 
-
-def test_cross_entropy_and_accuracy():
-    logits = jax.random.normal(jax.random.key(0), (3, 5, V)) * 4
-    targets = jax.random.randint(jax.random.key(1), (3, 5), 0, V)
-    x = np.asarray(logits, np.float64)
-    ref = np.mean(np.log(np.exp(x).sum(-1)) - np.take_along_axis(x, np.asarray(targets)[..., None], -1)[..., 0])
-    np.testing.assert_allclose(cross_entropy(logits, targets), ref, rtol=1e-6)
-    big = logits + 1e4  # stable for huge logits
-    np.testing.assert_allclose(cross_entropy(big, targets), ref, rtol=1e-3)
-    assert cross_entropy(logits.astype(jnp.bfloat16), targets).dtype == jnp.float32
-    acc = np.mean(np.argmax(x, -1) == np.asarray(targets))
-    np.testing.assert_allclose(token_accuracy(logits, targets), acc)

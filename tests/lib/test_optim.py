@@ -1,4 +1,4 @@
-"""jaxlm.optim's schedule against the specification's formula, evaluated in float64."""
+"""jaxlm.training.optim's schedule against the specification's formula, evaluated in float64."""
 
 from __future__ import annotations
 

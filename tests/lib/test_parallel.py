@@ -25,7 +25,8 @@ def test_mesh_shape_resolves_the_free_axis(kw, n, expected):
 
 
 @pytest.mark.parametrize("kw, n, match", [
-    (dict(data=2, tensor=2), 8, r"parallel.data = 2, parallel.fsdp = 1, parallel.tensor = 2.*4 devices but there are 8"),
+    (dict(data=2, tensor=2), 8,
+     r"parallel.data = 2, parallel.fsdp = 1, parallel.tensor = 2.*4 devices but there are 8"),
     (dict(tensor=3), 8, r"parallel.tensor = 3.*do not divide the 8 devices"),
 ])
 def test_mesh_shape_errors_name_the_keys(kw, n, match):
@@ -68,11 +69,14 @@ def test_rules_table_maps_logical_axes():
 
 
 def test_collectives_read_from_hlo():
-    hlo = """
+    hlo = """HloModule m
+
+ENTRY %main () -> f32[3] {
   %all-reduce.1 = f32[128,256]{1,0} all-reduce(f32[128,256]{1,0} %x), replica_groups={{0,1}}
   %ag = (bf16[4,8]{1,0}, f32[2]{0}) all-gather-start(bf16[2,8]{1,0} %y, f32[1]{0} %z), dimensions={0}
   %cp = s32[10]{0} collective-permute(s32[10]{0} %w), source_target_pairs={{0,1}}
-  %add = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b)
+  ROOT %add = f32[3]{0} add(f32[3]{0} %a, f32[3]{0} %b)
+}
 """
     c = collectives(hlo)
     assert c["all-reduce"] == {"count": 1, "bytes": 128 * 256 * 4}

@@ -56,11 +56,11 @@ def test_lora_trains_only_the_adapters():
     assert names and all(n.endswith(("lora_a", "lora_b")) for n in names)
     n_trainable = sum(a.size for a in jax.tree.leaves(after.params))
     assert sum(a.size for a in jax.tree.leaves(after.opt_state)) == 2 * n_trainable + 1  # mu, nu, count
-    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.rest, nnx.Param)),
-                    jax.tree.leaves(nnx.filter_state(after.rest, nnx.Param))):
+    for b, a in zip(jax.tree.leaves(nnx.filter_state(before.non_trainable, nnx.Param)),
+                    jax.tree.leaves(nnx.filter_state(after.non_trainable, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the frozen base
     assert not np.allclose(np.asarray(after.params["layers"][0]["attn"]["q_proj"]["lora_b"][...]), 0.0)
-    m = lora.memory_summary(after.params, after.opt_state, after.rest)
+    m = lora.memory_summary(after.params, after.opt_state, after.non_trainable)
     assert m["trainable_params"] == n_trainable and m["optimizer_bytes"] == 4 * (2 * n_trainable + 1)
 
 
@@ -147,7 +147,8 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
     model's numbers stacked, and its losses and trained weights over two steps (adapter dropout streams
     advance alike). QAT's activation quantisation is left out: its rounding turns the layouts' 1e-7
     differences into whole quantisation steps."""
-    kw = {"lora": {"lora": LoraConfig(rank=4, dropout=0.1)}, "qlora": {"lora": LoraConfig(rank=4, base="nf4", block_size=16)},
+    kw = {"lora": {"lora": LoraConfig(rank=4, dropout=0.1)},
+          "qlora": {"lora": LoraConfig(rank=4, base="nf4", block_size=16)},
           "qat": {"qat": QatConfig(weight_bits=4)}}[kind]
     unrolled, scanned = (build_model(CFG, ComputeConfig(scan_layers=s), seed=3, **kw) for s in (False, True))
     a, b = _per_layer(nnx.state(unrolled)), _per_layer(nnx.state(scanned))
@@ -217,7 +218,8 @@ def test_init_from_lora_and_merge(base_run):
     evals = [r["eval/loss"] for r in rows if r["kind"] == "eval"]
     assert evals[0] == pytest.approx(base_val, abs=1e-6)  # lr(0) = 0: step 1 is the base model exactly
     params = next(r for r in rows if r["kind"] == "params")
-    assert params["params/trainable_params"] < 0.15 * (params["params/trainable_params"] + params["params/frozen_params"])
+    trainable, frozen = params["params/trainable_params"], params["params/frozen_params"]
+    assert trainable < 0.15 * (trainable + frozen)
     assert merge_run(tmp / "lora", tmp / "merged") < 1e-5
     adapted, _, _ = restore_for_inference(tmp / "lora")
     merged, merged_cfg, tok = restore_for_inference(tmp / "merged")
@@ -234,7 +236,8 @@ def test_init_from_across_layer_layouts(base_run):
 
     corpus, tmp, base_val = base_run
     scanned = {"train.steps": 2, "train.eval_every": 1, "compute.scan_layers": "true"}
-    cfg = load_config(None, tiny_overrides(corpus, tmp / "scanned", **scanned, **{"train.init_from": f'"{tmp / "base"}"'}))
+    init_from = {"train.init_from": f'"{tmp / "base"}"'}
+    cfg = load_config(None, tiny_overrides(corpus, tmp / "scanned", **scanned, **init_from))
     train(cfg)
     rows = [json.loads(l) for l in (tmp / "scanned" / "metrics.jsonl").read_text().splitlines()]
     assert [r["eval/loss"] for r in rows if r["kind"] == "eval"][0] == pytest.approx(base_val, abs=1e-6)
@@ -256,7 +259,8 @@ def scanned_lora_run(base_run):
     train(load_config(None, tiny_overrides(corpus, tmp / "lora_scanned", **{
         "train.steps": 2, "train.eval_every": 1, "train.init_from": f'"{tmp / "base"}"', "lora.rank": 4,
         "compute.scan_layers": "true"})))
-    return tmp / "lora_scanned", tmp / "lora_scanned_merged", merge_run(tmp / "lora_scanned", tmp / "lora_scanned_merged")
+    run, merged = tmp / "lora_scanned", tmp / "lora_scanned_merged"
+    return run, merged, merge_run(run, merged)
 
 
 def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run):
@@ -347,7 +351,7 @@ def test_lora_matches_torchref():
     graphdef, params, rest = split_model(model)
 
     def loss(params):
-        from jaxlm.nn.model import cross_entropy
+        from jaxlm.nn.loss import cross_entropy
 
         return cross_entropy(nnx.merge(graphdef, params, rest)(TOKENS), jnp.roll(TOKENS, -1, axis=1))
 

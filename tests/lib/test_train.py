@@ -73,7 +73,8 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
     kw = {"model.dropout": 0.1}  # the dropout RNG stream must be checkpointed too
     train(tiny(corpus, tmp_path / "full", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
-    first = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 8, "checkpoint.every": 8, "log.sample_tokens": 0}, **kw))
+    half = {"train.steps": 8, "checkpoint.every": 8, "log.sample_tokens": 0}
+    first = train(tiny(corpus, tmp_path / "cut", **half, **kw))
     assert first["sample"] is None and '"sample"' not in (tmp_path / "cut" / "metrics.jsonl").read_text()  # 0: none
     out = train(tiny(corpus, tmp_path / "cut", **{"train.steps": 16, "checkpoint.every": 8}, **kw))
     full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
@@ -83,7 +84,7 @@ def test_resume_continues_exactly(corpus, tmp_path):
 
 
 def test_restore_for_inference(corpus, tmp_path):
-    from jaxlm.nn.model import cross_entropy
+    from jaxlm.nn.loss import cross_entropy
     from jaxlm.training.checkpoint import restore_for_inference
     from jaxlm.training.loop import train
 
@@ -128,12 +129,12 @@ def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
     results = []
     for batch in (1, 3, 8):
         cfg = tiny(corpus, "/unused", **{"data.batch_size": batch, "data.eval_tokens": 300})
-        built = build(cfg, mesh)
-        state = jax.jit(built.make_state, out_shardings=built.shardings)()
-        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, built=built, state=state, data_dir=corpus)))
+        jitted = build(cfg, mesh)
+        state = jax.jit(jitted.make_state, out_shardings=jitted.shardings)()
+        results.append(evaluate(SimpleNamespace(cfg=cfg, mesh=mesh, jitted=jitted, state=state, data_dir=corpus)))
     val = np.asarray(TokenWindows.from_dir(corpus, "val", 32).tokens[:321], np.int32)
     x, y = val[:320].reshape(10, 32), val[1:321].reshape(10, 32)
-    logits = np.asarray(state.model(built.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
+    logits = np.asarray(state.model(jitted.graphdef)(x, deterministic=True), np.float64).reshape(320, -1)[:300]
     m = logits.max(-1)
     nll = m + np.log(np.exp(logits - m[:, None]).sum(-1)) - logits[np.arange(300), y.reshape(-1)[:300]]
     acc = np.mean(logits.argmax(-1) == y.reshape(-1)[:300])
@@ -154,7 +155,8 @@ def test_accumulation_equals_big_batch(corpus):
 
 @pytest.mark.parametrize(
     "variant, tol",
-    [({"compute.remat": '"full"'}, 1e-5), ({"compute.remat": '"dots_saveable"'}, 1e-5), ({"compute.dtype": '"bfloat16"'}, 3e-2)],
+    [({"compute.remat": '"full"'}, 1e-5), ({"compute.remat": '"dots_saveable"'}, 1e-5),
+     ({"compute.dtype": '"bfloat16"'}, 3e-2)],
 )
 def test_precision_and_remat_match_float32(corpus, variant, tol):
     """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
@@ -177,14 +179,16 @@ def _check_layouts(names: list[str]) -> None:
         assert res["loss_rel"] < 1e-5 and res["grad_rel"] < 1e-5, (name, res)
         assert res["traj_rel"] < 1e-4, (name, res)
     for name, axis in (("fsdp", "fsdp"), ("tp", "tensor"), ("tp_fsdp", "fsdp"), ("scan_fsdp_tp", "tensor"),
-                       ("pp_dp", "pipeline"), ("pp_lora", "pipeline"), ("tp2_chunk", "tensor"), ("tp4_chunk", "tensor")):
+                       ("pp_dp", "pipeline"), ("pp_lora", "pipeline"), ("tp2_chunk", "tensor"),
+                       ("tp4_chunk", "tensor")):
         if name in out:  # the strategy really splits the parameters over its axis
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
 # Two subprocesses, so that two workers share them. Data parallel alone and pipeline + data without LoRA are in
 # pp_lora (data 4, pipeline 2) and tp_dp (data 2); they run alone in the extended test.
-FAST_LAYOUTS = {"fsdp_tensor_scan": ["fsdp", "tp_dp", "scan_fsdp_tp"], "pipeline_chunked_loss": ["pp_lora", "tp2_chunk"]}
+FAST_LAYOUTS = {"fsdp_tensor_scan": ["fsdp", "tp_dp", "scan_fsdp_tp"],
+                "pipeline_chunked_loss": ["pp_lora", "tp2_chunk"]}
 
 
 @pytest.mark.parametrize("group", list(FAST_LAYOUTS))
@@ -212,11 +216,13 @@ def _free_port() -> int:
 def test_two_processes_equal_one(corpus, tmp_path):
     base = tiny_overrides(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6})
     cmd = [PY, "-m", "jaxlm.train"]
-    r = subprocess.run(cmd + sum((["--set", o] for o in base), []), env=_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd + sum((["--set", o] for o in base), []), env=_env(), capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     port = _free_port()
     two = tiny_overrides(corpus, tmp_path / "two", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6,
-                                                         "parallel.distributed": "true", "parallel.coordinator": f'"127.0.0.1:{port}"',
+                                                         "parallel.distributed": "true",
+                                                         "parallel.coordinator": f'"127.0.0.1:{port}"',
                                                          "parallel.num_processes": 2})
     procs = [
         subprocess.Popen(cmd + sum((["--set", o] for o in two + [f"parallel.process_id={i}"]), []), env=_env(),
@@ -236,13 +242,15 @@ def test_two_processes_equal_one(corpus, tmp_path):
 
 def test_cli_reports_bad_config(tmp_path):
     r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
-                        "--set", "train.stepz=3"], env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                        "--set", "train.stepz=3"], env=_env(), capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
     assert r.returncode == 2 and "train.stepz" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_names_the_download_of_a_missing_corpus(tmp_path):
     r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/shakespeare_char.toml")],
-                       env=_env(JAXLM_DATA=str(tmp_path / "data")), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                       env=_env(JAXLM_DATA=str(tmp_path / "data")), capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"error: {tmp_path}/data/tinyshakespeare/input.txt: corpus 'tinyshakespeare' not found; run "
         "`python -m jaxlm.data download tinyshakespeare` (or point JAXLM_DATA at a folder that holds it)"], r.stderr
@@ -273,7 +281,8 @@ def test_quickstart_cli_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--- sample after 6 steps ---" in r.stdout
     again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert again.returncode == 0 and "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
     run = tmp_path / "runs" / "quickstart"
     assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -326,8 +335,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
     import signal
 
     run = tmp_path / "run"
-    args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **{
-        "train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000, "train.eval_every": 100000})), [])
+    long = {"train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000, "train.eval_every": 100000}
+    args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **long)), [])
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and (not (run / "metrics.jsonl").is_file() or len(losses(run)) < 3):
         time.sleep(0.5)  # no time limit: on a busy machine the first steps can take minutes

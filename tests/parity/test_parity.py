@@ -10,7 +10,8 @@ from flax import nnx
 
 import torchref
 from jaxlm.core.config import ComputeConfig, ModelConfig
-from jaxlm.nn.model import TransformerLM, cross_entropy
+from jaxlm.nn.loss import cross_entropy
+from jaxlm.nn.model import TransformerLM
 from parity.convert import jax_to_torch, torch_config, torch_to_jax
 
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
@@ -122,9 +123,13 @@ def test_torchref_config_mirrors_the_architecture_fields():
     """torchref keeps its own config class; parity's table must cover every field of both."""
     import dataclasses
 
-    from parity.convert import CONFIG_FIELDS
+    from jaxlm.core.errors import ConfigError
+    from parity.convert import CONFIG_FIELDS, JAXLM_ONLY
 
-    assert set(CONFIG_FIELDS) == {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(CONFIG_FIELDS) | set(JAXLM_ONLY) == {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(CONFIG_FIELDS.values()) == {f.name for f in dataclasses.fields(torchref.ModelConfig)}
     cfg = ModelConfig(d_model=96, num_heads=4, ffn="silu", window=5)
-    assert dataclasses.asdict(torch_config(cfg)) == dataclasses.asdict(cfg)  # d_ff derived the same way too
+    mine = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in JAXLM_ONLY}
+    assert dataclasses.asdict(torch_config(cfg)) == mine  # d_ff derived the same way too
+    with pytest.raises(ConfigError, match="model.num_kv_heads = 2: torchref has no equivalent"):
+        torch_config(ModelConfig(d_model=96, num_heads=4, num_kv_heads=2))  # grouped-query: transformers checks it

@@ -1,4 +1,4 @@
-"""Every `python -m jaxlm.X` command (and subcommand) answers an unknown flag with one `error:` line, exit 2."""
+"""Every `python -m jaxlm.<command>` command (and subcommand) answers an unknown flag with one `error:` line, exit 2."""
 
 from __future__ import annotations
 

@@ -351,6 +351,7 @@ def test_memory_preflight_names_the_batch_and_the_largest_that_fits(corpus, tmp_
     data.batch_size, the figure and a batch whose compiled step does fit."""
     import jax
 
+    from jaxlm.analysis.flops import param_counts
     from jaxlm.core import sharding
     from jaxlm.training import loop as loop_lib
     from jaxlm.training import preflight
@@ -374,8 +375,13 @@ def test_memory_preflight_names_the_batch_and_the_largest_that_fits(corpus, tmp_
     fits = int(str(e.value).split("about ")[1].split(" ")[0])
     assert 1 <= fits < 64
     assert needed(load_config(None, tiny_overrides(corpus, tmp_path / "run", **{"data.batch_size": fits}))) <= have
-    monkeypatch.setattr(preflight, "available_memory", lambda: (1000, "this test device has"))
+    weights = param_counts(cfg.model)["total"] * 4 * 2  # float32 (and RoPE tables): the parameters fit, Adam does not
+    monkeypatch.setattr(preflight, "available_memory", lambda: (weights, "this test device has"))
     with pytest.raises(ConfigError, match=r"model.d_model = 32, model.num_layers = 2 .*so no batch fits"):
+        loop_lib.train(cfg)
+    monkeypatch.setattr(preflight, "available_memory", lambda: (1000, "this test device has"))
+    with pytest.raises(ConfigError, match=r"model.d_model = 32, .* parameters take 0.1 MiB before any optimizer "
+                                          r"state or activation, but this test device has 0.0 MiB"):
         loop_lib.train(cfg)
 
 

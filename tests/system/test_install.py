@@ -32,15 +32,17 @@ def test_the_library_imports_neither_its_reference_nor_its_lab():
             "for m in pkgutil.walk_packages(jaxlm.__path__, 'jaxlm.'):\n"
             "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
             "print(sorted(m for m in ('torch', 'torchref', 'parity', 'experiments') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=600)
     assert out.stdout.strip() == "[]"
 
 
 def test_core_commands_import_neither_plots_nor_profiler():
     code = ("import sys, jaxlm.cli.train, jaxlm.cli.generate, jaxlm.training.checkpoint, jaxlm.data.prepare, "
-            "jaxlm.data.loader, jaxlm.cli.bench, experiments.run; "
+            "jaxlm.data.loader, jaxlm.bench.commands, experiments.run; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'xprof') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=600)
     assert out.stdout.strip() == "[]"
 
 

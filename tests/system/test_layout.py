@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
 # Folders of jaxlm from the top layer down; a module may import its own layer or a lower one. bench sits above
 # cli: the benchmark commands use cli's helpers, and no command of cli imports a benchmark.
-LAYERS = ("bench", "cli", "training", ("nn", "data", "analysis"), "core")
+LAYERS = ("bench", "cli", "hf", "training", ("nn", "data", "analysis"), "core")
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:

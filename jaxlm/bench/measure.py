@@ -1,39 +1,36 @@
-"""What a benchmark row is and how a sweep runs (the rows' table, JSON and CSV: `jaxlm.bench.output`).
+"""What a benchmark row is and how rows are measured (the rows' table, JSON and CSV: `jaxlm.bench.output`).
 
-A *setting* is everything about a run except its shape: framework, mode,
-dtype, attention, remat, torch.compile. A sweep runs every setting at every
-(context, batch) in the product of the lists it was given; each run becomes one
-row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep
-never stops half way. Settings that compare (one mode, dtype and attention) are
-timed together at each shape, in alternating rounds on the host CPU (`run_group`). The framework-specific work lives in the modules of `SIDES`:
-`jax_side` here, and the PyTorch side that `python -m parity.bench` registers
-(jaxlm never imports torch); this module imports no framework at import time.
+A *setting* is everything about a run except its shape: the side that measures it (`framework`: jaxlm's
+own, or a side plugged in through `jaxlm.bench.sides`), mode, dtype, attention and remat. A sweep runs
+every setting at every (context, batch) in the product of the lists it was given; each run becomes one
+row (a flat dict, columns in `COLUMNS`), OOM and errors included, so a sweep never stops half way.
+Settings that compare (one mode, dtype and attention) are timed together at each shape, in alternating
+rounds on the host CPU (`run_group`). Each side builds and compiles its own step; the timing is done
+here, by the one loop of `jaxlm.bench.timing`. This module imports no framework at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
 import itertools
 import statistics
-import sys
-import time
 import traceback
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from jaxlm.analysis import flops, memory
-from jaxlm.core.config import ComputeConfig, ModelConfig
-from jaxlm.core.errors import UsageError
-
-FRAMEWORKS = ("jax", "torch")
+from jaxlm.bench import sides
+from jaxlm.bench.timing import Load, time_calls
+from jaxlm.core.config import ComputeConfig, Config, ModelConfig
+from jaxlm.core.errors import UserError
 
 # Row columns, in table / CSV order (the JSON rows carry the same keys).
 COLUMNS = (
     "framework", "model", "mode", "dtype", "attention", "remat", "compiled", "context", "batch", "params",
-    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
-    "memory_gb", "memory_source", "estimate_gb", "jax_torch_speed", "device", "error",
+    "status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "step_ms_first", "tokens_per_s",
+    "flops_per_step", "xla_flops", "tflops", "mfu", "memory_gb", "memory_source", "estimate_gb",
+    "speed_vs_reference", "reference", "other_cpus", "busy", "device", "error",
 )
 
 
@@ -41,24 +38,18 @@ COLUMNS = (
 class Setting:
     """One optimisation setting; `attention` is "xla", "cudnn", "window:N" or "cudnn+window:N"."""
 
-    framework: str = "jax"
+    framework: str = sides.OWN  # the side that measures it (`jaxlm.bench.sides`)
     mode: str = "forward"
     dtype: str = "float32"
     attention: str = "xla"
-    remat: str = "none"
-    compile: bool = True  # torch.compile (JAX is always jitted)
-    compute: ComputeConfig = ComputeConfig()  # the config's other compute keys (scan_layers, loss_chunk): JAX rows
+    remat: str = "none"  # jaxlm's rematerialisation policy; other sides run without
+    compute: ComputeConfig = ComputeConfig()  # the config's other compute keys (scan_layers, loss_chunk)
 
     def configs(self, base: ModelConfig, context: int) -> tuple[ModelConfig, ComputeConfig]:
-        """The row's model (context raised to fit, window from `attention`) and how it runs.
-
-        On torch rows, any attention but "xla" means torchref's fused `F.scaled_dot_product_attention`
-        (the counterpart of cudnn); "xla" rows run torchref's explicit softmax(QK^T)V.
-        """
+        """The row's model (context raised to fit, window from `attention`) and how it runs (another side
+        reads the dtype and whether the attention is fused from the compute config)."""
         impl, window = parse_attention(self.attention)
         model = dataclasses.replace(base, context_length=max(context, base.context_length), window=window)
-        if self.framework == "torch":
-            return model, ComputeConfig(dtype=self.dtype, attention="xla" if impl == "xla" else "auto")
         return model, dataclasses.replace(self.compute, dtype=self.dtype, attention=impl, remat=self.remat)
 
     @property
@@ -66,8 +57,6 @@ class Setting:
         parts = [self.framework, self.mode, self.dtype, self.attention]
         if self.remat != "none":
             parts.append(f"remat={self.remat}")
-        if self.framework == "torch" and not self.compile:
-            parts.append("eager")
         return " ".join(parts)
 
 
@@ -96,15 +85,23 @@ class Options:
     peak_tflops: float | None = None  # override the device peak for MFU
     model_name: str = "custom"
     seed: int = 0
-    torch_optimizer: str = "torch"  # "torch" (torch.optim.AdamW, foreach/fused) or "torchref" (torchref.AdamW)
+    run: Config | None = None  # the run's config: a train step's optimizer, accumulation, LoRA, QAT (default Config())
+    side_args: Mapping[str, Any] = field(default_factory=dict)  # the command's options; a plugged-in side reads its own
+
+
+class Prepared(NamedTuple):
+    """What a side's `prepare` returns for a row it compiled: the library's loop times `call`."""
+
+    call: Callable[[], Any]  # one step; returns what `wait` blocks on
+    wait: Callable[[Any], Any]  # returns once the step's work is done (e.g. jax.block_until_ready)
+    finish: Callable[[], None]  # after the timing: fill what is read afterwards (memory), release the step
 
 
 def empty_row(setting: Setting, cfg: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     row = {c: None for c in COLUMNS}
     row.update(
         framework=setting.framework, model=opts.model_name, mode=setting.mode, dtype=setting.dtype,
-        attention=setting.attention, remat=setting.remat if setting.framework == "jax" else "none",
-        compiled=setting.compile if setting.framework == "torch" else True, context=context, batch=batch,
+        attention=setting.attention, remat=setting.remat, context=context, batch=batch,
         params=flops.param_counts(cfg)["total"], flops_per_step=flops.step_flops(cfg, batch, context, setting.mode),
     )
     return row
@@ -123,7 +120,7 @@ def finish_row(row: dict, opts: Options, device_kind: str | None) -> dict:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """XLA RESOURCE_EXHAUSTED, torch.cuda.OutOfMemoryError, or a plain MemoryError."""
+    """XLA's RESOURCE_EXHAUSTED, an allocator's OutOfMemoryError (another side's GPU), or a plain MemoryError."""
     if isinstance(exc, MemoryError):
         return True
     if type(exc).__name__ == "OutOfMemoryError":
@@ -148,30 +145,28 @@ def _fail(row: dict, exc: Exception) -> None:
     row["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
     if row["status"] == "error":
         row["traceback"] = traceback.format_exc(limit=6)
-    _release_memory()
+    _release_memory(row["framework"])
 
 
-def _step_statistics(row: dict, times: list[float]) -> None:
+def _release_memory(framework: str) -> None:
+    """After a failure: drop the failed step's buffers so the next row starts clean."""
+    gc.collect()
+    release = getattr(sides.LOADED.get(framework), "release_memory", None)
+    if release is not None:
+        release()
+
+
+def _step_statistics(row: dict, times: list[float], cpu_s: float) -> None:
     row["step_ms"] = 1e3 * statistics.fmean(times)
     row["step_ms_std"] = 1e3 * statistics.pstdev(times)
     row["step_ms_median"] = 1e3 * statistics.median(times)
     row["step_ms_first"] = 1e3 * times[0]  # what warm-up is for: the first timed step after --warmup steps
+    row["step_cpu_ms"] = 1e3 * cpu_s / len(times)  # this process's CPU time: steadier than wall time under load
 
 
-def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: int, opts: Options) -> list[dict]:
-    """Benchmark settings that compare (one mode, dtype and attention) at one shape; never raises.
-
-    Each side's `prepare(...)` compiles and warms up its step and returns (run, finish): run(n, timed=True)
-    runs n steps and returns their seconds each (timed=False: settling calls, left out of the row's CPU
-    time), finish(times) adds what is read after timing (memory). When every row runs on
-    the host CPU the rows are timed call by call, in alternating order, so that a change of load or of
-    clock speed during the run hits all of them alike; a jax row's `jax_torch_speed` is then the median
-    over the rounds of torch's time / jax's time in the same round. Elsewhere (a GPU, whose memory peak
-    is per row and which need not hold two models at once) each row is prepared, timed and released before
-    the next.
-    """
-    if len(settings) > 1 and not all(_on_host_cpu(s) for s in settings):
-        return [row for s in settings for row in run_group([s], base, context, batch, opts)]
+def _prepare_rows(settings: list[Setting], base: ModelConfig, context: int, batch: int,
+                  opts: Options) -> tuple[list[dict], dict[int, Prepared]]:
+    """A row per setting, and the prepared step of each that compiled and is to be timed."""
     rows, prepared = [], {}
     for i, setting in enumerate(settings):
         try:
@@ -183,82 +178,96 @@ def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: i
             rows.append(_invalid_row(setting, context, batch, opts, e))
             continue
         rows.append(row)
-        side = framework_side(setting.framework)  # outside the try: a missing torch extra stops the sweep in one line
+        side = sides.load(setting.framework)  # outside the try: a missing extra stops the sweep in one line
         try:
             row["device"] = side.device_kind()
             ready = side.prepare(setting, cfg, compute, batch, context, opts, row)
+        except UserError as e:  # e.g. a batch that train.grad_accum does not divide
+            rows[-1] = _invalid_row(setting, context, batch, opts, e)
+            continue
         except Exception as e:
             _fail(row, e)
             continue
         if ready is not None:
-            prepared[i] = ready
-    times = _time_rows(prepared, rows, opts.steps)
-    for i, (_, finish) in prepared.items():
+            prepared[i] = Prepared(*ready)
+    return rows, prepared
+
+
+def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: int, opts: Options) -> list[dict]:
+    """Benchmark settings that compare (one mode, dtype and attention) at one shape; never raises.
+
+    Each side's `prepare` compiles its step and returns a `Prepared` (or None when the row is already decided).
+    When every row runs on the host CPU the rows are timed call by call, in alternating order, so that a change
+    of load or of clock speed during the run hits all of them alike; a jax row's `speed_vs_reference` is then
+    the median over the rounds of the reference's time / jax's time in the same round. Elsewhere (a GPU, whose
+    memory peak is per row and which need not hold two models at once) each row is prepared, timed and
+    released before the next. The other processes' CPU load while the rows were timed marks them (`busy`).
+    """
+    if len(settings) > 1 and not all(_on_host_cpu(s) for s in settings):
+        return [row for s in settings for row in run_group([s], base, context, batch, opts)]
+    rows, prepared = _prepare_rows(settings, base, context, batch, opts)
+    with Load() as load:
+        times = _time_rows(prepared, rows, opts)
+    for i, ready in prepared.items():
         if i in times:
-            _step_statistics(rows[i], times[i])
-            finish(times[i])
+            _step_statistics(rows[i], *times[i])
+            ready.finish()
             rows[i]["status"] = rows[i]["status"] or "ok"
+            load.mark(rows[i])
     prepared.clear()
     for row in rows:
         if row.get("step_ms"):
             finish_row(row, opts, row["device"])
-    _paired_ratios(rows, times)
+    _paired_ratios(rows, {i: t for i, (t, _) in times.items()})
     return rows
-
-
-# After a call torch's OpenMP threads spin for milliseconds before they sleep, and would take CPU from a
-# JAX step that followed at once: in interleaved timing every row first runs untimed for this long.
-SETTLE_S = 0.03
-
-
-def settle(call: Callable[[], object]) -> None:
-    """Run `call` untimed (at least once) until SETTLE_S have passed: the other framework's threads go quiet."""
-    start = time.perf_counter()
-    while True:
-        call()
-        if time.perf_counter() - start >= SETTLE_S:
-            return
 
 
 def _on_host_cpu(setting: Setting) -> bool:
     try:
-        return framework_side(setting.framework).device_kind() == "cpu"
+        return sides.load(setting.framework).device_kind() == "cpu"
     except Exception:  # no such side: run_group turns that into its one-line error
         return False
 
 
-def _time_rows(prepared: dict, rows: list[dict], steps: int) -> dict[int, list[float]]:
-    """Seconds per step of every prepared row: several (run_group prepares several together on the host CPU
-    only) in `steps` rounds that each run every row once, settled first, in alternating order; one alone."""
-    times = {i: [] for i in prepared}
-    interleave = len(prepared) > 1
-    rounds = [list(prepared)] if not interleave else [list(prepared)[::1 - 2 * (r % 2)] for r in range(steps)]
+def _time_rows(prepared: dict[int, Prepared], rows: list[dict], opts: Options) -> dict[int, tuple[list[float], float]]:
+    """(seconds per step, CPU seconds) of every prepared row, after its warm-up: several (run_group prepares several
+    together on the host CPU only) in `steps` rounds that each run every row once, settled first, in
+    alternating order; one alone."""
+    times = {}
+    for i, (call, wait, _) in prepared.items():
+        try:
+            time_calls(call, 0, warmup=opts.warmup, wait=wait)
+            times[i] = ([], 0.0)
+        except Exception as e:
+            _fail(rows[i], e)
+    interleave = len(times) > 1
+    rounds = [list(times)] if not interleave else [list(times)[::1 - 2 * (r % 2)] for r in range(opts.steps)]
     for order in rounds:
         for i in order:
             if i not in times:
                 continue  # failed in an earlier round
-            run = prepared[i][0]
+            call, wait, _ = prepared[i]
             try:
-                if interleave:
-                    settle(lambda: run(1, timed=False))
-                times[i] += run(1 if interleave else steps)
+                got = time_calls(call, 1 if interleave else opts.steps, wait=wait, settled=interleave)
             except Exception as e:
                 _fail(rows[i], e)
                 del times[i]
+                continue
+            times[i] = (times[i][0] + got.seconds, times[i][1] + got.cpu_s)
     return times
 
 
 def _paired_ratios(rows: list[dict], times: dict[int, list[float]]) -> None:
-    """jax_torch_speed of interleaved rows: the median of the per-round ratios, with their interquartile range."""
-    torch_rows = [i for i in times if rows[i]["framework"] == "torch"]
-    if not torch_rows or len(times[torch_rows[0]]) < 2:  # a row timed alone (a GPU) or one round
+    """speed_vs_reference of interleaved rows: the median of the per-round ratios, with their interquartile range."""
+    references = [i for i in times if rows[i]["framework"] != sides.OWN]
+    if not references or len(times[references[0]]) < 2:  # a row timed alone (a GPU) or one round
         return
-    t = times[torch_rows[0]]
+    ref = references[0]
     for i in times:
-        if rows[i]["framework"] == "jax" and len(times[i]) == len(t):
-            quartiles = statistics.quantiles([a / b for a, b in zip(t, times[i])], n=4, method="inclusive")
-            rows[i]["jax_torch_speed"] = quartiles[1]
-            rows[i]["jax_torch_speed_iqr"] = [quartiles[0], quartiles[2]]
+        if rows[i]["framework"] == sides.OWN and len(times[i]) == len(times[ref]):
+            quartiles = statistics.quantiles([a / b for a, b in zip(times[ref], times[i])], n=4, method="inclusive")
+            rows[i].update(speed_vs_reference=quartiles[1], speed_vs_reference_iqr=[quartiles[0], quartiles[2]],
+                           reference=rows[ref]["framework"])
 
 
 def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
@@ -266,27 +275,8 @@ def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts:
     return run_group([setting], base, context, batch, opts)[0]
 
 
-def _release_memory() -> None:
-    """After an OOM: drop the failed step's buffers so the next row starts clean."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-SIDES = {"jax": "jaxlm.bench.jax_side"}  # framework -> module; `python -m parity.bench` adds "torch"
-
-
-def framework_side(framework: str, command: str = "model"):
-    """The module that measures one framework's rows (build_step, prepare, memory, decode_runner)."""
-    if framework not in SIDES:
-        raise UsageError(f"--framework {framework}: torch rows come from `python -m parity.bench {command} ...` "
-                         "(the torch extra); `python -m jaxlm.bench` measures jax only")
-    return importlib.import_module(SIDES[framework])
-
-
 def compare_key(setting: Setting) -> tuple:
-    """Rows with the same key compare with each other: one mode, dtype and attention, any framework or remat."""
+    """Rows with the same key compare with each other: one mode, dtype and attention, any side or remat."""
     return setting.mode, setting.dtype, setting.attention
 
 
@@ -299,7 +289,7 @@ def run_sweep(
     on_row: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Run every setting at every (context, batch), the settings that compare timed together (`run_group`);
-    returns the rows in the order setting x context x batch, with jax/torch speed ratios."""
+    returns the rows in the order setting x context x batch, with speed ratios against the reference side."""
     settings, contexts, batches = list(settings), list(contexts), list(batches)
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(settings):
@@ -317,17 +307,17 @@ def run_sweep(
 
 
 def add_speed_ratios(rows: list[dict]) -> None:
-    """jax_torch_speed = torch step time / jax step time (> 1: jax faster), on the jax row of each matched pair
-    that `run_group` did not already give the median of its paired rounds."""
+    """speed_vs_reference = the reference side's step time / jax's (> 1: jax faster), on the jax row of each matched
+    pair that `run_group` did not already give the median of its paired rounds; `reference` names the side."""
     key = lambda r: (r["model"], r["mode"], r["dtype"], r["attention"], r["context"], r["batch"])
-    torch_rows = {}
+    references = {}
     for r in rows:
-        if r["framework"] == "torch" and r.get("step_ms"):
-            torch_rows.setdefault(key(r), r)
+        if r["framework"] != sides.OWN and r.get("step_ms"):
+            references.setdefault(key(r), r)
     for r in rows:
-        t = torch_rows.get(key(r))
-        if r["framework"] == "jax" and r.get("step_ms") and t is not None and r.get("jax_torch_speed") is None:
-            r["jax_torch_speed"] = t["step_ms"] / r["step_ms"]
+        ref = references.get(key(r))
+        if r["framework"] == sides.OWN and r.get("step_ms") and ref is not None and r.get("speed_vs_reference") is None:
+            r["speed_vs_reference"], r["reference"] = ref["step_ms"] / r["step_ms"], ref["framework"]
 
 
 # --------------------------------------------------------------------------- largest batch
@@ -336,7 +326,7 @@ def add_speed_ratios(rows: list[dict]) -> None:
 
 def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
     """fits(batch). With a memory limit: the estimate (JAX: compiled memory_analysis; torch: the analytic
-    jaxlm.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
+    jaxlm.analysis.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
 
     def fits(batch: int) -> bool:
         if opts.memory_limit_gb is not None:
@@ -349,12 +339,12 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
 
 
 def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
-    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.memory.estimate (torch)."""
+    """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.analysis.memory.estimate (torch)."""
     if setting.framework == "jax":
-        from jaxlm.bench import jax_side
+        from jaxlm.bench import steps
 
-        step = jax_side.build_step(setting.mode, cfg, compute, batch, context)
-        est = memory.compiled_memory(jax_side.compile_step(step))
+        step = steps.build_step(setting.mode, cfg, compute, batch, context)
+        est = memory.compiled_memory(steps.compile_step(step))
         if est is not None:
             return est.total
     return memory.estimate(cfg, batch, context, compute, setting.mode, fused=compute.attention != "xla").total

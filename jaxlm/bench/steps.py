@@ -1,17 +1,17 @@
-"""JAX half of a benchmark row: build a jitted step, compile it apart, time it, read its memory.
+"""The library's side of the benchmarks: the steps training runs, compiled apart, and what is read from them.
 
-Each mode is a pure function of arrays, jitted once and compiled ahead of time
-(`jit(f).lower(*args).compile()`), so compile time is measured on its own and
-`memory_analysis()` / `cost_analysis()` are available before anything runs.
-The train step is training's own (`jaxlm.step.make_train_step` with
-`jaxlm.optim.make_optimizer` at the default `OptimConfig`), donated as in training,
-so a benchmark row measures exactly what `python -m jaxlm.train` runs.
+The train step is training's own: `jaxlm.training.loop.build` on one device, from the run's config with the
+row's model, compute and batch (optimizer and schedule, gradient accumulation, LoRA / QAT, donation, remat,
+precision and loss as `python -m jaxlm.train` runs them); forward and forward+backward are the same model
+(the state that build makes) and the same loss (`lm_loss`). Each step is compiled ahead of time
+(`jit(f).lower(*args).compile()`), so compile time is measured on its own and `memory_analysis()` /
+`cost_analysis()` are available before anything runs. The timing is `jaxlm.bench.measure`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,10 +21,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.analysis.memory import compiled_memory
-from jaxlm.core.config import ComputeConfig, ModelConfig, OptimConfig
-from jaxlm.nn.model import TransformerLM, lm_loss
-from jaxlm.training.optim import make_optimizer
-from jaxlm.training.step import TrainState, make_train_step, split_model
+from jaxlm.bench.timing import timed
+from jaxlm.core import sharding
+from jaxlm.core.config import ComputeConfig, Config, ModelConfig, ParallelConfig
+from jaxlm.nn.loss import lm_loss
+from jaxlm.nn.model import TransformerLM
+from jaxlm.training.loop import build
 from jaxlm.training.tracking import peak_memory_bytes
 
 
@@ -48,28 +50,37 @@ def batch_arrays(cfg: ModelConfig, batch: int, context: int, seed: int = 0):
     return tokens[:, :-1], tokens[:, 1:]  # (B, T) inputs, (B, T) targets
 
 
-def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, seed: int = 0) -> Step:
-    """forward -> logits; forward_backward -> (loss, grads); train_step -> (train state, metrics)."""
-    model = TransformerLM(cfg, compute, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = split_model(model)
-    tokens, targets = batch_arrays(cfg, batch, context, seed)
+def run_config(cfg: ModelConfig, compute: ComputeConfig, batch: int, seed: int = 0,
+               run: Config | None = None) -> Config:
+    """`run` (default: Config()) with this row's model, compute, batch and seed, on one device."""
+    run = run or Config()
+    return dataclasses.replace(run, model=cfg, compute=compute, data=dataclasses.replace(run.data, batch_size=batch),
+                               train=dataclasses.replace(run.train, seed=seed), parallel=ParallelConfig())
 
-    def loss_fn(p, r, x, y):
-        return lm_loss(nnx.merge(graphdef, p, r), x, y)
+
+def build_step(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, seed: int = 0,
+               run: Config | None = None) -> Step:
+    """forward -> logits; forward_backward -> (loss, grads); train_step -> (train state, metrics): training's
+    step for `run` (default Config()) at this model, compute and batch."""
+    full = run_config(cfg, compute, batch, seed, run)
+    built = build(full, sharding.make_mesh(jax.devices()[:1], full.parallel))
+    tokens, targets = batch_arrays(cfg, batch, context, seed)
+    if mode == "train_step":
+        state = jax.jit(built.make_state, out_shardings=built.shardings)()
+        return Step(built.step_fn, (state, tokens, targets), lambda a, out: (out[0], *a[1:]))
+    # The same initial weights, without an optimizer state (never allocated: jit drops what it does not return).
+    weights = jax.jit(lambda: (lambda s: (s.params, s.non_trainable))(built.make_state()),
+                      out_shardings=(built.shardings.params, built.shardings.non_trainable))()
+    graphdef = built.graphdef
+
+    def loss_fn(params, non_trainable, x, y):
+        return lm_loss(nnx.merge(graphdef, params, non_trainable), x, y)
 
     if mode == "forward":
-
-        def forward(p, r, x):
-            return nnx.merge(graphdef, p, r)(x)  # (B, T, V)
-
-        return Step(jax.jit(forward), (params, rest, tokens), lambda args, out: args)
+        forward = lambda params, non_trainable, x: nnx.merge(graphdef, params, non_trainable)(x)  # (B, T, V)
+        return Step(jax.jit(forward), (*weights, tokens), lambda args, out: args)
     if mode == "forward_backward":
-        return Step(jax.jit(jax.value_and_grad(loss_fn)), (params, rest, tokens, targets), lambda args, out: args)
-    if mode == "train_step":
-        tx, schedule = make_optimizer(OptimConfig(), total_steps=1000)
-        state = TrainState.create(model, tx)
-        jitted = jax.jit(make_train_step(graphdef, tx, schedule), donate_argnums=0)
-        return Step(jitted, (state, tokens, targets), lambda a, out: (out[0], *a[1:]))
+        return Step(jax.jit(jax.value_and_grad(loss_fn)), (*weights, tokens, targets), lambda args, out: args)
     raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -106,13 +117,12 @@ def compile_step(step: Step):
 
 
 def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int, opts, row: dict):
-    """Compile and warm up one JAX setting, filling the row's compile time, compiled memory and FLOPs; returns
-    its (run, finish) pair (`jaxlm.bench.core.run_group` says how they are called), or None when the row is
-    already decided (OOM by the compiled estimate)."""
-    step = build_step(setting.mode, cfg, compute, batch, context, opts.seed)
-    t0 = time.perf_counter()
-    compiled = compile_step(step)
-    row["compile_s"] = time.perf_counter() - t0
+    """Compile one setting's step, filling the row's compile time, compiled memory and FLOPs; returns its
+    (call, wait, finish) (`jaxlm.bench.measure.Prepared`), or None when the row is already decided (OOM by
+    the compiled estimate)."""
+    step = build_step(setting.mode, cfg, compute, batch, context, opts.seed, opts.run)
+    compiled, row["compile_s"] = timed(lambda: compile_step(step))
+    row["compiled"] = True
     estimate = getattr(compiled_memory(compiled), "total", None)
     row["estimate_gb"] = estimate / 1e9 if estimate is not None else None
     row["xla_flops"] = compiled_flops(compiled)
@@ -122,34 +132,25 @@ def prepare(setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, conte
         row["memory_source"] = "memory_analysis"
         row["error"] = f"estimated {estimate / 1e9:.3f} GB > --memory-limit-gb {opts.memory_limit_gb}"
         return None
-    state = {"args": step.args, "cpu": 0.0}
+    args = [step.args]
 
-    def run(n: int, timed: bool = True) -> list[float]:
-        """n steps, each to completion: wall seconds per step (their CPU seconds summed when `timed`)."""
-        times = []
+    def call():
+        """One step; its outputs feed the next (a donated train state)."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*donated buffers.*")
-            for _ in range(n):
-                t, cpu = time.perf_counter(), time.process_time()
-                out = compiled(*state["args"])
-                jax.block_until_ready(out)
-                times.append(time.perf_counter() - t)
-                state["cpu"] += (time.process_time() - cpu) if timed else 0.0
-                state["args"] = step.advance(state["args"], out)
-        return times
+            out = compiled(*args[0])
+        args[0] = step.advance(args[0], out)
+        return out
 
-    def finish(times: list[float]) -> None:
-        # This process's CPU time per timed step: steadier than wall time under load.
-        row["step_cpu_ms"] = 1e3 * state["cpu"] / len(times)
+    def finish() -> None:
         peak = peak_memory_bytes()
         if peak is not None:
             row["memory_gb"], row["memory_source"] = peak / 1e9, "memory_stats"
         else:
             row["memory_gb"], row["memory_source"] = row["estimate_gb"], "memory_analysis"
-        state.clear()
+        args.clear()
 
-    run(opts.warmup, timed=False)
-    return run, finish
+    return call, jax.block_until_ready, finish
 
 
 def matmul_call(product: Callable, a, b) -> Callable[[], Any]:

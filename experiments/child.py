@@ -1,0 +1,68 @@
+"""A plan run's child process: wait for it (with its peak memory), pass a stop on to it, kill it.
+
+The child runs in its own session, so a terminal's Ctrl-C reaches only the runner; the runner
+passes it (and a SIGTERM, `raise_interrupted`) on with `stop`: SIGTERM to the child's process
+group, then it waits for the child, however long a training run's last checkpoint takes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from jaxlm.core.stop import Interrupted
+
+
+def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
+    """Wait for the child like Popen.wait, also returning its peak resident memory (bytes, from wait4)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def stop(proc: subprocess.Popen) -> int:
+    """SIGTERM to the child's process group (a training run saves a checkpoint and stops) and wait for it, however
+    long its save takes; a second signal to the runner kills it at once. Returns its exit code."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait()
+    except ProcessLookupError:
+        return proc.wait()
+    except KeyboardInterrupt:
+        print("second signal: killing the run without waiting for its checkpoint", file=sys.stderr, flush=True)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.wait()
+
+
+def raise_interrupted(signum, frame) -> None:
+    """A signal handler: SIGTERM to the runner, handled as Ctrl-C is (`stop` passes it on to the run)."""
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Stop the child's whole process group (it was started in its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -1,0 +1,123 @@
+"""The curriculum's GPU time questions answered from XLA's GPU program, on any machine (docs/results/compiled/).
+
+    python -m experiments.compiled_time --target h100-80gb        # every section, stored compiles reused
+    python -m experiments.compiled_time --only techniques-small rtx5090
+
+Each step is compiled for the target as experiments.compiled_memory compiles it (the step `python -m
+jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
+(jaxlm.training.compiled.prediction: a roofline over every kernel at the device table's achieved rates):
+predicted, not measured. The figures share the compiled store with experiments.compiled_memory
+(docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
+`python -m experiments.answers` reads the sizes and their kernel tables from the store.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from experiments.compiled_memory import GIB, OUT_DIR, RTX5090, Section, figures, job
+from jaxlm import cli
+from jaxlm.training import compiled as gpu
+from jaxlm.training.compile_cache import CompileCache
+
+SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
+SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
+# (label, dtype, remat, attention, window): the techniques of the predicted-time table in docs/benchmarks.md.
+TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
+              ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
+              ("bfloat16 + cuDNN + window {w}", "bfloat16", "none", "cudnn", "w"),
+              ("float32 + remat full", "float32", "full", "xla", None))
+SHARES = ("matmul", "attention", "softmax/normalisation", "other elementwise", "optimizer update", "copies")
+
+
+def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
+    return [(label.format(w=window), d, r, a, window if w else None) for label, d, r, a, w in TECHNIQUES]
+
+
+def sections() -> list[Section]:
+    small = Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
+                    "The AdamW train step of the `small` preset, each technique.")
+    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in _techniques(256)]
+    rtx = Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
+                  "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
+                  "AdamW train step.")
+    rtx.rows = [(f"{label}, batch {b}", job(None, 256, b, d, r, a, w, extra=RTX5090))
+                for b in (32, 64, 128) for label, d, r, a, w in _techniques(32)]
+    sizes = Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
+                    "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).")
+    sizes.rows = [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
+                  for preset in SIZES for mode in ("forward", "train_step")]
+    mixed = Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
+                    "float32 against bfloat16 compute, the eval step and the AdamW train step.")
+    mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                  for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]
+    return [small, rtx, sizes, mixed]
+
+
+def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
+    """label -> the stored figures (with a prediction) of a section's rows; none compiled here."""
+    path = Path(out_dir) / f"{target_name}.json"
+    if not path.is_file():
+        return {}
+    target, store = gpu.parse_target(target_name), CompileCache(path)
+    rows = next(s for s in sections() if s.name == section).rows
+    out = {label: store.stored[store.key(j, target)] for label, j in rows if store.has(j, target)}
+    return {label: r for label, r in out.items() if r.get("predicted_step_ms")}
+
+
+def shares(row: dict) -> dict[str, float]:
+    """Each kernel group's share of the predicted step (jaxlm.analysis.roofline.GROUPS)."""
+    return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| setting | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
+            + " | compiled GiB |")
+    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['setting']} | {r['error']} |")
+            continue
+        s = shares(r)
+        cells = [r["setting"], f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
+                 f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES),
+                 f"{r['total_bytes'] / GIB:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
+    parts = [f"# GPU time, predicted from the program compiled for {target.description}", "",
+             f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
+             "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
+             "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
+             "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
+             f"`python -m experiments.compiled_time --target {target.name}`."]
+    for s, rows in done:
+        parts += ["", f"## {s.title}", "", s.text, "", table(rows)]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    names = [s.name for s in sections()]
+    p = cli.ArgumentParser(prog="python -m experiments.compiled_time", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
+    p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
+    p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
+    p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-time.md)")
+    p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")
+    args = p.parse_args(argv)
+    target = gpu.parse_target(args.target)
+    gpu.require_compiler()
+    store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
+    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only, predicted=True))
+            for s in sections()]
+    out = args.out or OUT_DIR / f"{target.name}-time.md"
+    out.write_text(page(target, done))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,239 @@
+"""What the lent GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
+
+    python -m experiments.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
+    python -m experiments.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
+
+The lent machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
+those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
+`pip install --no-index --no-deps --target` (`install`, called by experiments.gpu.lent). One version of each:
+two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
+This module uses the standard library and `packaging` only: it runs before jaxlm's dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MANIFEST, IMAGE = HERE / "wheels.txt", HERE / "image.txt"
+FOLDER = REPO / ".whl"
+CORPUS = Path("tinyshakespeare/input.txt")  # the shakespeare step's, under the data root
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64")
+PYTHON = (3, 12)  # the lent machine's Python (3.12.3)
+# The lent machine's interpreter, for evaluating the wheels' environment markers.
+TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+              "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+
+
+@dataclass(frozen=True)
+class Wheel:
+    requirement: str  # "name==version"
+    file: str
+    size: int
+    sha256: str
+    requires: tuple[str, ...]  # normalised requirements (see `normalise`), markers already evaluated
+
+    @property
+    def name(self) -> str:
+        return canonical(self.requirement.split("==")[0])
+
+    @property
+    def version(self) -> str:
+        return self.requirement.split("==")[1]
+
+
+def canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
+
+
+def read_manifest(path: Path = MANIFEST) -> list[Wheel]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req, file, size, sha, *rest = line.split()
+            out.append(Wheel(req, file, int(size), sha, tuple(filter(None, (rest[0] if rest else "").split(";")))))
+    return out
+
+
+def read_image(path: Path = IMAGE) -> dict[str, str | None]:
+    """Package name -> version (None where the image's notes give none)."""
+    out: dict[str, str | None] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            out[canonical(name)] = version or None
+    return out
+
+
+def dependencies(root: Path = REPO) -> list[str]:
+    """pyproject.toml's [project] dependencies."""
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def normalise(text: str) -> str | None:
+    """A requirement as wheels.txt records it ("name[extras]specifier"), or None when its marker leaves it out
+    on the lent machine (another platform, an extra)."""
+    from packaging.requirements import Requirement
+
+    req = Requirement(text)
+    if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
+        return None
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{canonical(req.name)}{extras}{req.specifier}"
+
+
+def _unmet(text: str, available: dict[str, str | None], where: str) -> str | None:
+    """Why requirement `text` is not met by `available` (name -> version or None), or None when it is."""
+    from packaging.requirements import Requirement
+
+    req = Requirement(text)
+    name = canonical(req.name)
+    if name not in available:
+        return f"{where} needs {text}: neither on the image (image.txt) nor carried (wheels.txt)"
+    version = available[name]
+    if version is not None and not req.specifier.contains(version, prereleases=True):
+        return f"{where} needs {text}: {name} {version} is there"
+    return None
+
+
+def coverage_problems(wheels: list[Wheel], image: dict[str, str | None], deps: list[str]) -> list[str]:
+    """What wheels.txt lacks: a dependency of jaxlm or of a carried wheel that the image does not have."""
+    problems, carried = [], {}
+    for w in wheels:
+        if w.name in carried:
+            problems.append(f"{w.name} is listed twice ({carried[w.name]} and {w.version}): one version of each")
+        carried[w.name] = w.version
+        if w.name in image:
+            problems.append(f"{w.requirement}: the image has {w.name} already; carry it only for another version")
+    available = {**image, **carried}
+    for dep in deps:
+        if normalise(dep) is not None:
+            problems.append(_unmet(dep, available, "pyproject.toml"))
+    for w in wheels:
+        problems += [_unmet(r, available, w.requirement) for r in w.requires]
+    return [p for p in problems if p]
+
+
+def wheel_requires(path: Path) -> tuple[str, ...]:
+    """The normalised Requires-Dist of a wheel's METADATA that apply on the lent machine."""
+    with zipfile.ZipFile(path) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    found = (normalise(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:"))
+    return tuple(r for r in found if r)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def file_problems(wheels: list[Wheel], folder: Path = FOLDER) -> list[str]:
+    """Each listed wheel present with its size, checksum and requirements; no other wheel beside them."""
+    problems = []
+    for w in wheels:
+        path = folder / w.file
+        if not path.is_file():
+            problems.append(f"{path}: missing (python -m experiments.gpu.carry download)")
+        elif path.stat().st_size != w.size or sha256(path) != w.sha256:
+            problems.append(f"{path}: not the file wheels.txt lists (size or sha256 differs)")
+        elif {normalise(r) for r in w.requires} != set(wheel_requires(path)):
+            problems.append(f"{path}: its requirements {sorted(wheel_requires(path))} differ from wheels.txt's")
+    extra = sorted({p.name for p in folder.glob("*.whl")} - {w.file for w in wheels})
+    if extra:
+        problems.append(f"{folder}: wheels not in wheels.txt ({', '.join(extra)}): remove them (one version of each)")
+    return problems
+
+
+def _pip_install(folder: Path, site: Path, *flags: str) -> None:
+    files = [str(folder / w.file) for w in read_manifest()]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(site), *flags, *files], check=True)
+
+
+def resolves(folder: Path = FOLDER) -> str | None:
+    """Why pip would not install the listed wheels on the lent machine (CPython 3.12, manylinux x86_64), or None:
+    a dry run of the install `install` makes there, for that interpreter and platform, from any machine."""
+    target = ["--dry-run", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+              *[a for p in PLATFORMS for a in ("--platform", p)]]
+    try:
+        with tempfile.TemporaryDirectory() as site:
+            _pip_install(folder, Path(site), *target)
+    except subprocess.CalledProcessError as e:
+        return f"pip would not install .whl/ for CPython 3.12 manylinux x86_64 (exit {e.returncode})"
+    return None
+
+
+def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
+    """The wheels of wheels.txt into `folder` (pip download for the lent machine's platform), the corpus into
+    folder/data; returns the problems `file_problems` finds afterwards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for w in read_manifest():
+        if (folder / w.file).is_file() and sha256(folder / w.file) == w.sha256:
+            continue
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+               "3.12", "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)], "-d",
+               str(folder), w.requirement]
+        subprocess.run(cmd, check=True)
+    root = data_root or Path(os.environ.get("JAXLM_DATA") or Path.home() / ".cache" / "jaxlm" / "data")
+    if (root / CORPUS).is_file():
+        (folder / "data" / CORPUS).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / CORPUS, folder / "data" / CORPUS)
+    else:
+        print(f"warning: {root / CORPUS} not found: the shakespeare step will have no corpus there", file=sys.stderr)
+    return file_problems(read_manifest(), folder)
+
+
+def install(folder: Path, site: Path) -> dict:
+    """pip-install the listed wheels (no index, no dependencies) into `site`, put it first on sys.path and on
+    PYTHONPATH (for the subprocesses), and the repository after it (jaxlm itself, from its sources)."""
+    wheels = read_manifest()
+    problems = file_problems(wheels, folder)
+    if problems:
+        raise RuntimeError(problems[0])
+    t0 = time.monotonic()
+    _pip_install(folder, site)
+    for path in (str(REPO), str(site)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), str(REPO), os.environ.get("PYTHONPATH"))))
+    return {"seconds": time.monotonic() - t0, "site": str(site), "wheels": [w.requirement for w in wheels],
+            "bytes": sum(w.size for w in wheels)}
+
+
+def main(argv: list[str]) -> int:
+    if argv not in (["download"], ["check"]):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    wheels = read_manifest()
+    problems = coverage_problems(wheels, read_image(), dependencies())
+    if argv == ["download"]:
+        problems += download()
+    elif FOLDER.is_dir():
+        problems += file_problems(wheels, FOLDER)
+    if FOLDER.is_dir() and not problems:
+        problems += [p for p in [resolves(FOLDER)] if p]
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    size = sum(w.size for w in wheels) / 2**20
+    print(f"{len(wheels)} wheels, {size:.1f} MiB: {'; '.join(w.requirement for w in wheels)}"
+          + ("" if FOLDER.is_dir() else f" ({FOLDER} absent: files not checked)"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,150 @@
+"""The lent run's correctness smoke: is the GPU computing jaxlm's functions right, before anything is timed?
+
+1. attention: cuDNN and XLA attention in bfloat16, causal and with a sliding window, each against XLA attention in
+   float32 on the same (upcast) inputs: ||out - ref|| / ||ref|| <= ATTENTION_TOL["out"], and the same for the
+   gradients of q, k and v (<= ATTENTION_TOL["grad"]); bfloat16 operands land between 1e-3 and 1e-2.
+2. train: training's own step (jaxlm.training.loop.build) for TRAIN_STEPS steps of a tiny model on real text (Python's
+   bundled docs, byte-level), in bfloat16 on the GPU and in float32 on the CPU from the same initial weights and
+   batches: every step's loss within TRAIN_TOL (relative) of the float32 one, and the loss falling.
+3. checkpoint: the GPU state saved (jaxlm.training.checkpoint.Checkpointer, as training saves) and restored into
+   the train state's shardings: every array bit-equal to the one in memory; then a greedy generation (the decoding
+   Generator, KV cache) from the restored weights gives GENERATE_TOKENS byte ids.
+
+Without a GPU (`--smoke`) the same code runs on the CPU: cuDNN is skipped with the reason, and the "GPU" run is a
+bfloat16 run on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+ATTENTION_TOL = {"out": 1e-2, "grad": 2e-2}
+ATTENTION_SHAPE = (2, 256, 4, 64)  # (batch, context, heads, head_dim)
+ATTENTION_WINDOW = 64
+TRAIN_TOL = 2e-2
+TRAIN_STEPS = 12
+GENERATE_TOKENS = 24
+TINY = ("model.vocab_size=257", "model.context_length=64", "model.d_model=64", "model.num_layers=2",
+        "model.num_heads=4", "model.d_ff=192", "data.batch_size=8", "optim.lr=3e-3", "optim.min_lr=3e-4",
+        "optim.warmup_steps=2", f"train.steps={TRAIN_STEPS}")
+
+
+def attention(gpu: bool, device: str) -> list[dict]:
+    """One row per (implementation, window): errors against float32 XLA attention, and whether they pass."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.gpu.steps import attention_fns, rel_error
+
+    rows = []
+    for window in (None, ATTENTION_WINDOW):
+        keys = jax.random.split(jax.random.key(7), 4)
+        q, k, v, ct = (jax.random.normal(kk, ATTENTION_SHAPE, jnp.float32) for kk in keys)
+        q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
+        up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
+        ref_fwd, ref_bwd = attention_fns("xla", window)
+        ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
+        for impl in ("xla", "cudnn"):
+            row = {"check": "attention", "implementation": impl, "window": window, "shape": list(ATTENTION_SHAPE)}
+            if impl == "cudnn" and not gpu:
+                rows.append({**row, "ok": None, "reason": f"cuDNN attention needs an NVIDIA GPU; this is {device}"})
+                continue
+            fwd, bwd = attention_fns(impl, window)
+            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
+            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row["ok"] = row["out_rel_err"] <= ATTENTION_TOL["out"] and row["grad_rel_err"] <= ATTENTION_TOL["grad"]
+            rows.append(row)
+    return rows
+
+
+def text_batches(batch: int, context: int, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`steps` (inputs, targets) pairs of (batch, context) byte ids from Python's bundled docs, in order."""
+    from pydoc_data.topics import topics
+
+    ids = np.frombuffer("".join(topics[k] for k in sorted(topics)).encode(), dtype=np.uint8).astype(np.int32)
+    n = context + 1
+    rows = ids[: steps * batch * n].reshape(steps, batch, n)
+    return [(r[:, :-1], r[:, 1:]) for r in rows]
+
+
+def _run(cfg, devices, batches):
+    """(losses, final state, built) of training's step on `devices` from the config's initial weights."""
+    import jax
+
+    from jaxlm.core import sharding
+    from jaxlm.training.loop import build
+
+    mesh = sharding.make_mesh(devices=devices, cfg=cfg.parallel)
+    built = build(cfg, mesh)
+    state = jax.jit(built.make_state, out_shardings=built.shardings)(None)
+    where = sharding.batch_sharding(mesh)
+    losses = []
+    for x, y in batches:
+        state, metrics = built.step_fn(state, jax.device_put(x, where), jax.device_put(y, where))
+        losses.append(float(metrics["loss"]))
+    return losses, state, built
+
+
+def _bit_equal(a, b) -> bool:
+    import jax
+
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+        a, b = jax.random.key_data(a), jax.random.key_data(b)
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def _greedy(state, graphdef, prompt: list[int], tokens: int) -> list[int]:
+    from jaxlm.nn.decode import Generator, SamplingParams
+
+    gen = Generator(state.model(graphdef))
+    return [int(t) for t in gen.generate([prompt], tokens, SamplingParams(temperature=0.0)).tokens[0]]
+
+
+def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
+    """The bfloat16 run against the float32 CPU reference, then save / restore / generate of its state."""
+    import jax
+
+    from jaxlm.core.config import load_config
+    from jaxlm.training.checkpoint import Checkpointer
+
+    cfg = load_config(None, [*TINY, "compute.dtype=bfloat16", f"train.out_dir={scratch / 'check_run'}"])
+    ref_cfg = load_config(None, [*TINY, "compute.dtype=float32"])
+    batches = text_batches(cfg.data.batch_size, cfg.model.context_length, TRAIN_STEPS)
+    losses, state, built = _run(cfg, jax.devices()[:1], batches)
+    ref, _, _ = _run(ref_cfg, jax.devices("cpu")[:1], batches)
+    worst = max(abs(a - b) / b for a, b in zip(losses, ref))
+    train = {"check": "train", "device": str(jax.devices()[0].platform), "steps": TRAIN_STEPS, "bf16_losses": losses,
+             "f32_cpu_losses": ref, "max_rel_diff": worst, "ok": bool(worst <= TRAIN_TOL and losses[-1] < losses[0])}
+    ckpt = Checkpointer(cfg.train.out_dir, cfg.checkpoint)
+    try:
+        t0 = time.monotonic()
+        ckpt.save(state, {"step": TRAIN_STEPS, "data_step": TRAIN_STEPS})
+        ckpt.wait()
+        restored, meta = ckpt.restore(built.abstract)
+        seconds = time.monotonic() - t0
+    finally:
+        ckpt.close()
+    pairs = zip(jax.tree.leaves(state), jax.tree.leaves(restored))
+    equal = all(_bit_equal(a, b) for a, b in pairs)
+    tokens = _greedy(restored, built.graphdef, [int(t) for t in batches[0][0][0, :16]], GENERATE_TOKENS)
+    valid = len(tokens) == GENERATE_TOKENS and max(tokens) < cfg.model.vocab_size
+    saved = {"check": "checkpoint", "save_restore_s": seconds, "arrays_equal": equal, "step": meta.get("step"),
+             "generated": tokens, "ok": bool(equal and valid)}
+    return [train, saved]
+
+
+def run_checks(scratch: Path, gpu: bool, device: str) -> dict:
+    """Every check; a check that raises is a failed row (the campaign still runs: its figures say what ran)."""
+    rows, t0 = [], time.monotonic()
+    for name, fn in (("attention", lambda: attention(gpu, device)),
+                     ("train", lambda: train_and_checkpoint(scratch, gpu))):
+        try:
+            rows += fn()
+        except Exception as e:
+            rows.append({"check": name, "ok": False, "reason": f"{type(e).__name__}: {str(e).strip()[:300]}"})
+    failed = [r for r in rows if r["ok"] is False]
+    return {"rows": rows, "ok": not failed, "seconds": time.monotonic() - t0,
+            "tolerances": {"attention": ATTENTION_TOL, "train": TRAIN_TOL}}

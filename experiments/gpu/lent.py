@@ -1,0 +1,281 @@
+"""The GPU campaign on the lent GPU machine as it is: one command (docs/gpu.md).
+
+    python3 -m experiments.gpu.lent              # there: install, check, measure, within --budget seconds
+    python3 -m experiments.gpu.lent --dry-run    # the plan and its estimated seconds (any machine)
+    python3 -m experiments.gpu.lent --smoke      # all of it at tiny sizes, any machine (runs/gpu_lent_smoke/)
+
+In order, within --budget (default 480 s, eight minutes of the machine's ten-minute call):
+1. install: the wheels of experiments/gpu/wheels.txt from .whl/ into a folder put first on the import path (pip,
+   no index, no dependencies), jaxlm from this tree (experiments.gpu.carry); with --smoke under another Python than
+   the lent machine's 3.12, a dry run of that install for its Python and platform, the packages coming from this
+   environment;
+2. preflight: Python, JAX, its CUDA plugin and the libraries' versions against pyproject.toml, every import jaxlm
+   needs (`import flax, jax` first), the GPU; a failure here stops the call in one line;
+3. checks: the correctness smoke (experiments/gpu/check.py: attention, bf16 training against float32 on the CPU,
+   save / restore / generate), recorded pass or fail; the campaign runs either way;
+4. the campaign's steps (experiments/gpu/campaign.py) that fit the time left, most important first.
+Everything goes into one folder (--out, default runs/gpu_lent/): report.md, results.json, STEP.json, lent.json
+(phases, versions, checks) and scratch/ (traces, programs, checkpoints, the compilation cache). With $OUT set (the
+device tool's result folder) the summary files (OUT_FILES, the profiled train step's trace and program) are copied
+there after every phase; `python -m experiments.gpu.merge DIR` then takes them into docs/results/gpu/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any backend starts: per-step peaks
+
+from experiments.gpu import carry  # noqa: E402
+from jaxlm import cli  # noqa: E402
+from jaxlm.core.errors import UsageError  # noqa: E402
+from jaxlm.core.files import atomic_write  # noqa: E402
+
+PROG = "python3 -m experiments.gpu.lent"
+OUT, SMOKE_OUT = Path("runs/gpu_lent"), Path("runs/gpu_lent_smoke")
+BUDGET_S = 480.0
+# Phases before the campaign, with their estimated seconds on the lent machine.
+PHASES = (("install", 10.0, "the carried wheels into a folder first on the path, jaxlm from this tree"),
+          ("startup", 20.0, "JAX import, CUDA initialisation, versions and imports checked"),
+          ("checks", 45.0, "correctness: attention, bf16 training against float32 on the CPU, checkpoint, generate"))
+FINISH_S = 5.0  # lent.json and the copies to $OUT
+OUT_FILES = ("lent.json", "report.md", "results.json")
+OUT_LIMIT = 16 * 2**20  # bytes per file the device tool brings back
+VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax",
+            "optax", "orbax-checkpoint", "numpy", "scipy", "grain", "qwix", "tomli-w", "tiktoken", "tensorboard")
+# `import flax, jax` first (flax 0.12.9 fails with jax >= 0.11.2), then everything jaxlm and the campaign import.
+IMPORTS = ("jax", "flax", "optax", "orbax.checkpoint", "grain", "qwix", "tomli_w", "tiktoken", "tensorboard",
+           "jaxlm.training.loop", "jaxlm.nn.quant", "jaxlm.bench.measure", "experiments.gpu.campaign")
+
+
+def campaign_budget(budget: float) -> float:
+    return budget - sum(s for _, s, _ in PHASES) - FINISH_S
+
+
+def install(args) -> dict:
+    """Phase 1: the carried wheels (a dry run of their install with --smoke under another Python than 3.12)."""
+    folder = Path(args.carry)
+    wheels = carry.read_manifest()
+    if not any((folder / w.file).is_file() for w in wheels):
+        missing = [w.requirement for w in wheels if _version(w.name) is None]
+        if missing:
+            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
+                             "python -m experiments.gpu.carry download where pip reaches PyPI, and carry .whl"}
+        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
+    if args.smoke and sys.version_info[:2] != carry.PYTHON:  # wheels this interpreter cannot take
+        t0 = time.monotonic()
+        problem = carry.file_problems(wheels, folder) or [carry.resolves(folder)]
+        return {"simulated": "pip install --dry-run for CPython 3.12 manylinux x86_64; packages from this environment",
+                "problem": problem[0], "seconds": time.monotonic() - t0}
+    try:
+        done = carry.install(folder, Path(args.site))
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        return {"error": str(e).strip()[:300]}
+    if (folder / "data" / carry.CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
+        os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
+    return done
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def requirement_problems() -> list[str]:
+    """pyproject.toml's dependencies that the installed versions do not meet."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for text in carry.dependencies():
+        req = Requirement(text)
+        have = _version(req.name)
+        if have is None:
+            out.append(f"{req.name}: not installed ({text})")
+        elif not req.specifier.contains(have, prereleases=True):
+            out.append(f"{req.name} {have} does not meet {text}")
+    return out
+
+
+def preflight(smoke: bool) -> tuple[dict, str | None]:
+    """Phase 2: (what was found, the reason to stop or None)."""
+    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := _version(n))},
+             "requirements": requirement_problems(), "imports": {}}
+    versions = found["versions"]
+    for name in ("jax", *(n for n in VERSIONS if n.startswith("jax-cuda"))):  # one jaxlib release for all of them
+        if name in versions and versions[name] != versions.get("jaxlib"):
+            found["requirements"].append(f"{name} {versions[name]} is not at jaxlib's version {versions.get('jaxlib')}")
+    for name in IMPORTS:
+        try:
+            importlib.import_module(name)
+            found["imports"][name] = "ok"
+        except Exception as e:
+            found["imports"][name] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            return found, f"import {name} failed: {found['imports'][name]}"
+    import jax
+
+    try:
+        devices = jax.devices()
+    except RuntimeError as e:  # JAX_PLATFORMS names CUDA and it did not start
+        return found, f"JAX found no device: {str(e).strip().splitlines()[0][:200]}"
+    stats = devices[0].memory_stats() or {}
+    found["devices"] = {"platform": devices[0].platform, "kind": devices[0].device_kind, "count": len(devices),
+                        "bytes_limit": stats.get("bytes_limit")}
+    found["environment"] = jax.print_environment_info(return_string=True)
+    if devices[0].platform != "gpu" and not smoke:
+        return found, f"no GPU: JAX's default device is {devices[0].platform} ({devices[0].device_kind})"
+    return found, None
+
+
+def copy_out(out: Path) -> list[str]:
+    """The summary files into $OUT (the device tool's result folder), under its limits; what was copied."""
+    dest = os.environ.get("OUT")
+    if not dest:
+        return []
+    files = {name: out / name for name in OUT_FILES}
+    try:
+        profile = json.loads((out / "results.json").read_text())["steps"]["profile"]["train_step"]["files"]
+        files["profile_train_step.trace.json.gz"] = Path(profile["trace"])
+        files["profile_train_step.hlo.txt.gz"] = Path(profile["program"])
+    except (OSError, ValueError, KeyError, TypeError):  # no profile step (yet)
+        pass
+    copied = []
+    for name, path in files.items():
+        if path.is_file() and path.stat().st_size <= OUT_LIMIT:
+            shutil.copyfile(path, Path(dest) / name)
+            copied.append(name)
+    return copied
+
+
+def format_plan(budget: float, only: list[str] | None, smoke: bool) -> str:
+    from experiments.gpu import campaign
+
+    rows = campaign.plan(campaign.steps(), campaign_budget(budget), only, smoke, startup=0.0)
+    return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "lent.json and the copies to $OUT"),))
+
+
+def _phase(record: dict, name: str, out: Path, fn):
+    """Run one phase, timing it into the record; lent.json (and $OUT) written after it."""
+    t0 = time.monotonic()
+    print(f"[lent] {name}", flush=True)
+    result = fn()
+    record["phases"][name] = {"seconds": time.monotonic() - t0}
+    _write(record, out)
+    return result
+
+
+def _write(record: dict, out: Path) -> None:
+    atomic_write(out / "lent.json", json.dumps(record, indent=1, default=str))
+    record["copied_to_out"] = copy_out(out)
+
+
+def use_gpu() -> None:
+    """JAX on CUDA (and the CPU, for the float32 reference), whatever was chosen at import: an error at the first
+    device query when CUDA does not start, rather than a quiet fall back to the CPU."""
+    os.environ["JAX_PLATFORMS"] = "cuda,cpu"  # the subprocesses too
+    if "jax" in sys.modules:  # jaxlm.core.platform.prepare() imported it (no NVIDIA driver file seen)
+        sys.modules["jax"].config.update("jax_platforms", "cuda,cpu")
+
+
+def run(args, out: Path) -> int:
+    from experiments.gpu import campaign
+
+    t0 = time.monotonic()
+    deadline = t0 + args.budget - FINISH_S
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"command": " ".join([PROG, *args.argv]), "smoke": args.smoke, "budget_s": args.budget,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": {}}
+    record["install"] = _phase(record, "install", out, lambda: install(args))
+    if record["install"].get("error"):
+        raise UsageError(f"{PROG}: installing the carried wheels failed: {record['install']['error']}")
+    if not args.smoke:
+        use_gpu()
+    found, stop = _phase(record, "startup", out, lambda: preflight(args.smoke))
+    record["preflight"] = found
+    if stop is not None:
+        record["stopped"] = stop
+        _write(record, out)
+        raise UsageError(f"{PROG}: {stop} (details: {out / 'lent.json'})")
+    gpu = found["devices"]["platform"] == "gpu"
+    from experiments.gpu.check import run_checks
+
+    scratch = out / "scratch"
+    record["checks"] = _phase(record, "checks", out, lambda: run_checks(scratch, gpu, found["devices"]["kind"]))
+    steps = argparse.Namespace(budget=campaign_budget(args.budget), only=args.only, smoke=args.smoke,
+                               argv=args.argv)
+    meta = {"command": record["command"], "checks": record["checks"], "preflight": found, "install": record["install"]}
+    _phase(record, "campaign", out, lambda: campaign.run(steps, out, deadline=deadline, scratch=scratch,
+                                                        after_step=lambda: copy_out(out), startup=0.0, meta=meta))
+    record["seconds"] = time.monotonic() - t0
+    _write(record, out)
+    print(summary(record, out))
+    return 0
+
+
+def summary(record: dict, out: Path) -> str:
+    """The last lines printed: phase times, checks, steps (the device tool returns the end of the output)."""
+    lines = ["", f"{'phase':10s} {'seconds':>8s}"]
+    lines += [f"{name:10s} {p['seconds']:8.1f}" for name, p in record["phases"].items()]
+    for r in record["checks"]["rows"]:
+        status = {True: "pass", False: "FAIL", None: "skipped"}[r["ok"]]
+        what = {k: r[k] for k in ("implementation", "window", "max_rel_diff", "arrays_equal", "reason") if k in r}
+        lines.append(f"check {r['check']:10s} {status:7s} {what}")
+    try:
+        steps = json.loads((out / "results.json").read_text())["steps"]
+    except (OSError, ValueError):
+        steps = {}
+    for name, res in steps.items():
+        state = "failed" if "error" in res else "cut" if res.get("cut") else "done"
+        lines.append(f"step  {name:12s} {state:7s} {res.get('seconds', 0):6.0f} s")
+    lines.append(f"total {record['seconds']:.0f} s of {record['budget_s']:.0f}; wrote {out}; "
+                 f"copied to $OUT: {', '.join(record.get('copied_to_out') or ['nothing ($OUT unset)'])}")
+    return "\n".join(lines)
+
+
+def output_dir(args) -> Path:
+    """runs/gpu_lent/ (runs/gpu_lent_smoke/ with --smoke) unless --out says; never the committed report, which
+    `python -m experiments.gpu.merge` fills from what the machine brought back."""
+    from experiments.gpu.campaign import DEFAULT_OUT, REPO
+
+    out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
+    report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
+    cli.check_option(not report, "--out", args.out, f"the lent run writes its own folder, not {DEFAULT_OUT}/ "
+                     "(python -m experiments.gpu.merge takes its results there)")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds and exit")
+    parser.add_argument("--smoke", action="store_true", help="all of it at tiny sizes (runs on a CPU)")
+    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=BUDGET_S,
+                        help="seconds the whole call may take, install and checks included")
+    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these campaign steps")
+    parser.add_argument("--out", help=f"the folder it writes (default {OUT}, with --smoke {SMOKE_OUT})")
+    parser.add_argument("--carry", default=str(carry.FOLDER), help="the folder of carried wheels (default: .whl)")
+    parser.add_argument("--site", default=str(Path(tempfile.gettempdir()) / "jaxlm-site"),
+                        help="where the carried wheels are installed")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    from experiments.gpu.campaign import check_only
+
+    check_only(args.only)
+    if args.dry_run:
+        print(format_plan(args.budget, args.only, args.smoke))
+        return 0
+    return run(args, output_dir(args))
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,73 @@
+"""Take what a lent GPU run brought back into the committed GPU report (docs/gpu.md).
+
+    python -m experiments.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the lent run's $OUT
+
+DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
+jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
+lent.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
+optimised program go to profile/ (its predictions can be recomputed as the roofline improves). A smoke run's
+results are refused: tiny-model figures are no GPU results.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from experiments.gpu import campaign
+from jaxlm import cli
+from jaxlm.core.errors import DataError, UsageError
+
+PROG = "python -m experiments.gpu.merge"
+PROFILE_FILES = ("profile_train_step.trace.json.gz", "profile_train_step.hlo.txt.gz")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the lent run's files came back "
+                        "to") from None
+    except ValueError as e:
+        raise DataError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), dict) or "meta" not in data:
+        raise DataError(f"{path}: not a GPU campaign's results.json (no meta and steps)")
+    return data
+
+
+def merge(source: Path, into: Path) -> list[str]:
+    """The steps of source/results.json merged into into/ (report rewritten); the names merged."""
+    new = _read(source / "results.json")
+    if new["meta"].get("smoke"):
+        raise UsageError(f"{source / 'results.json'}: a --smoke run's tiny-model figures never go into {into}/")
+    lent = json.loads((source / "lent.json").read_text()) if (source / "lent.json").is_file() else {}
+    stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": lent.get("started")}
+    old = _read(into / "results.json")["steps"] if (into / "results.json").is_file() else {}
+    steps = {**old, **{name: {**res, "measured_by": stamp} for name, res in new["steps"].items()}}
+    rows = [(step, step.estimate(False), "no call has run it yet") for step in campaign.steps()]
+    into.mkdir(parents=True, exist_ok=True)
+    campaign.write_report(into, steps, rows, new["meta"])
+    if lent:
+        shutil.copyfile(source / "lent.json", into / "lent.json")
+    for name in PROFILE_FILES:
+        if (source / name).is_file():
+            (into / "profile").mkdir(exist_ok=True)
+            shutil.copyfile(source / name, into / "profile" / name)
+    return list(new["steps"])
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter)
+    parser.add_argument("source", metavar="DIR", help="the folder holding the lent run's results.json (its $OUT)")
+    parser.add_argument("--into", default=str(campaign.DEFAULT_OUT), help="the report's folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+    names = merge(Path(args.source), Path(args.into))
+    print(f"merged {', '.join(names) or 'no step'} from {args.source} into {args.into}; wrote "
+          f"{Path(args.into) / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

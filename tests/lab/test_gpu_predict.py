@@ -1,0 +1,107 @@
+"""experiments.gpu.predict: a profiler trace's kernels are matched to the compiled program's kernels by the HLO
+instruction that launched them, and summed per kernel group beside the roofline's prediction (a synthetic trace of
+known durations over a real compiled program); the trace reader keeps the device's kernels and their names."""
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.gpu import predict
+from experiments.gpu.predict import Event
+from experiments.gpu.profile import read_events
+from jaxlm.analysis import roofline
+
+RATES = roofline.DeviceRates({"bf16": 1e12, "tf32": 1e12, "fp32": 1e11}, memory_bandwidth=1e10, launch_seconds=1e-6)
+CALLS = 3
+
+
+@pytest.fixture(scope="module")
+def program():
+    """A small program compiled on this machine: a matmul, a softmax, another matmul."""
+    f = jax.jit(lambda a, b, c: jax.nn.softmax(a @ b, axis=-1) @ c)
+    x = jnp.ones((128, 128), jnp.float32)
+    text = f.lower(x, x, x).compile().as_text()
+    return text, roofline.predict(text, RATES)
+
+
+def _events(prediction, module: str) -> list[Event]:
+    """Each kernel run CALLS times: matmuls at twice their predicted time, the rest at it."""
+    out = []
+    for k in prediction.kernels:
+        us = 1e6 * k.total_seconds * (2 if k.group == "matmul" else 1)
+        out += [Event(f"kernel_{i}", us, k.name, module) for i in range(CALLS)]
+    return out
+
+
+def test_a_trace_is_summed_per_group_beside_the_prediction(program):
+    text, p = program
+    module = predict.module_name(text)
+    assert module.startswith("jit_")
+    noise = [Event("MemcpyD2D", 50.0 * CALLS, "", ""),  # a copy no instruction launched
+             Event("other", 1e6, p.kernels[0].name, "jit_other")]  # another program's kernel of the same name
+    res = predict.compare(p, _events(p, module) + noise, CALLS, module)
+    groups = {g["group"]: g for g in res["groups"]}
+    assert [g["group"] for g in res["groups"]] == list(roofline.GROUPS)
+    for g in p.groups():
+        factor = 2 if g.group == "matmul" else 1
+        assert groups[g.group]["predicted_ms"] == pytest.approx(1e3 * g.seconds)
+        assert groups[g.group]["measured_ms"] == pytest.approx(factor * 1e3 * g.seconds)
+        if g.seconds:
+            assert groups[g.group]["measured_over_predicted"] == pytest.approx(factor)
+    matmul = groups["matmul"]["predicted_ms"]
+    assert matmul > 0
+    measured = 1e3 * p.seconds + matmul
+    assert res["measured_ms"] == pytest.approx(measured)
+    assert res["error"] == pytest.approx(1e3 * p.seconds / measured - 1)
+    assert res["group_abs_error"] == pytest.approx(matmul / measured)
+    assert res["unmatched_ms"] == pytest.approx(0.05) and res["unmatched_top"][0]["name"] == "MemcpyD2D"
+    assert res["matched_share"] == pytest.approx(measured / (measured + 0.05))
+    assert res["kernels"][0]["group"] == "matmul"  # the largest measured kernels first
+
+
+def test_kernels_are_matched_by_their_own_name_when_the_trace_names_no_instruction(program):
+    text, p = program
+    k = next(k for k in p.kernels if "." in k.name)
+    event = Event(k.name.replace(".", "_"), 1e3 * CALLS, "", "")  # XLA's kernel for fusion.3 is fusion_3
+    res = predict.compare(p, [event], CALLS)
+    assert res["measured_ms"] == pytest.approx(1.0) and res["unmatched_ms"] == 0
+    assert res["kernels"][0]["kernel"] == k.name
+
+
+def test_the_trace_reader_keeps_the_gpu_streams_kernels(tmp_path):
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+            {"ph": "M", "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "python"}}]
+    kernels = [{"ph": "X", "pid": 1, "tid": 7, "name": "loop_add_fusion_3", "dur": 5.5,
+                "args": {"hlo_op": "loop_add_fusion.3", "hlo_module": "jit_train_step"}},
+               {"ph": "X", "pid": 1, "tid": 7, "name": "MemcpyD2D", "dur": 2.0, "args": {}},
+               {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction(train_step)", "dur": 99.0},
+               {"ph": "X", "pid": 1, "tid": 7, "name": "end: loop_add_fusion_3", "dur": 0.1}]
+    path = tmp_path / "host.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": meta + kernels}, f)
+    assert read_events(path) == [Event("loop_add_fusion_3", 5.5, "loop_add_fusion.3", "jit_train_step"),
+                                 Event("MemcpyD2D", 2.0, "", "")]
+
+
+def test_rates_and_figures_follow_the_device_table():
+    from jaxlm.analysis.devices import DEVICES
+
+    h100 = DEVICES["h100-80gb"]
+    r = roofline.device_rates(h100)
+    assert r.matmul_flops["bf16"] == pytest.approx(798e12)  # the 8192^3 bf16 matmul measured on a lent H100
+    assert r.matmul_flops["tf32"] == pytest.approx(798e12 / 2)  # TF32's dense peak is half of bf16's
+    assert r.memory_bandwidth == pytest.approx(3.0e12)  # the device-to-device copy measured likewise
+    assert f"{798:.0f} TFLOP/s bf16 matmuls, 3.0 TB/s" in predict.target()[1] or jax.default_backend() == "gpu"
+    one_ms = roofline.Prediction((roofline.Kernel("k", "fusion", "matmul", "", "", "", "", 1.0, 1.0, "bf16", 1e-3,
+                                                  "compute", 1),), ())
+    f = predict.figures(one_ms, tokens=4096, model_flops=494.5e9, dtype="bfloat16", device=h100, label="x")
+    assert f["predicted_step_ms"] == pytest.approx(1.0) and f["predicted_tokens_per_s"] == pytest.approx(4.096e6)
+    assert f["predicted_mfu"] == pytest.approx(0.5)  # 494.5 GFLOP in 1 ms = half of 989 TFLOP/s
+    if jax.default_backend() != "gpu":
+        device, label = predict.target()
+        assert device.name == "h100-80gb" and label.endswith("no prediction")

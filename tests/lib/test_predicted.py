@@ -1,0 +1,170 @@
+"""Predicted GPU time where it shows: the device table's achieved rates, the passes and model parts of a
+prediction, compiled rows' predicted_* keys (jaxlm.bench model --target), `ops --target` and the compiled store."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxlm.analysis import roofline as rl
+from jaxlm.analysis.devices import DEVICES, KERNEL_LAUNCH_S
+from jaxlm.core import platform
+from jaxlm.training import compile_cache
+from jaxlm.training import compiled as gpu
+
+FRAMES = (Path(__file__).parent / "hlo" / "source_frames.hlo").read_text()
+
+
+def test_achieved_rates_are_the_measured_figures_where_measured_and_the_h100_share_elsewhere():
+    h100 = rl.device_rates(DEVICES["h100-80gb"])
+    share = 798e12 / 989e12  # the 8192^3 bf16 matmul measured on the lent H100, over its datasheet peak
+    assert h100.matmul_flops == pytest.approx({"bf16": 798e12, "tf32": share * 494.5e12, "fp32": share * 67e12})
+    copy = 3.0e12 / 3.35232e12  # the measured copy over the datasheet bandwidth
+    assert (h100.memory_bandwidth, h100.launch_seconds) == (3.0e12, KERNEL_LAUNCH_S)
+    assert h100.link_bandwidth == pytest.approx(copy * 450e9)  # NVLink 4: 900 GB/s both ways
+    h200 = rl.device_rates(DEVICES["h200"])
+    assert (h200.matmul_flops["bf16"], h200.memory_bandwidth) == (784e12, 4.3e12)
+    a100 = rl.device_rates(DEVICES["a100-80gb"])  # never lent: the H100's shares of its own datasheet figures
+    assert a100.matmul_flops["bf16"] == pytest.approx(share * 312e12)
+    assert a100.memory_bandwidth == pytest.approx(copy * 2.03904e12)
+    assert rl.device_rates(DEVICES["tpu-v4"]).link_bandwidth is None
+
+
+def _passes(text: str) -> str:
+    """FRAMES with jax op names that say which pass each kernel is in."""
+    for name, op in (("a", "jvp(BNTH,BNSH->BNTS)/dot_general"), ("b", "transpose(jvp())/exp"),
+                     ("g", "transpose(jvp(jvp()))/checkpoint/rematted_computation/ki,oi->ko/dot_general")):
+        text = text.replace(f'op_name="{name}"', f'op_name="jit(train_step)/{op}"')
+    return text
+
+
+def test_kernels_know_their_pass_and_part_of_the_model():
+    p = rl.predict(_passes(FRAMES), rl.device_rates(DEVICES["h100-80gb"]))
+    k = {x.name: x for x in p.kernels}
+    assert {n: x.phase for n, x in k.items()} == {
+        "scores": "forward", "softmax": "backward", "adam": "optimizer", "norm": "forward", "act": "forward",
+        "move": "other", "proj": "recompute"}
+    assert {n: x.component for n, x in k.items()} == {
+        "scores": "attention matmuls", "softmax": "attention softmax and mask", "adam": "optimizer and clipping",
+        "norm": "norms", "act": "other", "move": "optimizer and clipping", "proj": "norms"}
+    for by in ("phase", "component", "group"):
+        assert sum(p.split(by).values()) == pytest.approx(p.seconds)
+    assert p.dtype_class == "tf32"  # float32 dots at JAX's default precision
+    s = rl.summary(p, top=3)
+    assert [g["group"] for g in s["groups"]] == list(rl.GROUPS) and len(s["top"]) == 3
+    assert sum(g["share"] for g in s["groups"]) == pytest.approx(1.0)
+    assert s["predicted_ms"] == pytest.approx(1e3 * p.seconds)
+    assert s["top"][0]["op"] == "jvp(BNTH,BNSH->BNTS)/dot_general"  # without the jit(...) every op starts with
+
+
+def test_the_store_compiles_a_figure_without_a_prediction_again_once(tmp_path, monkeypatch):
+    """A figure stored before predictions existed is reused as it is, compiled again when a prediction is asked
+    for, and the new figure replaces every stored entry of the same program."""
+    t, path = gpu.parse_target("h100-80gb"), tmp_path / "store.json"
+    job = {"preset": None, "set": ["data.batch_size=2"], "mode": "train_step"}
+    twin = {**job, "set": ["data.batch_size=2", 'compute.remat="none"']}
+    old = {"total_bytes": 5, "program": "p"}
+    path.write_text(json.dumps({compile_cache.CompileCache.key(j, t): old for j in (job, twin)}))
+    compiles = []
+    monkeypatch.setattr(gpu, "lower_step", lambda *a: "lowered")
+    monkeypatch.setattr(gpu, "program_hash", lambda *a: "p")
+    monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or {
+        "total_bytes": 6, "temp_bytes": 1, "compile_s": 1.0, "predicted_step_ms": 2.5, "predicted_mfu": 0.3})
+    store = compile_cache.CompileCache(path)
+    assert store.row(job, t) == old and compiles == []
+    assert store.row(job, t, predicted=True)["predicted_step_ms"] == 2.5 and len(compiles) == 1
+    stored = compile_cache.CompileCache(path)
+    assert stored.row(twin, t, predicted=True) == {"total_bytes": 6, "temp_bytes": 1, "compile_s": 1.0,
+                                                  "predicted_step_ms": 2.5, "predicted_mfu": 0.3, "program": "p"}
+    assert len(compiles) == 1
+
+
+def test_a_step_without_rates_keeps_its_row_and_says_why():
+    import dataclasses
+
+    from jaxlm.analysis import hlo
+    from jaxlm.core.config import load_config
+
+    loops = (Path(__file__).parent / "hlo" / "nested_loops.hlo").read_text()
+    cfg, t = load_config(None, ["data.batch_size=2", "model.context_length=64"]), gpu.parse_target("h100-80gb")
+    r = gpu.prediction(hlo.parse_module(loops), cfg, t)
+    assert r["predicted_tokens_per_s"] == pytest.approx(2 * 64 / (r["predicted_step_ms"] / 1e3))
+    assert r["predicted_peak"] == "bfloat16" and r["predicted_label"] == t.predicted_label
+    mystery = dataclasses.replace(t, name="mystery", config=t.config.replace("NVIDIA H100 80GB HBM3", "Mystery X1"))
+    unknown = gpu.prediction(hlo.parse_module(loops), cfg, mystery)
+    assert unknown["predicted_step_ms"] is None and "Mystery X1" in unknown["predicted_label"]
+    int8 = gpu.prediction(hlo.parse_module(loops.replace("bf16", "s8")), cfg, t)  # no int8 rate in the table
+    assert int8["predicted_mfu"] is None and "no rate for dtype class 'int8'" in int8["predicted_label"]
+
+
+# --------------------------------------------------------------------------- compiled for an H100
+
+
+def needs_compiler(test):
+    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
+    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
+
+
+MODEL = ["model.vocab_size=1000", "model.d_model=256", "model.num_layers=2", "model.num_heads=4", "model.d_ff=768"]
+CONTEXT, BATCH = 256, 8
+SETTINGS = {"f32": ("float32", "xla", "none"), "bf16": ("bfloat16", "xla", "none"),
+            "cudnn": ("bfloat16", "cudnn", "none"), "f32_full": ("float32", "xla", "full"),
+            "cudnn_f32": ("float32", "cudnn", "none")}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """`python -m jaxlm.bench model --target h100-80gb` rows of a small model in each setting."""
+    from jaxlm.bench.measure import Setting
+    from jaxlm.bench.target import bench_row
+    from jaxlm.core.config import load_config
+
+    cfg, t = load_config(None, MODEL), gpu.parse_target("h100-80gb")
+    return {name: bench_row(Setting("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")
+            for name, (d, a, r) in SETTINGS.items()}
+
+
+@needs_compiler
+def test_compiled_rows_carry_a_consistent_prediction(rows):
+    from jaxlm.analysis.flops import step_flops
+    from jaxlm.core.config import load_config
+
+    model = load_config(None, [*MODEL, f"model.context_length={CONTEXT}"]).model
+    flops = step_flops(model, BATCH, CONTEXT, "train_step")
+    for name, r in rows.items():
+        if name == "cudnn_f32":  # cuDNN attention takes bfloat16 or float16 only: the row says so, unpredicted
+            assert r["status"] == "invalid" and "float" in r["error"]
+            assert (r["predicted_step_ms"], r["predicted_tokens_per_s"], r["predicted_mfu"]) == (None,) * 3
+            continue
+        assert r["status"] == "ok" and r["predicted_label"].startswith("predicted from the compiled program")
+        assert r["predicted_tokens_per_s"] == pytest.approx(BATCH * CONTEXT / (r["predicted_step_ms"] / 1e3))
+        # float32 dots run as TF32 at JAX's default precision: MFU is measured against TF32's peak
+        peak = DEVICES["h100-80gb"].peak_flops["tf32" if r["dtype"] == "float32" else "bfloat16"]
+        assert r["predicted_mfu"] == pytest.approx(flops / (r["predicted_step_ms"] / 1e3 * peak))
+        assert 0 < r["predicted_mfu"] <= 1, name
+        assert sum(g["share"] for g in r["predicted_groups"]) == pytest.approx(1.0)
+    ms = {name: r["predicted_step_ms"] for name, r in rows.items()}
+    assert ms["bf16"] < ms["f32"] < ms["f32_full"] and ms["cudnn"] < ms["bf16"]
+
+
+@needs_compiler
+def test_ops_target_prints_the_kernel_groups_and_writes_them(tmp_path, capsys):
+    from jaxlm.analysis.flops import step_flops
+    from jaxlm.bench.commands import main
+    from jaxlm.core.config import load_config
+
+    out = tmp_path / "kernels.json"
+    sets = [x for s in [*MODEL, f"model.context_length={CONTEXT}"] for x in ("--set", s)]
+    assert main(["ops", "--target", "h100-80gb", *sets, "--batch", str(BATCH), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "predicted from the compiled program for NVIDIA H100 80GB HBM3, not measured" in printed
+    r = json.loads(out.read_text())
+    assert [g["group"] for g in r["groups"]] == list(rl.GROUPS)
+    assert all({"group", "predicted_ms", "share", "flops", "bytes"} <= set(g) for g in r["groups"])
+    assert sum(g["share"] for g in r["groups"]) == pytest.approx(1.0)
+    assert sum(g["predicted_ms"] for g in r["groups"]) == pytest.approx(r["predicted_step_ms"])
+    # every model FLOP is a matmul of the matmul or attention groups (float32, no remat)
+    model = load_config(None, [*MODEL, f"model.context_length={CONTEXT}"]).model
+    matmul = sum(g["flops"] for g in r["groups"] if g["group"] in ("matmul", "attention"))
+    assert matmul == pytest.approx(step_flops(model, BATCH, CONTEXT, "forward_backward"), rel=0.02)
+    assert len(r["top"]) == 15 and all(k["source"] or k["group"] == "copies" for k in r["top"])
