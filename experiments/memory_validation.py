@@ -35,17 +35,18 @@ MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_head
 
 # (model, dtype, remat, attention, context, batch, loss chunk): the tinystories-17M model, small, medium and large
 # (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes (loss chunk unset: 0
-# at these vocabularies); then every remat policy with the whole logits (0) and chunked (1024) at the RTX 5090
-# study's model (vocabulary 50,257) and at small.
+# at these vocabularies); then every remat policy with the whole logits (0) and chunked (1024 tokens) at the RTX
+# 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small.
 _KERNELS = (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
+_DTYPES = ("float32", "bfloat16")
 _TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
 _SMALL = [("small", d, r, a, 1024, 8) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
-_CHUNKED = [
-    *(("rtx5090", d, r, a, 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d, a in _KERNELS
+_CHUNKED = [  # the XLA attention kernel: the kernel's effect is measured by the rows above
+    *(("rtx5090", d, r, "xla", 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d in _DTYPES
       for b in (32, 64, 128)),
-    *(("rtx5090", d, r, a, 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d, a in _KERNELS),
-    *(("small", d, r, a, 1024, 8, c) for r in ("full", "offload") for c in (0, 1024) for d, a in _KERNELS),
-    *(("small", d, r, a, 1024, 8, 1024) for r in ("none", "dots_saveable") for d, a in _KERNELS),
+    *(("rtx5090", d, r, "xla", 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d in _DTYPES),
+    *(("small", d, r, "xla", 1024, 8, c) for r, c in (("offload", None), ("offload", 1024), ("full", 1024),
+                                                       ("none", 1024), ("dots_saveable", 1024)) for d in _DTYPES),
 ]
 ROWS = (*((*row, None) for row in (
     *_TS,
@@ -135,76 +136,49 @@ def validate(target_name: str, out: Path | None, cache: Path | None, first: int 
 # --------------------------------------------------------------------------- calibration of the estimator
 
 # Two-layer probes, one dimension changed at a time from each base (widths, heads, vocabulary, context, batch):
-# the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS. The third
-# base has a vocabulary large enough for the logits to be the peak (whole, or chunked at the default 1024 tokens),
-# so that the fit sees both of the step's moments (fit_peak).
+# the estimator's GPU coefficients (jaxlm.analysis.memory.GPU_BYTES) are fitted on these, never on ROWS.
 _TINY = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=1024, context_length=256, batch=8)
 _MID = dict(num_layers=2, d_model=768, num_heads=12, d_ff=3072, vocab_size=10000, context_length=1024, batch=2)
-_HEAD = dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, vocab_size=32768, context_length=256, batch=8)
 PROBES = [
     *({**_TINY, **v} for v in ({}, dict(batch=16), dict(num_layers=4), dict(context_length=512, batch=4),
                                dict(vocab_size=4096), dict(d_ff=2048), dict(d_model=512, num_heads=8))),
     *({**_MID, **v} for v in ({}, dict(batch=4), dict(num_layers=4), dict(context_length=2048, batch=1),
                               dict(vocab_size=20000), dict(context_length=256, batch=16), dict(num_heads=24))),
-    *({**_HEAD, **v} for v in ({}, dict(loss_chunk=0), dict(batch=32), dict(batch=32, loss_chunk=0),
-                               dict(tie_embeddings="true", loss_chunk=0))),
 ]
-CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable", "offload")
+CLASSES = [(d, r, a) for d in ("float32", "bfloat16") for r in ("none", "full", "dots_saveable")
            for a in ("xla", "cudnn") if not (d == "float32" and a == "cudnn")]
 
 
 def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
-    sets = [f"{'compute' if k == 'loss_chunk' else 'model'}.{k}={v}" for k, v in probe.items() if k != "batch"]
+    sets = [f"model.{k}={v}" for k, v in probe.items() if k != "batch"]
     return {"preset": None, "mode": "train_step", "set": [*sets, f"data.batch_size={probe['batch']}",
             f'compute.dtype="{dtype}"', f'compute.remat="{remat}"', f'compute.attention="{attention}"']}
 
 
 def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
-    """Each class's GPU_BYTES row fitted on the compiled probes' temp bytes (`fit_peak`): the features of
-    jaxlm.analysis.memory.gpu_features, the parameter count, and the logits' bytes (memory.head_bytes, not fitted)."""
-    import numpy as np
-
-    store, out = CompileCache(cache), {}
-    for dtype, remat, attention in CLASSES:
-        X, head, y = [], [], []
-        for probe in PROBES:
-            j = probe_job(probe, dtype, remat, attention)
-            cfg = job_config(j)
-            args = (cfg.model, probe["batch"], cfg.model.context_length)
-            X.append([*memory.gpu_features(*args, attention == "cudnn", remat), param_counts(cfg.model)["total"]])
-            head.append(memory.head_bytes(*args, cfg.compute))
-            y.append(store.row(j, target, log)["temp_bytes"])
-        coef, predicted = fit_peak(np.array(X, float), np.array(head, float), np.array(y, float))
-        key = (dtype, remat, attention == "cudnn")
-        out[key] = tuple(round(float(c), 2) for c in coef)
-        log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(predicted / np.array(y) - 1)):.1f}%")
-    return out
-
-
-def fit_peak(X, head, y, starts: int = 50, rounds: int = 30):
-    """Non-negative least squares (relative errors) of y = X[:, :3] c + max(head, X[:, 3:9] c) + X[:, 9] c, the
-    estimator's form (columns: kept over all layers, back from the host, one block's backward, the parameters).
-    Each probe is assigned to the moment the fit says is its peak and the fit redone until no probe moves, from
-    `starts` assignments (none at the logits', then random); the best fit wins. Returns the coefficients and the
-    fitted values."""
+    """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
+    temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
+    (gradients and weight copies)."""
     import numpy as np
     from scipy.optimize import nnls  # scipy comes with jax
 
-    back, rng, best = list(range(3, 9)), np.random.default_rng(0), None
-    for start in range(starts):
-        at_head = rng.random(len(y)) < 0.5 if start else np.zeros(len(y), bool)
-        for _ in range(rounds):
-            Xi = X.copy()
-            Xi[np.ix_(at_head, back)] = 0.0  # at the logits' moment the backward's tensors are not live
-            coef, _ = nnls(Xi / y[:, None], (y - np.where(at_head, head, 0.0)) / y)
-            moved = X[:, back] @ coef[back] < head
-            if (moved == at_head).all():
-                break
-            at_head = moved
-        fitted = X @ coef - X[:, back] @ coef[back] + np.maximum(head, X[:, back] @ coef[back])
-        if best is None or np.sum((fitted / y - 1) ** 2) < np.sum((best[1] / y - 1) ** 2) - 1e-12:
-            best = (coef, fitted)
-    return best
+    store, out = CompileCache(cache), {}
+    for dtype, remat, attention in CLASSES:
+        X, y = [], []
+        for probe in PROBES:
+            j = probe_job(probe, dtype, remat, attention)
+            cfg = job_config(j)
+            X.append([*memory.gpu_features(cfg.model, probe["batch"], cfg.model.context_length, remat),
+                      param_counts(cfg.model)["total"]])
+            y.append(store.row(j, target, log)["temp_bytes"])
+        X, y = np.array(X, float), np.array(y, float)
+        if attention == "cudnn":
+            X[:, 2] = 0.0  # no T x T tensor
+        coef, _ = nnls(X / y[:, None], np.ones_like(y))
+        key = (dtype, remat, attention == "cudnn")
+        out[key] = tuple(round(float(c), 2) for c in coef)
+        log(f"{key}: {out[key]}, largest probe error {100 * np.max(np.abs(X @ coef / y - 1)):.1f}%")
+    return out
 
 
 # --------------------------------------------------------------------------- against XLA:CPU (float32)

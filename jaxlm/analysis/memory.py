@@ -13,11 +13,14 @@ token; with a chunked loss, ``compute.loss_chunk``, one block's) and the embeddi
 side (D per token).
 
 Two calibrations, because two compilers keep different tensors:
-- "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
-  the real train step for an H100 (`GPU_BYTES`, fitted on compiled two-layer probes
-  by `python -m experiments.memory_validation --target h100-80gb --calibrate` and validated
-  on the presets in docs/memory.md). Under remat full the peak is the last block's
-  backward: one layer's working set, the saved block inputs mostly freed by then.
+- "gpu" (the default): XLA's GPU compiler's plan of the real train step for an H100,
+  the larger of two moments. The blocks' backward: bytes per element of each kind
+  (`GPU_BYTES`, fitted on compiled two-layer probes by `python -m
+  experiments.memory_validation --target h100-80gb --calibrate`; under remat full
+  one layer's working set, the saved block inputs mostly freed by then; under offload
+  also what comes back from the host, `from_host`). The loss's backward: what the
+  blocks keep and the logits with their float32 gradient (`HEAD_BYTES`, not fitted),
+  the peak under remat at a large vocabulary. Validated in docs/memory.md.
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
   calibrated on XLA:CPU's memory_analysis() at float32 without remat (faithful
   there only: XLA:CPU undoes remat and computes bfloat16 through float32).
@@ -41,23 +44,27 @@ MODES = ("forward", "forward_backward", "train_step")
 BACKENDS = ("gpu", "cpu")
 
 # XLA's GPU compiler (H100 target, jax 0.10): bytes at the train step's peak per element of each kind of tensor,
-# (compute dtype, remat policy, cuDNN attention) -> ten numbers: kept over all layers at both of the step's moments
-# (D-wide per layer and token, F-wide per layer and token, attention scores per layer and N T^2); the same kinds
-# back from the host for the backward (offload only: BACK_FROM_HOST); one block's backward (D-wide per token, the
-# embedding side included, F-wide per token, scores per N T^2); gradients and weight copies per parameter. Fitted
-# on compiled probes (`gpu_features`), so a coefficient can be below what one tensor of that kind would take: the
-# compiler fuses, frees and reuses buffers (under remat most gradients are produced after the peak). The logits
-# are not fitted: HEAD_BYTES.
-GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {}
+# (compute dtype, remat, cuDNN attention) -> (D-wide per layer and token, F-wide per layer and token, attention
+# scores per layer and N T^2, logits per token and V, embedding side per token and D, gradients and weight
+# copies per parameter). "full" counts one layer, its D-wide term including the embedding side. Fitted, so a
+# coefficient can be below what one tensor of that kind would take: the compiler frees and reuses buffers
+# (under remat, most gradients are produced after the peak).
+GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
+    ("float32", "none", False): (26.48, 12.88, 8.25, 7.5, 4.21, 2.03),
+    ("float32", "full", False): (36.07, 19.82, 7.9, 0.0, 0.0, 3.42),
+    ("float32", "dots_saveable", False): (0.0, 11.19, 5.45, 6.46, 42.37, 1.25),
+    ("bfloat16", "none", False): (19.21, 6.01, 6.09, 5.61, 0.0, 1.8),
+    ("bfloat16", "none", True): (17.74, 5.99, 0.0, 5.75, 4.56, 1.51),
+    ("bfloat16", "full", False): (27.13, 8.01, 6.23, 1.08, 0.0, 1.84),
+    ("bfloat16", "full", True): (29.42, 7.43, 0.0, 2.54, 0.0, 1.3),
+    ("bfloat16", "dots_saveable", False): (0.0, 5.31, 5.15, 4.52, 27.28, 1.02),
+    ("bfloat16", "dots_saveable", True): (9.6, 4.9, 0.0, 4.42, 15.98, 1.23),
+}
 
-# Policies whose saved tensors leave the device after the forward pass and return for the backward: XLA fetches
-# them (and recomputes the attention probabilities from them) several layers ahead, so they count over all layers,
-# at the backward's moment only (jax's offload_dot_with_no_batch_dims to pinned host memory; jaxlm/nn/remat.py).
-BACK_FROM_HOST = ("offload",)
-
-# The logits' bytes per element at their moment, whatever the blocks keep (the head is outside every block's
-# remat): the whole logits keep the compute-dtype logits for the backward and form their float32 gradient;
-# a chunked loss (`compute.loss_chunk`) forms one block's float32 logits and their gradient in the forward pass.
+# The logits' moment, not fitted: the head is outside every block's remat, so when the loss's backward runs
+# the blocks still hold what they keep for their own backward, and the head holds its logits (compute dtype,
+# kept for the backward) and their float32 gradient; a chunked loss (`compute.loss_chunk`) holds one block's
+# float32 logits and gradient at a time. Bytes per element of the logits that live at once.
 HEAD_BYTES = {"whole": lambda a: 4.0 + a, "chunked": lambda a: 8.0}
 
 
@@ -170,15 +177,16 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
     return kept
 
 
-def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, fused: bool = False, remat: str = "none") -> list[float]:
-    """The element counts GPU_BYTES multiplies (but the last, the parameters): D (`d_wide`), F per layer and token
-    and N T^2 per layer and sequence over all layers, kept; the same back from the host (BACK_FROM_HOST policies,
-    else zeros); then one block's (no T x T tensor with a fused kernel)."""
+def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
+    """The element counts GPU_BYTES multiplies: D (`d_wide`) and F per layer and token, N T^2 per layer and sequence,
+    V and D per token; one layer under remat full (and offload: its saved tensors go to the host), where
+    the embedding side is one more D per token and falls in the first term."""
     tokens = batch * seq_len
+    one = remat in ("full", "offload")
+    layers = 1 if one else cfg.num_layers
     d_ff = cfg.d_ff / 2 if cfg.ffn == "silu" else cfg.d_ff  # the coefficients are SwiGLU's (two hidden branches)
-    one = [tokens * d_wide(cfg), tokens * d_ff, 0.0 if fused else batch * cfg.num_heads * seq_len**2]
-    layers = [cfg.num_layers * n for n in one]
-    return layers + (layers if remat in BACK_FROM_HOST else [0.0] * 3) + one
+    return [tokens * layers * d_wide(cfg), tokens * layers * d_ff, layers * batch * cfg.num_heads * seq_len**2,
+            tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
 
 
 def head_tokens(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> int:
@@ -188,30 +196,60 @@ def head_tokens(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
 
 
 def head_bytes(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> float:
-    """The logits at their moment (HEAD_BYTES) on the GPU."""
+    """The logits and their gradient at the logits' moment (HEAD_BYTES)."""
     tokens = head_tokens(cfg, batch, seq_len, compute, devices)
     kind = "whole" if tokens == batch * seq_len else "chunked"
     return HEAD_BYTES[kind](DTYPE_BYTES[compute.dtype]) * tokens * cfg.vocab_size
 
 
+def _gpu_remat(compute: ComputeConfig) -> str:
+    """The GPU_BYTES row's remat policy: offload is priced as full, plus what comes back from the host (`from_host`)."""
+    return "full" if compute.remat_policy == "offload" else compute.remat_policy
+
+
 def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float, ...]:
     """GPU_BYTES of this setting; a fused kernel without its own row (torch's at float32) takes the XLA row."""
-    remat = compute.remat_policy
+    remat = _gpu_remat(compute)
     fused = compute.attention == "cudnn" if fused is None else fused
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
+def from_host(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool) -> float:
+    """What remat offload has on the device again for the backward, not fitted: XLA brings every layer's
+    offloaded matmul outputs (q, k, v, the attention's output projection, the feed-forward's matmuls) back from
+    the host and recomputes every layer's attention probabilities from them (no T x T tensor with a fused
+    kernel) ahead of the blocks' backward, all in the compute dtype."""
+    gated = 2 if cfg.ffn == "swiglu" else 1
+    width = _width("QKV", cfg, seq_len) + 2 * cfg.d_model + gated * cfg.d_ff
+    scores = 0.0 if fused else cfg.num_heads * seq_len
+    return DTYPE_BYTES[compute.dtype] * batch * seq_len * cfg.num_layers * (width + scores)
+
+
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
                      devices: int) -> dict[str, float]:
-    """What the blocks keep, plus the larger of the step's two moments: the logits' (the head's backward, or the
-    chunked loss's block in the forward pass) and the backward's (one block's backward, and what returns from
-    the host), the latter counted as its excess over the logits."""
-    features = gpu_features(cfg, batch, seq_len, fused, compute.remat_policy)
-    values = [n * c for n, c in zip(features, _gpu_coefficients(compute, fused))]
-    head = head_bytes(cfg, batch, seq_len, compute, devices)
-    return {"layers: D-wide tensors": values[0], "layers: feed-forward hidden": values[1],
-            "layers: attention scores": values[2], "logits / loss": head,
-            "backward beyond the logits": max(0.0, sum(values[3:9]) - head)}
+    """The larger of the step's two moments. The backward's: GPU_BYTES times gpu_features (fitted; its logits
+    term is their share still live then), and under offload what is back from the host (`from_host`). The
+    logits': what the blocks keep (under remat full or offload their inputs, the residual stream of every
+    layer, else the same fitted layer terms) and the logits with their gradient (`head_bytes`, not fitted)."""
+    remat = _gpu_remat(compute)
+    values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
+    head = head_tokens(cfg, batch, seq_len, compute, devices)
+    values[3] *= head / (batch * seq_len)
+    if fused:
+        values[2] = 0.0  # a fused kernel keeps no T x T tensor
+    where = "one layer (remat)" if remat == "full" else "layers"
+    names = (f"{where}: D-wide tensors", f"{where}: feed-forward hidden", f"{where}: attention scores",
+             "logits / loss", "embedding side")
+    backward = dict(zip(names, values))
+    if compute.remat_policy == "offload":
+        backward["back from the host (offload)"] = from_host(cfg, batch, seq_len, compute, fused)
+    if remat == "full":
+        kept = {"layers: block inputs (remat)": DTYPE_BYTES[compute.dtype] * batch * seq_len * cfg.num_layers
+                * cfg.d_model}
+    else:
+        kept = {k: v for k, v in backward.items() if k != "logits / loss"}
+    at_logits = {**kept, "logits / loss": head_bytes(cfg, batch, seq_len, compute, devices)}
+    return at_logits if sum(at_logits.values()) > sum(backward.values()) else backward
 
 
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
@@ -263,7 +301,7 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig 
     shard = mesh.devices if mesh.fsdp else 1
     state = {"parameters (float32)": 4.0 * p / shard}
     if backend == "gpu" and mode != "forward":  # what the compiler keeps at the peak, fitted (GPU_BYTES)
-        state["gradients and weight copies at the peak"] = _gpu_coefficients(compute, fused)[9] * p / shard
+        state["gradients and weight copies at the peak"] = _gpu_coefficients(compute, fused)[5] * p / shard
     else:
         if compute.dtype != "float32":
             state[f"{compute.dtype} weight copies"] = DTYPE_BYTES[compute.dtype] * p / shard

@@ -54,7 +54,7 @@ class CompileCache:
     def _save(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(self.path, dict(sorted(self.stored.items())))  # sorted: branches' additions merge line-wise
+            write_json(self.path, self.stored)
 
     def row(self, job: dict, target: gpu.Target, log=None, predicted: bool = False) -> dict:
         """The job's compiled figures (KEPT and "program"), compiled now unless stored; `log` hears of compiles.
