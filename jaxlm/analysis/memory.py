@@ -215,14 +215,15 @@ def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float
 
 
 def from_host(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool) -> float:
-    """What remat offload has on the device again for the backward, not fitted: XLA brings every layer's
-    offloaded matmul outputs (q, k, v, the attention's output projection, the feed-forward's matmuls) back from
-    the host and recomputes every layer's attention probabilities from them (no T x T tensor with a fused
-    kernel) ahead of the blocks' backward, all in the compute dtype."""
+    """What remat offload has on the device again for the backward, not fitted: XLA brings the layers' offloaded
+    matmul outputs (q, k, v, the attention's output projection, the feed-forward's matmuls) back from the host
+    and recomputes their attention probabilities from them (no T x T tensor with a fused kernel) ahead of the
+    blocks' backward, in the compute dtype; every layer but the one being differentiated, whose tensors are in
+    the one-layer working set already."""
     gated = 2 if cfg.ffn == "swiglu" else 1
     width = _width("QKV", cfg, seq_len) + 2 * cfg.d_model + gated * cfg.d_ff
     scores = 0.0 if fused else cfg.num_heads * seq_len
-    return DTYPE_BYTES[compute.dtype] * batch * seq_len * cfg.num_layers * (width + scores)
+    return DTYPE_BYTES[compute.dtype] * batch * seq_len * (cfg.num_layers - 1) * (width + scores)
 
 
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
