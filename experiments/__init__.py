@@ -1,8 +1,8 @@
-"""The lab: study plans and their runner, reports, the GPU campaign and the analytical answers.
+"""The lab: study plans and their runner.
 
-It may import jaxlm, parity and torchref; nothing imports it (docs/code.md). The plan format is
-`spec` (a run's fields) and `plan` (the file); `commands`, `device`, `estimate` and `run` execute
-it; `results` reads what runs leave; `report/`, `gpu/` and `answers` turn that into documents.
+It may import jaxlm, parity and torchref; deliverables/ builds on it and nothing else imports it (docs/code.md).
+The plan format is `spec` (a run's fields) and `plan` (the file); `commands`, `device`, `estimate` and `run`
+(with `child`, its child process) execute it; `results` reads what runs leave.
 """
 
 from jaxlm.core import platform

@@ -84,7 +84,8 @@ class Plan:
 
         chosen = [r for r in self.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
         if not chosen:
-            raise PlanError(f"{self.path}: --only {' '.join(patterns)} matches no run; runs: {', '.join(r.name for r in self.runs)}")
+            raise PlanError(f"{self.path}: --only {' '.join(patterns)} matches no run; "
+                            f"runs: {', '.join(r.name for r in self.runs)}")
         return chosen
 
 
@@ -279,7 +280,8 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
         seen[r.name] = seen.get(r.name, 0) + 1
     dups = [n for n, c in seen.items() if c > 1]
     if dups:
-        raise PlanError(f"{path}: run names are not unique: {', '.join(dups)} (put every grid axis in the name template)")
+        raise PlanError(f"{path}: run names are not unique: {', '.join(dups)} "
+                        "(put every grid axis in the name template)")
     return Plan(
         name=meta.get("name", path.stem),
         path=path,
@@ -312,11 +314,11 @@ def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str] 
     out = []
     for i, seed in enumerate(seeds):
         for r in runs:
+            seeded = {"name": f"{r.name}-s{seed}", "axes": {**r.axes, SEED_AXIS: seed}}
             if r.kind == "train" and r.name not in unseeded:
-                out.append(dataclasses.replace(r, name=f"{r.name}-s{seed}", set={**r.set, SEED_KEY: seed}, axes={**r.axes, SEED_AXIS: seed}))
+                out.append(dataclasses.replace(r, set={**r.set, SEED_KEY: seed}, **seeded))
             elif r.kind == "command" and any("{seed}" in a for a in r.argv):
-                argv = [a.replace("{seed}", str(seed)) for a in r.argv]
-                out.append(dataclasses.replace(r, name=f"{r.name}-s{seed}", argv=argv, axes={**r.axes, SEED_AXIS: seed}))
+                out.append(dataclasses.replace(r, argv=[a.replace("{seed}", str(seed)) for a in r.argv], **seeded))
             elif i == 0:
                 out.append(r)
     return out

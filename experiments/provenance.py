@@ -18,7 +18,8 @@ def git_info(root: Path | None = None) -> dict:
             return ""
 
     changed = git("status", "--porcelain").splitlines()  # "XY path": two status letters, a space, the path
-    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "changed": [c[3:] for c in changed[:5]]}
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed),
+            "changed": [c[3:] for c in changed[:5]]}
 
 
 def check_committed(git: dict) -> None:
@@ -27,5 +28,6 @@ def check_committed(git: dict) -> None:
         raise UsageError(f"{Path.cwd()}: not a git checkout, so the records could not name their code; run from the "
                          "repository, or pass --draft to record draft runs")
     if git["dirty"]:
-        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{', ...' if len(git['changed']) == 5 else ''}): "
-                         "commit them so every record names the code that produced it, or pass --draft to record draft runs")
+        more = ", ..." if len(git["changed"]) == 5 else ""
+        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{more}): commit them so "
+                         "every record names the code that produced it, or pass --draft to record draft runs")

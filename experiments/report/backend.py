@@ -156,10 +156,10 @@ def _measured(steps: list[dict]) -> str:
 def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=None) -> str | None:
     """The CPU-measured steps compiled for an 80 GB H100 (the GPU compiler's plan), with jaxlm.memory's estimate
     beside them; steps with the same model, compute settings and batch share a row. Compiled figures are kept in
-    `cache` (default: experiments.compiled_memory's, docs/results/compiled/)."""
+    `cache` (default: deliverables.compiled_memory's, docs/results/compiled/)."""
     import json
 
-    from experiments.compiled_memory import OUT_DIR
+    from deliverables.compiled_memory import OUT_DIR
     from jaxlm.analysis import memory
     from jaxlm.analysis.devices import DEVICES
     from jaxlm.training import compiled as gpu

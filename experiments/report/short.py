@@ -20,8 +20,8 @@ from jaxlm.core.files import read_json
 
 TEMPLATE = Path(__file__).with_name("template.md")
 TECHNIQUES_INDEX = Path(__file__).resolve().parents[2] / "docs" / "techniques" / "index.md"
-GPU_COMMANDS = "`python -m experiments.gpu` and `python -m experiments.run profiling --size gpu`"
-TARGET_COMMAND = "`python -m experiments.compiled_memory --target h100-80gb` (the memory questions compiled for an H100)"
+GPU_COMMANDS = "`python -m deliverables.gpu` and `python -m experiments.run profiling --size gpu`"
+TARGET_COMMAND = "`python -m deliverables.compiled_memory --target h100-80gb` (the memory questions compiled for an H100)"
 
 
 def render(facts: dict[str, str]) -> str:
@@ -217,8 +217,8 @@ def h100_batches() -> str:
 
 
 def h100_compiled(root: Path) -> str:
-    """The techniques' memory compiled for an H100 (experiments.compiled_memory's `techniques-small` rows), if any."""
-    from experiments.compiled_memory import cached
+    """The techniques' memory compiled for an H100 (deliverables.compiled_memory's `techniques-small` rows), if any."""
+    from deliverables.compiled_memory import cached
 
     got = cached("techniques-small", "h100-80gb", root / "compiled")
     if "float32" not in got:

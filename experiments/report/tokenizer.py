@@ -1,6 +1,6 @@
 """The tokenizer study's own tables ([report] tokenizer = true): BPE training and its extrapolation,
 compression, encoding throughput and the token dtype, from each command run's tokenizer.json
-(written by `python -m experiments.tokenizer_study`)."""
+(written by `python -m deliverables.tokenizer_study`)."""
 
 from __future__ import annotations
 

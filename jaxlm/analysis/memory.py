@@ -1,8 +1,8 @@
 """Memory estimator: what one step holds per device, and the largest batch that fits a device.
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
-    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
-    python -m experiments.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
+    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
+    python -m deliverables.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
@@ -16,7 +16,7 @@ Two calibrations, because two compilers keep different tensors:
 - "gpu" (the default): XLA's GPU compiler's plan of the real train step for an H100,
   the larger of two moments. The blocks' backward: bytes per element of each kind
   (`GPU_BYTES`, fitted on compiled two-layer probes by `python -m
-  experiments.memory_validation --target h100-80gb --calibrate`; under remat full
+  deliverables.memory_validation --target h100-80gb --calibrate`; under remat full
   one layer's working set, the saved block inputs mostly freed by then; under offload
   also what comes back from the host, `from_host`). The loss's backward: what the
   blocks keep and the logits with their float32 gradient (`HEAD_BYTES`, not fitted),

@@ -2,19 +2,15 @@
 
 Training has two phases:
 
-1. Pre-tokenisation, in parallel worker processes: the input is cut into chunks at
-   boundaries where cutting cannot change the result (the start of a special token,
-   or a whitespace character that follows a non-whitespace one), each worker splits
-   its chunk on the special tokens, runs the GPT-2 regex and counts pre-tokens.
-2. Merging, in this process: every distinct pre-token is a list of token ids with a
-   frequency. Pair counts live in a dict, the words containing each pair in an index,
-   and the best pair comes from a max-heap with lazy invalidation. A merge only
-   touches the words that contain the merged pair.
+1. Pre-tokenisation, in parallel worker processes: the input is cut into chunks at boundaries where cutting
+   cannot change the result (the start of a special token, or a whitespace character that follows a
+   non-whitespace one), each worker splits its chunk on the special tokens, runs the GPT-2 regex and counts.
+2. Merging, in this process: every distinct pre-token is a list of token ids with a frequency. Pair counts live
+   in a dict, the words containing each pair in an index, and the best pair comes from a max-heap with lazy
+   invalidation. A merge only touches the words that contain the merged pair.
 
-Vocabulary ids: the special tokens first (0, 1, ...), then the 256 single bytes in
-GPT-2's byte-to-unicode order (the order of GPT-2's own vocabulary and of the CS336
-reference files), then one id per merge in creation order.
-
+Vocabulary ids: the special tokens first (0, 1, ...), then the 256 single bytes in GPT-2's byte-to-unicode
+order (the order of GPT-2's own vocabulary and of the CS336 reference files), then one id per merge in order.
 Imports nothing heavy (no jax, no grain, no numpy).
 """
 

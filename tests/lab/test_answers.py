@@ -1,13 +1,13 @@
-"""experiments.answers: every answer against a hand calculation, a known value or a synthetic record."""
+"""deliverables.answers: every answer against a hand calculation, a known value or a synthetic record."""
 
 import json
 
 import numpy as np
 import pytest
 
-from experiments.answers import accounting as answers
-from experiments.answers import adamw, gpu, measured, studies, text
-from experiments.answers.__main__ import main
+from deliverables.answers import accounting as answers
+from deliverables.answers import adamw, gpu, measured, studies, text
+from deliverables.answers.__main__ import main
 from jaxlm import cli
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
@@ -52,7 +52,7 @@ QUESTION_IDS = ("unicode1", "unicode2", "train_bpe_tinystories", "tokenizer_expe
 
 
 def test_document_answers_every_question_id_with_the_hand_numbers(tmp_path):
-    from experiments.answers.__main__ import answers as document
+    from deliverables.answers.__main__ import answers as document
 
     text_md = document(DEVICES["h100-80gb"], tmp_path / "no-records", out_dir=tmp_path)
     for qid in QUESTION_IDS:
@@ -190,7 +190,7 @@ def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
 
 
 def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
-    from experiments.compiled_memory import sections
+    from deliverables.compiled_memory import sections
     from jaxlm.training.compile_cache import CompileCache
     from jaxlm.training.compiled import parse_target
 
@@ -221,7 +221,7 @@ def test_nsys_answers_from_the_campaigns_profile(tmp_path):
 
 def _predicted_store(tmp_path):
     """A compiled store holding predicted kernel tables for the size table's steps (synthetic figures)."""
-    from experiments.compiled_time import sections
+    from deliverables.compiled_time import sections
     from jaxlm.training.compile_cache import CompileCache
     from jaxlm.training.compiled import parse_target
 
@@ -245,7 +245,7 @@ def _predicted_store(tmp_path):
 
 
 def test_size_table_and_nsys_answers_from_the_predicted_kernel_tables(tmp_path):
-    from experiments.answers import predicted
+    from deliverables.answers import predicted
 
     _predicted_store(tmp_path)
     md = "\n".join(predicted.size_section(tmp_path, {("small", "forward"): 12.5}))

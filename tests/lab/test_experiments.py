@@ -46,7 +46,8 @@ FAKE = textwrap.dedent(
         for step in range(1, 4):
             loss = float("nan") if mode == "nan" and step == 3 else loss * 0.8
             f.write(json.dumps({"step": step, "kind": "train", "time": time.time(), "train/loss": loss}) + "\\n")
-        f.write(json.dumps({"step": 3, "kind": "eval", "time": time.time(), "eval/loss": loss, "eval/perplexity": math.exp(loss)}) + "\\n")
+        f.write(json.dumps({"step": 3, "kind": "eval", "time": time.time(), "eval/loss": loss,
+                            "eval/perplexity": math.exp(loss)}) + "\\n")
     if mode == "fail":
         print("something broke: a detail worth keeping", file=sys.stderr)
         sys.exit(3)
@@ -91,7 +92,8 @@ def test_grid_sizes_and_precedence(tmp_path):
         set = { "train.steps" = 5000 }
         [[runs]]
         name = "{technique}_b{data.batch_size}"
-        grid = { technique = [{ label = "fp32" }, { label = "bf16", set = { "compute.dtype" = "bfloat16" } }], "data.batch_size" = [8, 16] }
+        grid.technique = [{ label = "fp32" }, { label = "bf16", set = { "compute.dtype" = "bfloat16" } }]
+        grid."data.batch_size" = [8, 16]
         sizes.gpu.grid = { "data.batch_size" = [64] }
         [[runs]]
         name = "gpu_only"
@@ -109,15 +111,16 @@ def test_grid_sizes_and_precedence(tmp_path):
     assert cpu.runs[0].hash != gpu.runs[0].hash
 
 
+def seeded_plan(tmp_path: Path, seeds: list[int], runs: str) -> Path:
+    """A plan of train runs (quickstart's config) over `seeds`, with `runs` ([[runs]] tables)."""
+    head = f'[plan]\nseeds = {seeds}\n[defaults]\nkind = "train"\nconfig = "experiments/configs/quickstart.toml"\n'
+    return write(tmp_path / "p.toml", head + textwrap.dedent(runs))
+
+
 def test_seeds_expand_train_runs_seed_major(tmp_path):
-    plan = write(
-        tmp_path / "p.toml",
+    plan = seeded_plan(
+        tmp_path, [0, 7],
         """
-        [plan]
-        seeds = [0, 7]
-        [defaults]
-        kind = "train"
-        config = "experiments/configs/quickstart.toml"
         [[runs]]
         name = "lr{optim.lr}"
         grid = { "optim.lr" = [1e-3, 1e-2] }
@@ -135,14 +138,9 @@ def test_seeds_expand_train_runs_seed_major(tmp_path):
 
 def test_unseeded_runs_and_per_seed_commands(tmp_path):
     """`seeded = false` runs a train run once; a command naming {seed} runs after each seed's training runs."""
-    plan = write(
-        tmp_path / "p.toml",
+    plan = seeded_plan(
+        tmp_path, [0, 1],
         """
-        [plan]
-        seeds = [0, 1]
-        [defaults]
-        kind = "train"
-        config = "experiments/configs/quickstart.toml"
         [[runs]]
         name = "pretrain"
         seeded = false
@@ -168,12 +166,15 @@ def test_unseeded_runs_and_per_seed_commands(tmp_path):
 @pytest.mark.parametrize(
     "body, needle",
     [
-        ("[[runs]]\nname = 'a'\nkind = 'command'\nargv = ['x', '{seed}']", "'a': its argv names {seed} but the plan has no [plan].seeds"),
-        ("[plan]\nseeds = [0]\n[[runs]]\nname = 'a'\nkind = 'bench'\nseeded = 'no'", "runs[0] (a).seeded: expected true or false"),
+        ("[[runs]]\nname = 'a'\nkind = 'command'\nargv = ['x', '{seed}']",
+         "'a': its argv names {seed} but the plan has no [plan].seeds"),
+        ("[plan]\nseeds = [0]\n[[runs]]\nname = 'a'\nkind = 'bench'\nseeded = 'no'",
+         "runs[0] (a).seeded: expected true or false"),
         ("[defaults]\nkind = 'train'\nbogus = 1\n[[runs]]\nname = 'a'", "[defaults]: unknown key 'bogus'"),
         ("[[runs]]\nname = 'a'\nkind = 'train'\nconfig = 'x.toml'\nsett = {}", "runs[0] (a): unknown key 'sett'"),
         ("[[runs]]\nname = 'a'\nkind = 'trian'", "runs[0] (a).kind: 'trian' is not one of"),
-        ("[[runs]]\nname = 'a{optim.lr}'\nkind = 'train'\nconfig = 'c'\ngrid = { 'optim.lr' = 3 }", "grid.optim.lr: expected a non-empty list"),
+        ("[[runs]]\nname = 'a{optim.lr}'\nkind = 'train'\nconfig = 'c'\ngrid = { 'optim.lr' = 3 }",
+         "grid.optim.lr: expected a non-empty list"),
         ("[[runs]]\nname = 'a{x}'\nkind = 'bench'\ngrid = { batch = [1] }", "'{x}' is not a grid axis"),
         ("[[runs]]\nname = 'a'\nkind = 'bench'\ngrid = { batch = [1, 2] }", "run names are not unique: a"),
         ("[[runs]]\nname = 'a'\nkind = 'train'", "a train run needs 'config'"),
@@ -181,7 +182,8 @@ def test_unseeded_runs_and_per_seed_commands(tmp_path):
         ("[runz]\n", "unknown key 'runz'"),
         ("[[runs]]\nname = 'a'\nkind = 'bench'\n[sizes.cpu]\nset = 3", "[sizes.cpu].set: expected a table"),
         ("[[runs]\nname = 'a'", "not valid TOML"),
-        ("[plan]\nseeds = [0, 0]\n[[runs]]\nname = 'a'\nkind = 'bench'", "[plan].seeds: expected a non-empty list of distinct integers"),
+        ("[plan]\nseeds = [0, 0]\n[[runs]]\nname = 'a'\nkind = 'bench'",
+         "[plan].seeds: expected a non-empty list of distinct integers"),
         ("[plan]\nseeds = 3\n[[runs]]\nname = 'a'\nkind = 'bench'", "[plan].seeds: expected a non-empty list"),
     ],
 )
@@ -236,8 +238,9 @@ def test_no_plan_lists_every_plan_with_its_estimates(capsys):
     assert main(["--list"]) == 0 and capsys.readouterr().out == out
     # the CS395T studies' WikiText setting, CPU and GPU
     model_size = out[out.index("  model_size  ("):out.index("  optimizations  (")]
-    assert ("data: cpu: train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096; gpu:\n      train "
-            "wikitext103/wiki.train.raw, validate wikitext103/wiki.valid.raw, tokenizer bpe:16384") in model_size
+    assert ("data: cpu: train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096; gpu:\n"
+            "      train wikitext103/wiki.train.raw, validate wikitext103/wiki.valid.raw, tokenizer bpe:16384"
+            ) in model_size
 
 
 # The lr_sweep plan as it was recorded on an otherwise idle 2-core x86 CPU (commit 24e072cc30): six runs of a
@@ -444,7 +447,8 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
         assert f"{r['metrics']['eval_loss']:.3f}" in row and f"{r['metrics']['eval_ppl']:.2f}" in row
     base, other = results["w32"]["metrics"]["eval_ppl"], results["w48"]["metrics"]["eval_ppl"]
     change = 100 * (other - base) / base
-    phrase = "left validation perplexity unchanged" if abs(change) < 0.5 else f"validation perplexity by {abs(change):.0f}%"
+    phrase = ("left validation perplexity unchanged" if abs(change) < 0.5
+              else f"validation perplexity by {abs(change):.0f}%")
     assert re.search(rf"model\.d_model=48 against model\.d_model=32: .*{phrase}", text), text
     assert (tmp_path / "report" / "curves_by_step.png").stat().st_size > 1000
     assert (tmp_path / "report" / "model_d_model_vs_metrics.png").exists()

@@ -1,4 +1,4 @@
-"""experiments.gpu: the dry runs' plans fit their budgets; without a GPU only --dry-run and --smoke run, and a smoke
+"""deliverables.gpu: the dry runs' plans fit their budgets; without a GPU only --dry-run and --smoke run, and a smoke
 run never writes into docs/results/gpu; the lent command's CPU smoke runs its install (a dry run for the lent
 machine), checks and every campaign step, and copies its summary to $OUT."""
 
@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from experiments.gpu import campaign, lent, merge
+from deliverables.gpu import campaign, lent, merge
 from jaxlm import cli
 
 
@@ -56,7 +56,7 @@ def test_without_a_gpu_the_full_campaign_is_one_line_exit_2_and_writes_nothing(t
     monkeypatch.chdir(tmp_path)
     assert cli.run(campaign.main, ["--only", "attention"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: python -m experiments.gpu: no GPU here (JAX's backend is cpu)")
+    assert err.startswith("error: python -m deliverables.gpu: no GPU here (JAX's backend is cpu)")
     assert err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
 
@@ -64,7 +64,7 @@ def test_without_a_gpu_the_full_campaign_is_one_line_exit_2_and_writes_nothing(t
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the lent command runs on a GPU there")
 def test_without_a_gpu_the_lent_command_stops_in_one_line_after_its_preflight(tmp_path):
     """JAX_PLATFORMS=cuda,cpu, as the command sets it: here CUDA does not start, and the call says so."""
-    proc = subprocess.run([sys.executable, "-m", "experiments.gpu.lent", "--carry", str(tmp_path / "none"),
+    proc = subprocess.run([sys.executable, "-m", "deliverables.gpu.lent", "--carry", str(tmp_path / "none"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=campaign.REPO)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
@@ -79,7 +79,7 @@ def test_without_wheels_the_install_says_what_to_carry(tmp_path, monkeypatch):
                                              "already"}
     monkeypatch.setattr(lent, "_version", lambda name: None if name == "grain" else "1.0")
     assert lent.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
-                                           "experiments.gpu.carry download where pip reaches PyPI, and carry .whl")
+                                           "deliverables.gpu.carry download where pip reaches PyPI, and carry .whl")
 
 
 @pytest.mark.parametrize("out", ["docs/results/gpu", "docs/results/gpu/smoke", str(campaign.REPO / "docs/results/gpu")])
@@ -104,7 +104,7 @@ def on_smoke(test):
 
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory, tinyshakespeare):
-    """`python3 -m experiments.gpu.lent --smoke` with $OUT set, as the device tool sets it."""
+    """`python3 -m deliverables.gpu.lent --smoke` with $OUT set, as the device tool sets it."""
     out, dest = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("OUT")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OUT", str(dest))

@@ -1,4 +1,4 @@
-"""experiments.gpu.carry: the wheels the lent GPU run carries cover what pyproject.toml needs beyond the machine's
+"""deliverables.gpu.carry: the wheels the lent GPU run carries cover what pyproject.toml needs beyond the machine's
 image, and what those wheels need in turn; the files in .whl/ are the listed ones and pip would install them for
 the lent machine's Python 3.12."""
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from packaging.requirements import Requirement
 
-from experiments.gpu import carry
+from deliverables.gpu import carry
 
 
 def test_the_carried_wheels_cover_pyproject_and_their_own_requirements():
@@ -38,7 +38,7 @@ def test_requirements_are_normalised_for_the_lent_machine():
     assert carry.normalise('tomli; python_version < "3.11"') is None
 
 
-@pytest.mark.skipif(not carry.FOLDER.is_dir(), reason=".whl/ is downloaded by `python -m experiments.gpu.carry "
+@pytest.mark.skipif(not carry.FOLDER.is_dir(), reason=".whl/ is downloaded by `python -m deliverables.gpu.carry "
                     "download` before a lent run; absent here")
 def test_the_downloaded_wheels_are_the_listed_ones_and_install_for_python_3_12():
     assert carry.file_problems(carry.read_manifest(), carry.FOLDER) == []
@@ -50,7 +50,7 @@ def test_a_wheel_that_is_not_listed_or_differs_is_named(tmp_path):
     (tmp_path / wheels[-1].file).write_bytes(b"not a wheel")
     (tmp_path / "other-1.0-py3-none-any.whl").write_bytes(b"")
     problems = carry.file_problems(wheels, tmp_path)
-    assert f"{tmp_path / wheels[0].file}: missing (python -m experiments.gpu.carry download)" in problems
+    assert f"{tmp_path / wheels[0].file}: missing (python -m deliverables.gpu.carry download)" in problems
     assert f"{tmp_path / wheels[-1].file}: not the file wheels.txt lists (size or sha256 differs)" in problems
     assert problems[-1].endswith("wheels not in wheels.txt (other-1.0-py3-none-any.whl): remove them (one version "
                                  "of each)")

@@ -1,4 +1,4 @@
-"""experiments.gpu.predict: a profiler trace's kernels are matched to the compiled program's kernels by the HLO
+"""deliverables.gpu.predict: a profiler trace's kernels are matched to the compiled program's kernels by the HLO
 instruction that launched them, and summed per kernel group beside the roofline's prediction (a synthetic trace of
 known durations over a real compiled program); the trace reader keeps the device's kernels and their names."""
 
@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.gpu import predict
-from experiments.gpu.predict import Event
-from experiments.gpu.profile import read_events
+from deliverables.gpu import predict
+from deliverables.gpu.predict import Event
+from deliverables.gpu.profile import read_events
 from jaxlm.analysis import roofline
 
 RATES = roofline.DeviceRates({"bf16": 1e12, "tf32": 1e12, "fp32": 1e11}, memory_bandwidth=1e10, launch_seconds=1e-6)

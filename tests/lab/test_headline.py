@@ -1,6 +1,6 @@
-"""experiments.headline: the README's headline figures, re-measured in one sitting (commands and table only here)."""
+"""deliverables.headline: the README's headline figures, re-measured in one sitting (commands and table only here)."""
 
-from experiments import headline
+from deliverables import headline
 from jaxlm import cli
 
 

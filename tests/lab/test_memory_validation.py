@@ -1,4 +1,4 @@
-"""experiments.memory_validation: the estimator against XLA:CPU's memory_analysis() of training's step (float32,
+"""deliverables.memory_validation: the estimator against XLA:CPU's memory_analysis() of training's step (float32,
 no remat) and against the figures compiled for an H100 (docs/memory.md)."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import memory_validation as mv
+from deliverables import memory_validation as mv
 from jaxlm import cli
 
 

@@ -142,12 +142,7 @@ def test_the_committed_report_keeps_its_budget_and_links_its_appendix():
     docs = Path(__file__).resolve().parents[2] / "docs" / "report"
     md = (docs / "report.md").read_text()
     assert len(md.split()) <= 2600, "docs/report/report.md is over about 2,500 words: move detail to the appendix"
-    assert "[appendix](appendix.md)" in md and (docs / "appendix.md").is_file() and (docs / "appendix.html").is_file()
-    try:
-        import weasyprint
-    except (ImportError, OSError):  # the pdf extra, or the system Pango it needs, is not installed
-        return
-    assert len(weasyprint.HTML(filename=str(docs / "report.html")).render().pages) <= 5
+    assert "[appendix](appendix.md)" in md and (docs / "appendix.md").is_file()  # the HTML/PDF are generated, not kept
 
 
 def test_pdf_goes_with_all_only(tmp_path, capsys):
@@ -291,7 +286,7 @@ def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
 
 
 def test_tokenizer_study_trains_on_the_data_root(tmp_path, monkeypatch):
-    from experiments import tokenizer_study
+    from deliverables import tokenizer_study
 
     root = tmp_path / "root"
     for src in tokenizer_study.LARGEST:

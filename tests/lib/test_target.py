@@ -207,7 +207,7 @@ def test_the_compile_cache_reuses_a_figure_of_the_same_lowered_program(tmp_path,
 def test_stored_compiled_figures_come_from_the_program_the_step_lowers_to_today():
     """The committed figures are keyed by job, not by jaxlm's sources: an edit that changes the program a
     stored job lowers to makes its figures stale, and this fails until they are compiled again
-    (`python -m experiments.compiled_memory --target h100-80gb`). The four smallest stored jobs are checked."""
+    (`python -m deliverables.compiled_memory --target h100-80gb`). The four smallest stored jobs are checked."""
     import json
     from pathlib import Path
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.xdist_group("faults_signals")
 
 HELP = {"jaxlm.train": ["--help-config"], "experiments.report": ["--help"], "jaxlm.data": ["list"]}
 EVERY = {**HELP, **{m: ["--help"] for m in ("jaxlm.generate", "jaxlm.bench", "jaxlm.memory", "jaxlm.lora",
-                                              "jaxlm.quantize", "experiments.run", "experiments.gpu", "parity.check")}}
+                                              "jaxlm.quantize", "experiments.run", "deliverables.gpu", "parity.check")}}
 
 
 def _into_a_closed_pipe(module: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:

@@ -27,11 +27,12 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras():
 
 
 def test_the_library_imports_neither_its_reference_nor_its_lab():
-    """Every jaxlm module imported: torch, torchref, parity and experiments stay out."""
+    """Every jaxlm module imported: torch, torchref, parity, experiments and deliverables stay out."""
     code = ("import importlib, pkgutil, sys, jaxlm\n"
             "for m in pkgutil.walk_packages(jaxlm.__path__, 'jaxlm.'):\n"
             "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
-            "print(sorted(m for m in ('torch', 'torchref', 'parity', 'experiments') if m in sys.modules))")
+            "lab = ('torch', 'torchref', 'parity', 'experiments', 'deliverables')\n"
+            "print(sorted(m for m in lab if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          timeout=600)
     assert out.stdout.strip() == "[]"

@@ -1,11 +1,12 @@
-"""The import graph of jaxlm, parity and experiments (read from the source with `ast`): no cycle, no upward import."""
+"""The import graph of jaxlm, parity, experiments and deliverables (read from the source with `ast`): no cycle, no
+upward import."""
 
 import ast
 import collections
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("jaxlm", "parity", "experiments", "torchref")
+PACKAGES = ("jaxlm", "parity", "experiments", "deliverables", "torchref")
 # Folders of jaxlm from the top layer down; a module may import its own layer or a lower one. bench sits above
 # cli: the benchmark commands use cli's helpers, and no command of cli imports a benchmark.
 LAYERS = ("bench", "cli", "hf", "training", ("nn", "data", "analysis"), "core")
@@ -87,7 +88,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     upward = []
     for src, targets in graph.items():
         for dst in targets:
-            if src.startswith("jaxlm") and dst.split(".")[0] in ("torchref", "parity", "experiments"):
+            if src.startswith("jaxlm") and dst.split(".")[0] in ("torchref", "parity", "experiments", "deliverables"):
                 upward.append(f"{src} -> {dst}")
             elif layer(src) is not None and layer(dst) is not None and layer(dst) < layer(src):
                 upward.append(f"{src} -> {dst}")
@@ -103,15 +104,33 @@ def test_jaxlm_imports_only_down_and_never_the_lab():
     assert not (upward := upward_imports(import_graph())), upward
 
 
-# Beside jaxlm: torchref stands alone, parity may import jaxlm and torchref, experiments (the lab) anything.
+# Beside jaxlm: torchref stands alone, parity may import jaxlm and torchref, experiments (the lab's runner) those,
+# deliverables (built on the runner) anything.
 MAY_IMPORT = {"jaxlm": {"jaxlm"}, "torchref": {"torchref"}, "parity": {"parity", "jaxlm", "torchref"},
-              "experiments": {"experiments", "jaxlm", "parity", "torchref"}}
+              "experiments": {"experiments", "jaxlm", "parity", "torchref"},
+              "deliverables": {"deliverables", "experiments", "jaxlm", "parity", "torchref"}}
+# experiments/report/ is a deliverable on its way out of experiments/ (issue 40): it counts as deliverables.
+DELIVERABLE_IN_EXPERIMENTS = "experiments.report"
+
+
+def package(module: str) -> str:
+    if module == DELIVERABLE_IN_EXPERIMENTS or module.startswith(DELIVERABLE_IN_EXPERIMENTS + "."):
+        return "deliverables"
+    return module.split(".")[0]
+
+
+def wrong_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+            if package(dst) not in MAY_IMPORT[package(src)]]
+
+
+def test_the_package_checker_refuses_the_runner_importing_a_deliverable():
+    assert wrong_imports({"experiments.run": {"deliverables.headline"}}) == ["experiments.run -> deliverables.headline"]
+    assert wrong_imports({"deliverables.headline": {"experiments.results"}}) == []
 
 
 def test_packages_import_only_what_sits_below_them():
-    wrong = [f"{src} -> {dst}" for src, targets in import_graph().items() for dst in targets
-             if dst.split(".")[0] not in MAY_IMPORT[src.split(".")[0]]]
-    assert not wrong, wrong
+    assert not (wrong := wrong_imports(import_graph())), wrong
 
 
 def private_imports(package: str, root: Path = REPO) -> list[str]:
@@ -136,20 +155,18 @@ def private_imports(package: str, root: Path = REPO) -> list[str]:
 
 
 def test_the_private_name_checker_finds_a_crossing(tmp_path):
-    (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "__init__.py").write_text("")
-    (tmp_path / "experiments" / "a.py").write_text("def _helper(): pass\n_helper()\n")
-    (tmp_path / "experiments" / "b.py").write_text(
-        "from experiments.a import _helper\nfrom experiments import a\na._helper()\n")
-    assert private_imports("experiments", tmp_path) == ["experiments.b: from experiments.a import _helper",
-                                                        "experiments.b: a._helper"]
+    (tmp_path / "parity").mkdir()
+    (tmp_path / "parity" / "__init__.py").write_text("")
+    (tmp_path / "parity" / "a.py").write_text("def _helper(): pass\n_helper()\n")
+    (tmp_path / "parity" / "b.py").write_text("from parity.a import _helper\nfrom parity import a\na._helper()\n")
+    assert private_imports("parity", tmp_path) == ["parity.b: from parity.a import _helper", "parity.b: a._helper"]
 
 
 def test_no_private_name_crosses_a_module_in_the_lab():
-    assert not private_imports("experiments") and not private_imports("parity")
+    assert not any(private_imports(p) for p in ("experiments", "deliverables", "parity"))
 
 
-SIZED = ("jaxlm", "experiments", "parity")
+SIZED = ("jaxlm", "experiments", "deliverables", "parity")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 

@@ -1,5 +1,5 @@
-"""Every jaxlm name written in the code, the docs and pyproject.toml resolves: a dotted `jaxlm.a.b` is a module
-(a `python -m jaxlm.x` stub counts) or an attribute of one, and a `jaxlm/a/b.py` path exists."""
+"""Every jaxlm, experiments and deliverables name written in the code, the docs and pyproject.toml resolves: a dotted
+`jaxlm.a.b` is a module (a `python -m jaxlm.x` stub counts) or an attribute of one, and a `jaxlm/a/b.py` path exists."""
 
 import dataclasses
 import importlib
@@ -7,9 +7,10 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CODE = ("jaxlm", "parity", "experiments", "torchref", "tests")
-DOTTED = re.compile(r"(?<![\w./-])jaxlm(?:\.[A-Za-z_]\w*)+")
-PATH = re.compile(r"(?<![\w./-])jaxlm/[\w./]*\w")
+CODE = ("jaxlm", "parity", "experiments", "deliverables", "torchref", "tests")
+TOP = r"(?<![\w./-])(?:jaxlm|experiments|deliverables)"
+DOTTED = re.compile(TOP + r"(?:\.(?!md\b|toml\b|py\b)[A-Za-z_]\w*)+")  # not a file name (experiments.md)
+PATH = re.compile(TOP + r"/[\w./]*\w")
 
 
 def written_files(root: Path = REPO) -> list[Path]:
@@ -30,7 +31,7 @@ def _module(dotted: str):
         except ModuleNotFoundError as e:
             if e.name is None or not name.startswith(e.name):  # the module exists, one of its imports does not
                 raise
-    raise AssertionError(f"{dotted}: not even jaxlm imports")
+    raise AssertionError(f"{dotted}: not even its package imports")
 
 
 def resolves(dotted: str) -> bool:
@@ -52,7 +53,7 @@ def unresolved(files: list[Path], root: Path = REPO) -> list[str]:
             bad += [f"{f.relative_to(root)}:{n} {d}" for d in names if not known.setdefault(d, resolves(d))]
             line = line.replace("\\.", ".")  # a path written in a regular expression (nn/loss\\.py)
             bad += [f"{f.relative_to(root)}:{n} {p}" for p in (m.group() for m in PATH.finditer(line))
-                    if not (REPO / p).exists()]
+                    if not (REPO / p).exists() and not any(REPO.glob(p))]
     return bad
 
 
@@ -60,9 +61,12 @@ def test_a_planted_stale_name_is_found(tmp_path):
     planted = tmp_path / "stale.md"
     planted.write_text("The loss is `jaxlm.nn.loss.lm_loss`, run by `python -m jaxlm.train`;\n"
                        "the step is `jaxlm.train.build` (`jaxlm/training/loop.py`), its optimizer `jaxlm.optim`,\n"
-                       "the state's `jaxlm.training.step.TrainState.params`, the model `jaxlm/model.py`.\n")
+                       "the state's `jaxlm.training.step.TrainState.params`, the model `jaxlm/model.py`.\n"
+                       "Answers: `python -m deliverables.answers`, not `python -m experiments.answers` "
+                       "(`experiments/answers/`; plans in experiments.md).\n")
     assert unresolved([planted], tmp_path) == ["stale.md:2 jaxlm.train.build", "stale.md:2 jaxlm.optim",
-                                               "stale.md:3 jaxlm/model.py"]
+                                               "stale.md:3 jaxlm/model.py", "stale.md:4 experiments.answers",
+                                               "stale.md:4 experiments/answers"]
 
 
 def test_every_written_jaxlm_name_resolves():

@@ -1,4 +1,4 @@
-"""Re-measure the README's headline figures in one sitting: `python -m experiments.headline [--dry-run] [--out DIR]`.
+"""Re-measure the README's headline figures in one sitting: `python -m deliverables.headline [--dry-run] [--out DIR]`.
 
 Runs each figure's command in turn, from the repository root, and records the machine (CPU model, cores,
 vector extensions; `jaxlm.core.host.describe`), the load before and after each command, its wall time and
@@ -142,7 +142,7 @@ def table(machine: dict, records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.headline", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(prog="python -m deliverables.headline", formatter_class=cli.HelpFormatter,
                            description=__doc__)
     p.add_argument("--out", default="runs/headline", help="where the runs and headline.json go (a fresh one: the "
                    "quickstart figure includes tokenising)")

@@ -1,7 +1,7 @@
-"""The GPU campaign's measuring steps (their order: `steps()` in experiments/gpu/campaign.py).
+"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py).
 
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
-section is in experiments/gpu/sections.py, the profiler step in experiments/gpu/profile.py. Sizes
+section is in deliverables/gpu/sections.py, the profiler step in deliverables/gpu/profile.py. Sizes
 shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
 marked skipped with the reason. Estimates: compile time per row grows with the layer count (the model is
 unrolled); run time is 15 steps at the step's model FLOPs over the H100's bfloat16 / float32 peak at 40 %
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.gpu import predict
+from deliverables.gpu import predict
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.config import ModelConfig

@@ -1,4 +1,4 @@
-"""The curriculum's questions answered: `python -m experiments.answers --out docs/answers.md`.
+"""The curriculum's questions answered: `python -m deliverables.answers --out docs/answers.md`.
 
 One section per question id, every number computed when the page is generated: from the library's
 analysis modules (`accounting`: parameters, FLOPs, memory, training days; `adamw`: adamwAccounting's
@@ -9,3 +9,7 @@ predicted from its compiled program meanwhile (`predicted`, labelled as predicti
 GPU or a corpus this machine lacks says so and gives the command that answers it. The command is
 `__main__`; this package exports nothing.
 """
+
+from jaxlm.core import platform
+
+platform.prepare()  # before its modules import JAX: CPU and a quiet start where a CUDA plugin has no GPU

@@ -3,7 +3,7 @@ FLOPs of one AdamW update term by term (the training time, (d), is accounting.ti
 
 from __future__ import annotations
 
-from experiments.answers.accounting import MEMORY, count, max_batch, model, si, table
+from deliverables.answers.accounting import MEMORY, count, max_batch, model, si, table
 from jaxlm.analysis import flops
 from jaxlm.core.config import ModelConfig
 

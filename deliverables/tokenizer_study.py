@@ -1,16 +1,16 @@
 """The CS336 tokenizer experiments, one measurement per call; the `tokenizer` plan runs them and
 `experiments.report` turns their `RUN_DIR/tokenizer.json` into its tables.
 
-    python -m experiments.tokenizer_study train RUN_DIR --fraction 0.5 [--vocab-size 10000]
-    python -m experiments.tokenizer_study compress RUN_DIR
-    python -m experiments.tokenizer_study throughput RUN_DIR [--repeats 5]
+    python -m deliverables.tokenizer_study train RUN_DIR --fraction 0.5 [--vocab-size 10000]
+    python -m deliverables.tokenizer_study compress RUN_DIR
+    python -m deliverables.tokenizer_study throughput RUN_DIR [--repeats 5]
 
 `train`: BPE training on the first FRACTION of the largest text in the data root (tiny Shakespeare and
 WikiText-2's test and valid splits, one document each), in one process: the time of each phase
 (pre-tokenisation by itself, then the whole training; merging is the difference), the distinct
-pre-tokens, the longest token, and cProfile's five most expensive functions in a second, profiled training. The runner records the
-child's peak memory. `compress`: bytes per token of BPEs trained on WikiText-2's test split and of
-GPT-2's vocabulary, on TinyStories and WikiText text, and the token file's size as uint16 and uint32.
+pre-tokens, the longest token, and cProfile's five most expensive functions in a second, profiled training.
+The runner records the child's peak memory. `compress`: bytes per token of BPEs trained on WikiText-2's test
+split and of GPT-2's vocabulary, on TinyStories and WikiText text, and the token file's size as uint16 and uint32.
 `throughput`: encoding speed (bytes/s, one process) of those tokenizers on WikiText-2's valid split.
 """
 
@@ -109,7 +109,7 @@ def throughput(run_dir: Path, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.tokenizer_study", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="python -m deliverables.tokenizer_study", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["train", "compress", "throughput"])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--fraction", type=cli.bounded(float, 0.0, 1.0, open_low=True), default=1.0)

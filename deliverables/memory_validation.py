@@ -1,10 +1,10 @@
 """The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps: the
 tables of docs/memory.md and the fit of the estimator's GPU coefficients.
 
-    python -m experiments.memory_validation --target h100-80gb --out docs/memory.md \
+    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md \
         --cache docs/results/compiled/h100-80gb.json           # vs XLA's GPU compiler, on any machine
-    python -m experiments.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
-    python -m experiments.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
+    python -m deliverables.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
+    python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
 
 With --target each row compiles training's own step (jaxlm.training.compiled) for the target and compares
 the estimate with the compiled total per GPU (argument + output + temp - alias). The compiled figures are
@@ -28,7 +28,7 @@ from jaxlm.nn.loss import chunk_tokens
 from jaxlm.training import compiled as gpu
 from jaxlm.training.compile_cache import CompileCache, job_config
 
-# Models the rows name beside the presets: the RTX 5090 study's (experiments/compiled_memory.py), 4 layers,
+# Models the rows name beside the presets: the RTX 5090 study's (deliverables/compiled_memory.py), 4 layers,
 # d_model 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
 MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
                       "model.vocab_size=50257", "model.tie_embeddings=true"]}
@@ -73,7 +73,7 @@ def row_config(preset: str, dtype: str, remat: str, attention: str, context: int
 def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
                    loss_chunk: int | None = None) -> dict:
     """The compile job of a row: a preset, or one of MODELS (its keys after the row's, as in
-    experiments/compiled_memory.py, so both share the stored figures)."""
+    deliverables/compiled_memory.py, so both share the stored figures)."""
     extra = [*MODELS.get(preset, []), *([f"compute.loss_chunk={loss_chunk}"] if loss_chunk is not None else [])]
     return {"preset": None if preset in MODELS else preset,
             "set": [f"model.context_length={context}", f"data.batch_size={batch}", f'compute.dtype="{dtype}"',
@@ -222,7 +222,7 @@ def cpu_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.memory_validation", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(prog="python -m deliverables.memory_validation", formatter_class=cli.HelpFormatter,
                            description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
                                        "float32 train step on this machine's backend, row by row; with --target, "
                                        "with the GPU compiler's plan of each step.")

@@ -1,10 +1,10 @@
 """The part-2 questions that need a GPU: memory_profiling, nsys_profile, mixed precision.
 
 Each answer uses what the records hold: the 2.7B model's memory compiled for an H100 by `python -m
-experiments.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
-(ROOT/gpu/results.json, `python -m experiments.gpu`). Where the campaign is absent it says why the question
+deliverables.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
+(ROOT/gpu/results.json, `python -m deliverables.gpu`). Where the campaign is absent it says why the question
 needs a GPU, gives the exact command, and answers with the predicted H100 figures meanwhile
-(experiments.answers.predicted). The float16 accumulation is computed here (numpy).
+(deliverables.answers.predicted). The float16 accumulation is computed here (numpy).
 """
 
 from __future__ import annotations
@@ -14,22 +14,22 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.answers.accounting import model, si, table
-from experiments.answers.predicted import mixed_precision_lines, nsys_lines
+from deliverables.answers.accounting import model, si, table
+from deliverables.answers.predicted import mixed_precision_lines, nsys_lines
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
 
 MODEL, BATCH, CONTEXTS, TARGET = "2.7B", 4, (128, 256, 512), "h100-80gb"
-SECTION = "2.7B"  # experiments.compiled_memory's section: forward and train step, float32 and bfloat16, batch 4
-MEMORY_COMMAND = f"python -m experiments.compiled_memory --target {TARGET} --only {SECTION}"
+SECTION = "2.7B"  # deliverables.compiled_memory's section: forward and train step, float32 and bfloat16, batch 4
+MEMORY_COMMAND = f"python -m deliverables.compiled_memory --target {TARGET} --only {SECTION}"
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
 
 
 def compiled_rows(root: Path) -> dict[tuple, dict]:
-    """(mode, dtype, context) -> the MODEL step compiled for TARGET, from experiments.compiled_memory's cache of
+    """(mode, dtype, context) -> the MODEL step compiled for TARGET, from deliverables.compiled_memory's cache of
     compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
-    from experiments.compiled_memory import cached
+    from deliverables.compiled_memory import cached
     from jaxlm.training.compiled import parse_target
 
     label = parse_target(TARGET).label
@@ -114,13 +114,13 @@ def nsys_section(root: Path) -> list[str]:
            "The questions ask for CUDA kernels and their times: only a GPU runs kernels (XLA:CPU runs its own fused "
            "loops, whose times say nothing about cuBLAS, cuDNN or the GPU's memory bandwidth). jaxlm answers them "
            "from a JAX profiler trace (the same CUPTI kernel records Nsight Systems shows) in the GPU campaign "
-           "(docs/gpu.md), `python -m experiments.gpu`, whose steps answer:", ""]
+           "(docs/gpu.md), `python -m deliverables.gpu`, whose steps answer:", ""]
     out += table(["question", "asks", "campaign step"], [list(q) for q in NSYS])
     if not isinstance(prof, dict) or "forward" not in prof:
         return out + ["**Pending**: no GPU campaign results under "
-                      f"`{root}/gpu/` yet. On one NVIDIA GPU: `python -m experiments.gpu --only profile bench_bf16` "
+                      f"`{root}/gpu/` yet. On one NVIDIA GPU: `python -m deliverables.gpu --only profile bench_bf16` "
                       "(about a minute of the 9-minute campaign; "
-                      "`nsys profile python -m experiments.gpu --only profile` "
+                      "`nsys profile python -m deliverables.gpu --only profile` "
                       "gives the same kernels in Nsight Systems' own timeline). Until then:", ""] + nsys_lines(root)
     out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, "
             f"batch {prof.get('batch')}, {prof.get('dtype')}):", ""]
@@ -165,6 +165,6 @@ def mixed_precision_section(root: Path) -> list[str]:
             "(c) " + ("The campaign's bench tables in both dtypes are in its report ([results/gpu/report.md]"
                       "(results/gpu/report.md)), sections bench_bf16 and bench_f32." if bench else
                       "**Pending**: bfloat16 against float32 timings are GPU figures (XLA:CPU computes bfloat16 "
-                      "through float32); `python -m experiments.gpu --only bench_bf16 bench_f32` measures the size "
+                      "through float32); `python -m deliverables.gpu --only bench_bf16 bench_f32` measures the size "
                       "table in both."),
             ""] + ([] if bench else mixed_precision_lines(root))

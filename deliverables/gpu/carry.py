@@ -1,11 +1,11 @@
 """What the lent GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
 
-    python -m experiments.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
-    python -m experiments.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
+    python -m deliverables.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
+    python -m deliverables.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
 
 The lent machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
 those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
-`pip install --no-index --no-deps --target` (`install`, called by experiments.gpu.lent). One version of each:
+`pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.lent). One version of each:
 two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
 This module uses the standard library and `packaging` only: it runs before jaxlm's dependencies are installed.
 """
@@ -148,7 +148,7 @@ def file_problems(wheels: list[Wheel], folder: Path = FOLDER) -> list[str]:
     for w in wheels:
         path = folder / w.file
         if not path.is_file():
-            problems.append(f"{path}: missing (python -m experiments.gpu.carry download)")
+            problems.append(f"{path}: missing (python -m deliverables.gpu.carry download)")
         elif path.stat().st_size != w.size or sha256(path) != w.sha256:
             problems.append(f"{path}: not the file wheels.txt lists (size or sha256 differs)")
         elif {normalise(r) for r in w.requires} != set(wheel_requires(path)):
@@ -216,6 +216,9 @@ def install(folder: Path, site: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if argv not in (["download"], ["check"]):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Every GPU campaign step's Markdown section (the steps: experiments/gpu/steps.py, profile.py)."""
+"""Every GPU campaign step's Markdown section (the steps: deliverables/gpu/steps.py, profile.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _attention(res: dict) -> str:
     return ("bfloat16 inputs, compared by ||out - ref|| / ||ref|| with the float32 xla attention on the same "
             f"inputs; {res.get('tokens_per_call', '?')} tokens per call (batch = tokens / context), "
             f"{res.get('heads', '?')} heads of {res.get('head_dim', '?')}. Predicted: the roofline of the compiled "
-            "call (experiments/gpu/predict.py), not measured.\n\n"
+            "call (deliverables/gpu/predict.py), not measured.\n\n"
             + _table(["context", "window", "batch", "kernel", "out rel. err", "grad rel. err", "forward ms",
                       "predicted", "fwd+bwd ms", "predicted", "status"], rows))
 
@@ -102,7 +102,7 @@ def _shakespeare(res: dict) -> str:
 
 
 def checks_section(checks: dict, preflight: dict | None) -> str:
-    """The lent run's correctness smoke (experiments/gpu/check.py) and the versions it ran with."""
+    """The lent run's correctness smoke (deliverables/gpu/check.py) and the versions it ran with."""
     tol = checks["tolerances"]
     rows = []
     for r in checks["rows"]:

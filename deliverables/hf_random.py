@@ -2,7 +2,7 @@
 downloaded), with GPT-2's tokenizer as its tokenizer.json: what docs/hf.md runs without network in place of
 SmolLM2-135M. Needs transformers (the test extra) and GPT-2's vocabulary (`python -m jaxlm.data download cs336`).
 
-    python -m experiments.hf_random --out runs/hf/smollm2-random [--layers 30] [--seed 0]
+    python -m deliverables.hf_random --out runs/hf/smollm2-random [--layers 30] [--seed 0]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def build(out: Path, layers: int, seed: int) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.hf_random", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m deliverables.hf_random", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the checkpoint directory to write")
     ap.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"], help="fewer for a smoke test")
     ap.add_argument("--seed", type=int, default=0)

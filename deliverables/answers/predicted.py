@@ -2,7 +2,7 @@
 
 benchmarking_script (b), the forward/backward and feed-forward/attention split, nsys_profile (a)-(e) and
 the mixed-precision timings, from the steps compiled for an H100 on this machine and priced kernel by kernel
-(`python -m experiments.compiled_time`, kept in ROOT/compiled/h100-80gb.json with their kernel tables):
+(`python -m deliverables.compiled_time`, kept in ROOT/compiled/h100-80gb.json with their kernel tables):
 every figure is labelled a prediction. Measured GPU figures (the GPU campaign's ROOT/gpu/results.json)
 stand beside them, and in the answer's place, where they exist.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.answers.accounting import model, table
-from experiments.compiled_time import SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
+from deliverables.answers.accounting import model, table
+from deliverables.compiled_time import SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
 from jaxlm.analysis.flops import forward_flops
 
 TARGET = "h100-80gb"
-COMMAND = f"python -m experiments.compiled_time --target {TARGET} --only sizes mixed-precision"
+COMMAND = f"python -m deliverables.compiled_time --target {TARGET} --only sizes mixed-precision"
 ATTENTION = ("attention projections", "attention matmuls", "attention softmax and mask", "attention (cuDNN, fused)")
 SOFTMAX_FLOPS = 5  # per attention score: the max, subtract, exp, sum and divide of a softmax
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import unicodedata
 from pathlib import Path
 
-from experiments.answers.accounting import table
+from deliverables.answers.accounting import table
 
 SAMPLES = ("hello! こんにちは!", "The café served crème brûlée.", "Once upon a time, there was a little dog.")
 PLAN, SECTION = "tokenizer", "Tokenizer experiments"  # experiments/plans/tokenizer.toml and its report's section
@@ -28,9 +28,10 @@ def unicode1() -> list[str]:
     c = chr(0)
     text = "this is a test" + c + "string"
     return ["### unicode1", "",
-            f"(a) `chr(0)` is U+{ord(c):04X}, the NULL control character (Unicode category {unicodedata.category(c)}).", "",
-            f"(b) Its `__repr__()` is `{c!r}`, an escape sequence of {len(repr(c))} visible characters; printing it writes "
-            f"the one character itself ({c.encode()!r} in UTF-8), which a terminal shows as nothing.", "",
+            f"(a) `chr(0)` is U+{ord(c):04X}, the NULL control character "
+            f"(Unicode category {unicodedata.category(c)}).", "",
+            f"(b) Its `__repr__()` is `{c!r}`, an escape sequence of {len(repr(c))} visible characters; printing it "
+            f"writes the one character itself ({c.encode()!r} in UTF-8), which a terminal shows as nothing.", "",
             f"(c) In text it is an ordinary character: `{text!r}` has {len(text)} characters, {len(text) - 1} of them "
             "visible; the repr shows it as `\\x00`, while `print` shows `this is a teststring`, the NUL invisible "
             "between the two words. It does not end the string as it would in C.", ""]
@@ -40,7 +41,8 @@ def encoding_rows() -> list[list[str]]:
     rows = []
     for s in SAMPLES:
         enc = {e: s.encode(e) for e in ("utf-8", "utf-16-le", "utf-32-le")}
-        rows.append([f"`{s}`", str(len(s)), *(f"{len(b)} ({100 * b.count(0) / len(b):.0f}% zero)" for b in enc.values())])
+        zeros = (f"{len(b)} ({100 * b.count(0) / len(b):.0f}% zero)" for b in enc.values())
+        rows.append([f"`{s}`", str(len(s)), *zeros])
     return rows
 
 
@@ -95,14 +97,16 @@ def tokenizer_sections(root: Path) -> list[str]:
         return lines[next((i for i, ln in enumerate(lines) if ln.strip()), 0):]
 
     return (["### train_bpe_tinystories", "",
-             f"From the `{PLAN}` plan ({link}). TinyStories and OpenWebText are not on this machine, so the plan trains "
-             "the same trainer on the largest text here at four sizes, times each phase, profiles it, and extrapolates "
-             "to TinyStories (a) by the fits it states; (b), where the time goes, is the merge/pre-tokenise split and "
-             "the profile below. The longest tokens (last column) are whole words with the leading space the GPT-2 "
-             "pre-tokeniser keeps: long words frequent in the training text, as expected.", ""] + take("BPE training")
-            + ["### tokenizer_experiments", "", f"From the same plan ({link}). (a), (b) compression, our BPEs (trained on "
-               "WikiText-2) against GPT-2's on in-domain and out-of-domain text:", ""] + take("Bytes per token")
-            + ["(c) Throughput, and the Pile:", ""] + take("Encoding throughput") + ["(d) uint16:", ""] + take("Why uint16"))
+             f"From the `{PLAN}` plan ({link}). TinyStories and OpenWebText are not on this machine, so the plan "
+             "trains the same trainer on the largest text here at four sizes, times each phase, profiles it, and "
+             "extrapolates to TinyStories (a) by the fits it states; (b), where the time goes, is the "
+             "merge/pre-tokenise split and the profile below. The longest tokens (last column) are whole words with "
+             "the leading space the GPT-2 pre-tokeniser keeps: long words frequent in the training text, as "
+             "expected.", ""] + take("BPE training")
+            + ["### tokenizer_experiments", "", f"From the same plan ({link}). (a), (b) compression, our BPEs "
+               "(trained on WikiText-2) against GPT-2's on in-domain and out-of-domain text:", ""]
+            + take("Bytes per token") + ["(c) Throughput, and the Pile:", ""] + take("Encoding throughput")
+            + ["(d) uint16:", ""] + take("Why uint16"))
 
 
 def text_sections(root: Path) -> list[str]:

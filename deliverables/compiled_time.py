@@ -1,14 +1,14 @@
 """The curriculum's GPU time questions answered from XLA's GPU program, on any machine (docs/results/compiled/).
 
-    python -m experiments.compiled_time --target h100-80gb        # every section, stored compiles reused
-    python -m experiments.compiled_time --only techniques-small rtx5090
+    python -m deliverables.compiled_time --target h100-80gb        # every section, stored compiles reused
+    python -m deliverables.compiled_time --only techniques-small rtx5090
 
-Each step is compiled for the target as experiments.compiled_memory compiles it (the step `python -m
+Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
 jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
 (jaxlm.training.compiled.prediction: a roofline over every kernel at the device table's achieved rates):
-predicted, not measured. The figures share the compiled store with experiments.compiled_memory
+predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
 (docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
-`python -m experiments.answers` reads the sizes and their kernel tables from the store.
+`python -m deliverables.answers` reads the sizes and their kernel tables from the store.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.compiled_memory import GIB, OUT_DIR, RTX5090, Section, figures, job
+from deliverables.compiled_memory import GIB, OUT_DIR, RTX5090, Section, cached, job, markdown_table, write_page
 from jaxlm import cli
 from jaxlm.training import compiled as gpu
-from jaxlm.training.compile_cache import CompileCache
 
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
 SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
@@ -57,13 +56,17 @@ def sections() -> list[Section]:
 
 def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
     """label -> the stored figures (with a prediction) of a section's rows; none compiled here."""
-    path = Path(out_dir) / f"{target_name}.json"
-    if not path.is_file():
-        return {}
-    target, store = gpu.parse_target(target_name), CompileCache(path)
-    rows = next(s for s in sections() if s.name == section).rows
-    out = {label: store.stored[store.key(j, target)] for label, j in rows if store.has(j, target)}
-    return {label: r for label, r in out.items() if r.get("predicted_step_ms")}
+    rows = cached(section, target_name, out_dir, sections)
+    return {label: r for label, r in rows.items() if r.get("predicted_step_ms")}
+
+
+def intro(target: gpu.Target) -> list[str]:
+    return [f"# GPU time, predicted from the program compiled for {target.description}", "",
+             f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
+             "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
+             "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
+             "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
+             f"`python -m deliverables.compiled_time --target {target.name}`."]
 
 
 def shares(row: dict) -> dict[str, float]:
@@ -71,52 +74,21 @@ def shares(row: dict) -> dict[str, float]:
     return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
 
 
-def table(rows: list[dict]) -> str:
+def table(section: Section, rows: list[dict]) -> str:
     head = ("| setting | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
             + " | compiled GiB |")
-    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['setting']} | {r['error']} |")
-            continue
+
+    def cells(r: dict) -> list[str]:
         s = shares(r)
-        cells = [r["setting"], f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
-                 f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES),
-                 f"{r['total_bytes'] / GIB:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        return [r["setting"], f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
+                f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES),
+                f"{r['total_bytes'] / GIB:.2f}"]
 
-
-def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
-    parts = [f"# GPU time, predicted from the program compiled for {target.description}", "",
-             f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
-             "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
-             "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
-             f"`python -m experiments.compiled_time --target {target.name}`."]
-    for s, rows in done:
-        parts += ["", f"## {s.title}", "", s.text, "", table(rows)]
-    return "\n".join(parts) + "\n"
+    return markdown_table(head, rows, cells)
 
 
 def main(argv: list[str]) -> int:
-    names = [s.name for s in sections()]
-    p = cli.ArgumentParser(prog="python -m experiments.compiled_time", description=__doc__,
-                           formatter_class=cli.HelpFormatter)
-    p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
-    p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
-    p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-time.md)")
-    p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")
-    args = p.parse_args(argv)
-    target = gpu.parse_target(args.target)
-    gpu.require_compiler()
-    store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only, predicted=True))
-            for s in sections()]
-    out = args.out or OUT_DIR / f"{target.name}-time.md"
-    out.write_text(page(target, done))
-    print(f"wrote {out}")
-    return 0
+    return write_page(argv, __spec__.name, __doc__, sections, intro, table, predicted=True)
 
 
 if __name__ == "__main__":

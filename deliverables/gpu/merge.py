@@ -1,6 +1,6 @@
 """Take what a lent GPU run brought back into the committed GPU report (docs/gpu.md).
 
-    python -m experiments.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the lent run's $OUT
+    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the lent run's $OUT
 
 DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
 jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
@@ -16,11 +16,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from experiments.gpu import campaign
+from deliverables.gpu import campaign
 from jaxlm import cli
 from jaxlm.core.errors import DataError, UsageError
 
-PROG = "python -m experiments.gpu.merge"
+PROG = "python -m deliverables.gpu.merge"
 PROFILE_FILES = ("profile_train_step.trace.json.gz", "profile_train_step.hlo.txt.gz")
 
 

@@ -6,7 +6,7 @@ time, the share of matmul kernels in a forward pass against a train step, and so
 inside attention. Kernels are the device's stream events on a GPU; on a CPU, XLA's op events on its
 executor threads. A kernel counts as a matmul when its name says so (gemm, cuBLAS, CUTLASS, xmma, nvjet,
 dot; on CPU the YNNPACK fusions XLA uses for dots). Each traced step's own program is also priced by the
-roofline (experiments.gpu.predict): per kernel group, predicted against measured milliseconds.
+roofline (deliverables.gpu.predict): per kernel group, predicted against measured milliseconds.
 
 On a GPU, XLA runs runs of kernels as CUDA graphs (command buffers), and a trace then names the graph instead of
 the instruction for each kernel inside one; the steps traced here are compiled with command buffers off
@@ -21,9 +21,9 @@ import json
 import re
 from pathlib import Path
 
-from experiments.gpu import predict
-from experiments.gpu.predict import Event
-from experiments.gpu.steps import TINY, Context, attention_fns
+from deliverables.gpu import predict
+from deliverables.gpu.predict import Event
+from deliverables.gpu.steps import TINY, Context, attention_fns
 
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10

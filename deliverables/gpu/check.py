@@ -37,7 +37,7 @@ def attention(gpu: bool, device: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from experiments.gpu.steps import attention_fns, rel_error
+    from deliverables.gpu.steps import attention_fns, rel_error
 
     rows = []
     for window in (None, ATTENTION_WINDOW):

@@ -1,23 +1,23 @@
 """The GPU campaign on the lent GPU machine as it is: one command (docs/gpu.md).
 
-    python3 -m experiments.gpu.lent              # there: install, check, measure, within --budget seconds
-    python3 -m experiments.gpu.lent --dry-run    # the plan and its estimated seconds (any machine)
-    python3 -m experiments.gpu.lent --smoke      # all of it at tiny sizes, any machine (runs/gpu_lent_smoke/)
+    python3 -m deliverables.gpu.lent              # there: install, check, measure, within --budget seconds
+    python3 -m deliverables.gpu.lent --dry-run    # the plan and its estimated seconds (any machine)
+    python3 -m deliverables.gpu.lent --smoke      # all of it at tiny sizes, any machine (runs/gpu_lent_smoke/)
 
 In order, within --budget (default 480 s, eight minutes of the machine's ten-minute call):
-1. install: the wheels of experiments/gpu/wheels.txt from .whl/ into a folder put first on the import path (pip,
-   no index, no dependencies), jaxlm from this tree (experiments.gpu.carry); with --smoke under another Python than
+1. install: the wheels of deliverables/gpu/wheels.txt from .whl/ into a folder put first on the import path (pip,
+   no index, no dependencies), jaxlm from this tree (deliverables.gpu.carry); with --smoke under another Python than
    the lent machine's 3.12, a dry run of that install for its Python and platform, the packages coming from this
    environment;
 2. preflight: Python, JAX, its CUDA plugin and the libraries' versions against pyproject.toml, every import jaxlm
    needs (`import flax, jax` first), the GPU; a failure here stops the call in one line;
-3. checks: the correctness smoke (experiments/gpu/check.py: attention, bf16 training against float32 on the CPU,
+3. checks: the correctness smoke (deliverables/gpu/check.py: attention, bf16 training against float32 on the CPU,
    save / restore / generate), recorded pass or fail; the campaign runs either way;
-4. the campaign's steps (experiments/gpu/campaign.py) that fit the time left, most important first.
+4. the campaign's steps (deliverables/gpu/campaign.py) that fit the time left, most important first.
 Everything goes into one folder (--out, default runs/gpu_lent/): report.md, results.json, STEP.json, lent.json
 (phases, versions, checks) and scratch/ (traces, programs, checkpoints, the compilation cache). With $OUT set (the
 device tool's result folder) the summary files (OUT_FILES, the profiled train step's trace and program) are copied
-there after every phase; `python -m experiments.gpu.merge DIR` then takes them into docs/results/gpu/.
+there after every phase; `python -m deliverables.gpu.merge DIR` then takes them into docs/results/gpu/.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from pathlib import Path
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any backend starts: per-step peaks
 
-from experiments.gpu import carry  # noqa: E402
+from deliverables.gpu import carry  # noqa: E402
 from jaxlm import cli  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
-PROG = "python3 -m experiments.gpu.lent"
+PROG = "python3 -m deliverables.gpu.lent"
 OUT, SMOKE_OUT = Path("runs/gpu_lent"), Path("runs/gpu_lent_smoke")
 BUDGET_S = 480.0
 # Phases before the campaign, with their estimated seconds on the lent machine.
@@ -55,7 +55,7 @@ VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12
             "optax", "orbax-checkpoint", "numpy", "scipy", "grain", "qwix", "tomli-w", "tiktoken", "tensorboard")
 # `import flax, jax` first (flax 0.12.9 fails with jax >= 0.11.2), then everything jaxlm and the campaign import.
 IMPORTS = ("jax", "flax", "optax", "orbax.checkpoint", "grain", "qwix", "tomli_w", "tiktoken", "tensorboard",
-           "jaxlm.training.loop", "jaxlm.nn.quant", "jaxlm.bench.measure", "experiments.gpu.campaign")
+           "jaxlm.training.loop", "jaxlm.nn.quant", "jaxlm.bench.measure", "deliverables.gpu.campaign")
 
 
 def campaign_budget(budget: float) -> float:
@@ -70,7 +70,7 @@ def install(args) -> dict:
         missing = [w.requirement for w in wheels if _version(w.name) is None]
         if missing:
             return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
-                             "python -m experiments.gpu.carry download where pip reaches PyPI, and carry .whl"}
+                             "python -m deliverables.gpu.carry download where pip reaches PyPI, and carry .whl"}
         return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
     if args.smoke and sys.version_info[:2] != carry.PYTHON:  # wheels this interpreter cannot take
         t0 = time.monotonic()
@@ -159,7 +159,7 @@ def copy_out(out: Path) -> list[str]:
 
 
 def format_plan(budget: float, only: list[str] | None, smoke: bool) -> str:
-    from experiments.gpu import campaign
+    from deliverables.gpu import campaign
 
     rows = campaign.plan(campaign.steps(), campaign_budget(budget), only, smoke, startup=0.0)
     return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "lent.json and the copies to $OUT"),))
@@ -189,7 +189,7 @@ def use_gpu() -> None:
 
 
 def run(args, out: Path) -> int:
-    from experiments.gpu import campaign
+    from deliverables.gpu import campaign
 
     t0 = time.monotonic()
     deadline = t0 + args.budget - FINISH_S
@@ -208,7 +208,7 @@ def run(args, out: Path) -> int:
         _write(record, out)
         raise UsageError(f"{PROG}: {stop} (details: {out / 'lent.json'})")
     gpu = found["devices"]["platform"] == "gpu"
-    from experiments.gpu.check import run_checks
+    from deliverables.gpu.check import run_checks
 
     scratch = out / "scratch"
     record["checks"] = _phase(record, "checks", out, lambda: run_checks(scratch, gpu, found["devices"]["kind"]))
@@ -245,13 +245,13 @@ def summary(record: dict, out: Path) -> str:
 
 def output_dir(args) -> Path:
     """runs/gpu_lent/ (runs/gpu_lent_smoke/ with --smoke) unless --out says; never the committed report, which
-    `python -m experiments.gpu.merge` fills from what the machine brought back."""
-    from experiments.gpu.campaign import DEFAULT_OUT, REPO
+    `python -m deliverables.gpu.merge` fills from what the machine brought back."""
+    from deliverables.gpu.campaign import DEFAULT_OUT, REPO
 
     out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
     report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
     cli.check_option(not report, "--out", args.out, f"the lent run writes its own folder, not {DEFAULT_OUT}/ "
-                     "(python -m experiments.gpu.merge takes its results there)")
+                     "(python -m deliverables.gpu.merge takes its results there)")
     return out
 
 
@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
                         help="where the carried wheels are installed")
     args = parser.parse_args(argv)
     args.argv = argv
-    from experiments.gpu.campaign import check_only
+    from deliverables.gpu.campaign import check_only
 
     check_only(args.only)
     if args.dry_run:

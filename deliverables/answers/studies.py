@@ -6,7 +6,7 @@ import re
 import statistics
 from pathlib import Path
 
-from experiments.answers.accounting import table
+from deliverables.answers.accounting import table
 from experiments.results import load_results
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
@@ -26,7 +26,8 @@ def lr_settings(root: Path) -> dict[float, list[dict]]:
 
 
 def mean_loss(runs: list[dict]) -> tuple[float, float] | None:
-    losses = [r["metrics"]["eval_loss"] for r in runs if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
+    losses = [r["metrics"]["eval_loss"] for r in runs
+              if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
     if not losses:
         return None
     return statistics.mean(losses), statistics.stdev(losses) if len(losses) > 1 else 0.0
@@ -76,7 +77,8 @@ def learning_rate_section(root: Path) -> list[str]:
 
 
 def run_page_facts(page: Path) -> dict | None:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m experiments.report RUN`)."""
+    """The sample, its decoding settings and the model's facts from a run's page
+    (`python -m experiments.report RUN`)."""
     if not page.is_file():
         return None
     text = page.read_text()
@@ -86,7 +88,8 @@ def run_page_facts(page: Path) -> dict | None:
         return None
     return {"decoding": sample.group(1).strip(), "sample": sample.group(2), "measures": sample.group(3).strip(),
             "model": row("model"), "data": row("data"),
-            "params": (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1], "steps": row("steps"), "val_loss": row("final validation loss"),
+            "params": (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1],
+            "steps": row("steps"), "val_loss": row("final validation loss"),
             "title": text.splitlines()[0].lstrip("# ")}
 
 
@@ -94,8 +97,9 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m experiments.report RUN_DIR --out "
-                      f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
+        return out + [f"**Missing**: no run page with a sample at `{page}`; "
+                      f"`python -m experiments.report RUN_DIR --out {page.parent}` writes one (256 tokens from the "
+                      "run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
     return out + [
@@ -108,5 +112,6 @@ def generate_section(page: Path, link: str) -> list[str]:
         "(above 1) the next-token distribution, and top-p keeps only the smallest set of tokens holding p of the "
         "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
         "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
-        f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
-        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short stories.", ""]
+        f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and "
+        "Li, 2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
+        "stories.", ""]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.answers import predicted
-from experiments.answers.accounting import table
-from experiments.answers.gpu import campaign
+from deliverables.answers import predicted
+from deliverables.answers.accounting import table
+from deliverables.answers.gpu import campaign
 from experiments.results import load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
@@ -175,7 +175,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     else:
         out += ["**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a "
                 "GPU, not a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and "
-                "10 timed steps, context 512, batch 4, float32), then `python -m experiments.answers` reads its "
+                "10 timed steps, context 512, batch 4, float32), then `python -m deliverables.answers` reads its "
                 "records. Until then, the H100's times predicted from its compiled program:", ""]
     out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
     if not warm:

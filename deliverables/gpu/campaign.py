@@ -1,15 +1,15 @@
 """One command for a GPU: every GPU figure the curriculum asks for, inside one call of --budget seconds.
 
-    python -m experiments.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
-    python -m experiments.gpu                    # on a GPU only: writes docs/results/gpu/
-    python -m experiments.gpu --smoke [--out DIR]  # every step at a tiny size, any machine (default runs/gpu_smoke)
+    python -m deliverables.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
+    python -m deliverables.gpu                    # on a GPU only: writes docs/results/gpu/
+    python -m deliverables.gpu --smoke [--out DIR]  # every step at a tiny size, any machine (default runs/gpu_smoke)
 
 Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
 ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
 remaining `--budget` is deferred with that reason, or, when it stops between rows, run cut at the budget;
 `--only NAME` runs chosen steps (e.g. the deferred ones in a second call, whose results join the first's in the
 same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench), beside the roofline's
-prediction for the same program (experiments/gpu/predict.py); memory: the device's peak from its memory stats,
+prediction for the same program (deliverables/gpu/predict.py); memory: the device's peak from its memory stats,
 next to jaxlm.memory's estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into
 docs/results/gpu/: its tiny-model figures are no GPU results.
 """
@@ -29,7 +29,7 @@ from jaxlm import cli  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
-PROG = "python -m experiments.gpu"
+PROG = "python -m deliverables.gpu"
 DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on a GPU only
 SMOKE_OUT = Path("runs/gpu_smoke")
 REPO = Path(__file__).resolve().parents[2]
@@ -40,8 +40,8 @@ STEP_SLACK = 1.5  # a step that fits stops between rows once it has run this man
 
 def steps():
     """The steps, most important first (imported on use: they load JAX)."""
-    from experiments.gpu.profile import estimate_profile, run_profile
-    from experiments.gpu.steps import (
+    from deliverables.gpu.profile import estimate_profile, run_profile
+    from deliverables.gpu.steps import (
         TARGET_VAL_LOSS,
         Step,
         estimate_attention,
@@ -117,7 +117,7 @@ def format_plan(rows, budget: float, before: tuple = (("startup", STARTUP_S, "pr
 
 def write_report(out: Path, results: dict, rows, meta: dict, notes: dict | None = None) -> None:
     """report.md: every step's section, or the reason it has none; results.json: everything."""
-    from experiments.gpu.sections import checks_section, section
+    from deliverables.gpu.sections import checks_section, section
 
     parts = ["# GPU campaign", "", f"Command: `{meta['command']}`. Device: {meta['device']}; "
              f"jax {meta['jax']}. Step times: mean +- std over {meta['steps']} steps after {meta['warmup']} "
@@ -156,8 +156,8 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks)."""
     import jax
 
-    from experiments.gpu.predict import enable_cache
-    from experiments.gpu.steps import Context
+    from deliverables.gpu.predict import enable_cache
+    from deliverables.gpu.steps import Context
 
     out.mkdir(parents=True, exist_ok=True)
     deadline = deadline if deadline is not None else time.monotonic() + args.budget - startup

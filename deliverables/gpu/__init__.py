@@ -1,5 +1,5 @@
-"""The GPU campaign, `python -m experiments.gpu`: every GPU figure the curriculum asks for in one call, each timed
-one beside the roofline's prediction; `python3 -m experiments.gpu.lent` runs it on the lent GPU machine as it is.
+"""The GPU campaign, `python -m deliverables.gpu`: every GPU figure the curriculum asks for in one call, each timed
+one beside the roofline's prediction; `python3 -m deliverables.gpu.lent` runs it on the lent GPU machine as it is.
 
 Modules: `campaign` (the plan under a time budget, the runner, the command), `steps` (the measuring steps and
 their H100 time estimates), `profile` (the profiler-trace step and its op-level summary), `predict` (the

@@ -1,13 +1,13 @@
 """The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine (docs/results/compiled/).
 
-    python -m experiments.compiled_memory --target h100-80gb            # every section, cached compiles reused
-    python -m experiments.compiled_memory --only rtx5090 techniques-small
+    python -m deliverables.compiled_memory --target h100-80gb            # every section, cached compiles reused
+    python -m deliverables.compiled_memory --only rtx5090 techniques-small
 
 Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
 of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
 target by jaxlm.training.compiled: the GPU compiler's plan, not a measurement. Compiled figures
 are kept in docs/results/compiled/TARGET.json (jaxlm.training.compile_cache, shared with
-`python -m experiments.memory_validation --target`), so the page regenerates without compiling
+`python -m deliverables.memory_validation --target`), so the page regenerates without compiling
 what is already there.
 """
 
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.memory_validation import validation_job
+from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
 from jaxlm.core.errors import UserError
@@ -142,25 +142,31 @@ def figures(section: Section, target: gpu.Target, store: CompileCache, compile: 
     return rows
 
 
-def cached(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
-    """label -> compiled figures of a section's rows already in OUT_DIR/TARGET.json (none compiled here)."""
+def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
+    """label -> compiled figures of a section's rows (one of `all_sections()`) already in OUT_DIR/TARGET.json (none
+    compiled here)."""
     path = Path(out_dir) / f"{target_name}.json"
     if not path.is_file():
         return {}
     target, store = gpu.parse_target(target_name), CompileCache(path)
-    rows = next(s for s in sections() if s.name == section).rows
+    rows = next(s for s in all_sections() if s.name == section).rows
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
+
+
+def markdown_table(head: str, rows: list[dict], cells) -> str:
+    """`head`, then a line of `cells(row)` per row (a row that failed says why)."""
+    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
+    lines += [f"| {r['setting']} | {r['error']} |" if "error" in r else "| " + " | ".join(cells(r)) + " |"
+              for r in rows]
+    return "\n".join(lines)
 
 
 def table(section: Section, rows: list[dict]) -> str:
     by_label = {r["setting"]: r for r in rows}
     head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"
-    extra = (" vs reference |" if section.reference else "") + (" largest batch |" if section.largest else "")
-    lines = [head + extra, "|---|" + "---:|" * (head.count("|") - 2 + extra.count("|"))]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['setting']} | {r['error']} |")
-            continue
+    head += (" vs reference |" if section.reference else "") + (" largest batch |" if section.largest else "")
+
+    def cells(r: dict) -> list[str]:
         cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
                  f"{r['argument_bytes'] / GIB:.2f}", str(r["matmuls"]), str(r["cudnn_attention_calls"])]
         if section.reference:
@@ -168,46 +174,53 @@ def table(section: Section, rows: list[dict]) -> str:
             ref = by_label.get(section.reference.format(b=batch, p=preset))
             cells.append(f"{100 * (r['total_bytes'] / ref['total_bytes'] - 1):+.0f}%" if ref and "error" not in ref
                          else "-")
-        if section.largest:
-            cells.append(str(r["largest_batch"]))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        return cells + ([str(r["largest_batch"])] if section.largest else [])
+
+    return markdown_table(head, rows, cells)
 
 
-def page(target: gpu.Target, done: list[tuple[Section, list[dict]]]) -> str:
+def intro(target: gpu.Target) -> list[str]:
     import jax
 
-    parts = [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
+    return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
              f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
              "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
              "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
              f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
              f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
              "Regenerate with "
-             f"`python -m experiments.compiled_memory --target {target.name}`; docs/memory.md says how these "
+             f"`python -m deliverables.compiled_memory --target {target.name}`; docs/memory.md says how these "
              "figures compare with the analytic estimate."]
-    for s, rows in done:
-        parts += ["", f"## {s.title}", "", s.text, "", table(s, rows)]
-    return "\n".join(parts) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    names = [s.name for s in sections()]
-    p = cli.ArgumentParser(prog="python -m experiments.compiled_memory", description=__doc__,
+def write_page(argv: list[str], module: str, doc: str, all_sections, intro, table, predicted: bool = False) -> int:
+    """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
+    `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
+    then each section's `table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
+    names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
+    p = cli.ArgumentParser(prog=f"python -m {module}", description=doc,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
-    p.add_argument("--out", type=Path, help="the page (default: docs/results/compiled/TARGET-memory.md)")
+    p.add_argument("--out", type=Path, help=f"the page (default: docs/results/compiled/TARGET-{name}.md)")
     p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")
     args = p.parse_args(argv)
     target = gpu.parse_target(args.target)
     gpu.require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only)) for s in sections()]
-    out = args.out or OUT_DIR / f"{target.name}-memory.md"
-    out.write_text(page(target, done))
+    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted))
+            for s in all_sections()]
+    parts = intro(target)
+    for s, rows in done:
+        parts += ["", f"## {s.title}", "", s.text, "", table(s, rows)]
+    out = args.out or OUT_DIR / f"{target.name}-{name}.md"
+    out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return write_page(argv, __spec__.name, __doc__, sections, intro, table)
 
 
 if __name__ == "__main__":
