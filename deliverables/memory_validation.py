@@ -158,7 +158,8 @@ def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
 def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
     """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
     temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
-    (gradients and weight copies)."""
+    (gradients and weight copies). The rows price the blocks' backward; the loss's backward (HEAD_BYTES) and
+    offload's from_host are not fitted."""
     import numpy as np
     from scipy.optimize import nnls  # scipy comes with jax
 
