@@ -41,12 +41,14 @@ _KERNELS = (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
 _DTYPES = ("float32", "bfloat16")
 _TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
 _SMALL = [("small", d, r, a, 1024, 8) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
-_CHUNKED = [  # the XLA attention kernel: the kernel's effect is measured by the rows above
+_CHUNKED = [  # the XLA attention kernel (the kernel's effect is measured by the rows above), but three
     *(("rtx5090", d, r, "xla", 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d in _DTYPES
       for b in (32, 64, 128)),
     *(("rtx5090", d, r, "xla", 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d in _DTYPES),
     *(("small", d, r, "xla", 1024, 8, c) for r, c in (("offload", None), ("offload", 1024), ("full", 1024),
                                                        ("none", 1024), ("dots_saveable", 1024)) for d in _DTYPES),
+    *(("rtx5090", "bfloat16", "offload", "cudnn", 256, 64, c) for c in (0, 1024)),  # offload's fused-kernel term
+    ("small", "bfloat16", "offload", "cudnn", 1024, 8, None),
 ]
 ROWS = (*((*row, None) for row in (
     *_TS,
