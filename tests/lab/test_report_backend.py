@@ -1,11 +1,10 @@
 """experiments.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
 
-import pytest
 
 from experiments.report import backend
-from jaxlm.core import platform
+from tests.train_helpers import needs
 
-needs_compiler = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs the gpu-compile extra")
+needs_compiler = needs("gpu-compile")
 
 ROW = dict(framework="jax", mode="train_step", attention="xla", context=64, batch=4, status="ok", device="cpu",
            memory_source="memory_analysis", run="bench")
@@ -34,7 +33,8 @@ def test_annotate_marks_technique_memory_sentences_on_cpu_only():
 
 def _runs(n_train: int = 3):
     run_b = {"name": "bench", "kind": "bench", "device": "cpu", "status": "ok",
-             "spec": {"set": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.vocab_size": 257}, "args": {}}}
+             "spec": {"set": {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4,
+                              "model.vocab_size": 257}, "args": {}}}
     config = {"model": {"d_model": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 257, "context_length": 64},
               "compute": {"dtype": "float32", "attention": "xla", "remat": "none"}, "data": {"batch_size": 16}}
     train = [{"name": f"train{i}", "kind": "train", "device": "cpu", "status": "ok", "max_rss_bytes": 6e8 + i * 2**20,
@@ -54,8 +54,10 @@ def test_gpu_table_groups_equal_steps_and_labels_every_figure(tmp_path):
     assert "**not a measurement**" in text and "not compiled here" in text and not (tmp_path / "h100.json").exists()
     lines = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(lines) == 3  # the bench step, the three training runs, the wide model
-    assert lines[0].startswith("| `bench` train_step float32 xla remat=none | 64 | 4 |") and "(compiled estimate)" in lines[0]
-    assert lines[1].startswith("| `train0`, `train1`, `train2` | 64 | 16 | 572 MiB to 574 MiB (peak host RSS) | - | - |")
+    assert lines[0].startswith("| `bench` train_step float32 xla remat=none | 64 | 4 |")
+    assert "(compiled estimate)" in lines[0]
+    trained = "| `train0`, `train1`, `train2` | 64 | 16 | 572 MiB to 574 MiB (peak host RSS) | - | - |"
+    assert lines[1].startswith(trained)
     model = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=64)
     est = memory.estimate(model, 16, 64, ComputeConfig(), "train_step").total
     assert f"| {backend.fmt(est, 'bytes')} |" in lines[1]
@@ -75,7 +77,8 @@ def test_gpu_table_compiles_each_step_once_for_the_h100(tmp_path):
     text = backend.gpu_table(runs[1:3], [], compile=True, cache=tmp_path / "h100.json")
     stored = list(json.loads((tmp_path / "h100.json").read_text()).values())
     assert len(stored) == 1
-    params = param_counts(ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=64))["total"]
+    model = ModelConfig(d_model=64, num_layers=2, num_heads=4, vocab_size=257, context_length=64)
+    params = param_counts(model)["total"]
     assert stored[0]["total_bytes"] >= 12 * params
     row = next(line for line in text.splitlines() if line.startswith("| `train0`"))
     assert f"| {backend.fmt(stored[0]['total_bytes'], 'bytes')} | yes |" in row and "not compiled here" not in text
