@@ -24,17 +24,33 @@ from jaxlm.analysis import memory
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core.config import load_config
 from jaxlm.core.files import write_between_markers
+from jaxlm.nn.loss import chunk_tokens
 from jaxlm.training import compiled as gpu
 from jaxlm.training.compile_cache import CompileCache, job_config
 
-# (preset, dtype, remat, attention, context, batch): the tinystories-17M model, small, medium and large
-# (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes.
-_TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in (("float32", "xla"), ("bfloat16", "xla"),
-                                                         ("bfloat16", "cudnn"))
-       for r in ("none", "full", "dots_saveable")]
-_SMALL = [("small", d, r, a, 1024, 8) for d, a in (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
-          for r in ("none", "full", "dots_saveable")]
-ROWS = (
+# Models the rows name beside the presets: the RTX 5090 study's (deliverables/compiled_memory.py), 4 layers,
+# d_model 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
+MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
+                      "model.vocab_size=50257", "model.tie_embeddings=true"]}
+
+# (model, dtype, remat, attention, context, batch, loss chunk): the tinystories-17M model, small, medium and large
+# (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes (loss chunk unset: 0
+# at these vocabularies); then every remat policy with the whole logits (0) and chunked (1024 tokens) at the RTX
+# 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small.
+_KERNELS = (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
+_DTYPES = ("float32", "bfloat16")
+_TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
+_SMALL = [("small", d, r, a, 1024, 8) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
+_CHUNKED = [  # the XLA attention kernel (the kernel's effect is measured by the rows above), but three
+    *(("rtx5090", d, r, "xla", 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d in _DTYPES
+      for b in (32, 64, 128)),
+    *(("rtx5090", d, r, "xla", 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d in _DTYPES),
+    *(("small", d, r, "xla", 1024, 8, c) for r, c in (("offload", None), ("offload", 1024), ("full", 1024),
+                                                       ("none", 1024), ("dots_saveable", 1024)) for d in _DTYPES),
+    *(("rtx5090", "bfloat16", "offload", "cudnn", 256, 64, c) for c in (0, 1024)),  # offload's fused-kernel term
+    ("small", "bfloat16", "offload", "cudnn", 1024, 8, None),
+]
+ROWS = (*((*row, None) for row in (
     *_TS,
     ("tinystories-17M", "bfloat16", "none", "xla", 512, 16), ("tinystories-17M", "bfloat16", "none", "cudnn", 512, 16),
     *_SMALL,
@@ -46,19 +62,24 @@ ROWS = (
     ("medium", "bfloat16", "none", "cudnn", 1024, 4), ("medium", "bfloat16", "full", "cudnn", 1024, 4),
     ("large", "float32", "none", "xla", 1024, 2), ("large", "bfloat16", "none", "xla", 1024, 2),
     ("large", "bfloat16", "full", "xla", 1024, 2), ("large", "bfloat16", "none", "cudnn", 1024, 2),
-)
-FIELDS = ("preset", "dtype", "remat", "attention", "context", "batch")
+)), *_CHUNKED)
+FIELDS = ("preset", "dtype", "remat", "attention", "context", "batch", "loss_chunk")
 GPU_MARKS = ("<!-- gpu validation table: begin -->", "<!-- gpu validation table: end -->")
 
 
-def row_config(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int):
-    return job_config(validation_job(preset, dtype, remat, attention, context, batch))
+def row_config(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
+               loss_chunk: int | None = None):
+    return job_config(validation_job(preset, dtype, remat, attention, context, batch, loss_chunk))
 
 
-def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int) -> dict:
-    return {"preset": preset, "set": [f"model.context_length={context}", f"data.batch_size={batch}",
-                                      f'compute.dtype="{dtype}"', f'compute.remat="{remat}"',
-                                      f'compute.attention="{attention}"'], "mode": "train_step"}
+def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
+                   loss_chunk: int | None = None) -> dict:
+    """The compile job of a row: a preset, or one of MODELS (its keys after the row's, as in
+    deliverables/compiled_memory.py, so both share the stored figures)."""
+    extra = [*MODELS.get(preset, []), *([f"compute.loss_chunk={loss_chunk}"] if loss_chunk is not None else [])]
+    return {"preset": None if preset in MODELS else preset,
+            "set": [f"model.context_length={context}", f"data.batch_size={batch}", f'compute.dtype="{dtype}"',
+                    f'compute.remat="{remat}"', f'compute.attention="{attention}"', *extra], "mode": "train_step"}
 
 
 def compiled_rows(target: gpu.Target, rows=ROWS, cache: Path | None = None, log=print) -> list[dict]:
@@ -74,6 +95,7 @@ def with_estimates(rows: list[dict]) -> list[dict]:
         cfg = row_config(*(r[f] for f in FIELDS))
         est = memory.estimate(cfg.model, r["batch"], r["context"], cfg.compute, "train_step")
         out.append({**r, "estimate_bytes": est.total, "estimate_state": est.state_total,
+                    "loss_chunk": chunk_tokens(cfg.compute, cfg.model.vocab_size),
                     "error": est.total / r["total_bytes"] - 1})
     return out
 
@@ -82,10 +104,10 @@ def table(rows: list[dict]) -> str:
     import jax
 
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
-    lines = rows_table(["model", "dtype", "remat", "attention", "context", "batch", "estimate GiB", "compiled GiB",
-                        "error", "compiled temp GiB", "matmuls", "cuDNN calls"], 4,
+    lines = rows_table(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
+                        "compiled GiB", "error", "compiled temp GiB", "matmuls", "cuDNN calls"], 4,
                        [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
-                         gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%",
+                         r["loss_chunk"], gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%",
                          gib(r["temp_bytes"]), r["matmuls"], r["cudnn_attention_calls"]] for r in rows])
     lines += ["", f"{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."]
     return "\n".join(lines)
@@ -138,7 +160,8 @@ def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
 def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
     """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
     temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
-    (gradients and weight copies)."""
+    (gradients and weight copies). The rows price the blocks' backward; the loss's backward (HEAD_BYTES) and
+    offload's from_host are not fitted."""
     import numpy as np
     from scipy.optimize import nnls  # scipy comes with jax
 

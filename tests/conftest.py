@@ -1,18 +1,28 @@
+"""Fixtures for every test folder. Imports nothing beyond the core install: torch's settings live in
+tests/parity/conftest.py, so the library's tests run on a bare `pip install -e .`."""
+
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-from jaxlm.core import platform
+# One persistent compilation cache per test session, set before JAX starts and inherited by the pytest-xdist
+# workers and by every command a test runs: the suite compiles the same tiny programs again and again (a tiny
+# training command spends most of its CPU time compiling). Compiled programs are keyed by their HLO, options and
+# JAX version, so a cached one is the program a fresh compile would give.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxlm-tests-xla-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+from jaxlm.core import platform  # noqa: E402
 
 platform.prepare()  # as every command does: CPU and a quiet JAX start where a CUDA plugin has no GPU
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from jaxlm.core.errors import DataError  # noqa: E402
 from jaxlm.data.corpora import corpus_files  # noqa: E402
-
-# The suite's tensors are tiny: torch's OpenMP pool only spins against the JAX
-# threads and the other pytest-xdist worker (a 1 s test took 70 s that way).
-torch.set_num_threads(1)
 
 
 def _corpus(name: str) -> Path:
@@ -32,3 +42,8 @@ def cs336() -> Path:
 @pytest.fixture(scope="session")
 def tinyshakespeare() -> Path:
     return _corpus("tinyshakespeare")
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:  # the process that made the cache (the controller under pytest-xdist) removes it
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Shared pieces of the training tests: a tiny config, a tiny token corpus, step runners.
+"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras.
 
 Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
 (several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
@@ -18,6 +18,31 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def needs(extra: str):
+    """A skip mark unless the pyproject extra `extra` is installed; the reason is its install command."""
+    import importlib.util
+
+    import pytest
+
+    from jaxlm.core import extras, platform
+
+    if extra == "gpu-compile":
+        from jaxlm.training.compiled import EXTRA
+
+        return pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {EXTRA}")
+    module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=extras.missing_message(module))
+
+
+def needs_compiler(test):
+    """For a test that compiles for a GPU target: skipped without XLA's GPU compiler, slow, and in one xdist
+    group per module (its module-scoped compiled programs are built once; the modules spread over the workers)."""
+    import pytest
+
+    group = pytest.mark.xdist_group("gpu_compile-" + test.__module__.rsplit(".", 1)[-1])
+    return needs("gpu-compile")(pytest.mark.slow(group(test)))
 
 
 def tiny_overrides(data_dir, out_dir, **extra) -> list[str]:

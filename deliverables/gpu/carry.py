@@ -217,7 +217,7 @@ def install(folder: Path, site: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
-        print(__doc__)
+        print(f"{__doc__}\nNeeds the core install (download: the network).")
         return 0
     if argv not in (["download"], ["check"]):
         print(__doc__.split("\n\n")[1], file=sys.stderr)

@@ -13,11 +13,14 @@ token; with a chunked loss, ``compute.loss_chunk``, one block's) and the embeddi
 side (D per token).
 
 Two calibrations, because two compilers keep different tensors:
-- "gpu" (the default): bytes per element of each kind, as XLA's GPU compiler plans
-  the real train step for an H100 (`GPU_BYTES`, fitted on compiled two-layer probes
-  by `python -m deliverables.memory_validation --target h100-80gb --calibrate` and validated
-  on the presets in docs/memory.md). Under remat full the peak is the last block's
-  backward: one layer's working set, the saved block inputs mostly freed by then.
+- "gpu" (the default): XLA's GPU compiler's plan of the real train step for an H100,
+  the larger of two moments. The blocks' backward: bytes per element of each kind
+  (`GPU_BYTES`, fitted on compiled two-layer probes by `python -m
+  deliverables.memory_validation --target h100-80gb --calibrate`; under remat full
+  one layer's working set, the saved block inputs mostly freed by then; under offload
+  also what comes back from the host, `from_host`). The loss's backward: what the
+  blocks keep and the logits with their float32 gradient (`HEAD_BYTES`, not fitted),
+  the peak under remat at a large vocabulary. Validated in docs/memory.md.
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
   calibrated on XLA:CPU's memory_analysis() at float32 without remat (faithful
   there only: XLA:CPU undoes remat and computes bfloat16 through float32).
@@ -57,6 +60,13 @@ GPU_BYTES: dict[tuple[str, str, bool], tuple[float, ...]] = {
     ("bfloat16", "dots_saveable", False): (0.0, 5.31, 5.15, 4.52, 27.28, 1.02),
     ("bfloat16", "dots_saveable", True): (9.6, 4.9, 0.0, 4.42, 15.98, 1.23),
 }
+
+# The logits' moment, not fitted: the head is outside every block's remat, so when the loss's backward runs
+# the blocks still hold what they keep for their own backward, and the head holds its logits (compute dtype,
+# kept for the backward) and their float32 gradient; a chunked loss (`compute.loss_chunk`) holds one block's
+# float32 logits and gradient at a time. Bytes per element of the logits that live at once.
+HEAD_BYTES = {"whole": lambda a: 4.0 + a, "chunked": lambda a: 8.0}
+
 
 # Share of device memory a step may plan for: JAX's GPU allocator (XLA's BFC pool) is capped at
 # XLA_PYTHON_CLIENT_MEM_FRACTION of the device's memory, 0.75 by default, with or without preallocation
@@ -169,7 +179,7 @@ def _remat_saved(per_layer: dict[str, float], cfg: ModelConfig, seq_len: int, a:
 
 def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list[float]:
     """The element counts GPU_BYTES multiplies: D (`d_wide`) and F per layer and token, N T^2 per layer and sequence,
-    V and D per token; one layer under remat full (or offload, whose saved tensors live on the host), where
+    V and D per token; one layer under remat full (and offload: its saved tensors go to the host), where
     the embedding side is one more D per token and falls in the first term."""
     tokens = batch * seq_len
     one = remat in ("full", "offload")
@@ -179,8 +189,21 @@ def gpu_features(cfg: ModelConfig, batch: int, seq_len: int, remat: str) -> list
             tokens * cfg.vocab_size, 0.0 if one else tokens * cfg.d_model]
 
 
+def head_tokens(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> int:
+    """Tokens whose logits live at once: all `batch` x `seq_len`, or one block's under a chunked loss (the same
+    positions of every row, the rows split over `devices`; `batch` is one device's part)."""
+    return batch * block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
+
+
+def head_bytes(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, devices: int = 1) -> float:
+    """The logits and their gradient at the logits' moment (HEAD_BYTES)."""
+    tokens = head_tokens(cfg, batch, seq_len, compute, devices)
+    kind = "whole" if tokens == batch * seq_len else "chunked"
+    return HEAD_BYTES[kind](DTYPE_BYTES[compute.dtype]) * tokens * cfg.vocab_size
+
+
 def _gpu_remat(compute: ComputeConfig) -> str:
-    """The GPU_BYTES row's remat policy: offload is priced as full (its saved tensors live on the host)."""
+    """The GPU_BYTES row's remat policy: offload is priced as full, plus what comes back from the host (`from_host`)."""
     return "full" if compute.remat_policy == "offload" else compute.remat_policy
 
 
@@ -191,18 +214,43 @@ def _gpu_coefficients(compute: ComputeConfig, fused: bool | None) -> tuple[float
     return GPU_BYTES.get((compute.dtype, remat, fused)) or GPU_BYTES[(compute.dtype, remat, False)]
 
 
+def from_host(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool) -> float:
+    """What remat offload has on the device again for the backward, not fitted: XLA brings the layers' offloaded
+    matmul outputs (q, k, v, the attention's output projection, the feed-forward's matmuls) back from the host
+    and recomputes their attention probabilities from them (no T x T tensor with a fused kernel) ahead of the
+    blocks' backward, in the compute dtype; every layer but the one being differentiated, whose tensors are in
+    the one-layer working set already."""
+    gated = 2 if cfg.ffn == "swiglu" else 1
+    width = _width("QKV", cfg, seq_len) + 2 * cfg.d_model + gated * cfg.d_ff
+    scores = 0.0 if fused else cfg.num_heads * seq_len
+    return DTYPE_BYTES[compute.dtype] * batch * seq_len * (cfg.num_layers - 1) * (width + scores)
+
+
 def _gpu_activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig, fused: bool,
-                     head_share: float = 1.0):
-    """GPU_BYTES times gpu_features; head_share: the part of the tokens whose logits live at once (chunked loss)."""
+                     devices: int) -> dict[str, float]:
+    """The larger of the step's two moments. The backward's: GPU_BYTES times gpu_features (fitted; its logits
+    term is their share still live then), and under offload what is back from the host (`from_host`). The
+    logits': what the blocks keep (under remat full or offload their inputs, the residual stream of every
+    layer, else the same fitted layer terms) and the logits with their gradient (`head_bytes`, not fitted)."""
     remat = _gpu_remat(compute)
     values = [n * c for n, c in zip(gpu_features(cfg, batch, seq_len, remat), _gpu_coefficients(compute, fused))]
-    values[3] *= head_share
+    head = head_tokens(cfg, batch, seq_len, compute, devices)
+    values[3] *= head / (batch * seq_len)
     if fused:
         values[2] = 0.0  # a fused kernel keeps no T x T tensor
     where = "one layer (remat)" if remat == "full" else "layers"
     names = (f"{where}: D-wide tensors", f"{where}: feed-forward hidden", f"{where}: attention scores",
              "logits / loss", "embedding side")
-    return dict(zip(names, values))
+    backward = dict(zip(names, values))
+    if compute.remat_policy == "offload":
+        backward["back from the host (offload)"] = from_host(cfg, batch, seq_len, compute, fused)
+    if remat == "full":
+        kept = {"layers: block inputs (remat)": DTYPE_BYTES[compute.dtype] * batch * seq_len * cfg.num_layers
+                * cfg.d_model}
+    else:
+        kept = {k: v for k, v in backward.items() if k != "logits / loss"}
+    at_logits = {**kept, "logits / loss": head_bytes(cfg, batch, seq_len, compute, devices)}
+    return at_logits if sum(at_logits.values()) > sum(backward.values()) else backward
 
 
 def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConfig = ComputeConfig(),
@@ -220,18 +268,17 @@ def activations(cfg: ModelConfig, batch: int, seq_len: int, compute: ComputeConf
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     a = DTYPE_BYTES[compute.dtype]
     fused = compute.attention == "cudnn" if fused is None else fused
-    tokens = batch * seq_len
+    if backend == "gpu" and mode != "forward":
+        return _gpu_activations(cfg, batch, seq_len, compute, fused, devices)
     # the loss holds one block of the global batch's positions at a time (all of them: whole logits), split like
     # the batch over the devices
-    positions = seq_len if mode == "forward" else block_positions(compute, cfg.vocab_size, batch * devices, seq_len)
-    head_tokens = batch * positions
-    if backend == "gpu" and mode != "forward":
-        return _gpu_activations(cfg, batch, seq_len, compute, fused, head_tokens / tokens)
+    tokens = batch * seq_len
+    head = tokens if mode == "forward" else head_tokens(cfg, batch, seq_len, compute, devices)
     per_layer = _per_token(SAVED, cfg, seq_len, a, fused)
     if cfg.norm == "none":
         per_layer["norms"] = 0.0
     working = _per_token(WORKING, cfg, seq_len, a, fused)
-    logits = head_tokens * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
+    logits = head * cfg.vocab_size * (a if mode == "forward" else 4.0 * HEAD["logits / loss"])
     if mode == "forward":  # one layer live at a time, then the logits (the output)
         return {"one layer": tokens * sum(per_layer.values()), "logits / loss": logits}
     remat = compute.remat_policy  # what the model applies: "none" is dots_saveable under scanned layers

@@ -2,7 +2,7 @@
 
 Inputs are the corpora tinyshakespeare (input.txt) and wikitext-2 (valid.txt + test.txt),
 3.4 MB, from the data root (see jaxlm.data.corpora). Each figure is the best of `repeats` runs after one warm-up
-where that matters (loader).
+where that matters (loader). Needs the core install.
 """
 
 from __future__ import annotations

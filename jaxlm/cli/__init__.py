@@ -31,9 +31,12 @@ platform.prepare()  # before any command imports JAX: CPU and a quiet start wher
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one `error:` line (through `run`) instead of usage + message."""
+    """argparse whose errors are one `error:` line (through `run`) instead of usage + message; `needs` (what must be
+    installed: "the core install", "the 'torch' extra") ends the --help text."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, needs: str | None = None, **kwargs):
+        if needs:
+            kwargs["epilog"] = "\n\n".join(filter(None, [kwargs.get("epilog"), f"Needs {needs}."]))
         super().__init__(*args, **kwargs)
         # Read (and removed from argv) by `run`; listed here so that --help shows it.
         self.add_argument("--debug", action="store_true", help="print tracebacks instead of one-line errors "

@@ -13,10 +13,13 @@ def _parser() -> cli.ArgumentParser:
 
     fmt = cli.HelpFormatter
     p = cli.ArgumentParser(prog="python -m jaxlm.data", description="Tokenizer and data pipeline for jaxlm.",
-                                epilog=f"data root: {data_root()} ($JAXLM_DATA, else ~/.cache/jaxlm/data)")
+                                epilog=f"data root: {data_root()} ($JAXLM_DATA, else ~/.cache/jaxlm/data)",
+                                needs="the core install")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    pr = sub.add_parser("prepare", formatter_class=fmt, help="tokenise text into train.bin / val.bin + meta.json")
+    pr = sub.add_parser("prepare", formatter_class=fmt,
+                        needs="the core install (a Hugging Face tokenizer: the 'hf' extra)",
+                        help="tokenise text into train.bin / val.bin + meta.json")
     pr.add_argument("--input", nargs="+", required=True, metavar="SOURCE",
                     help="corpus names (see `list`), text files (each a document), or 'pydoc'")
     pr.add_argument("--tokenizer", default="gpt2", help="gpt2 | bytes | directory with vocab.json + merges.txt")
@@ -29,7 +32,8 @@ def _parser() -> cli.ArgumentParser:
     pr.add_argument("--dtype", choices=["uint16", "uint32"], default=None,
                     help="token dtype (default: uint16 when the vocabulary fits)")
 
-    tb = sub.add_parser("train-bpe", formatter_class=fmt, help="train a byte-level BPE tokenizer")
+    tb = sub.add_parser("train-bpe", formatter_class=fmt, needs="the core install",
+                        help="train a byte-level BPE tokenizer")
     tb.add_argument("--input", nargs="+", required=True, metavar="SOURCE",
                     help="text files or corpus names to train on")
     tb.add_argument("--vocab-size", type=cli.bounded(int, 1), required=True,
@@ -39,9 +43,11 @@ def _parser() -> cli.ArgumentParser:
     tb.add_argument("--workers", type=cli.bounded(int, 1), default=None,
                     help="pre-tokenising processes (default: all cores)")
 
-    sub.add_parser("list", help="list the corpora, their sizes and whether the data root has them")
+    sub.add_parser("list", needs="the core install",
+                   help="list the corpora, their sizes and whether the data root has them")
 
-    dl = sub.add_parser("download", formatter_class=fmt, help="download corpora into the data root")
+    dl = sub.add_parser("download", formatter_class=fmt, needs="the core install (and the network)",
+                        help="download corpora into the data root")
     dl.add_argument("name", nargs="+", choices=list(CORPORA), help="corpus names")
     dl.add_argument("--root", default=None, metavar="DIR",
                     help="data root (default: $JAXLM_DATA, else ~/.cache/jaxlm/data)")

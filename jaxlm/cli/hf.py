@@ -24,16 +24,17 @@ from jaxlm.core.extras import require
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter)
+    ap = cli.ArgumentParser(prog="python -m jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter,
+                            needs="the 'hf' extra")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = sub.add_parser("import", help="a Hugging Face checkpoint (directory or Hub id) -> a jaxlm run",
-                         formatter_class=cli.HelpFormatter)
+                         formatter_class=cli.HelpFormatter, needs="the 'hf' extra (a Hub id: the network)")
     imp.add_argument("source", metavar="SOURCE", help="a checkpoint directory, or a Hub id (needs the network)")
     imp.add_argument("--out", required=True, metavar="RUN", help="the run directory to write (new or empty)")
     imp.add_argument("--revision", metavar="REV", help="the Hub revision (branch, tag or commit) of a Hub id")
     cli.add_config_args(imp, base="config.json's model over the defaults")
     exp = sub.add_parser("export", help="a jaxlm run -> a Hugging Face checkpoint directory",
-                         formatter_class=cli.HelpFormatter)
+                         formatter_class=cli.HelpFormatter, needs="the 'hf' extra")
     exp.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or RUN/checkpoints/STEP")
     exp.add_argument("--out", required=True, metavar="DIR", help="the checkpoint directory to write (new or empty)")
     exp.add_argument("--adapters", action="store_true", help="a LoRA run's adapters alone, in PEFT's layout")

@@ -78,9 +78,10 @@ def _merge(src: str | Path, out: Path) -> float:
 
 
 def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.lora", description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(prog="python -m jaxlm.lora", description=__doc__.split("\n\n")[0], needs="the core install")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    m = sub.add_parser("merge", help="fold the adapters into the base weights: a plain run in --out")
+    m = sub.add_parser("merge", needs="the core install",
+                       help="fold the adapters into the base weights: a plain run in --out")
     m.add_argument("run", metavar="RUN_DIR", help="a LoRA run directory (or one of its checkpoints)")
     m.add_argument("--out", required=True, metavar="DIR", help="the merged run's directory (new or empty)")
     args = ap.parse_args(argv)

@@ -77,7 +77,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON instead of a table")
 
 
-def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh]:
+def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh, int]:
+    """The model, compute, context, global batch, mesh and gradient-accumulation count the flags describe."""
     cfg = cli.load_config_from_args(args)
     context = args.context or cfg.model.context_length
     model = dataclasses.replace(cfg.model, context_length=max(context, cfg.model.context_length))
@@ -86,7 +87,9 @@ def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh]:
         compute = dataclasses.replace(cfg.compute, **chosen)
     except Exception as e:  # e.g. cudnn at float32: the config's one-line reason
         raise UsageError(str(e)) from None
-    return model, compute, context, args.batch or cfg.data.batch_size, Mesh(args.devices, cfg.parallel.fsdp != 1)
+    batch, accum = args.batch or cfg.data.batch_size, cfg.train.grad_accum
+    cli.check_option(batch % accum == 0, "--batch", batch, f"must divide into train.grad_accum = {accum} micro-batches")
+    return model, compute, context, batch, Mesh(args.devices, cfg.parallel.fsdp != 1), accum
 
 
 def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, mode: str, mesh: Mesh,
@@ -108,7 +111,9 @@ def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, m
 def format_report(r: dict, cfg: ModelConfig) -> str:
     lines = [f"model: {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, "
              f"vocab {cfg.vocab_size}: {r['parameters'] / 1e6:.1f}M parameters",
-             f"step: {r['mode']}, batch {r['batch']} ({r['batch_per_device']} per device on {r['devices']} "
+             f"step: {r['mode']}, batch {r['batch']}"
+             + (f" in {r['grad_accum']} micro-batches of {r['micro_batch']}" if "grad_accum" in r else "")
+             + f" ({r['batch_per_device']} per device on {r['devices']} "
              f"device{'s' if r['devices'] > 1 else ''}{', FSDP' if r['fsdp'] else ''}), context {r['context']}, "
              f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}"
              + (f" (applied as {r['remat_applied']}: scanned layers)" if r["remat_applied"] != r["remat"] else ""), "",
@@ -123,7 +128,8 @@ def format_report(r: dict, cfg: ModelConfig) -> str:
         lines += ["", f"{name}: {si(r['capacity_bytes'])}, of which {100 * r['usable']:.0f}% usable "
                       f"({si(r['capacity_bytes'] * r['usable'])}): batch {r['batch']} "
                       f"{'fits' if r['fits'] else 'does NOT fit'}",
-                  f"largest batch that fits: {r['largest_batch']} (global, at context {r['context']})"]
+                  f"largest batch that fits: {r['largest_batch']} (global, at context {r['context']}"
+                  + (f", in {r['grad_accum']} micro-batches" if "grad_accum" in r else "") + ")"]
     return "\n".join(lines)
 
 
@@ -142,13 +148,13 @@ def target_report(args) -> dict:
     gpu.require_compiler()
     cli.check_option(args.devices in (1, t.count), "--devices", args.devices,
                      f"with a target the GPU count comes from it ({t.name}:{t.count})")
-    model, compute, context, batch, _ = _configs(args)
+    model, compute, context, batch, _, accum = _configs(args)
     cfg = gpu.with_shape(cli.load_config_from_args(args), batch, context, dtype=compute.dtype,
                          remat=compute.remat, attention=compute.attention)
     r = {"parameters": param_counts(model)["total"], "mode": args.mode, "context": context, "batch": batch,
          "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
          **gpu.compiled_row(cfg, t, args.mode, args.usable)}
-    est = estimate(model, batch, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1),
+    est = estimate(model, batch // accum, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1),
                    backend=args.calibration)
     r["estimate_bytes"] = est.total
     if args.find_max_batch:
@@ -195,8 +201,13 @@ def main(argv: list[str]) -> int:
         return 0
     if args.find_max_batch:
         raise UsageError("--find-max-batch: it compiles the step, so it needs --target or --target-config")
-    cfg, compute, context, batch, mesh = _configs(args)
+    cfg, compute, context, batch, mesh, accum = _configs(args)
     capacity = DEVICES[args.device].memory_bytes if args.device else args.memory
-    r = report(cfg, compute, context, batch, args.mode, mesh, capacity, args.usable, args.device, args.calibration)
+    r = report(cfg, compute, context, batch // accum, args.mode, mesh, capacity, args.usable, args.device,
+               args.calibration)
+    if accum > 1:  # the step holds one micro-batch at a time: its figures, the batch and largest batch as a whole
+        r.update(grad_accum=accum, micro_batch=r["batch"], batch=batch)
+        if "largest_batch" in r:
+            r["largest_batch"] *= accum
     print(json.dumps(r, indent=1) if args.json else format_report(r, cfg))
     return 0

@@ -20,7 +20,8 @@ EOT = "<|endoftext|>"
 
 
 def _reference(cs336):
-    vocab = {i: str_to_token(s) for s, i in json.loads((cs336 / "train-bpe-reference-vocab.json").read_text(encoding="utf-8")).items()}
+    reference = json.loads((cs336 / "train-bpe-reference-vocab.json").read_text(encoding="utf-8"))
+    vocab = {i: str_to_token(s) for s, i in reference.items()}
     lines = (cs336 / "train-bpe-reference-merges.txt").read_text(encoding="utf-8").splitlines()
     merges = [tuple(str_to_token(t) for t in line.split(" ")) for line in lines if line]
     return vocab, merges

@@ -96,7 +96,8 @@ def test_bpe_trained_while_preparing_equals_train_bpe(tmp_path, docs, cs336):
     meta = read_meta(ensure_prepared(cfg, progress=False))
     vocab, merges = train_bpe(docs[1], 300, [EOT])
     tok = load_tokenizer_from_meta(tmp_path / "d")
-    assert tok.vocab == vocab and tok.merges == merges and meta["tokenizer"] == "bpe:300" and meta["bpe_train_seconds"] >= 0
+    assert tok.vocab == vocab and tok.merges == merges
+    assert meta["tokenizer"] == "bpe:300" and meta["bpe_train_seconds"] >= 0
     assert np.array_equal(tokens(tmp_path / "d", "train"), _expected(tok, [docs[1]]))
     assert np.array_equal(tokens(tmp_path / "d", "val"), _expected(tok, [docs[0]]))
     assert meta["sources"]["val"][0]["path"] == str(docs[0]) and not (tmp_path / "d" / "bpe").exists()
@@ -150,10 +151,12 @@ def test_bad_input_names_the_file(tmp_path, docs):
 
 def test_cli_prepare(tmp_path, docs):
     run = partial(subprocess.run, cwd=REPO, capture_output=True, text=True)
-    ok = run([sys.executable, "-m", "jaxlm.data", "prepare", "--input", str(docs[1]), "--tokenizer", "bytes", "--out", str(tmp_path / "o"), "--workers", "1"])
+    ok = run([sys.executable, "-m", "jaxlm.data", "prepare", "--input", str(docs[1]), "--tokenizer", "bytes",
+              "--out", str(tmp_path / "o"), "--workers", "1"])
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "o" / "meta.json").read_text())["tokenizer"] == "bytes"
-    bad = run([sys.executable, "-m", "jaxlm.data", "prepare", "--input", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o2")])
+    bad = run([sys.executable, "-m", "jaxlm.data", "prepare", "--input", str(tmp_path / "nope.txt"),
+               "--out", str(tmp_path / "o2")])
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope.txt'}: file not found"]
 
@@ -308,13 +311,15 @@ def test_corpus_by_name(tmp_path, monkeypatch):
     meta = read_meta(ensure_prepared(cfg, progress=False))
     assert meta["sources"]["train"][0]["path"] == str(tmp_path / "root" / "tinyshakespeare" / "input.txt")
     assert meta["tokens"]["train"] + meta["tokens"]["val"] == 20 * 50 + 1  # bytes + <|endoftext|>
-    with pytest.raises(DataError, match=r"^tinyshakspeare: file not found and no corpus of that name \(corpora: tinyshakespeare, "):
+    unknown = r"^tinyshakspeare: file not found and no corpus of that name \(corpora: tinyshakespeare, "
+    with pytest.raises(DataError, match=unknown):
         prepare(["tinyshakspeare"], "bytes", tmp_path / "x", progress=False)
     # one file of a corpus by NAME/FILE, from the data root
     (tmp_path / "root" / "wikitext-2").mkdir()
     (tmp_path / "root" / "wikitext-2" / "test.txt").write_text(" = Valkyria = \n" * 10)
     assert corpora.resolve_sources(["wikitext-2/test.txt"]) == [str(tmp_path / "root" / "wikitext-2" / "test.txt")]
-    with pytest.raises(DataError, match=r"wikitext-2/valid\.txt: corpus 'wikitext-2' not found; run `python -m jaxlm\.data download"):
+    missing = r"wikitext-2/valid\.txt: corpus 'wikitext-2' not found; run `python -m jaxlm\.data download"
+    with pytest.raises(DataError, match=missing):
         corpora.resolve_sources(["wikitext-2/valid.txt"])
 
 

@@ -1,25 +1,18 @@
-"""Decoding: KV cache vs full forward, the sliding window, jaxlm vs torchref, sampling rules, batching, compilation, CLI."""
+"""Decoding: KV cache vs full forward, the sliding window, sampling rules, batching, compilation, streaming
+(jaxlm against torchref: tests/parity/test_generate_torch.py; the CLI: test_generate_cli.py)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
-import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
-import torchref
-from jaxlm import cli
-from jaxlm.cli.generate import build_parser, main, run_config
-from jaxlm.core.config import ModelConfig, load_config
+from jaxlm.core.config import ModelConfig
 from jaxlm.nn.decode import (
     Generator,
     SamplingParams,
@@ -28,11 +21,6 @@ from jaxlm.nn.decode import (
     row_keys,
 )
 from jaxlm.nn.model import TransformerLM
-from jaxlm.training.checkpoint import load_for_generation
-from parity.convert import torch_config, torch_to_jax
-from tests.train_helpers import ROOT, make_corpus, tiny_overrides
-from torchref.generate import filter_logits as torch_filter_logits
-from torchref.generate import generate as torch_generate
 
 # Prime-ish sizes catch shape mix-ups; random-init logits of this model have no near-ties at argmax.
 CFG = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=4, d_ff=96)
@@ -41,16 +29,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="session")
-def torch_model():
-    torch.manual_seed(0)
-    return torchref.TransformerLM(torch_config(CFG)).eval()
-
-
-@pytest.fixture(scope="session")
-def gen(torch_model):
-    """A Generator over the same weights as `torch_model`, traced at highest matmul precision."""
-    model = torch_to_jax(torch_model.state_dict(), TransformerLM(CFG, rngs=nnx.Rngs(1)))
-    return Generator(model)  # compiled lazily: callers trace under jax.default_matmul_precision("highest")
+def gen():
+    """A Generator over a random-init model, traced at highest matmul precision by its callers."""
+    return Generator(TransformerLM(CFG, rngs=nnx.Rngs(1)))  # compiled lazily, under the callers' precision
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +40,7 @@ def greedy_batch(gen):
         return gen.generate(PROMPTS, 24, GREEDY)
 
 
-# --------------------------------------------------------------------------- cache and parity
+# --------------------------------------------------------------------------- cache and window
 
 
 def test_cache_equals_full_forward_greedy(gen, greedy_batch):
@@ -71,23 +52,27 @@ def test_cache_equals_full_forward_greedy(gen, greedy_batch):
     assert [len(t) for t in greedy_batch.tokens] == [24, 24, 24]
 
 
-def torch_cropped_greedy(model, prompt, n: int) -> list[int]:
-    """nanoGPT's loop: each next token is the argmax of a full forward over the last context_length tokens."""
+def cropped_greedy(gen, prompt, n: int) -> list[int]:
+    """nanoGPT's loop: each next token is the argmax of a full forward over the last context_length tokens
+    (right-padded to the context, so one compilation: causal attention never sees the padding)."""
+    forward = jax.jit(lambda state, tokens, last: nnx.merge(gen.graphdef, state)(tokens)[0, last])  # (1, T) -> (V,)
     seq = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(torch.argmax(model(torch.tensor([seq[-CFG.context_length:]]))[0, -1])))
+    for _ in range(n):
+        window = seq[-CFG.context_length:]
+        tokens = np.zeros((1, CFG.context_length), np.int32)
+        tokens[0, : len(window)] = window
+        seq.append(int(np.argmax(forward(gen.state, tokens, len(window) - 1))))
     return seq[len(prompt):]
 
 
-def test_window_slides_like_a_cropped_full_forward(gen, torch_model):
-    """70 new tokens on a context of 40, rows of 2 to 60 prompt tokens: the cache, and the no-cache path,
-    equal torchref's full forward over each row's last 40 tokens."""
+def test_window_slides_like_a_cropped_full_forward(gen):
+    """70 new tokens on a context of 40, rows of 2 to 60 prompt tokens: the cache, and the no-cache path, equal
+    a full forward over each row's last 40 tokens (torchref's too: tests/parity/test_generate_torch.py)."""
     prompts = [*PROMPTS, list(np.arange(60) % 67)]
     with jax.default_matmul_precision("highest"):
         cached = gen.generate(prompts, 70, GREEDY)
         full = gen.generate(prompts, 70, GREEDY, use_cache=False)
-    expected = [torch_cropped_greedy(torch_model, p, 70) for p in prompts]
+        expected = [cropped_greedy(gen, p, 70) for p in prompts]
     assert cached.tokens == expected
     assert full.tokens == expected
     assert cached.stop == ["length"] * 4 and cached.prompt_lengths == [5, 2, 22, 40]
@@ -101,28 +86,6 @@ def test_batched_prompts_equal_one_at_a_time(gen, greedy_batch):
         row1 = gen.generate([PROMPTS[1]], 12, sampling, seed=7, sample_ids=[1])
     assert alone == greedy_batch.tokens
     assert row1.tokens[0] == batch.tokens[1]  # a row samples the same tokens alone or in a batch
-
-
-def test_torchref_cache_equals_no_cache(torch_model):
-    for p in PROMPTS:
-        assert torch_generate(torch_model, p, 24, temperature=0) == torch_generate(
-            torch_model, p, 24, temperature=0, use_cache=False
-        )
-
-
-def test_torchref_cache_logits_equal_full_forward(torch_model):
-    x = torch.tensor([PROMPTS[2]])
-    with torch.no_grad():
-        full = torch_model(x)
-        cache = torchref.model.KVCache(CFG.num_layers)
-        parts = [torch_model(x[:, :9], kv_cache=cache)] + [torch_model(x[:, t : t + 1], kv_cache=cache) for t in range(9, 22)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
-
-
-def test_jax_equals_torchref_greedy(torch_model, greedy_batch):
-    expected = [torch_generate(torch_model, p, 24, temperature=0) for p in PROMPTS]
-    assert [len(t) for t in expected] == [24, 24, 18]  # torchref.generate stops at the context window
-    assert [t[: len(e)] for t, e in zip(greedy_batch.tokens, expected)] == expected
 
 
 def test_model_extend_matches_call_with_window():
@@ -167,15 +130,6 @@ def test_nucleus_and_top_k_against_hand_computed():
     q = np.sqrt(p) / np.sqrt(p).sum()
     got = np.asarray(sampling_probs(logits, SamplingParams(2.0, 0, 1.0)))[0]
     np.testing.assert_allclose(got, q, atol=1e-6)
-
-
-def test_torch_and_jax_filters_agree():
-    x = np.random.default_rng(0).normal(size=(6, 67)).astype(np.float32) * 3
-    for k, p in [(0, 0.9), (5, 1.0), (7, 0.5), (0, 0.0), (1, 1.0)]:
-        j = np.asarray(filter_logits(x, k, p))
-        t = torch_filter_logits(torch.from_numpy(x), k, p).numpy()
-        np.testing.assert_array_equal(np.isfinite(j), np.isfinite(t))
-        np.testing.assert_array_equal(j[np.isfinite(j)], t[np.isfinite(t)])
 
 
 def test_top_p_zero_and_top_k_one_equal_greedy(gen, greedy_batch):
@@ -301,7 +255,8 @@ def reference_loop(model, prompts, n, sampling, *, seed=0, eot_id=None, use_cach
             return out, stop
         position = np.array([len(seq) - 1 for seq in seqs], np.int32)
         if cache is not None and position.max() < S:
-            token, cache = cached(state, cache, np.asarray(token)[:, None], position, np.zeros(B, np.int32), step, *args)
+            token, cache = cached(state, cache, np.asarray(token)[:, None], position, np.zeros(B, np.int32), step,
+                                  *args)
         else:
             cache, token = None, full(state, *window(S), step, *args)
 
@@ -349,123 +304,3 @@ def test_stream_decoder_holds_partial_utf8():
     dec = StreamDecoder(tok)
     pieces = [dec.push(t) for t in ids]
     assert pieces == ["a", "", "", "€", "b"] and dec.flush() == ""
-
-
-# --------------------------------------------------------------------------- checkpoints and the CLI
-
-
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory):
-    from jaxlm.training.loop import train
-
-    base = tmp_path_factory.mktemp("gen_run")
-    corpus = make_corpus(base / "corpus")
-    extra = {"train.steps": 4, "checkpoint.every": 4, "train.eval_every": 4, "log.tensorboard": "false"}
-    train(load_config(None, tiny_overrides(corpus, base / "run", **extra)))
-    return base / "run"
-
-
-def test_trained_checkpoint_generates_without_flags(trained_run, capsys):
-    args = ["--prompt", "def f(x):", "--max-new-tokens", "6", "--temperature", "0"]
-    assert main(["--run", str(trained_run), *args, "--num-samples", "2"]) == 0
-    samples = capsys.readouterr().out.splitlines()
-    assert samples[0].startswith("def f(x):") and samples[0] == samples[len(samples) // 2]  # greedy: equal samples
-    assert main(["--checkpoint", str(trained_run / "checkpoints" / "4"), *args, "--stream", "--no-cache"]) == 0
-    streamed = capsys.readouterr().out.splitlines()
-    assert streamed == samples[: len(streamed)]  # streamed, full-forward text is the same
-
-
-def test_compute_flags_change_how_the_run_decodes(trained_run):
-    args = argparse.Namespace(config=None, preset=None, overrides=["compute.dtype=bfloat16"])
-    cfg = run_config(str(trained_run), args)
-    model, _ = load_for_generation(trained_run, cfg)
-    assert model.compute.dtype == "bfloat16" and model.init_cache(1, 8).layers[0][0].dtype == jnp.bfloat16
-    saved, _ = load_for_generation(trained_run)
-    np.testing.assert_array_equal(model.token_embeddings.weight[...], saved.token_embeddings.weight[...])
-
-
-@pytest.fixture(scope="session")
-def scanned_run(tmp_path_factory):
-    from jaxlm.training.loop import train
-
-    base = tmp_path_factory.mktemp("gen_scanned_run")
-    extra = {"train.steps": 2, "checkpoint.every": 2, "train.eval_every": 2, "log.tensorboard": "false",
-             "compute.scan_layers": "true"}
-    train(load_config(None, tiny_overrides(make_corpus(base / "corpus"), base / "run", **extra)))
-    return base / "run"
-
-
-@pytest.mark.parametrize("trained_in", ["unrolled", "scanned"])
-def test_a_run_decodes_in_the_other_layer_layout(trained_in, trained_run, scanned_run, capsys):
-    """--set compute.scan_layers=... flips the layout a run was trained in: the same logits and greedy text."""
-    run, flip = (trained_run, "true") if trained_in == "unrolled" else (scanned_run, "false")
-    args = argparse.Namespace(config=None, preset=None, overrides=[f"compute.scan_layers={flip}"])
-    model, _ = load_for_generation(run, run_config(str(run), args))
-    saved, _ = load_for_generation(run)
-    assert isinstance(model.layers, nnx.List) == (flip == "false") != isinstance(saved.layers, nnx.List)
-    tok = jnp.arange(12)[None] * 7 % 257  # (1, 12)
-    np.testing.assert_allclose(np.asarray(model(tok)), np.asarray(saved(tok)), atol=1e-5)
-    argv = ["--run", str(run), "--prompt", "The ", "--max-new-tokens", "6", "--temperature", "0"]
-    assert main(argv) == 0 and main([*argv, "--set", f"compute.scan_layers={flip}"]) == 0
-    as_trained, flipped = capsys.readouterr().out.splitlines()
-    assert flipped == as_trained
-
-
-def run_cli(argv, capsys) -> tuple[int, list[str]]:
-    """Exit code and stderr lines of `python -m jaxlm.generate ARGV`, in this process."""
-    code = cli.run(main, argv)
-    return code, capsys.readouterr().err.splitlines()
-
-
-@pytest.mark.parametrize("flag, value", [("--max-new-tokens", "-5"), ("--top-p", "0"), ("--top-k", "-1"),
-                                         ("--temperature", "-1"), ("--num-samples", "0"), ("--prompt-file", "nope.txt")])
-def test_bad_option_is_one_line_exit_2(tmp_path, capsys, flag, value):
-    code, err = run_cli(["--run", str(tmp_path), "--prompt", "x", flag, value], capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {flag} ") and value in err[0], err
-
-
-def test_architecture_override_refused(trained_run, capsys):
-    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--set", "model.d_model=64"], capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: model.d_model: ") and "64" in err[0], err
-    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--preset", "small"], capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: model.vocab_size: "), err
-
-
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN attention runs on a GPU")
-def test_cudnn_without_a_gpu_is_one_line(trained_run, capsys):
-    code, err = run_cli(["--run", str(trained_run), "--prompt", "x", "--set", "compute.dtype=bfloat16",
-                         "--set", "compute.attention=cudnn"], capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: compute.attention: "), err
-
-
-def test_missing_or_corrupt_checkpoint_exit_2(tmp_path, trained_run, capsys):
-    missing = tmp_path / "nope"
-    assert run_cli(["--run", str(missing), "--prompt", "x"], capsys) == (2, [f"error: {missing}: no such run or checkpoint directory"])
-    not_a_run = tmp_path / "empty"
-    not_a_run.mkdir()
-    code, err = run_cli(["--run", str(not_a_run), "--prompt", "x"], capsys)
-    assert code == 2 and len(err) == 1 and str(not_a_run) in err[0]
-    corrupt = tmp_path / "corrupt"
-    shutil.copytree(trained_run, corrupt)
-    for f in (corrupt / "checkpoints" / "4" / "state").rglob("*"):
-        if f.is_file():
-            f.write_bytes(b"garbage")
-    code, err = run_cli(["--run", str(corrupt), "--prompt", "x"], capsys)
-    assert code == 2 and str(corrupt) in err[-1]
-
-
-@pytest.mark.parametrize("argv, culprit", [(["--run", "missing", "--prompt", "x"], "missing"),
-                                           (["--run", "missing", "--top-p", "0"], "--top-p 0.0")])
-def test_cli_exit_code_in_a_subprocess(tmp_path, argv, culprit):
-    r = subprocess.run([sys.executable, "-m", "jaxlm.generate", *argv], cwd=tmp_path, capture_output=True, text=True,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, timeout=300)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {culprit}: "), r.stderr
-
-
-def test_every_option_has_help_with_its_default():
-    formatter = cli.HelpFormatter("x")
-    for action in build_parser()._actions:
-        if action.option_strings and action.default != argparse.SUPPRESS:
-            shown = not (action.default is None or action.default is False or action.default == [])  # else: "not given"
-            assert action.help and (not shown or "default" in formatter._get_help_string(action)), action.option_strings

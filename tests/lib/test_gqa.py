@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from jaxlm.analysis import flops, memory
-from jaxlm.core import platform, sharding
+from jaxlm.core import sharding
 from jaxlm.core.config import Config, ModelConfig, load_config
 from jaxlm.core.errors import ConfigError
 from jaxlm.core.typedconfig import help_config, to_dict
@@ -25,7 +25,7 @@ from jaxlm.nn.attention import attention
 from jaxlm.nn.decode import Generator, SamplingParams
 from jaxlm.nn.layers import llama3_frequencies
 from jaxlm.nn.model import TransformerLM
-from tests.train_helpers import ROOT
+from tests.train_helpers import ROOT, needs
 
 # 6 query heads sharing 2 key/value heads of width 10 (not 48 / 6), Llama 3 scaling over an original context of 16.
 GQA = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,
@@ -162,7 +162,7 @@ def test_memory_estimate_within_fifteen_percent_of_memory_analysis():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not platform.cuda_plugin_installed(), reason="needs XLA's GPU compiler (the gpu-compile extra)")
+@needs("gpu-compile")
 def test_gpu_memory_estimate_against_the_step_compiled_for_an_h100():
     """The GPU calibration (validated on the presets within 20 %, docs/memory.md) on a grouped-query model."""
     from jaxlm.training import compiled as gpu

@@ -9,13 +9,14 @@ import pickle
 
 import pytest
 
+from jaxlm.core import extras
 from jaxlm.core.config import DataConfig
 from jaxlm.core.errors import MissingExtra
 from jaxlm.data.hf_tokenizer import HFTokenizer
 from jaxlm.data.prepare import ensure_prepared, load_tokenizer_from_meta, read_meta, tokens
 from jaxlm.data.tokenizer import byte_tokenizer, load_tokenizer
 
-pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers", reason=extras.missing_message("tokenizers"))
 
 
 @pytest.fixture(scope="module")

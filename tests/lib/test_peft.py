@@ -27,13 +27,13 @@ CFG = ModelConfig(vocab_size=61, context_length=16, d_model=32, num_layers=2, nu
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 61)
 
 
-def _lora_model(**kw):
+def lora_model(**kw):
     base = nnx.state(build_model(CFG, seed=3), nnx.Param)
     return base, build_model(CFG, seed=3, lora=LoraConfig(rank=4, **kw), base=base)
 
 
 def test_lora_step_zero_is_the_base_model():
-    base, model = _lora_model()
+    base, model = lora_model()
     plain = build_model(CFG, seed=3, base=base)
     np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(plain(TOKENS)))
 
@@ -49,7 +49,7 @@ def _train(model, steps=2):
 
 
 def test_lora_trains_only_the_adapters():
-    _, model = _lora_model(dropout=0.1)
+    _, model = lora_model(dropout=0.1)
     before = TrainState.create(model, optax.adam(1e-2))
     after = _train(model)
     names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(after.params)}
@@ -66,7 +66,7 @@ def test_lora_trains_only_the_adapters():
 
 @pytest.mark.parametrize("base_kind", ["float32", "nf4"])
 def test_merge_equals_adapted(base_kind):
-    _, model = _lora_model(base=base_kind, block_size=16)
+    _, model = lora_model(base=base_kind, block_size=16)
     for _, layer in nnx.iter_graph(model):  # a nonzero update to fold in
         if isinstance(layer, lora.LoRALinear):
             layer.lora_b = nnx.LoRAParam(0.05 * jax.random.normal(jax.random.key(7), layer.lora_b.shape))
@@ -326,38 +326,3 @@ def test_quantize_command(base_run, capsys):
     assert rows[0]["weight_bytes"] > rows[1]["weight_bytes"] > rows[2]["weight_bytes"]
     with pytest.raises(UsageError, match="--bits 3: must be 4 or 8"):
         main([str(tmp / "base"), "--bits", "3"])
-
-
-def test_lora_matches_torchref():
-    import torch
-
-    import torchref
-    from parity.convert import jax_to_torch, torch_config
-
-    _, model = _lora_model(alpha=8.0)
-    for _, layer in nnx.iter_graph(model):
-        if isinstance(layer, lora.LoRALinear):
-            layer.lora_b = nnx.LoRAParam(0.05 * jax.random.normal(jax.random.key(5), layer.lora_b.shape))
-    ref = torchref.apply_lora(torchref.TransformerLM(torch_config(CFG)), rank=4, alpha=8.0)
-    ref.load_state_dict(jax_to_torch(model), strict=False)
-    assert not any(k not in dict(ref.named_parameters()) for k in jax_to_torch(model) if "lora" in k)
-    x = torch.from_numpy(np.array(TOKENS)).long()
-    y = torch.roll(x, -1, dims=1)
-    logits = ref(x)
-    np.testing.assert_allclose(logits.detach().numpy(), np.asarray(model(TOKENS)), atol=2e-5, rtol=0)
-    torchref.cross_entropy(logits.reshape(-1, CFG.vocab_size), y.reshape(-1)).backward()
-    trainable = {n for n, p in ref.named_parameters() if p.requires_grad}
-    assert trainable == {n for n in jax_to_torch(model) if n.endswith(("lora_a", "lora_b"))}
-    graphdef, params, rest = split_model(model)
-
-    def loss(params):
-        from jaxlm.nn.loss import cross_entropy
-
-        return cross_entropy(nnx.merge(graphdef, params, rest)(TOKENS), jnp.roll(TOKENS, -1, axis=1))
-
-    grads = jax.grad(loss)(params)
-    for path, g in nnx.to_flat_state(grads):
-        name = ".".join(map(str, path))
-        np.testing.assert_allclose(np.asarray(g[...]), dict(ref.named_parameters())[name].grad.numpy(), atol=2e-6)
-    torchref.merge_lora(ref)
-    np.testing.assert_allclose(ref(x).detach().numpy(), logits.detach().numpy(), atol=1e-5)

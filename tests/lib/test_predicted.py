@@ -8,9 +8,9 @@ import pytest
 
 from jaxlm.analysis import roofline as rl
 from jaxlm.analysis.devices import DEVICES, KERNEL_LAUNCH_S
-from jaxlm.core import platform
 from jaxlm.training import compile_cache
 from jaxlm.training import compiled as gpu
+from tests.train_helpers import needs_compiler
 
 FRAMES = (Path(__file__).parent / "hlo" / "source_frames.hlo").read_text()
 
@@ -99,10 +99,6 @@ def test_a_step_without_rates_keeps_its_row_and_says_why():
 
 # --------------------------------------------------------------------------- compiled for an H100
 
-
-def needs_compiler(test):
-    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
-    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
 
 
 MODEL = ["model.vocab_size=1000", "model.d_model=256", "model.num_layers=2", "model.num_heads=4", "model.d_ff=768"]

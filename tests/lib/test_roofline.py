@@ -9,7 +9,7 @@ import pytest
 from jaxlm.analysis import hlo
 from jaxlm.analysis import roofline as rl
 from jaxlm.analysis.hlo_cost import dtype_class, visible_pairs
-from jaxlm.core import platform
+from tests.train_helpers import needs_compiler
 
 
 def _hlo(name: str) -> str:
@@ -151,13 +151,6 @@ def test_kernels_are_grouped_by_their_source():
 
 # --------------------------------------------------------------------------- programs compiled for an H100
 
-
-def needs_compiler(test):
-    """Skipped without XLA's GPU compiler; the module's compiles run once, on one xdist worker (about 90 s)."""
-    from jaxlm.training import compiled as gpu
-
-    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
-    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
 
 
 def _compile(fn, *shapes, dtype="bfloat16", gpus=1, specs=None):

@@ -13,13 +13,7 @@ from jaxlm.core.config import load_config
 from jaxlm.core.errors import DataError, MissingExtra, UsageError
 from jaxlm.training import compile_cache
 from jaxlm.training import compiled as gpu
-
-
-def needs_compiler(test):
-    """Skipped without the extra; on one xdist worker, so the module's compiles happen once (about 20 s)."""
-    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
-    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
-
+from tests.train_helpers import needs_compiler
 
 HLO = """\
 %gemm_fusion_dot.1_computation (parameter_0: bf16[512,128], parameter_1: bf16[128,384]) -> bf16[512,384] {

@@ -16,7 +16,8 @@ from jaxlm.data.bpe import GPT2_PATTERN, DataError, save_vocab_merges, train_bpe
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer
 
 EOT = "<|endoftext|>"
-FIXTURES = ["address.txt", "german.txt", "tinystories_sample.txt", "special_token_double_newlines_non_whitespace.txt", "special_token_trailing_newlines.txt"]
+FIXTURES = ["address.txt", "german.txt", "tinystories_sample.txt", "special_token_double_newlines_non_whitespace.txt",
+            "special_token_trailing_newlines.txt"]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -29,7 +30,8 @@ def gpt2(cs336):
 def tiktoken_gpt2(cs336, tmp_path_factory):
     """tiktoken's own gpt2 Encoding, rebuilt offline: vocab.bpe is the version line + gpt2_merges.txt."""
     d = tmp_path_factory.mktemp("gpt2")
-    (d / "vocab.bpe").write_text("#version: 0.2\n" + (cs336 / "gpt2_merges.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    merges = (cs336 / "gpt2_merges.txt").read_text(encoding="utf-8")
+    (d / "vocab.bpe").write_text("#version: 0.2\n" + merges, encoding="utf-8")
     old = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # no cache: read the local files
     try:
@@ -39,7 +41,8 @@ def tiktoken_gpt2(cs336, tmp_path_factory):
             del os.environ["TIKTOKEN_CACHE_DIR"]
         else:
             os.environ["TIKTOKEN_CACHE_DIR"] = old
-    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256}, explicit_n_vocab=50257)
+    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256},
+                             explicit_n_vocab=50257)
 
 
 def test_gpt2_known_ids(gpt2):
@@ -83,7 +86,8 @@ def test_stream_cuts_never_change_ids(gpt2, monkeypatch):
     # Tiny chunks so cuts land everywhere: whitespace runs, specials, non-breaking spaces.
     monkeypatch.setattr(tokmod, "_STREAM_CHUNK_CHARS", 7)
     rng = random.Random(0)
-    atoms = ["a", "bc", " ", "  ", "\n", "\n\n", " \n", "\t", "\u00a0", "'s", "'ll", "12", "!?", "é", "😀", EOT, "<|", "endoftext", "|>"]
+    atoms = ["a", "bc", " ", "  ", "\n", "\n\n", " \n", "\t", "\u00a0", "'s", "'ll", "12", "!?", "é", "😀", EOT, "<|",
+             "endoftext", "|>"]
     for _ in range(30):
         text = "".join(rng.choice(atoms) for _ in range(300))
         pieces = []
@@ -192,7 +196,8 @@ def test_gpt2_fallback_to_tiktoken(monkeypatch, tiktoken_gpt2, gpt2):
 
 
 def test_light_imports():
-    code = "import sys, jaxlm.data.tokenizer, jaxlm.data.bpe, jaxlm.data; print(sorted(m for m in ('jax', 'grain', 'numpy', 'torch') if m in sys.modules))"
+    code = ("import sys, jaxlm.data.tokenizer, jaxlm.data.bpe, jaxlm.data; "
+            "print(sorted(m for m in ('jax', 'grain', 'numpy', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -226,7 +231,8 @@ def test_encode_iterable_memory_bounded(tmp_path, cs336):
     env = {**os.environ, "JAXLM_DATA": str(cs336.parent)}
 
     def run(mode):
-        return subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(big), mode], cwd=REPO, env=env, capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(big), mode], cwd=REPO, env=env,
+                              capture_output=True, text=True)
 
     stream = run("stream")
     assert stream.returncode == 0, stream.stderr[-2000:]

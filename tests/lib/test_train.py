@@ -28,6 +28,7 @@ from tests.train_helpers import (
     losses,
     make_corpus,
     max_param_diff,
+    needs,
     run_steps,
     tiny_overrides,
 )
@@ -185,23 +186,22 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-# Two subprocesses, so that two workers share them. Data parallel alone and pipeline + data without LoRA are in
-# pp_lora (data 4, pipeline 2) and tp_dp (data 2); they run alone in the extended test.
-FAST_LAYOUTS = {"fsdp_tensor_scan": ["fsdp", "tp_dp", "scan_fsdp_tp"],
-                "pipeline_chunked_loss": ["pp_lora", "tp2_chunk"]}
+# One representative of each kind, in two subprocesses (so that two workers share them): FSDP + tensor (scanned);
+# data + pipeline (QLoRA); data + tensor with the chunked loss. The other layouts: the extended test.
+FAST_LAYOUTS = {"fsdp_tensor_scan_chunked_loss": ["scan_fsdp_tp", "tp2_chunk"], "pipeline_lora": ["pp_lora"]}
 
 
 @pytest.mark.parametrize("group", list(FAST_LAYOUTS))
 def test_mesh_layouts_on_8_devices_equal_one_device(group):
-    """FSDP, tensor + data, scanned FSDP + tensor; QLoRA through a pipeline + data, and compute.loss_chunk under
-    tensor = 2 (+ data): the head's vocabulary rows split, blocks padded (tensor = 4: the extended test)."""
+    """Scanned FSDP + tensor and compute.loss_chunk under tensor = 2 + data (the head's vocabulary rows split,
+    blocks padded); QLoRA through a pipeline + data."""
     _check_layouts(FAST_LAYOUTS[group])
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
-    """Data alone, FSDP + data, tensor alone (8), tensor + FSDP, accumulation + data, pipeline alone (8 stages),
-    pipeline + data, QAT through the pipeline, the chunked loss under tensor = 4."""
+    """Data alone, FSDP alone and + data, tensor alone (8), + data and + FSDP, accumulation + data, pipeline alone
+    (8 stages) and + data, QAT through the pipeline, the chunked loss under tensor = 4."""
     fast = {n for names in FAST_LAYOUTS.values() for n in names}
     _check_layouts([n for n in LAYOUTS if n not in fast])
 
@@ -271,19 +271,27 @@ def test_steps_in_call_cuts_at_every_scheduled_step():
     assert steps_in_call(0, load_config(None, ["train.steps=5", "train.steps_per_call=1"])) == 1
 
 
-@pytest.mark.slow
-def test_quickstart_cli_end_to_end(tmp_path):
-    """The README's first command, cut to a few steps, in a fresh directory (it prepares its own data)."""
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """The README's first command, cut to a few steps and profiling two, in a fresh directory (it prepares its own
+    data), run twice: (first, second) completed processes and the run directory."""
+    cwd = tmp_path_factory.mktemp("quickstart")
     cmd = [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
            "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "data.eval_tokens=512",
            "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    return first, again, cwd / "runs" / "quickstart"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
+def test_quickstart_cli_end_to_end(quickstart):
+    r, again, run = quickstart
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--- sample after 6 steps ---" in r.stdout
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
-    run = tmp_path / "runs" / "quickstart"
     assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -293,13 +301,19 @@ def test_quickstart_cli_end_to_end(tmp_path):
     for tag in ("train/loss", "train/lr", "eval/loss", "eval/perplexity", "perf/tokens_per_s", "samples/text"):
         assert tag in tags, tags
     assert list((run / "tb").rglob("*.xplane.pb")), "no profiler trace for log.profile_steps"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quickstart")
+@needs("profile")
+def test_tensorboards_profile_tab_lists_the_quickstarts_traces(quickstart):
+    _, _, run = quickstart
     profiles = [p.name for p in (run / "tb" / "plugins" / "profile").iterdir()]
-    assert _tensorboard_profile_runs(run / "tb") == profiles  # what TensorBoard's profile tab lists
+    assert profiles and _tensorboard_profile_runs(run / "tb") == profiles
 
 
 def _tensorboard_profile_runs(logdir: Path) -> list[str]:
     """The runs TensorBoard's profile plugin (xprof, the `profile` extra) serves for `logdir`."""
-    pytest.importorskip("xprof", reason="the profile extra (xprof) is not installed")
     port = _free_port()
     proc = subprocess.Popen([PY, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

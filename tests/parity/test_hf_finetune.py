@@ -142,10 +142,11 @@ def test_lora_fine_tune_exports_merged_weights_and_peft_adapters(pretrained):
     assert rel(hf_logits(peft, TOKENS), hf_logits(AutoModelForCausalLM.from_pretrained(hf_dir), TOKENS)) > 1e-3
 
 
+# QLoRA and QAT on an imported model repeat the kinds' own tests (tests/lib/test_peft.py) on other weights: extended.
 @pytest.mark.slow
 @pytest.mark.parametrize("name, extra", [
-    ("qlora", {"lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16}),
-    ("qat", {"qat.weight_bits": 8}),
+    pytest.param("qlora", {"lora.rank": 4, "lora.base": '"nf4"', "lora.block_size": 16}, marks=pytest.mark.extended),
+    pytest.param("qat", {"qat.weight_bits": 8}, marks=pytest.mark.extended),
     ("full", {}),
 ])
 def test_qlora_qat_and_full_fine_tunes_of_an_imported_model_train(pretrained, name, extra):

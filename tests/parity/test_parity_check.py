@@ -1,9 +1,12 @@
 """`python -m parity.check`: the figures, the JSON keys and the exit code."""
 
 import json
+import subprocess
+import sys
 
 from jaxlm import cli
 from parity import check
+from tests.train_helpers import ROOT
 
 KEYS = ("logits_max_abs_err", "logits_max_rel_err", "loss_abs_err", "grad_max_rel_err", "train_loss_max_abs_diff")
 
@@ -20,7 +23,8 @@ def test_default_config_passes_float32_thresholds(tmp_path, capsys):
 
 
 def test_exceeded_threshold_exits_nonzero(monkeypatch, capsys):
-    monkeypatch.setitem(check.THRESHOLDS, "float32", dict(check.THRESHOLDS["float32"], loss_abs_err=0.0, logits_max_rel_err=0.0))
+    strict = dict(check.THRESHOLDS["float32"], loss_abs_err=0.0, logits_max_rel_err=0.0)
+    monkeypatch.setitem(check.THRESHOLDS, "float32", strict)
     assert check.main(["--set", "model.num_layers=1"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
@@ -55,3 +59,9 @@ def test_scanned_layers_pass_the_float32_thresholds(tmp_path):
     assert figures["compute"]["scan_layers"] is True
     for key, limit in check.THRESHOLDS["float32"].items():
         assert figures[key] <= limit, key
+
+
+def test_help_config_lists_the_config_tree():
+    r = subprocess.run([sys.executable, "-m", "parity.check", "--help-config"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "optim.lr = 0.001" in r.stdout, r.stderr[-500:]

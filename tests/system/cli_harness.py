@@ -5,7 +5,7 @@
 ROWS.json is a list of ``[module, [arg, ...], cwd]``; OUT.json gets one ``{"code", "stderr"}``
 per row: the exit status and what the command wrote to stderr, with an escaping exception
 printed the way the interpreter would. One process for a whole table of bad invocations
-(`tests/system/test_faults.py`) saves a JAX/torch start-up per row.
+(`tests/system/test_bad_invocations.py`) saves a JAX/torch start-up per row.
 """
 
 from __future__ import annotations

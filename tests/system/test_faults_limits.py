@@ -10,10 +10,9 @@ import textwrap
 import pytest
 
 from jaxlm.core import limits
-from tests.system.fault_rows import PY, env, one_error, run_rows, sets
+from tests.system.fault_helpers import PY, env, one_error, run_rows, sets
 from tests.train_helpers import make_corpus, tiny_overrides
 
-pytestmark = pytest.mark.xdist_group("faults_limits")
 GIB = 2**30
 
 

@@ -1,6 +1,6 @@
-"""Locks of one directory (issue 36, item 8): one location whatever the permissions, a lock naming another host
-refused until its file is deleted, readers beside readers and none needed on a read-only run (quantize and
-lora merge only read one)."""
+"""Locks of one directory (issue 36, item 8): one writer per run (a second refused, a dead holder's lock taken
+over), one location whatever the permissions, a lock naming another host refused until its file is deleted,
+readers beside readers and none needed on a read-only run (quantize and lora merge only read one)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,32 @@ import pytest
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DirectoryInUse
 from jaxlm.core.lock import DirLock, lock_path
-from tests.system.fault_rows import PY, env
-from tests.train_helpers import make_corpus, tiny_overrides
+from tests.system.fault_helpers import PY, env
+from tests.train_helpers import hold_locks, make_corpus, tiny_overrides
 
-pytestmark = pytest.mark.xdist_group("faults_locks")
+# --------------------------------------------------------------------------- one writer per run
+
+
+def test_a_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(corpus, tmp_path, capfd):
+    from jaxlm.training.loop import train
+
+    run = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(corpus, run, **{"train.steps": 2, "log.tensorboard": "false"}))
+    holder = hold_locks(run)
+    try:
+        with pytest.raises(DirectoryInUse, match=f"train.out_dir = '{run}': in use by pid {holder.pid} on host "):
+            train(cfg)
+        assert not run.exists()  # refused before anything was created
+    finally:
+        holder.kill()
+        holder.wait()
+    capfd.readouterr()
+    assert train(cfg)["step"] == 2  # the killed holder's lock is stale: taken over
+    assert f"took over the lock of pid {holder.pid}" in capfd.readouterr().err
+    assert not (tmp_path / ".run.lock").exists()  # released at the end
+
+
+# --------------------------------------------------------------------------- where the lock is, whose it is
 
 
 def test_one_lock_location_whatever_the_permissions(tmp_path, monkeypatch):

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from tests.system.fault_rows import one_error, run_rows, sets
+from tests.system.fault_helpers import one_error, run_rows, sets
 from tests.train_helpers import make_corpus, tiny_overrides
-
-pytestmark = pytest.mark.xdist_group("faults_outdir")
 
 
 def test_out_dir_must_be_a_run_of_its_own(tmp_path):

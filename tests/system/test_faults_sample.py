@@ -7,17 +7,15 @@ from __future__ import annotations
 import pytest
 
 from jaxlm.nn.remat import POLICIES
-from tests.system.fault_rows import one_error, run_rows, sets
+from tests.system.fault_helpers import one_error, run_rows, sets
 from tests.train_helpers import make_corpus, tiny_overrides
-
-pytestmark = pytest.mark.xdist_group("faults_sample")
 
 LAYOUTS = {"unrolled": "false", "scanned": "true"}
 
 
 @pytest.mark.parametrize("combos", [
     pytest.param([("full", "unrolled")], id="full-unrolled"),
-    pytest.param([(p, lay) for p in POLICIES for lay in LAYOUTS], id="all", marks=pytest.mark.slow),
+    pytest.param([(p, lay) for p in POLICIES for lay in LAYOUTS], id="all", marks=pytest.mark.extended),
 ])
 def test_remat_policies_and_layouts_train_and_sample(combos, tmp_path):
     corpus = make_corpus(tmp_path / "corpus")

@@ -1,7 +1,8 @@
-"""Signals and pipes (issue 36, items 6, 10, 12 and the second-Ctrl-C message of 14): a closed stdout ends
-every command quietly; Ctrl-C during start-up is one line and exit 130 (never a crash, a traceback or a run that
-goes on); SIGTERM to `experiments.run` stops the run in progress the same way and records it as interrupted; a
-second Ctrl-C names an orbax temporary directory on disk."""
+"""Signals, pipes and the error boundary: a closed stdout ends every command quietly; Ctrl-C during start-up is one
+line and exit 130 (never a crash, a traceback or a run that goes on); a signal during training's start-up stops
+before the first step and the previous handlers come back; a Ctrl-C in training is one true line; SIGTERM to
+`experiments.run` stops the run in progress the same way and records it as interrupted; a second Ctrl-C names an
+orbax temporary directory on disk; an unexpected exception is one line with a traceback file."""
 
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from jaxlm import cli
 from jaxlm.core import stop
-from tests.system.fault_rows import PY, env
+from tests.system.fault_helpers import PY, env, last_train_step, sets
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
-
-pytestmark = pytest.mark.xdist_group("faults_signals")
 
 # --------------------------------------------------------------------------- | head
 
@@ -43,7 +43,7 @@ def _into_a_closed_pipe(module: str, args: list[str], tmp: Path) -> subprocess.C
 
 
 @pytest.mark.parametrize("commands", [pytest.param(HELP, id="three"),
-                                      pytest.param(EVERY, id="every", marks=pytest.mark.slow)])
+                                      pytest.param(EVERY, id="every", marks=pytest.mark.extended)])
 def test_a_closed_pipe_ends_every_command_quietly(commands, tmp_path):
     """As `yes | head`: exit 141 (128 + SIGPIPE), nothing on stderr, no traceback file."""
     got = {m: _into_a_closed_pipe(m, args, tmp_path) for m, args in commands.items()}
@@ -102,21 +102,131 @@ def small_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.slow
-def test_ctrl_c_at_random_moments_of_start_up_is_one_line(small_run, tmp_path):
+@pytest.mark.parametrize("tries", [pytest.param((2, 1), id="three"),
+                                   pytest.param((6, 3), id="nine", marks=pytest.mark.extended)])
+def test_ctrl_c_at_random_moments_of_start_up_is_one_line(tries, small_run, tmp_path):
     """generate (it crashed in 5 of 10 tries at 3-4 s) and deliverables.report, interrupted at random moments:
     exit 130 with one `interrupted:` line, or 0 when the work was done first; never a signal's death, a
     traceback or a KeyboardInterrupt printed."""
     seed = random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
-    commands = [["jaxlm.generate", "--run", str(small_run), "--prompt", "x", "--max-new-tokens", "100"]] * 6 + [
-        ["deliverables.report", str(small_run), "--out", str(tmp_path / "report")]] * 3
+    commands = [["jaxlm.generate", "--run", str(small_run), "--prompt", "x", "--max-new-tokens", "100"]] * tries[0] + [
+        ["deliverables.report", str(small_run), "--out", str(tmp_path / "report")]] * tries[1]
     for args in commands:
         r = _interrupt_at(args, rng.uniform(0.3, 6.0))
         why = f"seed {seed}: {args[0]} exit {r.returncode}\n{r.stderr[-2000:]}"
         assert r.returncode in (0, 130) and "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, why
         if r.returncode == 130:
             assert r.stderr.strip().splitlines()[-1].startswith("interrupted: SIGINT"), why
+
+
+# --------------------------------------------------------------------------- signals during training
+
+
+def test_a_signal_during_start_up_stops_before_the_first_step(corpus, tmp_path, capsys):
+    """The signal is a flag (never a KeyboardInterrupt inside JAX): checked before the first step, one
+    line, exit 130, nothing created and the lock released."""
+    from jaxlm.cli import train as command
+
+    run = tmp_path / "run"
+
+    class SignalledDuringStartUp(stop.StopFlag):
+        """SIGINT arrives during the last start-up stage (after the lock, the preflight and the compile)."""
+
+        def check(self, stage):
+            self.checks = getattr(self, "checks", 0) + 1
+            self.signal = "SIGINT" if self.checks == 3 else None
+            super().check(stage)
+
+    real = stop.StopFlag
+    command.StopFlag = SignalledDuringStartUp
+    try:
+        assert cli.run(command.main, sets(tiny_overrides(corpus, run))) == 130
+    finally:
+        command.StopFlag = real
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "interrupted: SIGINT before the first step: stopped; nothing was trained or saved", err
+    assert not run.exists() and not (tmp_path / ".run.lock").exists()
+
+
+def test_after_a_signal_the_previous_handlers_are_back():
+    """In-process (a notebook, a test runner) a handled SIGTERM leaves Ctrl-C and SIGTERM as they were; only a
+    command that exits ignores them (jaxlm.cli.run)."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with stop.StopFlag() as flag:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs in the main thread at the next bytecode
+    assert flag.signal == "SIGTERM"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize("presses", [pytest.param(1, marks=pytest.mark.extended), 2])
+def test_ctrl_c_is_one_line_and_a_true_one(presses, corpus, tmp_path):
+    """Once at a random moment of start-up or training: 130 before the first step, else a saved
+    checkpoint and 0. Twice during training (a save every 5 steps, so often one in flight): 130 at
+    once, the line saying truly whether the checkpoint in flight was saved. Never a traceback (nor a
+    crash: Ctrl-C inside JAX's callbacks was one)."""
+    seed = random.SystemRandom().randrange(1 << 30)
+    rng = random.Random(seed)
+    run = tmp_path / "run"
+    long = {"train.steps": 100_000, "optim.cosine_steps": 100_000, "train.eval_every": 100_000, "checkpoint.every": 5}
+    args = [PY, "-m", "jaxlm.train", *sets(tiny_overrides(corpus, run, **long))]
+    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if presses == 1:
+        time.sleep(rng.uniform(1.0, 6.0))
+    else:
+        while proc.poll() is None and last_train_step(run) < 3:  # no time limit: start-up can take a minute
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.3))
+    for _ in range(presses):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(rng.uniform(0.0, 0.3))
+    out, err = proc.communicate(timeout=600)
+    why = f"seed {seed}, {presses} presses: exit {proc.returncode}\n{err[-3000:]}"
+    assert proc.returncode in (0, 130) and "Traceback" not in err, why
+    last = err.strip().splitlines()[-1] if err.strip() else ""  # none: it came before the command started
+    if proc.returncode == 0:
+        assert "stopped at step" in out, why
+    elif last:
+        assert last.startswith(("interrupted: SIGINT before the first step", "interrupted: SIGINT again")), why
+        assert "stopped at step" not in out, why
+        step = last.split("checkpoint ")[1].split(" ")[0] if "SIGINT again" in last and "checkpoint " in last else ""
+        if step.isdigit():  # the claim is the truth
+            assert (run / "checkpoints" / step).is_dir() == ("was saved" in last), why
+    assert presses == 1 or proc.returncode == 130 or "stopped at step" in out, why
+    assert not (tmp_path / ".run.lock").exists(), why
+
+# --------------------------------------------------------------------------- the error boundary
+
+
+def test_unexpected_exception_is_one_line_with_a_traceback_file(tmp_path, capsys):
+    def crash(argv):
+        with cli.traceback_in(tmp_path):
+            raise RuntimeError("boom\nsecond line")
+
+    assert cli.run(crash, []) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unexpected RuntimeError: boom")
+    assert str(tmp_path / "error.log") in err[0] and "RuntimeError: boom" in (tmp_path / "error.log").read_text()
+
+    def crash_anywhere(argv):
+        raise KeyError("x")
+
+    assert cli.run(crash_anywhere, []) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    path = Path(line.split("full traceback in ")[1].split(" ")[0])
+    assert "KeyError" in path.read_text()
+    path.unlink()
+    with pytest.raises(KeyError):
+        cli.run(crash_anywhere, ["--debug"])
+
+
+def test_interrupt_exits_130_quietly(capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    assert cli.run(interrupted, []) == 130
+    assert capsys.readouterr().err == ""
 
 
 # --------------------------------------------------------------------------- SIGTERM to experiments.run

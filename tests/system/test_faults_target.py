@@ -13,18 +13,14 @@ import pytest
 
 from jaxlm import cli
 from jaxlm.cli import memory as memory_cli
-from jaxlm.core import platform
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.training import compiled as gpu
+from tests.train_helpers import needs_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=256"]
 
-
-def needs_compiler(test):
-    skip = pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {gpu.EXTRA}")
-    return skip(pytest.mark.slow(pytest.mark.xdist_group("gpu_compile")(test)))
 
 
 def _sets(overrides: list[str]) -> list[str]:
@@ -92,7 +88,8 @@ def _sweep_stopped_by(sig: int, out: Path) -> tuple[int, str, str]:
 
 
 @needs_compiler
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.extended), signal.SIGINT],
+                         ids=["SIGTERM", "SIGINT"])  # both set the same stop flag; Ctrl-C's path is the longer one
 def test_a_signal_during_a_compile_sweep_keeps_the_rows_compiled(sig, tmp_path):
     code, out, err = _sweep_stopped_by(sig, tmp_path / "rows.json")
     last = err.strip().splitlines()[-1]

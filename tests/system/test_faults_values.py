@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxlm.core.config import load_config
-from tests.system.fault_rows import one_error, run_rows, sets
+from tests.system.fault_helpers import one_error, run_rows, sets
 from tests.train_helpers import make_corpus, tiny_overrides
 
 pytestmark = pytest.mark.xdist_group("faults_values")

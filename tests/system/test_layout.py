@@ -156,7 +156,7 @@ def test_no_private_name_crosses_a_module_in_the_lab():
     assert not any(private_imports(p) for p in ("experiments", "deliverables", "parity"))
 
 
-SIZED = ("jaxlm", "experiments", "deliverables", "parity")
+SIZED = ("jaxlm", "experiments", "deliverables", "parity", "tests")
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 
@@ -171,3 +171,40 @@ def test_files_and_functions_stay_readable():
                      for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, long
+
+
+
+def imported_modules(path: Path, root: Path = REPO) -> set[str]:
+    """Every module a file imports, anywhere in it (inside functions too); `from a import b` counts a and a.b."""
+    package = path.relative_to(root).parent.parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level:  # relative to the file's package
+                base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+TORCH = ("torch", "torchref", "parity", "tests.parity")  # and what imports it
+
+
+def torch_imports(path: Path, root: Path = REPO) -> list[str]:
+    return sorted(m for m in imported_modules(path, root) if any(m == t or m.startswith(f"{t}.") for t in TORCH))
+
+
+def test_the_torch_import_reader_looks_everywhere(tmp_path):
+    (tmp_path / "tests" / "lib").mkdir(parents=True)
+    (tmp_path / "tests" / "lib" / "t.py").write_text("import numpy\ndef f():\n    from torch import nn\n"
+                                                     "from ..parity import adapters\nimport parity_like\n")
+    assert torch_imports(tmp_path / "tests" / "lib" / "t.py", tmp_path) == [
+        "tests.parity", "tests.parity.adapters", "torch", "torch.nn"]
+
+
+def test_the_library_tests_run_on_the_core_install():
+    """tests/lib imports neither torch nor what needs it (.ci/run runs it on a bare `pip install -e .`)."""
+    found = {str(p.relative_to(REPO)): torch_imports(p) for p in sorted((REPO / "tests" / "lib").glob("*.py"))}
+    assert not {k: v for k, v in found.items() if v}

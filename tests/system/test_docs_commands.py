@@ -1,0 +1,323 @@
+"""Every fenced shell command in README.md and docs/**/*.md runs as written.
+
+Each `python -m MODULE ...` is parsed by the command's own argument parser (run in this process up to its
+`parse_args`, which is stopped there), then its `--config/--preset/--set` are loaded by the config loader and a
+plan name by the plan loader: a renamed module, subcommand, flag, config key or plan fails here. A few commands
+(SMOKE) run for real, at a smoke size, in a scratch directory. Commands that need a GPU or the network are
+listed with the reason (GPU_OR_NETWORK): parsed like the others, never run. Other programs (pip, tensorboard)
+are checked as far as they touch the project: pip's extras and pins against pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import runpy
+import shlex
+import signal
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[2]
+SHELL = {"bash", "sh", "shell", "console"}
+FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.S | re.M)
+SEPARATORS = {"&&", "||", ";", "&", "|"}
+
+# Commands that need a GPU or the network: parsed (above), never run here. (pattern, why)
+GPU_OR_NETWORK = (
+    (r"^pip install", "installs from the package index (network)"),
+    (r"jaxlm\.data download", "downloads a corpus (network)"),
+    (r"deliverables\.gpu\.carry download", "downloads wheels (network)"),
+    (r"jaxlm\.hf import HuggingFaceTB/", "downloads a checkpoint from the Hub (network)"),
+    (r"runs/smollm2-(135m|lora|qlora)|smollm2_lora\.toml($| --set 'lora)",
+     "uses the Hub checkpoint (network); a GPU job"),
+    (r"--size gpu", "a plan's GPU-sized variant"),
+    (r"--framework both --json runs/bench/small\.json|--attention xla cudnn --find-max-batch$",
+     "timed on an NVIDIA GPU (docs/benchmarks.md)"),
+    (r"--mode cache --json small_b32", "decoding on an NVIDIA GPU"),
+    (r"^tensorboard ", "a server: started by hand"),
+)
+# Programs other than python that the docs may name: checked by `check_other`.
+OTHER = {"pip", "tensorboard", ".", "cd", "git"}
+# The commands run for real, in order (a later one may use an earlier one's run): doc command -> what the smoke
+# run appends. The training shrink keeps every phase (evaluation, sample, checkpoint) at a few steps.
+SHRINK = ["--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "data.eval_tokens=1024",
+          "--set", "log.every=2", "--set", "log.sample_tokens=8", "--set", "checkpoint.every=4",
+          "--set", "train.steps_per_call=1", "--set", "log.progress=false"]
+SMOKE = {
+    "python -m jaxlm.train --config experiments/configs/shakespeare_char.toml": SHRINK,
+    'python -m jaxlm.generate --run runs/shakespeare_char --prompt "ROMEO:"': ["--max-new-tokens", "8"],
+    "python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb": [],
+    "python -m experiments.run lr_sweep --dry-run": [],
+    "python -m deliverables.gpu --dry-run": [],
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    where: str  # FILE:LINE
+    text: str  # as written (continuations joined, comments dropped)
+    argv: tuple[str, ...]
+
+
+def doc_files(root: Path = REPO) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def split_commands(line: str) -> list[list[str]]:
+    """One shell line (comments dropped) as the simple commands between `&&`, `;`, `|` ...; `VAR=x` prefixes
+    dropped."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    out, cur = [], []
+    for tok in lexer:
+        if tok in SEPARATORS:
+            out, cur = out + [cur], []
+        else:
+            cur.append(tok)
+    out.append(cur)
+    return [c[next((i for i, t in enumerate(c) if not re.fullmatch(r"[A-Z_]+=\S*", t)), len(c)):] for c in out if c]
+
+
+def commands_in(path: Path, root: Path = REPO) -> tuple[list[Command], list[str]]:
+    """The commands of `path`'s shell blocks, and the untagged blocks that hold a command (a command must not
+    hide from this test: synopses and output are tagged `text`)."""
+    text, found, untagged = path.read_text(), [], []
+    for m in FENCE.finditer(text):
+        lang, body = m.group(1), m.group(2)
+        first = text.count("\n", 0, m.start(2)) + 1
+        if lang not in SHELL:
+            if not lang and re.search(r"^\s*(python3?|pip) ", body, re.M):
+                untagged.append(f"{path.relative_to(root)}:{first}")
+            continue
+        lines = body.replace("\\\n", " ").splitlines()
+        for offset, line in enumerate(lines):
+            for argv in split_commands(line):
+                where = f"{path.relative_to(root)}:{first + offset}"
+                found.append(Command(where, shlex.join(argv), tuple(argv)))
+    return found, untagged
+
+
+ALL = [c for f in doc_files() for c in commands_in(f)[0]]
+
+
+class _Parsed(BaseException):
+    """Raised from inside the command once its arguments are parsed: nothing of the job runs."""
+
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+
+@contextlib.contextmanager
+def _stopped_at_parse():
+    original = argparse.ArgumentParser.parse_args
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def parse_args(self, args=None, namespace=None):
+        raise _Parsed(original(self, args, namespace))
+
+    argparse.ArgumentParser.parse_args = parse_args
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.parse_args = original
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def parse(module: str, args: list[str], out: io.StringIO | None = None) -> argparse.Namespace | None:
+    """MODULE's own parser on ARGS; None after a clean exit (--help, whose text goes to `out`). Fails with the
+    command's error line."""
+    saved, err = sys.argv, io.StringIO()
+    sys.argv = [module, *args]
+    try:
+        with _stopped_at_parse(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out or io.StringIO()):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except _Parsed as p:
+        return p.namespace
+    except SystemExit as e:
+        if e.code in (0, None):
+            return None
+        pytest.fail(f"exit {e.code}: {err.getvalue().strip()[-400:]}")
+    finally:
+        sys.argv = saved
+    pytest.fail("the command ran without parsing arguments")
+
+
+def check_python(module: str, args: list[str]) -> None:
+    if module == "venv":
+        return
+    if module == "pytest":
+        missing = [a for a in args if a.startswith("tests/") and not (REPO / a.split("::")[0]).exists()]
+        assert not missing, f"no such test file: {missing}"
+        return
+    ns = parse(module, args)
+    if ns is None:
+        return
+    if hasattr(ns, "overrides"):
+        from jaxlm.core.config import load_config
+
+        config = ns.config if ns.config is None or os.path.isabs(ns.config) else str(REPO / ns.config)
+        load_config(config, ns.overrides, preset=ns.preset)
+    if module == "experiments.run" and ns.plan:
+        from experiments.plan import load_plan
+
+        load_plan(ns.plan, ns.size)
+
+
+def check_other(argv: list[str]) -> None:
+    """pip's extras and pins must be pyproject.toml's; the other programs are named in OTHER."""
+    assert argv[0] in OTHER, f"{argv[0]}: a program this test does not know; add it to OTHER or fix the doc"
+    if argv[0] != "pip":
+        return
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = [Requirement(d) for ds in [*extras.values(), project["dependencies"]] for d in ds]
+    for arg in argv[2:]:
+        if m := re.fullmatch(r"\.?\[([\w,-]+)\]", arg):
+            unknown = [e for e in m.group(1).split(",") if e not in extras]
+            assert not unknown, f"pip extras {unknown} are not in pyproject.toml"
+        elif "==" in arg:
+            pin = Requirement(arg)
+            version = next(iter(pin.specifier)).version
+            assert all(version in r.specifier for r in wanted if r.name == pin.name), \
+                f"{arg}: outside pyproject.toml's requirement"
+
+
+def check(command: Command) -> None:
+    argv = list(command.argv)
+    if argv[0] in ("python", "python3") and argv[1:2] == ["-m"]:
+        check_python(argv[2], argv[3:])
+    elif argv[0] in ("python", "python3"):
+        assert argv[1] == "-c", f"{command.text}: run Python code with -m MODULE or -c"
+    else:
+        check_other(argv)
+
+
+def needs_gpu_or_network(command: Command) -> str | None:
+    return next((why for pattern, why in GPU_OR_NETWORK if re.search(pattern, command.text)), None)
+
+
+@pytest.mark.parametrize("command", ALL, ids=[f"{c.where} {c.text[:70]}" for c in ALL])
+def test_documented_command_parses(command):
+    check(command)
+
+
+@pytest.mark.slow
+def test_smoke_commands_run(tmp_path):
+    """The SMOKE commands, as written plus their shrink, from a scratch directory holding the configs."""
+    documented = {c.text: c for c in ALL}
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")
+    env = {**os.environ, "JAXLM_DATA": os.environ.get("JAXLM_DATA", str(tmp_path / "data")),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    for text, extra in SMOKE.items():
+        key = shlex.join(shlex.split(text))
+        assert key in documented, f"{text}: no longer in the docs; update SMOKE"
+        argv = [sys.executable, *shlex.split(text)[1:], *extra]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        if "not found; run `python -m jaxlm.data download" in proc.stderr:
+            pytest.skip(proc.stderr.strip().splitlines()[-1])
+        assert proc.returncode == 0, f"{documented[key].where} {text}: {proc.stderr[-600:]}"
+
+
+SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora"}  # each subcommand has its own --help
+
+
+def _command_word(c: Command) -> tuple[str, ...]:
+    """`python -m MODULE [SUBCOMMAND]` of a documented command: what its --help describes."""
+    return tuple(c.argv[2:4]) if c.argv[2] in SUBCOMMANDS and len(c.argv) > 3 else (c.argv[2],)
+
+
+HELPED = sorted({_command_word(c) for c in ALL
+                 if c.argv[:2] == ("python", "-m") and c.argv[2] not in ("venv", "pytest")})
+
+
+@pytest.mark.parametrize("word", HELPED, ids=[" ".join(w) for w in HELPED])
+def test_help_names_the_extra_it_needs(word):
+    """Every documented command's --help says what it needs installed: the core install or an extra."""
+    out = io.StringIO()
+    parse(word[0], [*word[1:], "--help"], out)
+    text = " ".join(out.getvalue().split())
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = rf"core install|'?({'|'.join(map(re.escape, extras))})'? extra"
+    assert re.search(named, text), f"python -m {' '.join(word)} --help names neither the core install nor an extra"
+
+
+def test_no_command_in_an_untagged_block():
+    untagged = [u for f in doc_files() for u in commands_in(f)[1]]
+    assert not untagged, f"untagged blocks holding a command (tag them bash, or text for a synopsis): {untagged}"
+
+
+def test_every_gpu_or_network_command_is_listed_for_a_reason():
+    """The list is exact: each pattern still matches a documented command."""
+    for pattern, why in GPU_OR_NETWORK:
+        assert any(re.search(pattern, c.text) for c in ALL), f"{pattern} ({why}) matches no documented command"
+
+
+@pytest.mark.parametrize("bad", [
+    "python -m jaxlm" + ".trian --config experiments/configs/quickstart.toml",  # a renamed module (split: test_names)
+    "python -m jaxlm.bench modle --preset small",  # a renamed subcommand
+    "python -m jaxlm.bench model --preset small --contxt 128",  # a renamed flag
+    "python -m jaxlm.train --config experiments/configs/quickstart.toml --set optim.lrr=1e-3",  # a config key
+    "python -m experiments.run lr_swep --dry-run",  # a renamed plan
+    'pip install -e ".[tourch]"',  # a renamed extra
+])
+def test_a_renamed_name_fails(bad):
+    argv = tuple(shlex.split(bad))
+    with pytest.raises(BaseException) as caught:
+        check(Command("planted", bad, argv))
+    assert not isinstance(caught.value, (KeyboardInterrupt, SystemExit))
+
+
+def test_accumulated_batch_is_estimated_one_micro_batch_at_a_time(capsys):
+    """docs/memory.md's gpt2_small example: 512 sequences in 8 micro-batches hold what one step of 64 holds."""
+    from jaxlm.cli import memory
+
+    config = str(REPO / "experiments/configs/gpt2_small.toml")
+    memory.main(["--config", config, "--memory", "24GiB", "--json"])
+    accumulated = json.loads(capsys.readouterr().out)
+    memory.main(["--config", config, "--memory", "24GiB", "--json", "--batch", "64", "--set", "train.grad_accum=1"])
+    single = json.loads(capsys.readouterr().out)
+    assert (accumulated["batch"], accumulated["micro_batch"], accumulated["grad_accum"]) == (512, 64, 8)
+    assert accumulated["peak_bytes"] == single["peak_bytes"]
+    assert accumulated["largest_batch"] == 8 * single["largest_batch"]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (but - and _), spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(path: Path, root: Path = REPO) -> list[str]:
+    """The relative links of `path` whose file or #anchor does not exist."""
+    broken, text = [], path.read_text()
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(f"{path.relative_to(root)}: {target}")
+        elif anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", FENCE.sub("", dest.read_text()), re.M)
+            if anchor not in {slug(h) for h in headings}:
+                broken.append(f"{path.relative_to(root)}: {target}")
+    return broken
+
+
+def test_links_and_anchors_resolve():
+    broken = [b for f in doc_files() for b in broken_links(f)]
+    assert not broken, f"links to a missing file or heading: {broken}"
