@@ -61,7 +61,10 @@ def test_sdpa_with_mask_and_any_leading_axes(lead):
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(adapters.run_scaled_dot_product_attention(q, k, v, mask), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(
-        adapters.run_scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-5
+        adapters.run_scaled_dot_product_attention(q, k, v),
+        F.scaled_dot_product_attention(q, k, v),
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 
@@ -157,7 +160,9 @@ def test_adapter_lm_and_block_load_spec_state_dicts():
     state = torchref.TransformerLM(cfg).state_dict()
     ids = torch.randint(0, cfg.vocab_size, (3, 9))  # shorter than context_length
     out = adapters.run_transformer_lm(37, 16, 24, 2, 3, 40, 10000.0, state, ids)
-    torch.testing.assert_close(out.double(), functional_lm({k: v.double() for k, v in state.items()}, ids, cfg), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        out.double(), functional_lm({k: v.double() for k, v in state.items()}, ids, cfg), atol=2e-5, rtol=2e-5
+    )
 
     block_w = {k.removeprefix("layers.0."): v for k, v in state.items() if k.startswith("layers.0.")}
     x = rand(2, 9, 24)
@@ -165,8 +170,12 @@ def test_adapter_lm_and_block_load_spec_state_dicts():
     x64 = x.double()
     h = x64 + functional_attention(F.rms_norm(x64, (24,), w64["ln1.weight"], eps=1e-5), w64, "attn.", 3, 10000.0)
     hn = F.rms_norm(h, (24,), w64["ln2.weight"], eps=1e-5)
-    expected = h + F.linear(F.silu(F.linear(hn, w64["ffn.w1.weight"])) * F.linear(hn, w64["ffn.w3.weight"]), w64["ffn.w2.weight"])
-    torch.testing.assert_close(adapters.run_transformer_block(24, 3, 40, 16, 10000.0, block_w, x).double(), expected, atol=2e-5, rtol=2e-5)
+    expected = h + F.linear(
+        F.silu(F.linear(hn, w64["ffn.w1.weight"])) * F.linear(hn, w64["ffn.w3.weight"]), w64["ffn.w2.weight"]
+    )
+    torch.testing.assert_close(
+        adapters.run_transformer_block(24, 3, 40, 16, 10000.0, block_w, x).double(), expected, atol=2e-5, rtol=2e-5
+    )
 
 
 def test_multihead_attention_adapters():
@@ -176,13 +185,17 @@ def test_multihead_attention_adapters():
     w = dict(zip(names, ws))
     x = rand(2, 3, 10, d)  # two leading batch axes
     expected = functional_attention(x.double(), {k: v.double() for k, v in w.items()}, "", h)
-    torch.testing.assert_close(adapters.run_multihead_self_attention(d, h, *ws, x).double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        adapters.run_multihead_self_attention(d, h, *ws, x).double(), expected, atol=1e-5, rtol=1e-5
+    )
     pos = torch.randint(0, 32, (10,))
     expected = functional_attention(x.double(), {k: v.double() for k, v in w.items()}, "", h, 10000.0, pos)
     got = adapters.run_multihead_self_attention_with_rope(d, h, 32, 10000.0, *ws, x, token_positions=pos)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
     default = adapters.run_multihead_self_attention_with_rope(d, h, 32, 10000.0, *ws, x)
-    explicit = adapters.run_multihead_self_attention_with_rope(d, h, 32, 10000.0, *ws, x, token_positions=torch.arange(10))
+    explicit = adapters.run_multihead_self_attention_with_rope(
+        d, h, 32, 10000.0, *ws, x, token_positions=torch.arange(10)
+    )
     torch.testing.assert_close(default, explicit)
 
 
@@ -200,8 +213,12 @@ def test_rope_hand_checkable_properties():
     # q.k depends only on the relative position: (m, n) and (m + s, n + s) agree.
     q, k = rand(d_k), rand(d_k)
     for m, n, s in [(3, 1, 5), (10, 10, 7), (0, 9, 20)]:
-        a = adapters.run_rope(d_k, theta, 64, q, torch.tensor(m)) @ adapters.run_rope(d_k, theta, 64, k, torch.tensor(n))
-        b = adapters.run_rope(d_k, theta, 64, q, torch.tensor(m + s)) @ adapters.run_rope(d_k, theta, 64, k, torch.tensor(n + s))
+        a = adapters.run_rope(d_k, theta, 64, q, torch.tensor(m)) @ adapters.run_rope(
+            d_k, theta, 64, k, torch.tensor(n)
+        )
+        b = adapters.run_rope(d_k, theta, 64, q, torch.tensor(m + s)) @ adapters.run_rope(
+            d_k, theta, 64, k, torch.tensor(n + s)
+        )
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     # The first pair at position 1 turns by exactly 1 radian (theta^0).
     e = torch.zeros(d_k)

@@ -144,7 +144,11 @@ def test_checkpoint_round_trip_continues_identically(tmp_path, as_file):
         assert torch.equal(p, q), n
     for p, q in zip(model.parameters(), restored.parameters()):
         s, r = opt.state[p], restored_opt.state[q]
-        assert s["step"] == r["step"] and torch.equal(s["exp_avg"], r["exp_avg"]) and torch.equal(s["exp_avg_sq"], r["exp_avg_sq"])
+        assert (
+            s["step"] == r["step"]
+            and torch.equal(s["exp_avg"], r["exp_avg"])
+            and torch.equal(s["exp_avg_sq"], r["exp_avg_sq"])
+        )
     assert _train(model, opt, 4, seed=2) == _train(restored, restored_opt, 4, seed=2)
 
 
