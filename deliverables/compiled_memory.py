@@ -137,7 +137,8 @@ def figures(section: Section, target: gpu.Target, store: CompileCache, compile: 
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
-            r["largest_batch"] = store.largest(j, target) if compile else "-"
+            searched = store.stored.get(store.key({**j, "search": "largest_batch"}, target), {})
+            r["largest_batch"] = store.largest(j, target) if compile else searched.get("largest_batch", "-")
         rows.append(r)
     return rows
 
@@ -151,6 +152,17 @@ def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections
     target, store = gpu.parse_target(target_name), CompileCache(path)
     rows = next(s for s in all_sections() if s.name == section).rows
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
+
+
+def cached_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, int]:
+    """label -> the largest batch that fits, of a `largest` section's rows already searched in OUT_DIR/TARGET.json."""
+    path = Path(out_dir) / f"{target_name}.json"
+    if not path.is_file():
+        return {}
+    target, store = gpu.parse_target(target_name), CompileCache(path)
+    rows = next(s for s in sections() if s.name == section).rows
+    keys = {label: store.key({**j, "search": "largest_batch"}, target) for label, j in rows}
+    return {label: store.stored[k]["largest_batch"] for label, k in keys.items() if k in store.stored}
 
 
 def markdown_table(head: str, rows: list[dict], cells) -> str:

@@ -1,5 +1,5 @@
 """The CS336 tokenizer experiments, one measurement per call; the `tokenizer` plan runs them and
-`experiments.report` turns their `RUN_DIR/tokenizer.json` into its tables.
+`deliverables.report` turns their `RUN_DIR/tokenizer.json` into its tables.
 
     python -m deliverables.tokenizer_study train RUN_DIR --fraction 0.5 [--vocab-size 10000]
     python -m deliverables.tokenizer_study compress RUN_DIR

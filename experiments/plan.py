@@ -20,7 +20,7 @@ config = "experiments/configs/tinystories_17m.toml"
 name = "lr{optim.lr}"          # {axis} is replaced by the axis value or label
 grid = { "optim.lr" = [1e-3, 3e-3, 1.0] }
 
-[report]                       # how experiments.report presents the plan
+[report]                       # how deliverables.report presents the plan
 x = "optim.lr"
 ```
 

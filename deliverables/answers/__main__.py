@@ -21,7 +21,7 @@ def cs336_part1(device: Device, root: Path, page: Path, out_dir: Path) -> list[s
     lines += ["### transformer_accounting", ""] + accounting.parameters_section(names) + accounting.flops_section(names)
     lines += (["### adamwAccounting", ""] + adamw.formula_section() + adamw.gpt2_xl_section()
               + adamw.adamw_flops_section() + accounting.time_section(device)
-              + accounting.memory_section(names))
+              + accounting.memory_section(names, root))
     link = os.path.relpath(page.resolve(), out_dir.resolve())
     return lines + studies.learning_rate_section(root) + studies.generate_section(page, link)
 

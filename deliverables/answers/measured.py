@@ -39,14 +39,21 @@ def load_bench_file(path: Path) -> tuple[list[dict], dict]:
     raise DataError(f"--bench {path}: not a bench result (no 'rows' or 'bench_rows' list in it)")
 
 
-def measured_section(bench: Path | None) -> list[str]:
-    out = ["#### A benchmark result given with `--bench`", ""]
+# `small` at the size table's setting, measured on the CPU host (fits its memory; the larger sizes do not fit
+# its time): python -m jaxlm.bench model --preset small --context 512 --batch 4 --mode forward forward_backward
+#   --breakdown --json docs/results/benchmarking/small-cpu.json
+CPU_SMALL = "small-cpu.json"
+
+
+def measured_section(bench: Path | None, title: str = "A benchmark result given with `--bench`") -> list[str]:
+    out = [f"#### {title}", ""]
     if bench is None:
         return []
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
-    out += [f"From `{bench}` ({len(ok)} measured rows). Mean and standard deviation over the timed steps, after "
-            "warm-up.", ""]
+    where = f" on {machine({'host': meta['host']})}" if isinstance(meta.get("host"), dict) else ""
+    out += [f"From `{bench}` ({len(ok)} measured rows{where}). Mean and standard deviation over the timed steps, "
+            "after warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
@@ -108,7 +115,8 @@ def machine(run: dict) -> str:
     h = run.get("host") or {}
     what = h.get("cpu_model") or f"{run.get('device', '?')}"
     cores = f", {h['cpus']} cores" if h.get("cpus") else ""
-    load = [h.get(k) for k in ("load_avg_1m_start", "load_avg_1m_end") if isinstance(h.get(k), (int, float))]
+    load = [h.get(k) for k in ("load_avg_1m_start", "load_avg_1m", "load_avg_1m_end")
+            if isinstance(h.get(k), (int, float))]
     return what + cores + (f", load average {min(load):.1f}-{max(load):.1f}" if load else "")
 
 
@@ -178,9 +186,12 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
                 "10 timed steps, context 512, batch 4, float32), then `python -m deliverables.answers` reads its "
                 "records. Until then, the H100's times predicted from its compiled program:", ""]
     out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
+    if (root / PLAN / CPU_SMALL).is_file():
+        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host (b), (c): forward, "
+                                "backward, feed-forward against attention")
     if not warm:
         return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
-                      f"`python -m experiments.run {PLAN}` then `python -m experiments.report runs/{PLAN} "
+                      f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "
                       f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
     spec = warm[0].get("spec") or {}
     setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from pathlib import Path
 
 from deliverables.answers.accounting import table
+from deliverables.report.divergence import DEFINITION, edge, edge_sentence
 from experiments.results import load_results
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
+WORDS = {"trained": "trained", "failed": "failed to learn", "diverged": "diverged"}
 
 
 def lr_settings(root: Path) -> dict[float, list[dict]]:
@@ -38,47 +41,45 @@ def learning_rate_section(root: Path) -> list[str]:
     out = ["### learning_rate", ""]
     if not settings:
         return out + [f"**Missing**: no `{LR_PLAN}` records under `{root}`; `python -m experiments.run {LR_PLAN}`.", ""]
-    rows, ok, diverged = [], {}, []
-    for lr, runs in settings.items():
+    points = sorted(settings.items())
+    e = edge(points, untrained_loss(points))
+    rows = []
+    for lr, runs in points:
         m = mean_loss(runs)
-        bad = [r for r in runs if r.get("status") == "diverged"]
-        if m:
-            ok[lr] = m
-        if bad:
-            diverged.append(lr)
+        kinds = e["kinds"][lr]
         rows.append([f"{lr:g}", str(len(runs)), f"{m[0]:.3f} ± {m[1]:.3f}" if m else "–",
-                     f"{len(bad)} of {len(runs)}" if bad else "none"])
-    best = min(ok, key=lambda lr: ok[lr][0])
-    stable = max(ok)
-    edge = min((lr for lr in diverged if lr > stable), default=None)
-    spec = next(iter(settings.values()))[0].get("spec") or {}
+                     ", ".join(f"{kinds.count(k)} {WORDS[k]}" for k in WORDS if k in kinds)])
+    spec = points[0][1][0].get("spec") or {}
     s = spec.get("set") or {}
     setup = (f"{s.get('model.num_layers', '?')} layers x {s.get('model.d_model', '?')}, context "
-             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, {s.get('train.steps', '?')} steps")
+             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, "
+             f"{s.get('train.steps', '?')} steps")
     out += [f"(a) From the `{LR_PLAN}` plan's records ({setup}; validation loss as mean ± standard deviation over "
-            f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)):", ""]
-    out += table(["peak lr", "seeds", "validation loss", "diverged"], rows)
-    if edge is None:
-        out += [f"(b) The best rate is {best:g}; the largest rate on the grid, {stable:g}, still trained, so this grid "
-                "does not reach the edge of stability.", ""]
-    else:
-        rates = sorted(ok)
-        i = rates.index(best)
-        neighbours = rates[max(i - 1, 0):i] + rates[i + 1:i + 2]  # the grid points on either side of the best
-        folk = "does not hold" if stable / best > 10 else "holds"
-        out += [f"(b) The best rate is {best:g}. The largest rate that trained is {stable:g} ({stable / best:g}x the "
-                f"best); {edge:g} ({edge / best:g}x) diverged. The edge of stability lies between the two, so here the "
-                f"best rate sits at least {stable / best:g}x below it: the folk wisdom (the best rate is just below the "
-                f"edge) {folk} at this size. **The grid's limits**: {len(settings)} rates, so the edge is "
-                f"bracketed only within a factor {edge / stable:g} and the best within its neighbours "
-                f"({' and '.join(f'{lr:g}' for lr in neighbours)}); a finer grid between {stable:g} and {edge:g} places the "
-                "edge, and one around the best places it.", ""]
-    return out
+            f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)). {DEFINITION}", ""]
+    out += table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows)
+    out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
+    if e["trained"] and e["broken"]:
+        folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
+        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk "
+                    f"wisdom (the best rate is just below the edge of stability) {folk} here: the "
+                    "rates just under the edge still train nearly as well as the best while the next step up no longer "
+                    "learns. Where the loss becomes non-finite is a different, much higher edge. "
+                    "**The grid's limits**: "
+                    f"{len(points)} rates, so the edge is bracketed only within a factor "
+                    f"{e['broken'] / e['trained']:g}; "
+                    f"a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
+    return out + [""]
+
+
+def untrained_loss(points: list[tuple[float, list[dict]]]) -> float:
+    """ln V of the sweep's model (the untrained model's loss), from the first run's recorded config."""
+    vocab = ((points[0][1][0].get("config") or {}).get("model") or {}).get("vocab_size")
+    return math.log(vocab) if vocab else math.inf
 
 
 def run_page_facts(page: Path) -> dict | None:
-    """The sample, its decoding settings and the model's facts from a run's page
-    (`python -m experiments.report RUN`)."""
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
+    RUN`)."""
     if not page.is_file():
         return None
     text = page.read_text()
@@ -97,9 +98,9 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; "
-                      f"`python -m experiments.report RUN_DIR --out {page.parent}` writes one (256 tokens from the "
-                      "run's newest checkpoint).", ""]
+        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR "
+                      "--out "
+                      f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
     return out + [
@@ -112,6 +113,6 @@ def generate_section(page: Path, link: str) -> list[str]:
         "(above 1) the next-token distribution, and top-p keeps only the smallest set of tokens holding p of the "
         "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
         "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
-        f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and "
-        "Li, 2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
+        f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
+        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
         "stories.", ""]

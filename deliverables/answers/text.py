@@ -90,7 +90,7 @@ def tokenizer_sections(root: Path) -> list[str]:
     link = f"[results/{PLAN}/report.md](results/{PLAN}/report.md)"
     if not parts:
         missing = [f"**Missing**: no `{PLAN}` plan report under `{root}`; `python -m experiments.run {PLAN}` then "
-                   f"`python -m experiments.report runs/{PLAN} --out {root}/{PLAN} --records`.", ""]
+                   f"`python -m deliverables.report runs/{PLAN} --out {root}/{PLAN} --records`.", ""]
         return ["### train_bpe_tinystories", "", *missing, "### tokenizer_experiments", "", *missing]
     def take(title: str) -> list[str]:
         lines = parts.get(title, ["(missing from the report)", ""])

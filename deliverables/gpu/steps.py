@@ -373,7 +373,7 @@ def estimate_shakespeare(smoke: bool) -> float:
 # --------------------------------------------------------------------------- plots
 
 def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from experiments.report.figures import bench_figures
+    from deliverables.report.charts import bench_figures
 
     try:
         (ctx.out / prefix).mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ The model-step sweep (speed, FLOPs, MFU, memory; other frameworks' rows beside t
 - sweep: the `model` command; commands: the command line of them all
 The other commands: data (tokenizer and loader), decode (tokens/s with and without the
 KV cache), ops (op-by-op profile), matmul (GFLOP/s of each projection matmul), parallel (the
-train step on a device mesh, layouts). Figures of the rows are drawn by the lab (`experiments.report`).
+train step on a device mesh, layouts). Figures of the rows are drawn by the lab (`deliverables.report`).
 
 Importing this package loads no framework (the command sets XLA_PYTHON_CLIENT_PREALLOCATE first so that
 two frameworks can share one GPU).

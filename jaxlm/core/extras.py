@@ -13,8 +13,8 @@ from types import ModuleType
 from jaxlm.core.errors import MissingExtra
 
 # top-level module -> the extra that installs it
-EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "markdown": "plots", "xprof": "profile",
-          "weasyprint": "pdf", "safetensors": "hf", "tokenizers": "hf", "huggingface_hub": "hf"}
+EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "xprof": "profile",
+          "safetensors": "hf", "tokenizers": "hf", "huggingface_hub": "hf"}
 
 
 def missing_message(module: str) -> str:

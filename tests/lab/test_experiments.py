@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from deliverables.report.build import write_report
 from experiments.plan import PlanError, load_plan
-from experiments.report.build import write_report
 from experiments.run import run_plan
 from jaxlm.core.errors import UsageError
 from tests.lab.plan_helpers import CPU, command_plan, write

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.report.build import write_report
+from deliverables.report.build import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_seed_statistics_by_hand():
-    from experiments.report.noise import Family, holm, judged, t_quantile
-    from experiments.report.seeds import Stats, compare_phrase, resolved
+    from deliverables.report.noise import Family, holm, judged, t_quantile
+    from deliverables.report.seeds import Stats, compare_phrase, resolved
 
     # Student's t table: t(0.975, 2) = 4.303, t(0.975, 4) = 2.776
     assert t_quantile(0.975, 2) == pytest.approx(4.303, abs=5e-4)
@@ -99,9 +99,9 @@ def test_seeded_report_findings_and_records_round_trip(tmp_path):
 
 
 def test_sweep_findings_by_hand(tmp_path):
-    from experiments.report.findings import findings_rows
-    from experiments.report.noise import Family, judged
-    from experiments.report.seeds import equal_token_sentences, group_settings
+    from deliverables.report.findings import findings_rows
+    from deliverables.report.noise import Family, judged
+    from deliverables.report.seeds import equal_token_sentences, group_settings
     from experiments.results import load_results
 
     plan_dir = tmp_path / "batch_size"
@@ -125,7 +125,7 @@ def test_sweep_findings_by_hand(tmp_path):
 
 
 def test_memory_fits_by_hand():
-    from experiments.report.bench import fit_memory_batch, fit_memory_context
+    from deliverables.report.bench import fit_memory_batch, fit_memory_context
 
     row = {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none"}
     batch = [{**row, "context": 256, "batch": b, "memory_gb": (10e6 + 2e6 * b) / 1e9} for b in (1, 2, 4, 8)]
@@ -145,48 +145,52 @@ def test_memory_fits_by_hand():
 
 
 def test_lr_sweet_spot_by_hand(tmp_path):
-    from experiments.report.findings import findings_rows
-    from experiments.report.noise import judged
-    from experiments.report.seeds import group_settings
+    from deliverables.report.findings import findings_rows
+    from deliverables.report.noise import judged
+    from deliverables.report.seeds import group_settings
     from experiments.results import load_results
 
     nan = float("nan")
-    finals = {"lr=0.001": [2.2, 2.25, 2.15], "lr=0.003": [2.0, 2.02, 1.98], "lr=0.01": [2.1, 2.12, 2.08],
-              "lr=0.1": [nan, nan, nan]}
-    fake_seeded_plan(tmp_path / "lr", "lr_sweep", finals, "optim.lr", {})
+    fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.001": [2.2, 2.25, 2.15], "lr=0.003": [2.0, 2.02, 1.98],
+                                                   "lr=0.01": [2.1, 2.12, 2.08], "lr=0.1": [nan, nan, nan]},
+                     "optim.lr", {})
     settings = group_settings(load_results(tmp_path / "lr"))
-    (sweet, diverge), _ = judged(lambda noise: findings_rows("lr_sweep", settings,
-                                                             {"untrained_loss": math.log(257), "noise": noise}))
+    ctx = {"untrained_loss": math.log(257)}
+    (sweet, diverge), _ = judged(lambda noise: findings_rows("lr_sweep", settings, {**ctx, "noise": noise}))
     assert sweet["verdict"] == "agree", sweet  # Welch p 0.0113 and 0.0036; Holm over the two: 0.0113, 0.0072
-    assert sweet["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.050); lr 0.001: 2.200 ± 0.124, "
-                                 "lr 0.01: 2.100 ± 0.050; best beyond noise of every other rate; "
-                                 "this best is 3x the seed reports' 1e-3 "
+    assert sweet["measured"] == ("best lr 0.003 (val loss 2.000 ± 0.050); lr 0.001: 2.200 ± 0.124, lr 0.01: "
+                                 "2.100 ± 0.050; "
+                                 "best beyond noise of every other rate; this best is 3x the seed reports' 1e-3 "
                                  "(where it lies depends on model and batch)")
     assert diverge["verdict"] == "agree" and diverge["measured"] == (
-        "lr 0.1 (33x the best): 3 of 3 seeds diverged (non-finite after step 100; non-finite after step 100; "
-        "non-finite after step 100)")
+        "Edge of stability: every seed trained up to lr 0.01 (3.33x the best rate, 0.003) and no seed trained from "
+        "lr 0.1 (33x); any threshold above 0.10 nats puts it there. The loss first turns non-finite for every seed at "
+        "lr 0.1 (33x the best). lr 0.1 (33x the best): 0 of 3 seeds failed to learn, 3 diverged")
 
 
 def test_divergence_defined_and_the_edge_located(tmp_path):
-    from experiments.report.divergence import divergence_section
-    from experiments.report.seeds import group_settings
+    from deliverables.report.divergence import divergence_section
+    from deliverables.report.seeds import group_settings
     from experiments.results import load_results
 
     nan = float("nan")
-    finals = {"lr=0.01": [2.1, 2.12, 2.08], "lr=0.02": [2.3, 2.2, 2.25], "lr=0.05": [6.0, 2.9, 3.1],
-              "lr=0.1": [nan, 6.1, nan]}
-    fake_seeded_plan(tmp_path / "lr", "lr_sweep", finals, "optim.lr", {})
+    fake_seeded_plan(tmp_path / "lr", "lr_sweep", {"lr=0.01": [2.1, 2.12, 2.08], "lr=0.02": [2.3, 2.2, 2.25],
+                                                   "lr=0.05": [6.0, 2.9, 3.1], "lr=0.1": [nan, 6.1, nan]},
+                     "optim.lr", {})
     stopped = tmp_path / "lr" / "lr=0.1-s2" / "result.json"  # the runner keeps the trainer's stop message as `reason`
-    reason = "error: loss 9.1, parameter norm nan at step 45 (lr 0.1)"
-    stopped.write_text(json.dumps({**json.loads(stopped.read_text()), "reason": reason}))
+    stop = "error: loss 9.1, parameter norm nan at step 45 (lr 0.1)"
+    stopped.write_text(json.dumps({**json.loads(stopped.read_text()), "reason": stop}))
     text = "\n".join(divergence_section(group_settings(load_results(tmp_path / "lr")), "optim.lr", math.log(257)))
-    assert "final validation loss is above ln V" in text
-    # ln 257 = 5.549: 6.0 and 6.1 ended above it, the NaN runs stopped; 0.05 is mixed, 0.1 diverged at every seed
-    assert "| 0.05 | 3 | 1 | final val loss 6.00 > ln V = 5.55; val loss 2.900; val loss 3.100 |" in text
-    assert ("| 0.1 | 3 | 3 | non-finite after step 100; final val loss 6.10 > ln V = 5.55; non-finite at step 45 |"
-            in text)
-    assert ("Edge of stability: every seed trained at lr 0.02 and every seed diverged from lr 0.1 (5x higher); "
-            "between them some seeds diverged (lr 0.05).") in text
+    assert "ended above ln V" in text and "more than 0.5 nats above L\\*" in text
+    # ln 257 = 5.549: 6.0 and 6.1 ended above it, the NaN runs stopped. The best is lr 0.01 (mean 2.1): lr 0.02 ends
+    # 0.1-0.2 nats above it (trained), lr 0.05's finite seeds 0.8 and 1.0 above (failed to learn).
+    assert ("| 0.05 | 3 | 0 | 2 | 1 | final val loss 6.00 > ln V = 5.55; val loss 2.900 (+0.80 nats); "
+            "val loss 3.100 (+1.00 nats) |") in text
+    assert ("| 0.1 | 3 | 0 | 0 | 3 | non-finite after step 100; final val loss 6.10 > ln V = 5.55; "
+            "non-finite at step 45 |") in text
+    assert ("Edge of stability: every seed trained up to lr 0.02 (2x the best rate, 0.01) and no seed trained from lr "
+            "0.05 (5x); any threshold between 0.15 and 1.90 nats puts it there. The loss first turns non-finite for "
+            "every seed at lr 0.1 (10x the best).") in text
 
 
 def test_the_trainers_divergence_line_is_recognised():
@@ -200,7 +204,7 @@ def test_the_trainers_divergence_line_is_recognised():
 
 @pytest.mark.parametrize("plan", sorted(p.parent.name for p in (REPO / "docs" / "results").glob("*/records")))
 def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatch):
-    """Each committed CPU report is what `python -m experiments.report docs/results/PLAN/records` writes."""
+    """Each committed CPU report is what `python -m deliverables.report docs/results/PLAN/records` writes."""
     monkeypatch.chdir(REPO)
     committed = REPO / "docs" / "results" / plan
     rebuilt = write_report(committed / "records", tmp_path / plan)
@@ -212,8 +216,8 @@ def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatc
 
 def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
     """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± 95 % interval over its seeds (by hand)."""
-    from experiments.report.noise import Family
-    from experiments.report.peft import peft, quantization
+    from deliverables.report.noise import Family
+    from deliverables.report.peft import peft, quantization
 
     runs = []
     for seed, (f32, int4, qat4) in enumerate([(1.90, 1.92, 1.93), (1.91, 1.93, 1.95), (1.92, 1.94, 1.94)]):
@@ -262,7 +266,7 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
 def test_parallel_table_shares_and_bubble(tmp_path):
     """The parallelism table divides each layout's per-device state by the replicated layout's, and states the
     measured bubble beside GPipe's formula (hand-checked numbers)."""
-    from experiments.report.parallel import parallel
+    from deliverables.report.parallel import parallel
 
     none = {"count": 0, "bytes": 0}
     rows = {"mem": [{"layout": "data=8", "scan_layers": True, "compile_s": 2.0, "state_mb_per_device": 800.0,
@@ -291,9 +295,9 @@ def test_parallel_table_shares_and_bubble(tmp_path):
 
 def test_peft_quantization_and_remat_findings_by_hand():
     """The fine-tuning, quantisation and remat rows of the findings table, on hand-made seed losses."""
-    from experiments.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
-    from experiments.report.noise import Family
-    from experiments.report.seeds import Setting
+    from deliverables.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
+    from deliverables.report.noise import Family
+    from deliverables.report.seeds import Setting
 
     def setting(name, losses, **axes):
         return Setting(name, axes, [{"name": f"{name}-s{i}", "status": "ok", "metrics": {"eval_loss": v}}

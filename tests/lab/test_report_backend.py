@@ -1,7 +1,7 @@
-"""experiments.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
+"""deliverables.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
 
 
-from experiments.report import backend
+from deliverables.report import backend
 from tests.train_helpers import needs
 
 needs_compiler = needs("gpu-compile")

@@ -26,7 +26,7 @@ from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
 # --------------------------------------------------------------------------- | head
 
-HELP = {"jaxlm.train": ["--help-config"], "experiments.report": ["--help"], "jaxlm.data": ["list"]}
+HELP = {"jaxlm.train": ["--help-config"], "deliverables.report": ["--help"], "jaxlm.data": ["list"]}
 EVERY = {**HELP, **{m: ["--help"] for m in ("jaxlm.generate", "jaxlm.bench", "jaxlm.memory", "jaxlm.lora",
                                               "jaxlm.quantize", "experiments.run", "deliverables.gpu", "parity.check")}}
 
@@ -105,13 +105,13 @@ def small_run(tmp_path_factory):
 @pytest.mark.parametrize("tries", [pytest.param((2, 1), id="three"),
                                    pytest.param((6, 3), id="nine", marks=pytest.mark.extended)])
 def test_ctrl_c_at_random_moments_of_start_up_is_one_line(tries, small_run, tmp_path):
-    """generate (it crashed in 5 of 10 tries at 3-4 s) and experiments.report, interrupted at random moments:
+    """generate (it crashed in 5 of 10 tries at 3-4 s) and deliverables.report, interrupted at random moments:
     exit 130 with one `interrupted:` line, or 0 when the work was done first; never a signal's death, a
     traceback or a KeyboardInterrupt printed."""
     seed = random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
     commands = [["jaxlm.generate", "--run", str(small_run), "--prompt", "x", "--max-new-tokens", "100"]] * tries[0] + [
-        ["experiments.report", str(small_run), "--out", str(tmp_path / "report")]] * tries[1]
+        ["deliverables.report", str(small_run), "--out", str(tmp_path / "report")]] * tries[1]
     for args in commands:
         r = _interrupt_at(args, rng.uniform(0.3, 6.0))
         why = f"seed {seed}: {args[0]} exit {r.returncode}\n{r.stderr[-2000:]}"

@@ -105,12 +105,12 @@ def test_a_run_through_the_boundary_says_what_it_changed(made):
 
 
 def test_a_metrics_line_that_is_not_utf8_is_dropped_by_the_report(made):
-    """experiments.report stopped on 0xff bytes in a metrics.jsonl ("unexpected UnicodeDecodeError")."""
+    """deliverables.report stopped on 0xff bytes in a metrics.jsonl ("unexpected UnicodeDecodeError")."""
     run = made["tmp"] / "garbled"
     shutil.copytree(made["run"], run)
     with open(run / "metrics.jsonl", "ab") as f:
         f.write(b"\xff\xfe{not json\n")
-    (got,) = run_rows([("experiments.report", [run, "--out", made["tmp"] / "garbled-report"])], made["tmp"] / "rep")
+    (got,) = run_rows([("deliverables.report", [run, "--out", made["tmp"] / "garbled-report"])], made["tmp"] / "rep")
     assert got["code"] == 0, got["stderr"][-2000:]
     assert "val" in (made["tmp"] / "garbled-report" / "report.md").read_text().lower()
 

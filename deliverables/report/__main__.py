@@ -1,0 +1,55 @@
+"""`python -m deliverables.report`: a plan's report, one training run's page, or the figures of one
+`python -m jaxlm.bench model --json` file. The written report's figures: `python -m deliverables.report.figures`."""
+
+import sys
+from pathlib import Path
+
+from deliverables.report import run_page
+from deliverables.report.build import write_report
+from deliverables.report.charts import bench_figures
+from deliverables.report.output import report_dir
+from experiments.results import load_bench
+from jaxlm import cli
+from jaxlm.core.errors import DataError, UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.ArgumentParser(prog="python -m deliverables.report", formatter_class=cli.HelpFormatter,
+                           description="Markdown report (findings, tables, plots) for a plan's runs, "
+                           "the learning curves and a sample of one training run, or the memory and throughput "
+                           "figures of a benchmark's rows (the 'plots' extra)")
+    p.add_argument("plan_dir", nargs="?", help="the plan's run directory (runs/PLAN), its committed records "
+                   "(docs/results/PLAN/records), one training run (metrics.jsonl + config.toml), or a "
+                   "`jaxlm.bench model --json` file")
+    p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
+    p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, "
+                   "bench.json) to OUT/records")
+    p.add_argument("--compile", action="store_true", help="compile each CPU-measured step for an 80 GB H100 (XLA's GPU "
+                   "compiler, the 'gpu-compile' extra) unless docs/results/compiled/h100-80gb.json has it already")
+    run_page.add_args(p)
+    args = p.parse_args(argv)
+    out = Path(args.out) if args.out else None
+    if args.plan_dir is None:
+        raise UsageError("python -m deliverables.report: give PLAN_DIR, a run directory or a bench JSON file")
+    if Path(args.plan_dir).suffix == ".json":
+        return print_bench_figures(Path(args.plan_dir), out)
+    elif run_page.is_run_dir(Path(args.plan_dir)):
+        path = run_page.write_run_report(Path(args.plan_dir), out, args)
+    else:
+        path = write_report(Path(args.plan_dir), out, args.records, args.compile)
+    print(path)
+    return 0
+
+
+def print_bench_figures(path: Path, out: Path | None) -> int:
+    """The figures of one `jaxlm.bench model --json` file, into OUT (default: the file's path without .json)."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; give a `python -m jaxlm.bench model --json` file")
+    folder = report_dir(out or path.with_suffix(""))
+    names = bench_figures(load_bench(path)[0], folder)
+    print("\n".join(str(folder / n) for n in names) or f"{path}: no figure: no line of its rows has two points")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

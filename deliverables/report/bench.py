@@ -1,0 +1,277 @@
+"""Benchmark rows: their table, comparisons against a baseline field, and growth along context and batch."""
+
+from __future__ import annotations
+
+import math
+
+from deliverables.report.compare import change_phrase, describe_changes
+from deliverables.report.format import NAMES, fmt, pct_change, table
+from deliverables.report.noise import Family, half_width, welch
+from experiments.estimate import BENCH_DEFAULTS
+
+# Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
+BENCH_COLUMNS: list[tuple[str, str, str]] = [
+    ("framework", "framework", "g"),
+    ("mode", "mode", "g"),
+    ("dtype", "dtype", "g"),
+    ("attention", "attention", "g"),
+    ("remat", "remat", "g"),
+    ("context", "context", "int"),
+    ("batch", "batch", "int"),
+    ("status", "status", "g"),
+    ("step (ms)", "step_ms", "g"),
+    ("± 95 %", "step_ms_ci95", "g"),
+    ("median (ms)", "step_ms_median", "g"),
+    ("tokens/s", "tokens_per_s", "count"),
+    ("TFLOP/s", "tflops", "g"),
+    ("MFU", "mfu", "pct"),
+    ("memory (GB)", "memory_gb", "g"),
+    ("memory from", "memory_source", "g"),
+    ("params", "params", "count"),
+]
+# Row fields that are measurements (everything else identifies the setting).
+BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95",
+                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
+                  "memory_gb", "memory_source", "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy",
+                  "step_cpu_ms", "device", "error", "traceback", "run", "max_batch",
+                  "hlo_dots", "matmul_dtypes"}
+BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
+# What a row's memory_gb is, by its memory_source: a measured device peak, or XLA's compiled estimate.
+MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compiled memory estimate (memory_analysis)"}
+
+
+def bench_rows(runs: list[dict]) -> list[dict]:
+    """Every bench row, with its run's name, how many steps it timed (the run's --steps, else jaxlm.bench's
+    default), the half-width of the 95 % interval of its mean step time, and the `compute.*` keys its run set
+    beyond the row's own columns (`loss_chunk=1024`: a figure must not join it to the whole-logits rows)."""
+    rows = []
+    for r in runs:
+        spec = r.get("spec") or {}
+        n = int((spec.get("args") or {}).get("steps", BENCH_DEFAULTS["steps"]))
+        compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
+                           if k.startswith("compute."))
+        for row in r.get("bench_rows") or []:
+            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n,
+                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
+                         "compute_set": compute})
+    return rows
+
+
+def sample_std(row: dict) -> float | None:
+    """The sample standard deviation of the row's step times (jaxlm.bench records the n-divided one)."""
+    n, sd = row.get("timed_steps") or 0, row.get("step_ms_std")
+    return sd * math.sqrt(n / (n - 1)) if isinstance(sd, (int, float)) and n >= 2 else None
+
+
+def _step_ci(sd: float | None, n: int) -> float | None:
+    return half_width(sd * math.sqrt(n / (n - 1)), n) if isinstance(sd, (int, float)) and n >= 2 else None
+
+
+def step_test(row: dict, base: dict):
+    """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
+    def side(r: dict) -> tuple[float, float, int]:
+        sd = sample_std(r)
+        return (r["step_ms"], sd, r["timed_steps"]) if sd is not None else (r["step_ms"], 0.0, 1)
+
+    return welch(*side(row), *side(base))
+
+
+def bench_table(rows: list[dict]) -> str:
+    cols = [(t, k, how) for t, k, how in BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
+    # Columns with one value throughout say nothing per row: state them once above the table instead.
+    varying = [(t, k, how) for t, k, how in cols
+               if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
+    body = []
+    for r in rows:
+        cells = [f"`{r['run']}`"]
+        for _, k, how in varying:
+            v = r.get(k)
+            cells.append(fmt(v, how) if isinstance(v, (int, float)) and not isinstance(v, bool) else fmt(v))
+        body.append(cells)
+    fixed = [f"{t} {fmt(rows[0].get(k))}" for t, k, _ in cols if (t, k, _) not in varying]
+    head = f"All rows: {', '.join(fixed)}.\n\n" if fixed else ""
+    return head + table(["run", *(t for t, _, _ in varying)], body)
+
+
+def max_batch_table(runs: list[dict]) -> str | None:
+    found = [(r["name"], f) for r in runs for f in r.get("bench_max_batch") or []]
+    if not found:
+        return None
+    return table(["run", "setting", "context", "max batch"],
+                 [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
+
+
+def bench_value(row: dict, q: str):
+    """A bench measurement; step time is the median where the row has one (robust to a busy machine)."""
+    if q == "step_ms" and isinstance(row.get("step_ms_median"), (int, float)):
+        return row["step_ms_median"]
+    return row.get(q)
+
+
+def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str]:
+    """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric; a timing
+    change says in how many row pairs it is beyond noise (Welch's test on the timed steps, in `noise`)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    out = []
+    for field, base in baseline.items():
+        def key(r):
+            return tuple(sorted((k, str(v)) for k, v in r.items()
+                                if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
+
+        bases = {key(r): r for r in ok if str(r.get(field)) == str(base)}
+        by_label: dict[str, list] = {}
+        for r in ok:
+            if field in r and str(r[field]) != str(base) and key(r) in bases:
+                by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[key(r)]))
+        for (label, mode), pairs in by_label.items():
+            phrases = []
+            sources = {r.get("memory_source") for pair in pairs for r in pair}
+            for q, title in BENCH_COMPARED.items():
+                single = q == "memory_gb" and len(sources) == 1
+                NAMES[q] = MEMORY_TITLES.get(next(iter(sources)), title) if single else title
+                changes = [(p, "") for r, b in pairs
+                           if isinstance(bench_value(r, q), (int, float))
+                           and isinstance(bench_value(b, q), (int, float))
+                           and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
+                phrase = change_phrase(q, changes)
+                if phrase and q in ("step_ms", "tokens_per_s"):
+                    phrase += _timing_noise(pairs, noise)
+                phrases.append(phrase)
+            shapes = sorted({(r.get("context"), r.get("batch")) for r, _ in pairs})
+            listed = ", ".join(f"T={t} B={b}" for t, b in shapes[:6]) + (", ..." if len(shapes) > 6 else "")
+            where = f" ({len(pairs)} row pair{'s' * (len(pairs) > 1)} at {listed})"
+            s = describe_changes(f"{mode}: {field}={label}", f"{field}={base}{where}", phrases)
+            if s:
+                out.append(s)
+    return out
+
+
+def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:
+    """' (beyond noise in 2 of 3 row pairs)' from the step-time tests of the pairs (throughput is B·T / step time)."""
+    timed = [(r, b) for r, b in pairs
+             if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
+    verdicts = [noise.beyond(step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch")))
+                for r, b in timed]
+    tested = [v for v in verdicts if v is not None]
+    if not tested:
+        return " (one timed step: noise unknown)"
+    if len(tested) == 1:
+        return " (beyond noise)" if tested[0] else " (within noise)"
+    return f" (beyond noise in {sum(tested)} of {len(tested)} row pairs)"
+
+
+def bench_scaling_sentences(rows: list[dict]) -> list[str]:
+    """How memory and throughput grow along context and batch, per setting (ok rows only)."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    out = []
+    for axis, other in (("context", "batch"), ("batch", "context")):
+        groups: dict[tuple, dict] = {}
+        for r in ok:
+            key = tuple((k, str(v)) for k, v in sorted(r.items())
+                        if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled")
+                        and not isinstance(v, (list, dict)))
+            groups.setdefault(key, {})[r[axis]] = r
+        for key, by_x in groups.items():
+            if len(by_x) < 3:
+                continue
+            xs = sorted(by_x)
+            a, b = by_x[xs[0]], by_x[xs[-1]]
+            k = dict(key)
+            parts = []
+            if a.get("memory_gb") and b.get("memory_gb"):
+                what = MEMORY_TITLES.get(b.get("memory_source"), "memory")
+                parts.append(f"{what} grew {b['memory_gb'] / a['memory_gb']:.1f}x "
+                             f"({fmt(a['memory_gb'] * 1e9, 'bytes')} to {fmt(b['memory_gb'] * 1e9, 'bytes')})")
+            if a.get("tokens_per_s") and b.get("tokens_per_s"):
+                parts.append(f"throughput changed {b['tokens_per_s'] / a['tokens_per_s']:.2f}x "
+                             f"({fmt(a['tokens_per_s'], 'count')} to {fmt(b['tokens_per_s'], 'count')} tokens/s)")
+            if parts:
+                attention = "" if k.get("attention") in (None, "xla") else " " + k["attention"]
+                remat = "" if k.get("remat") in (None, "none") else " remat=" + k["remat"]
+                out.append(f"{k.get('mode')} {k.get('dtype')}{attention}{remat}, {other} {k.get(other)}: "
+                           f"from {axis} {xs[0]} to {xs[-1]} "
+                           f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
+    return out
+
+
+def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
+    """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
+
+    The source (XLA:CPU's memory_analysis, a GPU-compiled plan, a device's allocator) is part of the key: one fit
+    never pools two compilers' figures."""
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for r in rows:
+        if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
+                and r.get("remat") in (None, "none")):
+            point = (float(r[axis]), r["memory_gb"] * 1e9)
+            key = (r.get("mode"), r.get("dtype"), r.get(fixed), memory_source(r))
+            groups.setdefault(key, []).append(point)
+    return {k: sorted(v) for k, v in groups.items() if len({x for x, _ in v}) >= 3}
+
+
+def memory_source(row: dict) -> str:
+    """Where a row's memory figure comes from, in words: 'compiled for h100-80gb', 'XLA:CPU compiled estimate'."""
+    src = row.get("memory_source")
+    if src == "memory_analysis":
+        return f"XLA:{str(row.get('device') or 'cpu').upper()} compiled estimate"
+    return MEMORY_TITLES.get(src, str(src))
+
+
+def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], float]:
+    """Least-squares polynomial coefficients (constant first) and the largest residual relative to y."""
+    import numpy as np
+
+    A = np.vander(np.asarray(xs), degree + 1, increasing=True)
+    coef, *_ = np.linalg.lstsq(A, np.asarray(ys), rcond=None)
+    worst = float(np.max(np.abs(A @ coef - ys) / np.asarray(ys)))
+    return [float(c) for c in coef], worst
+
+
+def fit_memory_points(rows: list[dict], axis: str, fixed: str, degree: int) -> dict[tuple, tuple[list, list, list]]:
+    """(mode, dtype, fixed value, memory source) -> (xs, polynomial coefficients constant first, ys in bytes)."""
+    out = {}
+    for key, pts in _memory_points(rows, axis, fixed).items():
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        out[key] = (xs, _fit(xs, ys, degree)[0], ys)
+    return out
+
+
+def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
+    """memory = a + b * batch per (mode, dtype, context): agree when the line explains >= 99 % of the variance (R²)."""
+    groups = _memory_points(rows, "batch", "context")
+    if not groups:
+        return "no memory-vs-batch rows", "not resolved at this size"
+    parts, linear = [], True
+    for (mode, dtype, context, source), pts in groups.items():
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        (a, b), _ = _fit(xs, ys, 1)
+        residuals = [y - (a + b * x) for x, y in pts]
+        mean = sum(ys) / len(ys)
+        r2 = 1 - sum(e * e for e in residuals) / sum((y - mean) ** 2 for y in ys)
+        worst = max(abs(e) for e in residuals)
+        linear &= r2 >= 0.99
+        parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per "
+                     "sequence, "
+                     f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
+                     f"{100 * worst / max(ys):.1f}% of the largest figure)")
+    return "; ".join(parts), "agree" if linear else "disagree"
+
+
+def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
+    """memory = a + b T + c T^2 per (mode, dtype, batch): agree when c > 0 and the T^2 term is >= 10 % at the
+    longest T."""
+    groups = _memory_points(rows, "context", "batch")
+    if not groups:
+        return "no memory-vs-context rows", "not resolved at this size"
+    parts, faster = [], True
+    for (mode, dtype, batch, source), pts in groups.items():
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        (a, b, c), worst = _fit(xs, ys, 2)
+        _, worst_line = _fit(xs, ys, 1)
+        share = c * xs[-1] ** 2 / ys[-1]
+        faster &= c > 0 and share >= 0.10
+        parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + "
+                     f"{c:.3g} B·T², the T² "
+                     f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
+                     f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
+    return "; ".join(parts), "agree" if faster else "disagree"

@@ -1,0 +1,211 @@
+"""Charts of benchmark rows and of the optimisation runs, shared by the plan reports and the written report.
+
+Memory and throughput lines come from benchmark rows, one line per study (plan), model (its parameter count),
+compute setting and memory source, so no line joins two studies, two models or two compilers; throughput
+carries 95 % error bars from each row's timed steps and names the device it was measured on. Before/after
+compares the optimisation runs with their baseline, with 95 % error bars, and a bar is coloured as a change
+only when the change is beyond noise (Holm over the figure's comparisons). `bench_figures` draws the lines of
+any benchmark rows (a plan's benchmark section, the GPU campaign, or one `jaxlm.bench model --json` file:
+`python -m deliverables.report FILE.json`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+
+from deliverables.report.bench import bench_rows as tagged_bench_rows
+from deliverables.report.bench import sample_std
+from deliverables.report.format import fmt
+from deliverables.report.noise import Family, judged, welch
+from deliverables.report.output import pyplot, shrink_png
+from deliverables.report.seeds import Stats
+
+SETTING = ("framework", "mode", "dtype", "attention", "remat")
+
+
+def bench_rows(runs: list[dict]) -> list[dict]:
+    return [row for row in tagged_bench_rows(runs) if row.get("status") == "ok"]
+
+
+def memory_of(row: dict) -> tuple[float, str] | None:
+    """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
+    if isinstance(row.get("total_gb"), (int, float)):
+        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
+        return row["total_gb"], device if device.startswith("compiled for") else f"compiled for {device}"
+    if isinstance(row.get("memory_gb"), (int, float)):
+        return row["memory_gb"], str(row.get("memory_source") or "measured")
+    return None
+
+
+def line_label(row: dict, fixed: str, where: str) -> str:
+    """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
+    setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
+                       + ([row["compute_set"]] if row.get("compute_set") else []))
+    model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
+    study = f"{row['plan']}: " if row.get("plan") else ""
+    return f"{study}{model}{setting}, {fixed}={row.get(fixed)} ({where})"
+
+
+def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[float, float, float]]]:
+    """label -> sorted (x, y, 95 % half-width) points; `y(row)` gives (value, half-width, where) or None.
+    A line per model, setting, `fixed` value and source, kept when it has two or more x values."""
+    groups: dict[str, dict[float, list[tuple[float, float]]]] = {}
+    for r in rows:
+        got = y(r)
+        if isinstance(r.get(x), (int, float)) and got is not None and math.isfinite(got[0]):
+            groups.setdefault(line_label(r, fixed, got[2]), {}).setdefault(float(r[x]), []).append(got[:2])
+    mean = statistics.fmean
+    return {k: sorted((a, mean(v for v, _ in ps), mean(e for _, e in ps)) for a, ps in pts.items())
+            for k, pts in groups.items() if len(pts) >= 2}
+
+
+def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.title.set_fontsize(9)
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    shrink_png(path)
+
+
+def natural(label: str) -> list:
+    """Sort key that orders 'context=64' before 'context=128'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
+
+
+def _memory(row: dict) -> tuple[float, float, str] | None:
+    """(GB, no interval: a plan or a peak is one exact figure, where from)."""
+    m = memory_of(row)
+    return (m[0], 0.0, m[1]) if m else None
+
+
+def _throughput(row: dict) -> tuple[float, float, str] | None:
+    """Tokens/s with the 95 % half-width carried over from the step time (tokens/s = B·T / step time)."""
+    tok, step, ci = row.get("tokens_per_s"), row.get("step_ms"), row.get("step_ms_ci95")
+    if not isinstance(tok, (int, float)):
+        return None
+    return tok, tok * ci / step if isinstance(ci, (int, float)) and step else 0.0, str(row.get("device") or "?").upper()
+
+
+# The line figures of benchmark rows: name -> (x, the axis held fixed per line, y of a row, x label, y label).
+BENCH_FIGURES = {
+    "memory_vs_context.png": ("context", "batch", _memory, "sequence length (tokens)", "peak memory (GB)"),
+    "memory_vs_batch.png": ("batch", "context", _memory, "batch (sequences)", "peak memory (GB)"),
+    "throughput_vs_batch.png": ("batch", "context", _throughput, "batch (sequences)", "tokens/s"),
+}
+
+
+def bench_figures(rows: list[dict], out: Path) -> list[str]:
+    """The memory and throughput figures that benchmark rows support (a line per model, setting and fixed axis,
+    with two or more points), written into `out`; their file names."""
+    rows = [r for r in rows if r.get("status") == "ok"]
+    written = []
+    for name, (x, fixed, y, xlabel, ylabel) in BENCH_FIGURES.items():
+        lines = lines_by(rows, x, fixed, y)
+        if lines:
+            line_plot(lines, xlabel, ylabel, f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting",
+                      out / name)
+            written.append(name)
+    return written
+
+
+BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True),
+                ("step_ms", "step time (ms)", True))
+
+
+def _row_stats(row: dict, q: str) -> Stats | None:
+    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
+    so its spread is the step time's, scaled)."""
+    v, sd = row.get(q), sample_std(row)
+    if not isinstance(v, (int, float)):
+        return None
+    if q == "memory_gb" or sd is None:
+        return Stats(1, v, 0.0, v, v)
+    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v)
+
+
+def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
+    """technique -> {quantity: Stats}: the `optimizations` plan's before_after_* bench rows (over their timed steps),
+    else its training runs (over seeds, batch sizes pooled per technique)."""
+    plan = [r for r in runs if r.get("plan") == "optimizations" and r.get("status") == "ok"]
+    bars: dict[str, dict[str, Stats]] = {}
+    for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
+        label = re.sub(r"^before_after_", "", row["run"])
+        bars[label] = {q: st for q, _, _ in BEFORE_AFTER if (st := _row_stats(row, q))}
+    if bars:
+        return bars
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for r in plan:
+        if r.get("kind") == "bench":
+            continue
+        label = str((r.get("axes") or {}).get("technique") or re.sub(r"(-s\d+)?$", "", r["name"]))
+        m = r.get("metrics") or {}
+        mem = m.get("peak_memory") or r.get("max_rss_bytes")
+        for q, v in (("tokens_per_s", m.get("tokens_per_s")), ("memory_gb", mem and mem / 1e9),
+                     ("step_ms", (m.get("step_time") or 0) * 1e3 or None)):
+            if v is not None:
+                pooled.setdefault(label, {}).setdefault(q, []).append(v)
+    return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
+
+
+def _verdicts(bars: dict, names: list[str], qs: list, noise: Family) -> dict[tuple[str, str], bool | None]:
+    base = bars[names[0]]
+    out = {}
+    for n in names[1:]:
+        for q, _, _ in qs:
+            a, b = bars[n].get(q), base.get(q)
+            if a and b:
+                out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
+    return out
+
+
+def before_after(runs: list[dict], out: Path, name: str = "before_after.png") -> list[str]:
+    bars = before_after_bars(runs)
+    qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
+    if len(bars) < 2 or not qs:
+        return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
+    names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
+    verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
+    plt = pyplot()
+    fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
+    for ax, (q, title, lower) in zip(axs[0], qs):
+        stats = [bars[n].get(q) for n in names]
+        colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
+        ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
+               yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
+        ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
+    fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    shrink_png(out / name)
+    lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
+                                    for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
+    return [f"![before and after]({name})", "",
+            f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
+            f"95 % intervals. {noise.note()}", "", *lines, ""]
+
+
+def _colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
+    if not beyond or st is None or base is None:
+        return "#ccc"
+    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
+
+
+def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:
+    verdict = {True: "beyond noise", False: "within noise", None: "no interval"}[beyond]
+    return f"{title} {100 * (a.mean - b.mean) / b.mean:+.0f}% ({verdict})"
+
+

@@ -1,0 +1,146 @@
+"""Per-run comparisons: each run against its baseline run, sweep sentences and the per-run table."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from deliverables.report.format import (
+    COMPARED,
+    NAMES,
+    QUANTITIES,
+    axis_label,
+    fmt,
+    fmt_pct,
+    pct_change,
+    table,
+    value,
+    x_value,
+    xfmt,
+)
+from experiments.plan import format_value
+
+
+def _mixed(v) -> tuple:
+    """Sort key for axis values that mix numbers and strings."""
+    return (isinstance(v, str), v)
+
+def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
+    """label on `axis` -> [(run, its baseline run)], matching on every other axis."""
+    def rest(r):
+        return tuple(sorted((k, format_value(v)) for k, v in r.get("axes", {}).items() if k != axis))
+
+    bases = {rest(r): r for r in runs
+             if axis in r.get("axes", {}) and format_value(r["axes"][axis]) == format_value(base_label)}
+    pairs: dict[Any, list] = {}
+    for r in runs:
+        label = r.get("axes", {}).get(axis)
+        if label is None or format_value(label) == format_value(base_label) or rest(r) not in bases:
+            continue
+        pairs.setdefault(label, []).append((r, bases[rest(r)]))
+    return pairs
+
+
+def change_phrase(quantity: str, changes: list[tuple[float, str]]) -> str | None:
+    """'cut peak memory by 43% (median of 3, -45% to -40%)' from [(percent change, where), ...]."""
+    if not changes:
+        return None
+    ps = [p for p, _ in changes]
+    med = statistics.median(ps)
+    name = NAMES.get(quantity, quantity)
+    spread = "" if len(ps) == 1 else f" (median of {len(ps)}, {min(ps):+.0f}% to {max(ps):+.0f}%)"
+    if abs(med) < 0.5:
+        return f"left {name} unchanged{spread}"
+    return f"{'raised' if med > 0 else 'cut'} {name} by {abs(med):.0f}%{spread}"
+
+
+def describe_changes(subject: str, against: str, phrases: list[str]) -> str | None:
+    """'bfloat16 against float32 at batch 32, 64, 128: cut peak memory by 43%, raised ...'."""
+    phrases = [p for p in phrases if p]
+    return f"{subject} against {against}: " + "; ".join(phrases) + "." if phrases else None
+
+
+def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
+    """Sentences comparing each variant with the baseline; only completed (ok) runs take part."""
+    runs = [r for r in runs if r.get("status") == "ok"]
+    out = []
+    for axis, base_label in baseline.items():
+        for label, pairs in baseline_pairs(runs, axis, base_label).items():
+            phrases = []
+            for q in COMPARED:
+                changes = [(p, "") for r, b in pairs if (p := pct_change(value(r, q), value(b, q))) is not None]
+                phrases.append(change_phrase(q, changes))
+            others: dict[str, set] = {}
+            for r, _ in pairs:
+                for k, v in r["axes"].items():
+                    if k != axis:
+                        others.setdefault(k, set()).add(v)
+            where = "; ".join(f"{k}={', '.join(format_value(v) for v in sorted(vs, key=_mixed))}"
+                              for k, vs in others.items())
+            where = f" at {where}" if where else ""
+            s = describe_changes(axis_label(axis, label), axis_label(axis, base_label) + where, phrases)
+            if s:
+                out.append(s)
+    return out
+
+
+def status_sentences(runs: list[dict]) -> list[str]:
+    counts: dict[str, list[str]] = {}
+    for r in runs:
+        counts.setdefault(r.get("status", "?"), []).append(r["name"])
+    out = [f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
+    same: dict[tuple[str, str], list[str]] = {}  # (status, reason) -> runs: one line for a skipped technique's seeds
+    for r in runs:
+        if r.get("status") in ("diverged", "failed", "skipped"):
+            same.setdefault((r["status"], r.get("reason") or "no reason recorded"), []).append(f"`{r['name']}`")
+    return out + [f"{', '.join(names)} {status}: {reason}." for (status, reason), names in same.items()]
+
+
+def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
+    """Best run by validation loss, and how the final validation loss moves along the x axis."""
+    ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None
+          and math.isfinite(value(r, "eval_loss"))]
+    if not ok:
+        return []
+    best = min(ok, key=lambda r: value(r, "eval_loss"))
+    out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) "
+           f"from `{best['name']}`."]
+    if x:
+        pts = sorted(((x_value(r, x), r) for r in ok if x_value(r, x) is not None), key=lambda t: t[0])
+        if len(pts) >= 2:
+            (x0, r0), (x1, r1) = pts[0], pts[-1]
+            l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
+            direction = "fell" if l1 < l0 else "rose"
+            losses = [value(r, "eval_loss") for _, r in pts]
+            steps = [b - a for a, b in zip(losses, losses[1:])]
+            shape = ("at every step along the axis" if all((d < 0) == (l1 < l0) for d in steps)
+                     else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
+            out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to "
+                       f"{l1:.3f} "
+                       f"({fmt_pct(pct_change(l1, l0))}), {shape}.")
+            a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
+            if a0 is not None and a1 is not None:
+                out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
+    return out
+
+
+def train_table(runs: list[dict], baseline: dict) -> str:
+    axes = list(dict.fromkeys(k for r in runs for k in r.get("axes", {})))
+    cols = [q for q in QUANTITIES if any(value(r, q) is not None for r in runs)]
+    base_of: dict[str, dict] = {}
+    for axis, label in baseline.items():
+        for _, pairs in baseline_pairs([r for r in runs if r.get("status") == "ok"], axis, label).items():
+            for r, b in pairs:
+                base_of[r["name"]] = b
+    deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory", "max_rss_bytes") if q in cols] if base_of else []
+    headers = ["run", *axes, "status", *(QUANTITIES[q][0] for q in cols), *(f"Δ {QUANTITIES[q][0]}" for q in deltas)]
+    rows = []
+    for r in runs:
+        row = [f"`{r['name']}`", *(format_value(r.get("axes", {}).get(a, "")) for a in axes), r.get("status", "?")]
+        row += [fmt(value(r, q), QUANTITIES[q][1]) for q in cols]
+        b = base_of.get(r["name"])
+        is_base = r["name"] in {x["name"] for x in base_of.values()}
+        row += [fmt_pct(pct_change(value(r, q), value(b, q))) if b else "base" if is_base else "" for q in deltas]
+        rows.append(row)
+    return table(headers, rows)

@@ -1,0 +1,369 @@
+"""The curriculum's published findings, and what a plan's runs say about each.
+
+`FINDINGS` is the one table of what the seed reports (student reports on this curriculum:
+TinyStories / WikiText-103 on a GPU) found; each row names the check that reads the plan's
+runs and returns what jaxlm measured and a verdict: agree, disagree, or not resolved at
+this size (the difference is within seed-to-seed noise, or the plan cannot measure it).
+Every test of one table is judged together: `ctx["noise"]` is its `noise.Family` (Holm).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from deliverables.report.bench import fit_memory_batch, fit_memory_context
+from deliverables.report.divergence import edge, edge_sentence, outcome, reference
+from deliverables.report.format import table
+from deliverables.report.noise import Family
+from deliverables.report.plots import mean_curve
+from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
+from experiments.plan import format_value
+from experiments.results import read_metrics, series
+
+AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
+SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
+
+
+@dataclass(frozen=True)
+class Finding:
+    plan: str
+    claim: str  # the finding, in a few words
+    seen: str  # what the seed reports saw
+    check: str  # the function in CHECKS that tests it
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("ablations", "removing RMSNorm hurts",
+            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; "
+            "lower rates stabilise it but stay worse",
+            "worse:no_norm"),
+    Finding("ablations", "post-norm trains about as well as pre-norm",
+            "about the same loss (slightly lower in one report)", "similar:post_norm"),
+    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
+    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
+            "worse:silu"),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
+            "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
+            "10-100x higher diverges, early in training", "lr_diverge"),
+    Finding("batch_size", "at equal steps, larger batches reach lower loss",
+            "lower loss with larger batches at equal steps", "batch_equal_steps"),
+    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
+    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
+    Finding("model_size", "at a short budget bigger models are not better yet",
+            "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
+    Finding("context_length", "context length changes loss little", "little change in loss across context lengths",
+            "context_little"),
+    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
+    Finding("profiling", "peak memory grows faster than linearly with context",
+            "faster than linear in context (attention matrices)", "memory_context"),
+    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
+            "by design: the backward recomputes the same forward", "similar:remat"),
+    # Fine-tuning and quantisation: the methods' own papers, as the curriculum's reports do not cover them.
+    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
+            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
+    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
+    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
+            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
+    Finding("quantization", "int8 weight PTQ is about lossless",
+            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)",
+            "ptq8_lossless"),
+    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
+            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
+)
+
+
+def _by_name(settings: list[Setting], name: str) -> Setting | None:
+    return next((s for s in settings if s.name == name), None)
+
+
+def _loss(s: Setting | None) -> Stats | None:
+    return s.stats("eval_loss") if s else None
+
+
+def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
+    """The comparison's text and whether it is beyond noise (None: one seed)."""
+    verdict = resolved(a, b, noise)
+    said = {None: "one seed", True: "beyond noise", False: "within noise"}[verdict]
+    change = 100 * (a.mean - b.mean) / b.mean
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {said})", verdict
+
+
+def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
+    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree).
+
+    The verdict is at the plan's baseline settings; the same variant at other settings (another
+    learning rate) is reported beside it against the baseline at those settings."""
+    base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
+    a, b = _loss(var), _loss(base)
+    extra = _elsewhere(settings, variant, ctx["noise"])
+    if var and not var.ok:
+        return f"{variant}: {var.status}{extra}", AGREE
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    text, beyond = _versus(a, b, variant, "baseline", ctx["noise"])
+    worse_at = _worse_at_evals(var, base)
+    if worse_at:
+        text += f"; above the baseline at {worse_at} evaluations (seed means)"
+    if not beyond:
+        return text + extra, UNRESOLVED
+    return text + extra, AGREE if a.mean > b.mean else DISAGREE
+
+
+def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
+    """'; at optim.lr=0.01: val loss ...' for the variant's other settings, each against the baseline there."""
+    bases = baseline_of(settings, {"variant": "baseline"})
+    out = []
+    for s in settings:
+        if s.axes.get("variant") != variant or s.name == variant or s.name not in bases:
+            continue
+        where = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant")
+        a, b = _loss(s), _loss(bases[s.name])
+        if a is None or b is None:
+            diverged = sum(r.get("status") == "diverged" for r in s.runs)
+            base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
+            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div
+                       else f"at {where}: not complete")
+        else:
+            out.append(f"at {where}: " + _versus(a, b, variant, "baseline", noise)[0])
+    return "".join(f"; {o}" for o in out)
+
+
+def _worse_at_evals(var: Setting, base: Setting) -> str:
+    xa, ma, _, _ = mean_curve(var.ok, "eval_loss", "step")
+    xb, mb, _, _ = mean_curve(base.ok, "eval_loss", "step")
+    common = {x: m for x, m in zip(xb, mb)}
+    pairs = [(m, common[x]) for x, m in zip(xa, ma) if x in common]
+    return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
+
+
+def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
+    return _similar_pair(settings, variant, "baseline", ctx)
+
+
+def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
+    """Within noise, or within SMALL of each other: agree; further apart: disagree."""
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    text, beyond = _versus(a, b, a_name, b_name, ctx["noise"])
+    close = beyond is False or abs(a.mean - b.mean) <= SMALL * b.mean  # one seed: by SMALL alone
+    return text, AGREE if close else DISAGREE
+
+
+def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
+    return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name, ctx)
+
+
+def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
+    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
+                  key=lambda t: t[0])
+
+
+def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
+    pts = _numeric(settings, "optim.lr")
+    ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
+    return pts, (min(ok, key=lambda t: t[2].mean) if ok else None), ok
+
+
+def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """The best rate (lowest mean loss) lies inside the sweep and beats every other completed rate beyond noise."""
+    pts, best, ok = _best_lr(settings)
+    if best is None:
+        return "no completed rate", UNRESOLVED
+    best_x, _, st = best
+    others = [(x, o) for x, _, o in ok if x != best_x]
+    text = (f"best lr {format_value(best_x)} (val loss {st.text()}); "
+            + ", ".join(f"lr {format_value(x)}: {o.text()}" for x, o in others))
+    interior = pts[0][0] < best_x < pts[-1][0]
+    clear = all([resolved(st, o, ctx["noise"]) for _, o in others])  # a list: every comparison counts in the family
+    text += "; best beyond noise of every other rate" if clear else "; best within noise of another rate"
+    text += f"; this best is {best_x / 1e-3:.3g}x the seed reports' 1e-3 (where it lies depends on model and batch)"
+    return text, AGREE if interior and clear else UNRESOLVED
+
+
+def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """Every rate 10-100x the best stopped training (failed to learn or diverged, by `divergence.DEFINITION`, relative
+    to the best setting): agree; the text says where the loss itself first turns non-finite."""
+    pts, best, _ = _best_lr(settings)
+    if best is None:
+        return "no completed rate", UNRESOLVED
+    best_x, untrained = best[0], ctx.get("untrained_loss", math.inf)
+    ref = reference([s.runs for _, s in pts])
+    parts, in_range, stopped = [], 0, 0
+    for x, s in pts:
+        if x < 10 * best_x:
+            continue
+        kinds = [outcome(r, untrained, ref)[0] for r in s.runs]
+        bad = sum(k != "trained" for k in kinds)
+        if x <= 100 * best_x:
+            in_range, stopped = in_range + 1, stopped + (bad == len(kinds))
+        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {kinds.count('failed')} of {len(kinds)} "
+                     f"seeds failed to learn, {kinds.count('diverged')} diverged")
+    if not parts:
+        return "no rate 10x or more above the best", UNRESOLVED
+    e = edge([(x, s.runs) for x, s in pts], untrained)
+    verdict = UNRESOLVED if not in_range else AGREE if stopped == in_range else DISAGREE
+    return edge_sentence(e) + " " + "; ".join(parts), verdict
+
+
+def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, s, st) for x, s in _numeric(settings, "data.batch_size") if (st := _loss(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
+    steps = [resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:])]
+    if all(steps):
+        return text, AGREE
+    falling = all(b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:]))
+    return text + ("" if falling else " (not monotone)"), UNRESOLVED if falling else DISAGREE
+
+
+def roughness(s: Setting) -> float | None:
+    """Mean over seeds of the std of successive differences of the logged training loss, second half of the run."""
+    vals = []
+    for r in s.ok:
+        _, v, _ = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), "train_loss")
+        tail = v[len(v) // 2 :]
+        diffs = [b - a for a, b in zip(tail, tail[1:])]
+        if len(diffs) > 1:
+            vals.append(statistics.stdev(diffs))
+    return sum(vals) / len(vals) if vals else None
+
+
+def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, rough) for x, s in _numeric(settings, "data.batch_size") if (rough := roughness(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = ("training-loss jitter (std of successive logged differences, 2nd half): "
+            + ", ".join(f"batch {int(x)}: {r:.3f}" for x, r in pts))
+    return text, AGREE if all(b < a for (_, a), (_, b) in zip(pts, pts[1:])) else DISAGREE
+
+
+def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, st) for x, s in _numeric(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
+    if len(pts) < 2:
+        return "fewer than two batch sizes", UNRESOLVED
+    text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
+    beyond = [resolved(b, a, ctx["noise"]) for (_, a), (_, b) in zip(pts, pts[1:])]
+    if not all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])):
+        return text, DISAGREE
+    return text, AGREE if all(beyond) else UNRESOLVED
+
+
+def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = sorted(((st_p.mean, s, st) for s in settings if (st_p := s.stats("params")) and (st := _loss(s))),
+                 key=lambda t: t[0])
+    if len(pts) < 2:
+        return "fewer than two sizes", UNRESOLVED
+    text = ", ".join(f"{s.name} ({p / 1e3:.0f}k params): {st.text()}" for p, s, st in pts)
+    (_, _, prev), (_, _, big) = pts[-2], pts[-1]
+    if resolved(big, prev, ctx["noise"]) and big.mean < prev.mean:
+        return text + "; the largest is better beyond noise", DISAGREE
+    return text + "; the largest is not better beyond noise", AGREE
+
+
+def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(x, st) for x, s in _numeric(settings, "model.context_length") if (st := _loss(s)) is not None]
+    if len(pts) < 2:
+        return "fewer than two context lengths", UNRESOLVED
+    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
+    text = (", ".join(f"context {int(x)}: {st.text()}" for x, st in pts)
+            + f"; range {100 * (hi - lo) / lo:.1f}% of the loss")
+    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+
+
+def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
+    """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
+    gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
+           and r.get("memory_source") == "memory_stats"]
+    if not gpu:
+        return ("left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor "
+                "its speed is the GPU's"), UNRESOLVED
+    return "see the mixed-precision sentences above", UNRESOLVED
+
+
+def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    pts = [(int(s.name.split("_r")[1]), st) for s in settings if s.name.startswith("lora_r") and (st := _loss(s))]
+    if len(pts) < 2:
+        return "fewer than two ranks", UNRESOLVED
+    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
+    text = ", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
+    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+
+
+def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
+    """Seed statistics of the validation loss of `trained` models evaluated at `bits` (None: as trained)."""
+    return Stats.of([q["val_loss"] for q in ctx.get("quantize_rows", [])
+                     if q["trained"] == trained and q["bits"] == bits])
+
+
+def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    a, b = _quantized(ctx, "qat w4a8", 4), _quantized(ctx, "float32", 4)
+    if a is None or b is None:
+        return "not run", UNRESOLVED
+    text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
+    if not beyond:
+        return text, UNRESOLVED
+    return text, AGREE if a.mean < b.mean else DISAGREE
+
+
+def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    """Every remat setting's loss within noise of float32 at the same batch."""
+    bases = baseline_of(settings, {"technique": "float32"})
+    pairs = [(s, bases[s.name]) for s in settings if s.axes.get("technique") == "remat" and s.name in bases]
+    pairs = [(a, b) for s, base in pairs if (a := _loss(s)) and (b := _loss(base))]
+    if not pairs:
+        return "not run", UNRESOLVED
+    same = all([resolved(a, b, ctx["noise"]) is False or a.mean == b.mean for a, b in pairs])
+    text = "; ".join(f"{a.text()} vs {b.text()}" for a, b in pairs) + " (remat vs float32, val loss by batch)"
+    return text, AGREE if same else DISAGREE
+
+
+CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
+    "similar:remat": check_remat,
+    "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full", c),
+    "lora_ranks": check_lora_ranks,
+    "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16", c),
+    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ",
+                                         "float32", c),
+    "qat_recovers": check_qat,
+    "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
+    "worse:nope": lambda s, c: check_worse(s, "nope", c),
+    "worse:silu": lambda s, c: check_worse(s, "silu", c),
+    "similar:post_norm": lambda s, c: check_similar(s, "post_norm", c),
+    "lr_sweet_spot": check_lr,
+    "lr_diverge": check_lr_diverge,
+    "batch_equal_steps": check_batch_steps,
+    "batch_erratic": check_batch_erratic,
+    "batch_step_time": check_batch_time,
+    "bigger_not_better": check_bigger,
+    "context_little": check_context,
+    "memory_batch": lambda s, c: fit_memory_batch(c.get("bench_rows", [])),
+    "memory_context": lambda s, c: fit_memory_context(c.get("bench_rows", [])),
+    "mixed_precision": lambda s, c: check_mixed_precision(c.get("bench_rows", [])),
+}
+
+
+def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
+    """[{claim, seen, measured, verdict}] for the plan's findings. ctx: bench_rows, untrained_loss, noise
+    (the table's `Family`)."""
+    rows = []
+    for f in FINDINGS:
+        if f.plan != plan:
+            continue
+        measured, verdict = CHECKS[f.check](settings, ctx)
+        rows.append({"claim": f.claim, "seen": f.seen, "measured": measured, "verdict": verdict})
+    return rows
+
+
+def findings_table(rows: list[dict]) -> str:
+    return table(["finding", "seed reports", "jaxlm measured", "verdict"],
+                 [[r["claim"], r["seen"], r["measured"], r["verdict"]] for r in rows])

@@ -1,0 +1,189 @@
+"""Plots: learning curves, final metrics against an axis, and the benchmark rows' figures."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from deliverables.report.charts import bench_figures
+from deliverables.report.format import QUANTITIES, x_value
+from deliverables.report.output import COLOURS, pyplot
+from deliverables.report.seeds import Setting, Stats, group_settings
+from experiments.plan import format_value
+from experiments.results import read_metrics, series
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+MAX_LINES = 8  # lines per panel; more settings make more panel rows
+X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)",
+            "time": "wall time since the first log (s)"}
+
+
+def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only
+    (one run: the interval is the point).
+
+    x is the step, the tokens seen (millions: step x batch x context) or the mean wall time."""
+    per_run = []
+    for r in runs:
+        steps, vals, times = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)
+        cfg = r.get("config") or {}
+        tokens_per_step = ((cfg.get("data", {}).get("batch_size") or 0)
+                           * (cfg.get("model", {}).get("context_length") or 0))
+        per_run.append({s: (v, t, s * tokens_per_step / 1e6) for s, v, t in zip(steps, vals, times)
+                        if math.isfinite(v)})
+    common = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
+    xs, mean, lo, hi = [], [], [], []
+    for s in common:
+        vals = [d[s][0] for d in per_run]
+        x = {"step": s, "time": sum(d[s][1] for d in per_run) / len(per_run),
+             "tokens": sum(d[s][2] for d in per_run) / len(per_run)}[by]
+        if math.isfinite(x):
+            st = Stats.of(vals)
+            xs.append(x)
+            mean.append(st.mean)
+            lo.append(st.mean - (st.ci or 0.0))
+            hi.append(st.mean + (st.ci or 0.0))
+    return xs, mean, lo, hi
+
+
+def _curve_runs(setting: Setting) -> tuple[list[dict], str]:
+    """The runs a setting's curve averages (completed seeds, else the diverged ones) and its legend label."""
+    ok = setting.ok
+    bad = [r for r in setting.runs if r.get("status") == "diverged"]
+    if ok:
+        note = f" ({len(bad)}/{len(setting.runs)} diverged)" if bad else ""
+        return ok, setting.name + note
+    return bad, f"{setting.name} (diverged)" if bad else setting.name
+
+
+def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "time")) -> list[str]:
+    """Training and validation loss of each setting (seed mean, 95 % band) by step, tokens or wall time; a figure
+    with no line to draw is not written."""
+    settings = [s for s in group_settings(runs) if _curve_runs(s)[0]]
+    if not settings:
+        return []
+    plt = pyplot()
+    chunks = [settings[i : i + MAX_LINES] for i in range(0, len(settings), MAX_LINES)]
+    written = []
+    for by in bys:
+        fig, axs = plt.subplots(len(chunks), 2, figsize=(11, 4 * len(chunks)), squeeze=False)
+        for row, chunk in zip(axs, chunks):
+            tops = setting_tops(chunk)
+            for k, setting in enumerate(chunk):
+                chosen, label = _curve_runs(setting)
+                for ax, q in zip(row, ("train_loss", "eval_loss")):
+                    xs, mean, lo, hi = mean_curve(chosen, q, by)
+                    if not xs:
+                        continue
+                    style = dict(color=COLOURS[k], marker=MARKERS[k], ms=4, lw=1.3, markevery=max(1, len(xs) // 8))
+                    ax.plot(xs, mean, label=label, **style)
+                    if len(chosen) > 1:
+                        ax.fill_between(xs, lo, hi, color=COLOURS[k], alpha=0.15, lw=0)
+                    if not setting.ok:  # diverged: a cross where the loss was last finite, kept inside the axes
+                        ax.plot(xs[-1], min(mean[-1], _top(tops[q])), "x", color=COLOURS[k], ms=10, mew=2, label=label)
+            _finish_curve_axes(row, tops, by, plt)
+            ends = [line.get_xdata()[-1] for line in row[0].get_lines() if len(line.get_xdata())]
+            if by == "tokens" and ends and min(ends) > 0 and max(ends) / min(ends) > 8:  # budgets 8x apart: log scale
+                for ax in row:
+                    ax.set_xscale("log")
+            handles = dict(zip(*reversed(row[0].get_legend_handles_labels())))
+            handles.update(zip(*reversed(row[1].get_legend_handles_labels())))
+            if handles:
+                row[1].legend(list(handles.values()), list(handles), loc="upper right", fontsize=7)
+        if not any(ax.get_lines() for row in axs for ax in row):
+            plt.close(fig)
+            continue
+        fig.suptitle("seed mean, band: its 95 % t-interval over seeds; x: last finite point of a diverged run",
+                     fontsize=8)
+        fig.tight_layout()
+        name = f"curves_by_{by}.png"
+        fig.savefig(out / name, dpi=80, bbox_inches="tight")
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
+    """The completed runs' losses after their first 10 % of logs: the y range, so the initial drop from ln V and
+    a diverged curve leave the plot instead of flattening the part where settings differ."""
+    out: dict[str, list[float]] = {}
+    for q in ("train_loss", "eval_loss"):
+        vals = []
+        for s in settings:
+            for r in s.ok:
+                v = [x for x in series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)[1] if math.isfinite(x)]
+                vals += v[len(v) // 10 :] if len(v) >= 10 else v
+        out[q] = vals
+    return out
+
+
+def _top(values: list[float]) -> float:
+    """The top of a loss axis: the completed runs' highest value (at most 3 above their lowest), plus a margin."""
+    if not values:
+        return math.inf
+    lo, hi = min(values), max(values)
+    return min(hi, lo + 3.0) + 0.05 * (hi - lo) + 1e-9
+
+
+def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
+    for ax, q, title in zip(row, ("train_loss", "eval_loss"), ("training loss", "validation loss")):
+        if tops[q]:
+            lo, hi = min(tops[q]), max(tops[q])
+            ax.set_ylim(lo - 0.05 * (hi - lo), _top(tops[q]))
+        ax.set_xlabel(X_LABELS[by])
+        ax.set_ylabel("loss (nats per token)")
+        ax.set_title(f"{title} by {X_LABELS[by].split(' (')[0]}")
+        ax.grid(alpha=0.3)
+
+
+def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path) -> str | None:
+    """Final metrics against one axis (seed mean, error bar: its 95 % t-interval), a line per combination of the
+    other axes."""
+    groups: dict[str, list[tuple[float, Setting]]] = {}
+    for s in group_settings([r for r in runs if r.get("status") in ("ok", "diverged")]):
+        xs = [v for r in s.runs if (v := x_value(r, x)) is not None]
+        if not xs:
+            continue
+        rest = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != x) or "runs"
+        groups.setdefault(rest, []).append((sum(xs) / len(xs), s))
+    if not groups:
+        return None
+    plt = pyplot()
+    fig, axs = plt.subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
+    for ax, q in zip(axs[0], ys):
+        for k, (label, pts) in enumerate(groups.items()):
+            pts = sorted((a, st) for a, s in pts if (st := s.stats(q)) is not None)
+            if pts:
+                xs = [a for a, _ in pts]
+                ax.errorbar(xs, [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
+                            color=COLOURS[k % len(COLOURS)], marker=MARKERS[k % len(MARKERS)], capsize=3, label=label)
+        if logx:
+            ax.set_xscale("log")
+        ax.set_xlabel(AXIS_TITLES.get(x, x))
+        ax.set_ylabel(QUANTITIES.get(q, (q,))[0] + UNITS.get(q, ""))
+        ax.grid(alpha=0.3)
+    if len(groups) > 1:
+        axs[0][0].legend(fontsize=7)
+    fig.suptitle("seed mean; error bars: its 95 % t-interval over seeds", fontsize=8)
+    fig.tight_layout()
+    name = f"{x.replace('.', '_')}_vs_metrics.png"
+    fig.savefig(out / name, dpi=80)
+    plt.close(fig)
+    return name
+
+
+AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size (sequences)",
+               "model.context_length": "context length (tokens)", "params": "parameters"}
+UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)",
+         "eval_acc": " (next-token top-1)"}
+
+
+def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
+    """The benchmark rows' memory and throughput figures (`charts.bench_figures`); (PNG names, a note if it
+    could not run)."""
+    try:
+        return bench_figures(rows, out), None
+    except ImportError as e:  # the plots extra
+        return [], f"bench plots unavailable ({e})"
+    except Exception as e:  # a plotting failure must not lose the tables
+        return [], f"bench plots failed: {type(e).__name__}: {e}"

@@ -1,0 +1,52 @@
+"""The one-plan report sections: a study whose plan sets `[report] NAME = true` gets section NAME's tables.
+
+Every section takes the same `Plan` (its runs, seeded settings, [report] table, context, output folder and the
+Holm family its comparisons join) and returns (findings sentences, Markdown lines); `build` places them all at
+one spot of the plan's report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deliverables.report.divergence import divergence_section
+from deliverables.report.noise import Family
+from deliverables.report.parallel import parallel
+from deliverables.report.peft import peft, quantization
+from deliverables.report.seeds import Setting
+from deliverables.report.tokenizer import tokenizer
+
+
+@dataclass
+class Plan:
+    runs: list[dict]
+    settings: list[Setting]
+    cfg: dict  # the plan's [report] table
+    ctx: dict  # build.context: bench rows, the untrained model's loss
+    out: Path
+    noise: Family
+
+
+def _divergence(p: Plan) -> tuple[list[str], list[str]]:
+    return [], divergence_section(p.settings, p.cfg["x"], p.ctx["untrained_loss"]) if p.cfg.get("x") else []
+
+
+SECTIONS: dict[str, Callable[[Plan], tuple[list[str], list[str]]]] = {
+    "peft": lambda p: peft(p.runs, p.noise),
+    "quantization": lambda p: quantization(p.runs, p.noise),
+    "tokenizer": lambda p: tokenizer(p.runs),
+    "parallel": lambda p: parallel(p.runs, p.out),
+    "divergence": _divergence,
+}
+
+
+def plan_sections(p: Plan) -> tuple[list[str], list[str]]:
+    """(findings, lines) of every section the plan's [report] table switches on, in SECTIONS' order."""
+    findings, lines = [], []
+    for name, section in SECTIONS.items():
+        if p.cfg.get(name):
+            f, body = section(p)
+            findings, lines = findings + f, lines + body
+    return findings, lines

@@ -1,0 +1,239 @@
+"""Settings over seeds: a plan with `seeds` runs each setting several times; the report gives each
+setting's mean with its 95 % t-interval and calls a difference "beyond noise" when Welch's t-test,
+Holm-corrected over the comparisons of its table (`deliverables.report.noise`), rejects at 5 %."""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deliverables.report.format import QUANTITIES, fmt, table, value
+from deliverables.report.noise import Family, half_width, welch
+from experiments.plan import SEED_AXIS, format_value
+from experiments.results import read_metrics, series
+
+SEED_SUFFIX = re.compile(r"-s\d+$")
+
+
+@dataclass
+class Setting:
+    """One setting of a plan (its axes without the seed) and its runs, one per seed."""
+
+    name: str
+    axes: dict[str, Any]
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[dict]:
+        return [r for r in self.runs if r.get("status") == "ok"]
+
+    @property
+    def status(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.runs:
+            counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in counts.items()) if len(counts) > 1 else next(iter(counts), "?")
+
+    def values(self, q: str) -> list[float]:
+        """`q` of every completed seed (finite values only)."""
+        return [v for r in self.ok if (v := value(r, q)) is not None and math.isfinite(v)]
+
+    def stats(self, q: str) -> Stats | None:
+        return Stats.of(self.values(q), (self.name, q))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean and spread of one quantity over seeds; std is the sample standard deviation (n - 1),
+    ci the half-width of the 95 % t-interval of the mean (None for one seed)."""
+
+    n: int
+    mean: float
+    std: float
+    lo: float
+    hi: float
+
+    label: tuple = ()  # what was measured (setting, quantity): two comparisons of equal numbers stay two
+
+    @staticmethod
+    def of(xs: list[float], label: tuple = ()) -> Stats | None:
+        if not xs:
+            return None
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        return Stats(len(xs), statistics.fmean(xs), sd, min(xs), max(xs), label)
+
+    @property
+    def ci(self) -> float | None:
+        return half_width(self.std, self.n)
+
+    def text(self, digits: int = 3) -> str:
+        """'2.031 ± 0.012' (± the half-width of the 95 % interval of the mean), or the value of a single run."""
+        return f"{self.mean:.{digits}f}" if self.n == 1 else f"{self.mean:.{digits}f} ± {self.ci:.{digits}f}"
+
+
+def group_settings(runs: list[dict]) -> list[Setting]:
+    """Runs grouped by their axes without the seed, in first-seen order."""
+    out: dict[tuple, Setting] = {}
+    for r in runs:
+        axes = {k: v for k, v in (r.get("axes") or {}).items() if k != SEED_AXIS}
+        key = tuple(sorted((k, format_value(v)) for k, v in axes.items()))
+        if key not in out:
+            name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"]
+            out[key] = Setting(name, axes)
+        out[key].runs.append(r)
+    return list(out.values())
+
+
+def is_seeded(runs: list[dict]) -> bool:
+    return any(SEED_AXIS in (r.get("axes") or {}) for r in runs)
+
+
+def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
+    """True when a and b differ beyond noise (Welch's test, Holm-corrected over `noise`), False when
+    within noise, None with a single seed."""
+    return noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n), key=frozenset((a, b)))  # a vs b = b vs a
+
+
+VERDICT = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}
+
+
+def compare_phrase(a: Stats, b: Stats, noise: Family, what: str = "validation loss", digits: int = 3) -> str:
+    """'validation loss 2.104 ± 0.010 against 2.031 ± 0.012 (+3.6%, beyond noise)'."""
+    d = a.mean - b.mean
+    pct = f"{100 * d / b.mean:+.1f}%" if b.mean else f"{d:+.3g}"
+    return f"{what} {a.text(digits)} against {b.text(digits)} ({pct}, {VERDICT[resolved(a, b, noise)]})"
+
+
+def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
+    """setting name -> the baseline setting it is compared with (same value on every other axis)."""
+    out = {}
+    for axis, label in baseline.items():
+        def rest(s: Setting) -> tuple:
+            return tuple(sorted((k, format_value(v)) for k, v in s.axes.items() if k != axis))
+
+        bases = {rest(s): s for s in settings if format_value(s.axes.get(axis)) == format_value(label)}
+        for s in settings:
+            b = bases.get(rest(s))
+            if axis in s.axes and b is not None and b is not s:
+                out[s.name] = b
+    return out
+
+
+def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> str:
+    """One row per setting: seeds, status, final metrics as mean ± 95 % interval over the completed seeds."""
+    axes = list(dict.fromkeys(k for s in settings for k in s.axes))
+    cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s",
+                        "step_time",
+                        "wall_time_s")
+            if any(s.stats(q) for s in settings)]
+    headers = (["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)]
+               + (["Δ val loss vs baseline"] if bases else []))
+    rows = []
+    for s in settings:
+        row = [f"`{s.name}`", *(format_value(s.axes.get(a, "")) for a in axes), str(len(s.runs)), s.status]
+        for q in cols:
+            st = s.stats(q)
+            if st is None:
+                row.append("–")
+            elif q in ("train_loss", "eval_loss"):
+                row.append(st.text(3))
+            elif q == "eval_ppl":
+                row.append(st.text(2))
+            elif q == "eval_acc":
+                row.append(f"{100 * st.mean:.1f}%" + (f" ± {100 * st.ci:.1f}" if st.n > 1 else ""))
+            else:
+                row.append(fmt(st.mean, QUANTITIES[q][1]))
+        if bases:
+            row.append(_delta_cell(s, bases, noise))
+        rows.append(row)
+    return table(headers, rows)
+
+
+def _delta_cell(s: Setting, bases: dict[str, Setting], noise: Family) -> str:
+    b = bases.get(s.name)
+    if b is None:
+        return "base" if s in bases.values() else ""
+    a, base = s.stats("eval_loss"), b.stats("eval_loss")
+    if a is None or base is None:
+        return "–"
+    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base, noise)]
+    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
+
+
+def _data(s: Setting) -> tuple[str, str]:
+    """What a setting's validation loss is measured on: its runs' data.source and data.dir."""
+    data = ((s.runs[0].get("config") or {}).get("data") or {}) if s.runs else {}
+    return str(data.get("source")), str(data.get("dir"))
+
+
+def _most_common_data(settings: list[Setting]) -> tuple[str, str] | None:
+    counts = collections.Counter(_data(s) for s in settings)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> list[str]:
+    """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
+    out = []
+    for s in settings:
+        b = bases.get(s.name)
+        a, base = s.stats("eval_loss"), b.stats("eval_loss") if b else None
+        if b is None:
+            continue
+        if a is None or base is None:
+            out.append(f"`{s.name}` against `{b.name}`: {s.status}, no completed seed to compare.")
+            continue
+        extra = ""
+        ta, tb = s.stats("step_time"), b.stats("step_time")
+        if ta and tb and tb.mean:
+            extra = (f"; step time (median of each run's logged windows) {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% "
+                     f"({VERDICT[resolved(ta, tb, noise)]})")
+        out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base, noise)}{extra}.")
+    same_data = _most_common_data(settings)  # losses on other validation data (peft's pre-training) do not rank
+    ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and _data(s) == same_data
+                     and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
+    if ranked:
+        best, s = ranked[0]
+        line = f"Lowest mean validation loss: `{s.name}`, {best.text()}"
+        if len(ranked) > 1:
+            nxt, s2 = ranked[1]
+            line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best, noise)}"
+        out.append(line + ".")
+    return out
+
+
+def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
+    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside
+    them)."""
+    cfg = run.get("config") or {}
+    per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
+    steps, vals, _ = series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), "train_loss")
+    pts = [(s * per_step, v) for s, v in zip(steps, vals) if math.isfinite(v)]
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
+        if t0 <= tokens <= t1:
+            return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0) if t1 > t0 else v0
+    return None
+
+
+def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> list[str]:
+    """Neighbours along `x` compared at the smaller run's whole token budget, by the logged training loss."""
+    pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok),
+                 key=lambda t: t[0])
+    out = []
+    for (xa, a), (xb, b) in zip(pts, pts[1:]):
+        budget = statistics.fmean(r["metrics"]["tokens"] for r in a.ok if r.get("metrics", {}).get("tokens"))
+        mine = Stats.of([v for r in a.ok if (v := train_loss_at_tokens(r, budget)) is not None])
+        theirs = Stats.of([v for r in b.ok if (v := train_loss_at_tokens(r, budget)) is not None])
+        label = f"{x}={format_value(int(xa) if xa.is_integer() else xa)}"
+        other = f"{x}={format_value(int(xb) if xb.is_integer() else xb)}"
+        if mine is None or theirs is None:
+            out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no "
+                       "training loss that early.")
+            continue
+        out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} "
+                   f"{compare_phrase(theirs, mine, noise, 'training loss')}.")
+    return out
