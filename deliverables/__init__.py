@@ -1,1 +1,2 @@
-"""The curriculum's deliverables, built on the lab's runner (experiments/): answers, the written report, the GPU campaign, headline figures, compiled memory and time, studies."""
+"""The curriculum's deliverables, built on the lab's runner (experiments/): answers, the written report, the GPU
+campaign, headline figures, compiled memory and time, studies."""
