@@ -28,7 +28,7 @@ import threading
 from typing import Callable
 
 _caught = False  # a StopFlag of this process caught a signal (jaxlm.cli.run reads it as the process exits)
-COMMAND_PACKAGES = ("jaxlm", "experiments", "parity")  # `python -m` of a module of these: a command
+COMMAND_PACKAGES = ("jaxlm", "experiments", "deliverables", "parity")  # `python -m` of a module of these: a command
 RETRY_S = 0.05
 _state = {"armed": False, "pending": None}  # the command's main is running; a signal held before it ran
 

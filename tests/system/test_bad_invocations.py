@@ -118,10 +118,10 @@ INVOCATIONS = {
         ("run nope_plan", 2, "nope_plan"),
         ("run {bad_plan}", 2, "bogus"),
         ("run profiling --only zzz --dry-run", 2, "zzz"),
-        ("report {tmp}/noplan", 2, "noplan"),
         ("run {lock_plan} --runs-dir {locked_runs} --draft", 2, "in use by pid"),
     ],
     "deliverables": [
+        ("report {tmp}/noplan", 2, "noplan"),
         ("gpu --budget 60", 2, "no GPU here"),
         ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
