@@ -70,15 +70,18 @@ def _heading(col: str, rows: list[dict]) -> str:
 
 
 def format_table(rows: list[dict], columns=TABLE_COLUMNS) -> str:
-    """A fixed-width console table; columns that are empty in every row are dropped. Below it, one line when
-    a speed ratio is withheld because its rows were timed on a busy machine."""
+    """A fixed-width console table; columns that are empty in every row are dropped. Below it, one line per kind
+    of speed ratio printed saying which ratio it is, and one when a ratio is withheld (rows timed on a busy machine)."""
     cols = [c for c in columns if any(r.get(c) not in (None, "none") for r in rows) or c in ("framework", "status")]
     cells = [[_cell(r, c) for c in cols] for r in rows]
     heads = [_heading(c, rows) for c in cols]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
     line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
-    note = withheld(_heading("speed_vs_reference", rows), [r for r in rows if r.get("speed_vs_reference") is not None])
-    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, cells), *([note] if note else [])])
+    ratio = _heading("speed_vs_reference", rows)
+    shown = [r for r in rows if r.get("speed_vs_reference") is not None]
+    kinds = sorted({r["speed_vs_reference_of"] for r in shown if not r.get("busy") and r.get("speed_vs_reference_of")})
+    notes = [f"{ratio}: {kind}" for kind in kinds] + [note for note in [withheld(ratio, shown)] if note]
+    return "\n".join([line(heads), line(["-" * w for w in widths]), *map(line, cells), *notes])
 
 
 def _json_safe(v):

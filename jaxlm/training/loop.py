@@ -222,11 +222,10 @@ def restore_or_init(cfg: Config, jitted: JittedSteps, ckpt: Checkpointer, mesh) 
         return jax.jit(jitted.make_state, out_shardings=jitted.shardings)(base), 0
     state, meta = ckpt.restore(jitted.abstract)
     step = int(meta["data_step"])
-    print(f"resumed from {ckpt.dir}/{meta['step']}", file=sys.stderr)
-    if step >= cfg.train.steps:
-        print(f"the run in {cfg.train.out_dir} is already complete (step {step} of train.steps = {cfg.train.steps}); "
-              "nothing was changed; raise train.steps to continue it, or choose another train.out_dir to start over",
-              file=sys.stderr)
+    where, done = f"{ckpt.dir}/{meta['step']}", f"step {step} of train.steps = {cfg.train.steps}"
+    print(f"resumed from {where} ({done})" if step < cfg.train.steps else f"the run in {cfg.train.out_dir} is "
+          f"already complete ({done}, checkpoint {where}): nothing was trained or changed; raise train.steps to "
+          "continue it, or choose another train.out_dir to start over", file=sys.stderr)
     return state, step
 
 

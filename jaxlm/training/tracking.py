@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -137,6 +138,12 @@ class Profiler:
                 jax.block_until_ready(block_on)
             jax.profiler.stop_trace()
             self.active = False
+            print(self.where(), file=sys.stderr, flush=True)
+
+    def where(self) -> str:
+        """The one line a profiled run prints: where the trace went and how to open it."""
+        return (f"profiler trace of steps {self.first}-{self.last} in {self.log_dir}/plugins/profile; open it with "
+                f"`tensorboard --logdir {self.log_dir}`, Profile tab (the profile extra)")
 
     def close(self) -> None:
         if self.active:

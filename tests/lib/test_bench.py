@@ -164,6 +164,8 @@ def test_rows_on_the_cpu_are_timed_in_alternating_rounds_and_compared_round_by_r
     assert jax_row["speed_vs_reference_iqr"] == pytest.approx([2.0 * 0.75 + 0.2 * 0.25, 2.0])
     table = output.format_table(rows)
     assert "speedup vs ref" in table and "2 (1.55-2)" in table
+    # the printed step ms (3.25 vs 2000) give 0.62: the table says the 2.0 is the median of per-round ratios
+    assert table.splitlines()[-1] == f"speedup vs ref: {measure.PAIRED_RATIO}" and "median" in measure.PAIRED_RATIO
     assert ScriptedSide.events == [("prepare", "jax"), ("prepare", "ref"), ("finish", "jax"), ("finish", "ref")]
 
 
@@ -194,6 +196,7 @@ def test_rows_off_the_cpu_are_timed_one_after_the_other(scripted):
     jax_row, _ = measure.run_sweep(TINY_CFG, PAIR, [16], [1], measure.Options(warmup=0, steps=5))
     assert own.log == [("jax", 5)] and ref.log == [("ref", 5)]
     assert jax_row["speed_vs_reference"] == pytest.approx(2.0) and "speed_vs_reference_iqr" not in jax_row
+    assert output.format_table([jax_row, _]).splitlines()[-1] == f"speedup vs ref: {measure.MEAN_RATIO}"
     # each row released before the next is built: a GPU need not hold both models at once
     assert ScriptedSide.events == [("prepare", "jax"), ("finish", "jax"), ("prepare", "ref"), ("finish", "ref")]
 
@@ -215,7 +218,8 @@ def test_rows_timed_on_a_busy_machine_are_marked_and_their_ratio_is_not_printed(
         assert lines[2].split()[-1] == "withheld" and lines[2].split()[-2] == "busy"
         assert len(lines) == 5 and lines[-1].startswith("speedup vs ref withheld: other processes kept up to ")
     else:
-        assert len(lines) == 4 and lines[2].split()[-3:] == ["quiet", "2", "(2-2)"]
+        assert len(lines) == 5 and lines[2].split()[-3:] == ["quiet", "2", "(2-2)"]
+        assert lines[-1] == f"speedup vs ref: {measure.PAIRED_RATIO}"
 
 
 def test_oom_and_invalid_rows_do_not_stop_the_sweep():

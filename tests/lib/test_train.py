@@ -98,6 +98,20 @@ def test_restore_for_inference(corpus, tmp_path):
     assert np.isfinite(float(cross_entropy(model(x[:, :-1]), x[:, 1:])))
 
 
+def test_a_profiled_run_says_where_its_trace_went_and_a_complete_rerun_does_not_say_resumed(corpus, tmp_path, capsys):
+    from jaxlm.training.loop import train
+
+    cfg = tiny(corpus, tmp_path / "run", **{"train.steps": 4, "log.profile_steps": [2, 3], "log.sample_tokens": 0})
+    train(cfg)
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("profiler trace")]
+    trace_dir = line.split(" in ", 1)[1].split(";")[0]
+    assert list(Path(trace_dir).rglob("*.xplane.pb")) and f"tensorboard --logdir {tmp_path / 'run'}" in line
+    train(cfg)
+    err = capsys.readouterr().err
+    assert "already complete (step 4 of train.steps = 4" in err and "nothing was trained" in err
+    assert "resumed from" not in err and "profiler trace" not in err
+
+
 def test_nan_stops_without_saving_bad_state(corpus, tmp_path):
     from jaxlm.training.loop import TrainingDiverged, train
 
