@@ -141,13 +141,11 @@ REPORTS = {  # key: (plan, pattern in its generated report.md, from its records)
     "par_tp_share": ("parallelism", r"memory_small: data=2,tensor=4 holds ([\d.]+)"),
     "par_pp_share": ("parallelism", r"memory_small: data=2,pipeline=4 holds ([\d.]+)"),
     "par_dp_speed": ("parallelism", r"dp_on: data=8 ran \d+ tokens/s against one device's \d+ \(([\d.]+)x\)"),
-    "par_bubble_m1": ("parallelism", r"with 1 micro-batch lost (\d+) %"),
-    "par_bubble_m1_gpipe": ("parallelism", r"with 1 micro-batch lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
-    "par_bubble_m4": ("parallelism", r"with 4 micro-batches lost (\d+) %"),
-    "par_bubble_m4_gpipe": ("parallelism", r"with 4 micro-batches lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
-    "par_bubble_m8": ("parallelism", r"with 8 micro-batches lost (\d+) %"),
-    "par_bubble_m8_gpipe": ("parallelism", r"with 8 micro-batches lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %"),
 }
+for _m, _batches in ((1, "micro-batch"), (4, "micro-batches"), (8, "micro-batches")):  # the pipeline bubble, measured
+    REPORTS[f"par_bubble_m{_m}"] = ("parallelism", rf"with {_m} {_batches} lost (\d+) %")
+    REPORTS[f"par_bubble_m{_m}_gpipe"] = ("parallelism",
+                                          rf"with {_m} {_batches} lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %")
 
 
 def fits(root: Path) -> dict[str, Claim]:

@@ -33,9 +33,8 @@ def run_embedding(vocab_size: int, d_model: int, weights: Tensor, token_ids: Ten
     return layer(token_ids)
 
 
-def run_swiglu(
-    d_model: int, d_ff: int, w1_weight: Tensor, w2_weight: Tensor, w3_weight: Tensor, in_features: Tensor
-) -> Tensor:
+def run_swiglu(d_model: int, d_ff: int, w1_weight: Tensor, w2_weight: Tensor, w3_weight: Tensor,
+               in_features: Tensor) -> Tensor:
     ffn = torchref.SwiGLU(d_model, d_ff)
     ffn.load_state_dict({"w1.weight": w1_weight, "w2.weight": w2_weight, "w3.weight": w3_weight})
     return ffn(in_features)
@@ -48,24 +47,15 @@ def run_scaled_dot_product_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tens
 def _attention(d_model, num_heads, rope, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight):
     attn = torchref.MultiHeadSelfAttention(d_model, num_heads, rope=rope)
     attn.load_state_dict(
-        {
-            "q_proj.weight": q_proj_weight,
-            "k_proj.weight": k_proj_weight,
-            "v_proj.weight": v_proj_weight,
-            "output_proj.weight": o_proj_weight,
-        }
+        {"q_proj.weight": q_proj_weight, "k_proj.weight": k_proj_weight, "v_proj.weight": v_proj_weight,
+         "output_proj.weight": o_proj_weight}
     )
     return attn
 
 
 def run_multihead_self_attention(
-    d_model: int,
-    num_heads: int,
-    q_proj_weight: Tensor,
-    k_proj_weight: Tensor,
-    v_proj_weight: Tensor,
-    o_proj_weight: Tensor,
-    in_features: Tensor,
+    d_model: int, num_heads: int, q_proj_weight: Tensor, k_proj_weight: Tensor, v_proj_weight: Tensor,
+    o_proj_weight: Tensor, in_features: Tensor
 ) -> Tensor:
     return _attention(d_model, num_heads, None, q_proj_weight, k_proj_weight, v_proj_weight, o_proj_weight)(in_features)
 
@@ -92,23 +82,11 @@ def run_rope(d_k: int, theta: float, max_seq_len: int, in_query_or_key: Tensor, 
 
 
 def run_transformer_block(
-    d_model: int,
-    num_heads: int,
-    d_ff: int,
-    max_seq_len: int,
-    theta: float,
-    weights: dict[str, Tensor],
-    in_features: Tensor,
+    d_model: int, num_heads: int, d_ff: int, max_seq_len: int, theta: float, weights: dict[str, Tensor],
+    in_features: Tensor
 ) -> Tensor:
-    cfg = ModelConfig(
-        vocab_size=1,
-        context_length=max_seq_len,
-        d_model=d_model,
-        num_layers=1,
-        num_heads=num_heads,
-        d_ff=d_ff,
-        rope_theta=theta,
-    )
+    cfg = ModelConfig(vocab_size=1, context_length=max_seq_len, d_model=d_model, num_layers=1, num_heads=num_heads,
+                      d_ff=d_ff, rope_theta=theta)
     block = torchref.TransformerBlock(cfg, torchref.RotaryEmbedding(theta, cfg.head_dim, max_seq_len))
     block.load_state_dict(weights)
     return block(in_features)
@@ -126,13 +104,8 @@ def run_transformer_lm(
     in_indices: Tensor,
 ) -> Tensor:
     cfg = ModelConfig(
-        vocab_size=vocab_size,
-        context_length=context_length,
-        d_model=d_model,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        d_ff=d_ff,
-        rope_theta=rope_theta,
+        vocab_size=vocab_size, context_length=context_length, d_model=d_model, num_layers=num_layers,
+        num_heads=num_heads, d_ff=d_ff, rope_theta=rope_theta
     )
     model = torchref.TransformerLM(cfg)
     model.load_state_dict(weights)
@@ -169,30 +142,25 @@ def get_adamw_cls() -> type[torch.optim.Optimizer]:
     return torchref.AdamW
 
 
-def run_get_lr_cosine_schedule(
-    it: int, max_learning_rate: float, min_learning_rate: float, warmup_iters: int, cosine_cycle_iters: int
-) -> float:
+def run_get_lr_cosine_schedule(it: int, max_learning_rate: float, min_learning_rate: float, warmup_iters: int,
+                               cosine_cycle_iters: int) -> float:
     return torchref.lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters)
 
 
 def run_save_checkpoint(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    iteration: int,
-    out: str | os.PathLike | BinaryIO | IO[bytes],
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, iteration: int,
+    out: str | os.PathLike | BinaryIO | IO[bytes]
 ) -> None:
     torchref.save_checkpoint(model, optimizer, iteration, out)
 
 
-def run_load_checkpoint(
-    src: str | os.PathLike | BinaryIO | IO[bytes], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> int:
+def run_load_checkpoint(src: str | os.PathLike | BinaryIO | IO[bytes], model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer) -> int:
     return torchref.load_checkpoint(src, model, optimizer)
 
 
-def get_tokenizer(
-    vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]], special_tokens: list[str] | None = None
-) -> Any:
+def get_tokenizer(vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]],
+                  special_tokens: list[str] | None = None) -> Any:
     return Tokenizer(vocab, merges, special_tokens)
 
 
