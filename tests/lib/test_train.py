@@ -305,7 +305,7 @@ def test_quickstart_cli_end_to_end(quickstart):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--- sample after 6 steps ---" in r.stdout
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already complete (step 6 of train.steps = 6)" in again.stderr, again.stderr[-3000:]
+    assert "already complete (step 6 of train.steps = 6" in again.stderr, again.stderr[-3000:]
     assert (run / "checkpoints" / "6").is_dir() and (run / "config.toml").is_file()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
