@@ -37,7 +37,7 @@ SEPARATORS = {"&&", "||", ";", "&", "|"}
 GPU_OR_NETWORK = (
     (r"^pip install", "installs from the package index (network)"),
     (r"jaxlm\.data download", "downloads a corpus (network)"),
-    (r"deliverables\.gpu\.carry download", "downloads wheels (network)"),
+    (r"deliverables\.gpu\.carry (download|check)", "downloads wheels, or checks the downloaded ones (network)"),
     (r"jaxlm\.hf import HuggingFaceTB/", "downloads a checkpoint from the Hub (network)"),
     (r"runs/smollm2-(135m|lora|qlora)|smollm2_lora\.toml($| --set 'lora)",
      "uses the Hub checkpoint (network); a GPU job"),
