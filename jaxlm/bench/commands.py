@@ -13,6 +13,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from jaxlm import cli  # noqa: E402
 from jaxlm.bench import sides  # noqa: E402
+from jaxlm.core.errors import UsageError  # noqa: E402
 
 COMMANDS = {  # name: (module with add_args(parser) and main(args), one line of help: what it needs to run)
     "model": ("jaxlm.bench.sweep", "time, FLOPs, MFU and memory of model steps (core install; --framework SIDE: that "
@@ -38,11 +39,17 @@ def main(argv=None) -> int:
     parser = cli.ArgumentParser(prog="python -m jaxlm.bench", description=DESCRIPTION,
                                 formatter_class=cli.HelpFormatter)
     subparsers = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
+    known = {**COMMANDS, **sides.commands()}
+    if argv and not argv[0].startswith("-") and argv[0] not in known:
+        raise UsageError(f"python -m jaxlm.bench {argv[0]}: not a command here ({', '.join(known)}); a plugged-in "
+                         "side's commands are registered when the project is installed (pip install -e '.[EXTRA]', "
+                         "again after an update), and the sides installed here are: "
+                         f"{', '.join(sides.plugins()) or 'none'}")
     chosen = None
-    for name, (module, help) in {**COMMANDS, **sides.commands()}.items():
+    for name, (module, help) in known.items():
         sub = subparsers.add_parser(name, help=help, description=help, formatter_class=cli.HelpFormatter)
         if argv and argv[0] == name:
             chosen = importlib.import_module(module)
             chosen.add_args(sub)
-    args = parser.parse_args(argv)  # exits on --help and on a WHAT that is not listed
+    args = parser.parse_args(argv)  # exits on --help
     return chosen.main(args)
