@@ -201,8 +201,8 @@ def intro(target: gpu.Target) -> list[str]:
              f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
              f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
              "Regenerate with "
-             f"`python -m deliverables.compiled_memory --target {target.name}`; docs/memory.md says how these "
-             "figures compare with the analytic estimate."]
+             f"`python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate compares "
+             "with such figures: docs/results/compiled/h100-80gb-validation.md."]
 
 
 def write_page(argv: list[str], module: str, doc: str, all_sections, intro, table, predicted: bool = False) -> int:

@@ -1,9 +1,10 @@
 """The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps: the
-tables of docs/memory.md and the fit of the estimator's GPU coefficients.
+tables of docs/results/compiled/h100-80gb-validation.md and the fit of the estimator's GPU coefficients.
 
-    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md \
+    python -m deliverables.memory_validation --target h100-80gb --out docs/results/compiled/h100-80gb-validation.md \
         --cache docs/results/compiled/h100-80gb.json           # vs XLA's GPU compiler, on any machine
-    python -m deliverables.memory_validation --out docs/memory.md   # vs XLA:CPU's memory_analysis() (float32)
+    python -m deliverables.memory_validation --out docs/results/compiled/h100-80gb-validation.md
+        # vs XLA:CPU's memory_analysis() (float32)
     python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
 
 With --target each row compiles training's own step (jaxlm.training.compiled) for the target and compares
@@ -229,7 +230,8 @@ def main(argv: list[str]) -> int:
                            description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
                                        "float32 train step on this machine's backend, row by row; with --target, "
                                        "with the GPU compiler's plan of each step.")
-    p.add_argument("--out", type=Path, help="write the table into this Markdown file (between its markers)")
+    p.add_argument("--out", type=Path, help="write the table into this Markdown file, between its markers "
+                   "(the tables' page: docs/results/compiled/h100-80gb-validation.md)")
     p.add_argument("--rows", type=cli.bounded(int, 1), help="first N rows only (default: all)")
     p.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...")
     p.add_argument("--cache", type=Path, metavar="JSON", help="with --target: keep the compiled figures here "

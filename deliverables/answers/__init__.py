@@ -1,4 +1,4 @@
-"""The curriculum's questions answered: `python -m deliverables.answers --out docs/answers.md`.
+"""The curriculum's questions answered: `python -m deliverables.answers --out docs/report/answers.md`.
 
 One section per question id, every number computed when the page is generated: from the library's
 analysis modules (`accounting`: parameters, FLOPs, memory, training days; `adamw`: adamwAccounting's

@@ -1,8 +1,9 @@
 """Memory estimator: what one step holds per device, and the largest batch that fits a device.
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
-    python -m deliverables.memory_validation --target h100-80gb --out docs/memory.md   # vs the GPU compiler's plan
-    python -m deliverables.memory_validation --out docs/memory.md   # the CPU model vs memory_analysis() on CPU
+    python -m deliverables.memory_validation --target h100-80gb --out docs/results/compiled/h100-80gb-validation.md \
+        --cache docs/results/compiled/h100-80gb.json   # vs the GPU compiler's plan
+    python -m deliverables.memory_validation --out docs/results/compiled/h100-80gb-validation.md  # vs XLA:CPU
 
 Peak bytes of a train step = parameters (float32) + gradients (float32) + AdamW
 moments m and v (float32) + compute-dtype copies of the weights (bfloat16 only)
@@ -20,7 +21,8 @@ Two calibrations, because two compilers keep different tensors:
   one layer's working set, the saved block inputs mostly freed by then; under offload
   also what comes back from the host, `from_host`). The loss's backward: what the
   blocks keep and the logits with their float32 gradient (`HEAD_BYTES`, not fitted),
-  the peak under remat at a large vocabulary. Validated in docs/memory.md.
+  the peak under remat at a large vocabulary. Validated in
+  docs/results/compiled/h100-80gb-validation.md.
 - "cpu": the tensors `jax.grad` saves in jaxlm's forward, less what XLA fuses away,
   calibrated on XLA:CPU's memory_analysis() at float32 without remat (faithful
   there only: XLA:CPU undoes remat and computes bfloat16 through float32).

@@ -4,7 +4,8 @@ or, with --target, the GPU compiler's own plan for the step (jaxlm.training.comp
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
     python -m jaxlm.memory --target h100-80gb --preset small --context 1024 --batch 8 --dtype bfloat16 --json
 
-How far the estimate is from the compilers' plans: docs/memory.md (`python -m deliverables.memory_validation`).
+How far the estimate is from the compilers' plans: docs/results/compiled/h100-80gb-validation.md
+(`python -m deliverables.memory_validation`).
 """
 
 from __future__ import annotations

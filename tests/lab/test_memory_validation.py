@@ -1,5 +1,5 @@
 """deliverables.memory_validation: the estimator against XLA:CPU's memory_analysis() of training's step (float32,
-no remat) and against the figures compiled for an H100 (docs/memory.md)."""
+no remat) and against the figures compiled for an H100 (docs/results/compiled/h100-80gb-validation.md)."""
 
 import json
 from pathlib import Path

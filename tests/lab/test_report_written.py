@@ -73,7 +73,7 @@ def test_every_stated_result_carries_a_source_tag():
 def test_one_answer_per_question_across_report_appendix_and_answers(claims):
     """The largest batch of `small` at context 1024 on an H100 is the compiled plan's; GPT-2 XL's batch in 80 GB is
     (b)'s formula; answers.md bolds exactly those, and the report and the appendix state the same figures."""
-    answers = (REPO / "docs" / "answers.md").read_text()
+    answers = (DOCS / "answers.md").read_text()
     assert f"| float32 | **{claims['largest_f32'].value:.0f}** |" in answers
     assert f"| bfloat16 | **{claims['largest_bf16'].value:.0f}** |" in answers
     assert f"= **{claims['xl_batch_80gb'].value:.0f}**" in answers

@@ -1,4 +1,4 @@
-"""The CS336 adapter interface (docs/spec.md#adapter-interface-testsadapterspy): glue from the test suite to torchref.
+"""The CS336 adapter interface (docs/spec.md#adapter-interface): glue from the test suite to torchref.
 
 Each function builds the torchref piece, loads the given weights and calls it;
 no logic lives here.  The tokenizer entries call jaxlm.data (framework-free),
