@@ -6,6 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tests.train_helpers import TEST_XLA_FLAGS
+
 # One persistent compilation cache per test session, set before JAX starts and inherited by the pytest-xdist
 # workers and by every command a test runs: the suite compiles the same tiny programs again and again (a tiny
 # training command spends most of its CPU time compiling). Compiled programs are keyed by their HLO, options and
@@ -14,6 +16,10 @@ _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxlm-tests-xla-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# XLA:CPU's LLVM optimisations off: they cost a third of the suite's CPU time and buy nothing at its sizes. Results
+# are checked against references with tolerances, or against a run compiled under the same flags.
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # once: pytest-xdist's workers inherit it
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 from jaxlm.core import platform  # noqa: E402
 

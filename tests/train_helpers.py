@@ -18,6 +18,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# The XLA flags of every test process (tests/conftest.py sets them; a child whose XLA_FLAGS a test sets starts from
+# them, so that a result compared with the test's own is compiled alike): XLA:CPU's LLVM optimisations off, as the
+# suite's tiny programs compile far longer than they run.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def xla_devices(n: int) -> str:
+    """XLA_FLAGS for a child process with `n` simulated CPU devices."""
+    return f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={n}"
 
 
 def needs(extra: str):

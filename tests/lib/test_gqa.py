@@ -25,7 +25,7 @@ from jaxlm.nn.attention import attention
 from jaxlm.nn.decode import Generator, SamplingParams
 from jaxlm.nn.layers import llama3_frequencies
 from jaxlm.nn.model import TransformerLM
-from tests.train_helpers import ROOT, needs
+from tests.train_helpers import ROOT, needs, xla_devices
 
 # 6 query heads sharing 2 key/value heads of width 10 (not 48 / 6), Llama 3 scaling over an original context of 16.
 GQA = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,
@@ -191,7 +191,7 @@ def test_tensor_parallelism_splits_whole_key_value_heads():
 def test_grouped_query_model_on_8_devices_equals_one_device():
     """tensor = 4 over 8 query / 4 key-value heads of width 6 (d_model 32): the loss, gradients and a 20-step
     trajectory of one device (tests/train_helpers.py LAYOUTS["tp_gqa"]), the k projection split over tensor."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": xla_devices(8), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "train_helpers.py"), "devices", "tp_gqa"], env=env,
                        capture_output=True, text=True, timeout=900)

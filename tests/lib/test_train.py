@@ -25,12 +25,14 @@ from jaxlm.training.loop import steps_in_call
 from tests.train_helpers import (
     LAYOUTS,
     ROOT,
+    TEST_XLA_FLAGS,
     losses,
     make_corpus,
     max_param_diff,
     needs,
     run_steps,
     tiny_overrides,
+    xla_devices,
 )
 
 PY = sys.executable
@@ -46,8 +48,7 @@ def tiny(corpus, out_dir, **extra):
 
 
 def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
     env.update(extra)
     return env
 
@@ -184,7 +185,7 @@ def test_precision_and_remat_match_float32(corpus, variant, tol):
 def _check_layouts(names: list[str]) -> None:
     """Run `names` of LAYOUTS on 8 simulated devices in one subprocess: the same loss and gradients as one
     device (relative 1e-5, float32) and the same 20-step loss trajectory (relative 1e-4)."""
-    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = _env(XLA_FLAGS=xla_devices(8))
     r = subprocess.run([PY, str(ROOT / "tests" / "train_helpers.py"), "devices", *names], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

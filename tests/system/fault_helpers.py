@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import ROOT
+from tests.train_helpers import ROOT, TEST_XLA_FLAGS
 
 PY = sys.executable
 HELPERS = str(ROOT / "tests" / "train_helpers.py")
@@ -21,10 +21,10 @@ RUN = {"train.steps": 30, "checkpoint.every": 3, "optim.cosine_steps": 40, "trai
 
 
 def env(**extra) -> dict[str, str]:
-    """This process's environment for a CPU child that imports the checkout, no debug switches, with `extra` set."""
-    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    for k in ("XLA_FLAGS", "JAXLM_DEBUG"):
-        out.pop(k, None)
+    """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
+    `extra` set."""
+    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
+    out.pop("JAXLM_DEBUG", None)
     return {**out, **extra}
 
 

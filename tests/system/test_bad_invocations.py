@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.system.fault_helpers import one_error, run_rows, sets
-from tests.train_helpers import needs, tiny_overrides
+from tests.train_helpers import needs, tiny_overrides, xla_devices
 
 pytestmark = pytest.mark.xdist_group("faults-files")  # the broken inputs are built once
 
@@ -157,7 +157,7 @@ def test_bad_invocations(cli_name, files, tmp_path):
     no traceback. All rows of one CLI run in one process (tests/system/cli_harness.py)."""
     rows = INVOCATIONS[cli_name]
     commands = [_command(cli_name, args, files, i) for i, (args, _, _) in enumerate(rows)]
-    extra = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"} if cli_name == "train" else {}
+    extra = {"XLA_FLAGS": xla_devices(8)} if cli_name == "train" else {}
     results = run_rows(commands, tmp_path, tmp_path / "cwd", **extra)
     failures = []
     for (module, args), (_, code, culprit), got in zip(commands, rows, results):

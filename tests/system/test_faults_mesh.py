@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.system.fault_helpers import PY, env
-from tests.train_helpers import ROOT
+from tests.train_helpers import ROOT, xla_devices
 
 # --------------------------------------------------------------------------- fine-tuning on a mesh, pipeline dropout
 
@@ -46,7 +46,7 @@ def test_init_from_on_every_mesh_layout(files, tmp_path):
     """The weights are placed with the state's shardings on 4 devices (data x fsdp, data x tensor, data x
     pipeline), equal to the run's."""
     r = subprocess.run([PY, "-c", MESH_INIT_FROM, files["run"], files["corpus"], str(tmp_path / "out")],
-                       env=env(XLA_FLAGS="--xla_force_host_platform_device_count=4"), capture_output=True, text=True,
+                       env=env(XLA_FLAGS=xla_devices(4)), capture_output=True, text=True,
                        timeout=600, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
@@ -79,6 +79,6 @@ print("ok")
 
 @pytest.mark.slow
 def test_pipeline_micro_batches_draw_their_own_dropout_masks():
-    r = subprocess.run([PY, "-c", PIPELINE_DROPOUT], env=env(XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+    r = subprocess.run([PY, "-c", PIPELINE_DROPOUT], env=env(XLA_FLAGS=xla_devices(2)),
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
