@@ -41,7 +41,10 @@ def test_bad_override_names_the_key(capsys):
     assert "model.d_modle" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
+    """LoRA's logits and gradients against torchref's are test_peft_torch.py::test_lora_matches_torchref's, in the
+    default suite; this runs them through the command."""
     out = tmp_path / "parity.json"
     assert check.main(["--set", "lora.rank=4", "--set", "model.num_layers=1", "--steps", "5", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
@@ -50,8 +53,10 @@ def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
     assert "lora rank=4" in capsys.readouterr().out
 
 
+@pytest.mark.extended
 def test_scanned_layers_pass_the_float32_thresholds(tmp_path):
-    """The stacked layout's gradients are compared per layer under torch's names."""
+    """The stacked layout's gradients are compared per layer under torch's names (in the default suite:
+    test_parity.py::test_scanned_layers_convert_and_match_torchref, in this process)."""
     out = tmp_path / "scan.json"
     assert check.main(["--set", "compute.scan_layers=true", "--steps", "5", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
