@@ -2,10 +2,11 @@
 
 Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
 section is in deliverables/gpu/sections.py, the profiler step in deliverables/gpu/profile.py. Sizes
-shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU; cuDNN rows are then
-marked skipped with the reason. Estimates: compile time per row grows with the layer count (the model is
-unrolled); run time is 15 steps at the step's model FLOPs over the H100's bfloat16 / float32 peak at 40 %
-MFU (the figures are upper-end guesses, to be replaced by a measured run).
+shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU (the float32 table
+then times the train step only, the largest-batch search stops at batch 1: compiles are what a CPU smoke
+pays for); cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with
+the layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
+bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ def table_run(dtype: str):
     def run(ctx: Context) -> dict:
         from jaxlm.bench import measure
 
-        settings = [measure.Setting(mode=m, dtype=dtype) for m in flops.MODES]
+        modes = ("train_step",) if ctx.smoke and dtype == "float32" else flops.MODES
+        settings = [measure.Setting(mode=m, dtype=dtype) for m in modes]
         rows = []
         for name, cfg in models(ctx.smoke).items():
             for T in contexts(ctx.smoke):
@@ -300,7 +302,7 @@ def run_max_batch(ctx: Context) -> dict:
             return fits(b)
 
         try:
-            largest = memory.search_largest(probe, 2 if ctx.smoke else 4096, predicted or 8)
+            largest = memory.search_largest(probe, 1 if ctx.smoke else 4096, predicted or 8)
         except TimeoutError as e:
             rows.append({**row, "status": "cut", "reason": str(e), "predicted": predicted, "probed": probed})
             continue

@@ -155,7 +155,7 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
         model = {{ d_model = 32, num_layers = 1, num_heads = 2, d_ff = 64, context_length = 32 }}
         data = {{ batch_size = 4, eval_tokens = 256 }}
         train = {{ steps = 12, eval_every = 6 }}
-        log = {{ every = 3, progress = false, tensorboard = false, sample_tokens = 8 }}
+        log = {{ every = 3, progress = false, tensorboard = false, sample_tokens = 0 }}
         optim.warmup_steps = 2
         checkpoint.every = 100
         [[runs]]

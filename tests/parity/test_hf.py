@@ -56,7 +56,15 @@ def test_imported_logits_equal_transformers(imported):
         assert cfg.model.head_dim == 18 and cfg.model.rope_scaling == [8.0, 1.0, 4.0, 16.0]
 
 
+def _shapes(default: set[str]) -> list:
+    """SHAPES for a test parametrizing `imported`: the others are `extended`."""
+    return [n if n in default else pytest.param(n, marks=pytest.mark.extended) for n in SHAPES]
+
+
+@pytest.mark.parametrize("imported", _shapes({"grouped_query"}), indirect=True)
 def test_bfloat16_logits_within_the_stated_tolerance(imported):
+    """Rounding is the same for every shape: grouped_query is the default case (each shape's float32 logits are
+    test_imported_logits_equal_transformers')."""
     import torch
 
     name, hf, directory, run = imported
@@ -68,7 +76,10 @@ def test_bfloat16_logits_within_the_stated_tolerance(imported):
     assert rel(ours, exact) < 1.5 * rel(theirs, exact), name
 
 
+@pytest.mark.parametrize("imported", _shapes({"grouped_query", "llama3_rope"}), indirect=True)
 def test_greedy_generation_of_32_tokens_gives_the_same_ids(imported):
+    """Default: the grouped cache and scaled RoPE past the prompt; multi_head and tied decode as jaxlm's own
+    models do (tests/lib/test_generate.py), their logits equal by test_imported_logits_equal_transformers."""
     import torch
 
     name, hf, _, run = imported

@@ -25,6 +25,11 @@ def cfg_for(**kw) -> ModelConfig:
     return ModelConfig(**{**dict(vocab_size=V, context_length=CTX, d_model=D, num_layers=L, num_heads=N), **kw})
 
 
+@nnx.jit  # one compiled program: op-by-op dispatch compiles each op alone (seconds on a CPU)
+def _jit_loss_grads(model: TransformerLM, x: jnp.ndarray, y: jnp.ndarray):
+    return nnx.value_and_grad(lambda m: cross_entropy(m(x), y))(model)
+
+
 VARIANTS = [
     {},
     {"norm": "post"},
@@ -81,8 +86,9 @@ def test_scanned_layers_convert_and_match_torchref(kw):
     x, y = tok[:, :-1], tok[:, 1:]
     logits = ref(torch.from_numpy(x))
     torch.nn.functional.cross_entropy(logits.reshape(-1, V), torch.from_numpy(y).reshape(-1)).backward()
-    np.testing.assert_allclose(model(jnp.asarray(x)), logits.detach().numpy(), atol=LOGIT_ATOL, rtol=0)
-    _, grads = nnx.value_and_grad(lambda m: cross_entropy(m(jnp.asarray(x)), jnp.asarray(y)))(model)
+    np.testing.assert_allclose(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(x)), logits.detach().numpy(),
+                               atol=LOGIT_ATOL, rtol=0)
+    _, grads = _jit_loss_grads(model, jnp.asarray(x), jnp.asarray(y))
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     grads = jax_to_torch(nnx.merge(graphdef, grads, rest))  # the gradients in torch's names
     for name, g in grads.items():
@@ -112,7 +118,7 @@ def test_loss_gradients_match_torchref():
     logits = ref(torch.from_numpy(x))
     loss_t = torch.nn.functional.cross_entropy(logits.reshape(-1, V), torch.from_numpy(y).reshape(-1))
     loss_t.backward()
-    loss_j, grads = nnx.value_and_grad(lambda m: cross_entropy(m(jnp.asarray(x)), jnp.asarray(y)))(model)
+    loss_j, grads = _jit_loss_grads(model, jnp.asarray(x), jnp.asarray(y))
     np.testing.assert_allclose(loss_j, loss_t.item(), rtol=1e-6)
     for path, g in nnx.to_flat_state(grads):
         name = ".".join(map(str, path))

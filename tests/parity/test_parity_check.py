@@ -1,12 +1,11 @@
 """`python -m parity.check`: the figures, the JSON keys and the exit code."""
 
 import json
-import subprocess
-import sys
+
+import pytest
 
 from jaxlm import cli
 from parity import check
-from tests.train_helpers import ROOT
 
 KEYS = ("logits_max_abs_err", "logits_max_rel_err", "loss_abs_err", "grad_max_rel_err", "train_loss_max_abs_diff")
 
@@ -42,7 +41,10 @@ def test_bad_override_names_the_key(capsys):
     assert "model.d_modle" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
+    """LoRA's logits and gradients against torchref's are test_peft_torch.py::test_lora_matches_torchref's, in the
+    default suite; this runs them through the command."""
     out = tmp_path / "parity.json"
     assert check.main(["--set", "lora.rank=4", "--set", "model.num_layers=1", "--steps", "5", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
@@ -51,8 +53,10 @@ def test_lora_parity_trains_only_the_adapters_in_both(tmp_path, capsys):
     assert "lora rank=4" in capsys.readouterr().out
 
 
+@pytest.mark.extended
 def test_scanned_layers_pass_the_float32_thresholds(tmp_path):
-    """The stacked layout's gradients are compared per layer under torch's names."""
+    """The stacked layout's gradients are compared per layer under torch's names (in the default suite:
+    test_parity.py::test_scanned_layers_convert_and_match_torchref, in this process)."""
     out = tmp_path / "scan.json"
     assert check.main(["--set", "compute.scan_layers=true", "--steps", "5", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
@@ -61,7 +65,8 @@ def test_scanned_layers_pass_the_float32_thresholds(tmp_path):
         assert figures[key] <= limit, key
 
 
-def test_help_config_lists_the_config_tree():
-    r = subprocess.run([sys.executable, "-m", "parity.check", "--help-config"], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
-    assert r.returncode == 0 and "optim.lr = 0.001" in r.stdout, r.stderr[-500:]
+def test_help_config_lists_the_config_tree(capsys):
+    """In this process: a fresh one spends its seconds importing torch and JAX, not listing."""
+    with pytest.raises(SystemExit) as done:
+        check.main(["--help-config"])
+    assert done.value.code == 0 and "optim.lr = 0.001" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -13,7 +14,7 @@ from tests.train_helpers import ROOT, xla_devices
 # --------------------------------------------------------------------------- fine-tuning on a mesh, pipeline dropout
 
 MESH_INIT_FROM = """
-import sys, jax, numpy as np
+import json, sys, jax, numpy as np
 from flax import nnx
 from jaxlm.core.config import load_config
 from jaxlm.core.stop import StopFlag
@@ -22,9 +23,8 @@ from jaxlm.training.checkpoint import restore_for_inference
 from jaxlm.training.loop import start
 from tests.train_helpers import tiny_overrides
 assert jax.device_count() == 4
-base, corpus, out = sys.argv[1:4]
-layouts = [["parallel.fsdp=2"], ["parallel.tensor=2"], ["parallel.pipeline=2", "compute.scan_layers=true"]]
-for i, layout in enumerate(layouts):  # data x fsdp, data x tensor, data x pipeline (the layers restacked)
+base, corpus, out, layouts = *sys.argv[1:4], json.loads(sys.argv[4])
+for i, layout in enumerate(layouts):
     cfg = load_config(None, tiny_overrides(corpus, f"{out}{i}", **{"train.init_from": repr(base)}) + layout)
     with StopFlag() as stop:
         loop = start(cfg, stop)
@@ -40,12 +40,21 @@ print("ok")
 """
 
 
+# data x fsdp, data x tensor, data x pipeline (the layers restacked)
+LAYOUTS = {"fsdp": ["parallel.fsdp=2"], "tensor": ["parallel.tensor=2"],
+           "pipeline": ["parallel.pipeline=2", "compute.scan_layers=true"]}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("faults-files")  # the trained run of `files`, built once (test_bad_invocations.py)
-def test_init_from_on_every_mesh_layout(files, tmp_path):
-    """The weights are placed with the state's shardings on 4 devices (data x fsdp, data x tensor, data x
-    pipeline), equal to the run's."""
-    r = subprocess.run([PY, "-c", MESH_INIT_FROM, files["run"], files["corpus"], str(tmp_path / "out")],
+@pytest.mark.parametrize("names", [pytest.param(["pipeline"], id="pipeline"),
+                                   pytest.param(["fsdp", "tensor"], id="fsdp-tensor", marks=pytest.mark.extended)])
+def test_init_from_on_every_mesh_layout(names, files, tmp_path):
+    """The weights are placed with the state's shardings on 4 devices, equal to the run's. The default case is
+    the pipeline layout (the weights restacked, then placed); fsdp and tensor placements are extended, their
+    shardings covered by tests/lib/test_train.py's layout tests and init_from by tests/lib/test_peft.py."""
+    layouts = json.dumps([LAYOUTS[n] for n in names])
+    r = subprocess.run([PY, "-c", MESH_INIT_FROM, files["run"], files["corpus"], str(tmp_path / "out"), layouts],
                        env=env(XLA_FLAGS=xla_devices(4)), capture_output=True, text=True,
                        timeout=600, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
