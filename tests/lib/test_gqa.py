@@ -186,10 +186,13 @@ def test_tensor_parallelism_splits_whole_key_value_heads():
         "tensor", "fsdp")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_grouped_query_model_on_8_devices_equals_one_device():
     """tensor = 4 over 8 query / 4 key-value heads of width 6 (d_model 32): the loss, gradients and a 20-step
-    trajectory of one device (tests/train_helpers.py LAYOUTS["tp_gqa"]), the k projection split over tensor."""
+    trajectory of one device (tests/train_helpers.py LAYOUTS["tp_gqa"]), the k projection split over tensor. In
+    the default suite: tensor parallelism on 8 devices by test_train.py's
+    test_mesh_layouts_on_8_devices_equal_one_device, the key/value heads' split by
+    test_tensor_parallelism_splits_whole_key_value_heads."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "train_helpers.py"), "devices", "tp_gqa"], env=env,

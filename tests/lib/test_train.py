@@ -200,24 +200,23 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-# One representative of each kind, in two subprocesses (so that two workers share them): FSDP + tensor (scanned);
-# data + pipeline (QLoRA); data + tensor with the chunked loss. The other layouts: the extended test.
-FAST_LAYOUTS = {"fsdp_tensor_scan_chunked_loss": ["scan_fsdp_tp", "tp2_chunk"], "pipeline_lora": ["pp_lora"]}
+# One representative of each kind, in one subprocess: FSDP + tensor (scanned); data + pipeline (QLoRA). The other
+# layouts (the chunked loss under tensor among them): the extended test.
+FAST_LAYOUTS = ["scan_fsdp_tp", "pp_lora"]
 
 
-@pytest.mark.parametrize("group", list(FAST_LAYOUTS))
-def test_mesh_layouts_on_8_devices_equal_one_device(group):
-    """Scanned FSDP + tensor and compute.loss_chunk under tensor = 2 + data (the head's vocabulary rows split,
-    blocks padded); QLoRA through a pipeline + data."""
-    _check_layouts(FAST_LAYOUTS[group])
+@pytest.mark.slow
+def test_mesh_layouts_on_8_devices_equal_one_device():
+    """Scanned FSDP + tensor; QLoRA through a pipeline + data."""
+    _check_layouts(FAST_LAYOUTS)
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
     """Data alone, FSDP alone and + data, tensor alone (8), + data and + FSDP, accumulation + data, pipeline alone
-    (8 stages) and + data, QAT through the pipeline, the chunked loss under tensor = 4."""
-    fast = {n for names in FAST_LAYOUTS.values() for n in names}
-    _check_layouts([n for n in LAYOUTS if n not in fast])
+    (8 stages) and + data, QAT through the pipeline, compute.loss_chunk under tensor = 2 and 4 (the head's
+    vocabulary rows split, blocks padded; the single-device chunked loss: tests/lib/test_loss.py)."""
+    _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
 
 
 def _free_port() -> int:
@@ -358,8 +357,10 @@ def test_steps_per_call_matches_one_step_per_call(corpus, tmp_path):
     np.testing.assert_allclose([many[s] for s in range(1, 13)], [one[s] for s in range(1, 13)], atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
+    """The default suite's SIGTERM-to-training test: tests/system/test_faults_signals.py
+    (test_sigterm_to_the_runner_lets_its_training_run_save_and_resume, the runner passing it on)."""
     import signal
 
     run = tmp_path / "run"
