@@ -26,6 +26,8 @@ from jaxlm.nn.model import TransformerLM
 CFG = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=4, d_ff=96)
 PROMPTS = [[3, 14, 15, 9, 26], [5, 35], list(range(1, 23))]
 GREEDY = SamplingParams(temperature=0.0)
+# One xdist group: the session's Generator and its compiled loops are built once.
+pytestmark = pytest.mark.xdist_group("generate")
 
 
 @pytest.fixture(scope="session")

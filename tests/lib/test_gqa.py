@@ -161,10 +161,13 @@ def test_memory_estimate_within_fifteen_percent_of_memory_analysis():
     assert abs(est / measured - 1) < 0.15, (est, measured)  # +6.2 % here
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @needs("gpu-compile")
 def test_gpu_memory_estimate_against_the_step_compiled_for_an_h100():
-    """The GPU calibration (validated on the presets within 20 %, docs/memory.md) on a grouped-query model."""
+    """The GPU calibration (validated on the presets within 20 %, docs/memory.md) on a grouped-query model. In the
+    default suite: the estimator's grouped-query widths by
+    test_memory_estimate_within_fifteen_percent_of_memory_analysis, the GPU calibration by test_memory.py's
+    test_the_gpu_model_within_fifteen_percent_of_the_compiled_plan_under_every_remat_policy."""
     from jaxlm.training import compiled as gpu
 
     cfg = load_config(None, ["model.d_model=512", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=2",
