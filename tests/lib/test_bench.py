@@ -32,8 +32,10 @@ TINY_CFG = ModelConfig(d_model=32, num_layers=2, num_heads=2, vocab_size=67, d_f
 FLOP_TOLERANCE = 0.05
 
 
-@pytest.mark.parametrize("mode", ["forward", "forward_backward", "train_step"])
+@pytest.mark.parametrize("mode", [pytest.param("forward", marks=pytest.mark.extended),
+                                  pytest.param("forward_backward", marks=pytest.mark.extended), "train_step"])
 def test_flops_agree_with_xla_cost_analysis(mode):
+    """Extended: forward and forward_backward, in train_step's count (by hand: test_step_flops_and_mfu_hand_counted)."""
     cfg = ModelConfig(d_model=256, num_layers=2, num_heads=4, vocab_size=512, context_length=128)
     xla = steps.compiled_flops(steps.compile_step(steps.build_step(mode, cfg, ComputeConfig(), 2, 128)))
     analytic = flops.step_flops(cfg, 2, 128, mode)

@@ -167,9 +167,11 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
         np.testing.assert_allclose(b[k], a[k], atol=1e-6, err_msg=str(k))
 
 
+@pytest.mark.extended
 def test_scanned_lora_with_adapter_dropout_decodes():
     """Decoding runs the layers inside its own compiled loop, where they are only read: the greedy tokens of
-    both layouts."""
+    both layouts. Extended: scanned decoding is test_model.py's test_scanned_layers_kv_cache_matches_unrolled
+    and test_generate_cli.py's test_a_run_decodes_in_the_other_layer_layout."""
     from jaxlm.nn.decode import Generator, SamplingParams
 
     kw = {"seed": 3, "lora": LoraConfig(rank=4, dropout=0.1)}

@@ -55,14 +55,21 @@ def _env(**extra):
 # --------------------------------------------------------------------------- the loop
 
 
-def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A 30-step run of the tiny config with one evaluation and one sample: (train()'s result, run directory)."""
     from jaxlm.training.loop import train
 
-    out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30, "log.sample_tokens": 8}))
-    ls = losses(tmp_path / "run")
+    run = tmp_path_factory.mktemp("trained") / "run"
+    return train(tiny(corpus, run, **{"train.steps": 30, "train.eval_every": 30, "log.sample_tokens": 8})), run
+
+
+@pytest.mark.xdist_group("trained")
+def test_loss_falls_and_run_dir_is_complete(trained):
+    out, run = trained
+    ls = losses(run)
     assert np.mean([ls[s] for s in range(26, 31)]) < np.mean([ls[s] for s in range(1, 6)]) - 1.0
     assert out["val_loss"] < 4.0 and out["sample"].startswith("The ")
-    run = tmp_path / "run"
     assert (run / "config.toml").is_file() and (run / "tokenizer" / "meta.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "30"]
     kinds = [json.loads(l)["kind"] for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -84,15 +91,15 @@ def test_resume_continues_exactly(corpus, tmp_path):
     assert out["step"] == 16
 
 
-def test_restore_for_inference(corpus, tmp_path):
+@pytest.mark.xdist_group("trained")
+def test_restore_for_inference(trained):
     from jaxlm.nn.loss import cross_entropy
     from jaxlm.training.checkpoint import restore_for_inference
-    from jaxlm.training.loop import train
 
-    train(tiny(corpus, tmp_path / "run", **{"train.steps": 10}))
-    model, cfg, tok = restore_for_inference(tmp_path / "run")
+    _, run = trained
+    model, cfg, tok = restore_for_inference(run)
     assert cfg.model.d_model == 32 and tok.decode(tok.encode("hi there")) == "hi there"
-    model2, _, _ = restore_for_inference(tmp_path / "run" / "checkpoints" / "10")
+    model2, _, _ = restore_for_inference(run / "checkpoints" / "30")
     x = np.array([tok.encode("def f(x):\n    return x + 1\n")], np.int32)
     np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(model2(x)))
     assert np.isfinite(float(cross_entropy(model(x[:, :-1]), x[:, 1:])))
@@ -233,11 +240,10 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_equal_one(corpus, tmp_path):
-    base = tiny_overrides(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6})
+    from jaxlm.training.loop import train
+
+    train(tiny(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6}))
     cmd = [PY, "-m", "jaxlm.train"]
-    r = subprocess.run(cmd + sum((["--set", o] for o in base), []), env=_env(), capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
     port = _free_port()
     two = tiny_overrides(corpus, tmp_path / "two", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6,
                                                          "parallel.distributed": "true",
