@@ -103,7 +103,14 @@ def test_kv_cache_stores_the_key_value_heads_and_decodes_as_the_full_forward():
         step, cache = model.extend(tokens[:, t:t + 1], cache, jnp.full(3, t, jnp.int32))
         steps.append(step)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
-    gen = Generator(model)
+
+
+@pytest.mark.extended
+def test_grouped_query_generation_with_and_without_the_cache_agrees():
+    """Extended: the default suite decodes a grouped-query model with the cache in
+    test_generation_stops_at_any_of_several_end_ids and compares the two paths in test_generate.py's
+    test_cache_equals_full_forward_greedy."""
+    gen = Generator(TransformerLM(GQA, rngs=nnx.Rngs(0)))
     prompts = [[3, 14, 15], [5], list(range(1, 12))]
     cached = gen.generate(prompts, 24, GREEDY).tokens
     assert cached == gen.generate(prompts, 24, GREEDY, use_cache=False).tokens

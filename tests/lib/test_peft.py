@@ -270,10 +270,12 @@ def scanned_lora_run(base_run):
     return run, merged, merge_run(run, merged)
 
 
+@pytest.mark.extended
 @RUNS
 def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run):
     """Unrolled weights start a scanned LoRA run (its first evaluation, at lr 0, is the base model's); the
-    scanned adapters merge into a scanned plain run computing the adapted model."""
+    scanned adapters merge into a scanned plain run computing the adapted model. Extended, as the next test: the
+    default suite has its parts, test_init_from_across_layer_layouts and test_init_from_lora_and_merge."""
     from jaxlm.training.checkpoint import restore_for_inference
 
     _, _, base_val = base_run
@@ -288,9 +290,12 @@ def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run
     np.testing.assert_allclose(np.asarray(merged(TOKENS % 61)), np.asarray(adapted(TOKENS % 61)), atol=1e-5)
 
 
+@pytest.mark.extended
 @RUNS
 def test_quantize_a_scanned_run(scanned_lora_run):
-    """PTQ of a scanned run: per layer and output channel, the same weights and bytes as its unrolled layout."""
+    """PTQ of a scanned run: per layer and output channel, the same weights and bytes as its unrolled layout.
+    Extended: PTQ of a run is test_quantize_command's; scanned weights read unrolled,
+    test_init_from_across_layer_layouts's."""
     from jaxlm.cli.quantize import convert, main, weight_bytes
     from jaxlm.training.checkpoint import restore_for_inference
 
