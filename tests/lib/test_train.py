@@ -169,10 +169,12 @@ def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
 
 @pytest.fixture(scope="module")
 def plain_steps(corpus):
-    """(losses, params) of 6 float32 steps of the tiny config on one device: the reference of the variants below."""
+    """(losses, params) of 6 float32 steps of the tiny config on one device: the reference of the variants below
+    (one xdist group, so it runs once)."""
     return run_steps(tiny(corpus, "/unused"), sharding.make_mesh(jax.devices()[:1]), 6)
 
 
+@pytest.mark.xdist_group("plain_steps")
 def test_accumulation_equals_big_batch(corpus, plain_steps):
     mesh = sharding.make_mesh(jax.devices()[:1])
     big, pb = plain_steps
@@ -186,6 +188,7 @@ def test_accumulation_equals_big_batch(corpus, plain_steps):
     [({"compute.remat": '"full"'}, 1e-5), ({"compute.remat": '"dots_saveable"'}, 1e-5),
      ({"compute.dtype": '"bfloat16"'}, 3e-2)],
 )
+@pytest.mark.xdist_group("plain_steps")
 def test_precision_and_remat_match_float32(corpus, plain_steps, variant, tol):
     """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
     mesh = sharding.make_mesh(jax.devices()[:1])
