@@ -27,9 +27,6 @@ from jaxlm.nn.layers import llama3_frequencies
 from jaxlm.nn.model import TransformerLM
 from tests.train_helpers import ROOT, needs
 
-# One xdist group: the module's first-compile costs (eager ops of its models) are paid once.
-pytestmark = pytest.mark.xdist_group("gqa")
-
 # 6 query heads sharing 2 key/value heads of width 10 (not 48 / 6), Llama 3 scaling over an original context of 16.
 GQA = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=6, num_kv_heads=2,
                   head_size=10, d_ff=80, rope_theta=500000.0, rope_scaling=[8.0, 1.0, 4.0, 16.0])

@@ -19,9 +19,6 @@ from jaxlm.nn.model import TransformerLM
 from jaxlm.training.step import build_model, split_model
 from tests.train_helpers import max_rel_diff, run_steps, tiny_overrides
 
-# One xdist group: the module's first-compile costs (eager ops of its models) are paid once.
-pytestmark = pytest.mark.xdist_group("loss")
-
 V, D, N, L, CTX = 97, 48, 4, 2, 16
 B, T = 3, 13  # B x T = 39 tokens: no block size below divides it
 # chunk -> positions per block: 5 -> 1 (13 blocks), 10 -> 3 (5 blocks, 2 positions padded)

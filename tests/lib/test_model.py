@@ -21,9 +21,6 @@ from jaxlm.nn.layers import RotaryEmbedding, apply_rope
 from jaxlm.nn.loss import cross_entropy
 from jaxlm.nn.model import TransformerLM
 
-# One xdist group: the module's first-compile costs (eager ops of its models) are paid once.
-pytestmark = pytest.mark.xdist_group("model")
-
 V, D, N, L, T, CTX = 97, 48, 4, 2, 13, 16
 H = D // N
 
