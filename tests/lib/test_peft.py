@@ -23,9 +23,6 @@ from jaxlm.nn import lora, quant, scan
 from jaxlm.training.step import TrainState, build_model, make_train_step, split_model
 from tests.train_helpers import make_corpus, tiny_overrides
 
-# One xdist group: its session runs are trained, and its models' first compiles paid, on one worker.
-pytestmark = pytest.mark.xdist_group("peft")
-
 CFG = ModelConfig(vocab_size=61, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 61)
 
@@ -200,6 +197,8 @@ def test_bad_keys_are_one_line(override, message):
 
 # --------------------------------------------------------------------------- through the trainer
 
+RUNS = pytest.mark.xdist_group("peft_runs")  # the tests of the runs below, on one worker: each run is trained once
+
 
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
@@ -211,6 +210,7 @@ def base_run(tmp_path_factory):
     return corpus, tmp, out["val_loss"]
 
 
+@RUNS
 def test_init_from_lora_and_merge(base_run):
     from jaxlm.cli.lora import merge_run
     from jaxlm.training.checkpoint import restore_for_inference
@@ -235,6 +235,7 @@ def test_init_from_lora_and_merge(base_run):
         train(load_config(None, tiny_overrides(corpus, tmp / "again", **{"train.init_from": f'"{tmp / "lora"}"'})))
 
 
+@RUNS
 def test_init_from_across_layer_layouts(base_run):
     """Unrolled weights start a scanned run and back: the first evaluation (lr 0) is the base model's."""
     from jaxlm.training.checkpoint import load_base_weights, restore_for_inference
@@ -270,6 +271,7 @@ def scanned_lora_run(base_run):
 
 
 @pytest.mark.extended
+@RUNS
 def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run):
     """Unrolled weights start a scanned LoRA run (its first evaluation, at lr 0, is the base model's); the
     scanned adapters merge into a scanned plain run computing the adapted model. Extended, as the next test: the
@@ -289,6 +291,7 @@ def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run
 
 
 @pytest.mark.extended
+@RUNS
 def test_quantize_a_scanned_run(scanned_lora_run):
     """PTQ of a scanned run: per layer and output channel, the same weights and bytes as its unrolled layout.
     Extended: PTQ of a run is test_quantize_command's; scanned weights read unrolled,
@@ -312,6 +315,7 @@ def test_quantize_a_scanned_run(scanned_lora_run):
         np.testing.assert_array_equal(stacked[i], np.asarray(unrolled.layers[i].ffn.w2.weight[...]))
 
 
+@RUNS
 def test_init_from_mismatch_names_the_key(base_run):
     from jaxlm.training.loop import train
 
@@ -325,6 +329,7 @@ def test_init_from_mismatch_names_the_key(base_run):
         train(load_config(None, tiny_overrides(corpus, tmp / "x", **{"train.init_from": f'"{tmp / "nowhere"}"'})))
 
 
+@RUNS
 def test_quantize_command(base_run, capsys):
     from jaxlm.cli.quantize import main
     from jaxlm.core.errors import UsageError
