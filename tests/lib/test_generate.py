@@ -26,6 +26,8 @@ from jaxlm.nn.model import TransformerLM
 CFG = ModelConfig(vocab_size=67, context_length=40, d_model=48, num_layers=2, num_heads=4, d_ff=96)
 PROMPTS = [[3, 14, 15, 9, 26], [5, 35], list(range(1, 23))]
 GREEDY = SamplingParams(temperature=0.0)
+# One xdist group: the session's Generator and its compiled loops are built once.
+pytestmark = pytest.mark.xdist_group("generate")
 
 
 @pytest.fixture(scope="session")
@@ -65,9 +67,12 @@ def cropped_greedy(gen, prompt, n: int) -> list[int]:
     return seq[len(prompt):]
 
 
+@pytest.mark.extended
 def test_window_slides_like_a_cropped_full_forward(gen):
     """70 new tokens on a context of 40, rows of 2 to 60 prompt tokens: the cache, and the no-cache path, equal
-    a full forward over each row's last 40 tokens (torchref's too: tests/parity/test_generate_torch.py)."""
+    a full forward over each row's last 40 tokens (torchref's too: tests/parity/test_generate_torch.py). Extended:
+    the default suite slides the window in test_cache_equals_full_forward_greedy (row 2) and
+    test_long_prompt_keeps_its_last_window, against torchref in tests/parity/test_generate_torch.py."""
     prompts = [*PROMPTS, list(np.arange(60) % 67)]
     with jax.default_matmul_precision("highest"):
         cached = gen.generate(prompts, 70, GREEDY)

@@ -20,6 +20,9 @@ from jaxlm.core.config import load_config
 from jaxlm.training.checkpoint import load_for_generation
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 
+# One xdist group: the trained runs are trained once.
+pytestmark = pytest.mark.xdist_group("generate_cli")
+
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):

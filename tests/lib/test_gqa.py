@@ -103,7 +103,14 @@ def test_kv_cache_stores_the_key_value_heads_and_decodes_as_the_full_forward():
         step, cache = model.extend(tokens[:, t:t + 1], cache, jnp.full(3, t, jnp.int32))
         steps.append(step)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
-    gen = Generator(model)
+
+
+@pytest.mark.extended
+def test_grouped_query_generation_with_and_without_the_cache_agrees():
+    """Extended: the default suite decodes a grouped-query model with the cache in
+    test_generation_stops_at_any_of_several_end_ids and compares the two paths in test_generate.py's
+    test_cache_equals_full_forward_greedy."""
+    gen = Generator(TransformerLM(GQA, rngs=nnx.Rngs(0)))
     prompts = [[3, 14, 15], [5], list(range(1, 12))]
     cached = gen.generate(prompts, 24, GREEDY).tokens
     assert cached == gen.generate(prompts, 24, GREEDY, use_cache=False).tokens
@@ -161,11 +168,13 @@ def test_memory_estimate_within_fifteen_percent_of_memory_analysis():
     assert abs(est / measured - 1) < 0.15, (est, measured)  # +6.2 % here
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 @needs("gpu-compile")
 def test_gpu_memory_estimate_against_the_step_compiled_for_an_h100():
     """The GPU calibration (within 15 % on docs/results/compiled/h100-80gb-validation.md) on a grouped-query
-    model."""
+    model. In the default suite: the estimator's grouped-query widths by
+    test_memory_estimate_within_fifteen_percent_of_memory_analysis, the GPU calibration by test_memory.py's
+    test_the_gpu_model_within_fifteen_percent_of_the_compiled_plan_under_every_remat_policy."""
     from jaxlm.training import compiled as gpu
 
     cfg = load_config(None, ["model.d_model=512", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=2",
@@ -187,10 +196,13 @@ def test_tensor_parallelism_splits_whole_key_value_heads():
         "tensor", "fsdp")
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_grouped_query_model_on_8_devices_equals_one_device():
     """tensor = 4 over 8 query / 4 key-value heads of width 6 (d_model 32): the loss, gradients and a 20-step
-    trajectory of one device (tests/train_helpers.py LAYOUTS["tp_gqa"]), the k projection split over tensor."""
+    trajectory of one device (tests/train_helpers.py LAYOUTS["tp_gqa"]), the k projection split over tensor. In
+    the default suite: tensor parallelism on 8 devices by test_train.py's
+    test_mesh_layouts_on_8_devices_equal_one_device, the key/value heads' split by
+    test_tensor_parallelism_splits_whole_key_value_heads."""
     env = {**os.environ, "XLA_FLAGS": xla_devices(8), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "train_helpers.py"), "devices", "tp_gqa"], env=env,

@@ -80,9 +80,10 @@ def test_evaluation_loss_and_accuracy_unchanged():
     np.testing.assert_allclose(nll1, nll0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compute", [dict(remat="full"), dict(remat="dots_saveable", scan_layers=True)],
-                         ids=["full", "dots_saveable-scan"])
+@pytest.mark.parametrize("compute", [pytest.param(dict(remat="full"), marks=pytest.mark.extended),
+                                     dict(remat="dots_saveable", scan_layers=True)], ids=["full", "dots_saveable-scan"])
 def test_remat_and_scanned_layers(compute):
+    """[full] is extended: [dots_saveable-scan] takes the chunked loss through remat (and scanned layers)."""
     cfg, (x, y) = cfg_for(), batch()
     l0, g0 = loss_and_grads(build(cfg, 0, **compute), x, y)
     l1, g1 = loss_and_grads(build(cfg, 10, **compute), x, y)
@@ -90,9 +91,12 @@ def test_remat_and_scanned_layers(compute):
     assert max_rel_diff(g1, g0) <= 1e-6
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("kind", ["lora", "qat"])
 def test_lora_and_qat(kind):
-    """The head is a plain Linear (or the tied embedding) under both: the blocks see LoRA/QAT, the loss is unchanged."""
+    """The head is a plain Linear (or the tied embedding) under both: the blocks see LoRA/QAT, the loss is unchanged.
+    Extended: the chunked head is test_chunked_loss_and_gradients_equal_the_whole_logits's, LoRA and QAT blocks
+    are test_peft.py's."""
     cfg, (x, y) = cfg_for(), batch()
     extra = dict(lora=LoraConfig(rank=4)) if kind == "lora" else dict(qat=QatConfig(weight_bits=8, activation_bits=8))
     l0, g0 = loss_and_grads(build_model(cfg, ComputeConfig(loss_chunk=0), 3, **extra), x, y)

@@ -141,12 +141,13 @@ def _steps(model, n=2):
     return out, state
 
 
-@pytest.mark.parametrize("kind", ["lora", "qlora", "qat"])
+@pytest.mark.parametrize("kind", ["lora", pytest.param("qlora", marks=pytest.mark.extended), "qat"])
 def test_linear_kinds_scanned_equal_unrolled(kind):
     """LoRA (with adapter dropout), QLoRA (nf4 base) and QAT (4-bit weights) in scanned layers: the unrolled
     model's numbers stacked, and its losses and trained weights over two steps (adapter dropout streams
     advance alike). QAT's activation quantisation is left out: its rounding turns the layouts' 1e-7
-    differences into whole quantisation steps."""
+    differences into whole quantisation steps. QLoRA is extended: its adapters take [lora]'s path, and a scanned
+    nf4 base trains in the default suite in test_train.py's test_mesh_layouts_on_8_devices_equal_one_device."""
     kw = {"lora": {"lora": LoraConfig(rank=4, dropout=0.1)},
           "qlora": {"lora": LoraConfig(rank=4, base="nf4", block_size=16)},
           "qat": {"qat": QatConfig(weight_bits=4)}}[kind]
@@ -166,9 +167,11 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
         np.testing.assert_allclose(b[k], a[k], atol=1e-6, err_msg=str(k))
 
 
+@pytest.mark.extended
 def test_scanned_lora_with_adapter_dropout_decodes():
     """Decoding runs the layers inside its own compiled loop, where they are only read: the greedy tokens of
-    both layouts."""
+    both layouts. Extended: scanned decoding is test_model.py's test_scanned_layers_kv_cache_matches_unrolled
+    and test_generate_cli.py's test_a_run_decodes_in_the_other_layer_layout."""
     from jaxlm.nn.decode import Generator, SamplingParams
 
     kw = {"seed": 3, "lora": LoraConfig(rank=4, dropout=0.1)}
@@ -194,6 +197,8 @@ def test_bad_keys_are_one_line(override, message):
 
 # --------------------------------------------------------------------------- through the trainer
 
+RUNS = pytest.mark.xdist_group("peft_runs")  # the tests of the runs below, on one worker: each run is trained once
+
 
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
@@ -205,6 +210,7 @@ def base_run(tmp_path_factory):
     return corpus, tmp, out["val_loss"]
 
 
+@RUNS
 def test_init_from_lora_and_merge(base_run):
     from jaxlm.cli.lora import merge_run
     from jaxlm.training.checkpoint import restore_for_inference
@@ -229,6 +235,7 @@ def test_init_from_lora_and_merge(base_run):
         train(load_config(None, tiny_overrides(corpus, tmp / "again", **{"train.init_from": f'"{tmp / "lora"}"'})))
 
 
+@RUNS
 def test_init_from_across_layer_layouts(base_run):
     """Unrolled weights start a scanned run and back: the first evaluation (lr 0) is the base model's."""
     from jaxlm.training.checkpoint import load_base_weights, restore_for_inference
@@ -263,9 +270,12 @@ def scanned_lora_run(base_run):
     return run, merged, merge_run(run, merged)
 
 
+@pytest.mark.extended
+@RUNS
 def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run):
     """Unrolled weights start a scanned LoRA run (its first evaluation, at lr 0, is the base model's); the
-    scanned adapters merge into a scanned plain run computing the adapted model."""
+    scanned adapters merge into a scanned plain run computing the adapted model. Extended, as the next test: the
+    default suite has its parts, test_init_from_across_layer_layouts and test_init_from_lora_and_merge."""
     from jaxlm.training.checkpoint import restore_for_inference
 
     _, _, base_val = base_run
@@ -280,8 +290,12 @@ def test_init_from_across_layouts_with_lora_and_merge(base_run, scanned_lora_run
     np.testing.assert_allclose(np.asarray(merged(TOKENS % 61)), np.asarray(adapted(TOKENS % 61)), atol=1e-5)
 
 
+@pytest.mark.extended
+@RUNS
 def test_quantize_a_scanned_run(scanned_lora_run):
-    """PTQ of a scanned run: per layer and output channel, the same weights and bytes as its unrolled layout."""
+    """PTQ of a scanned run: per layer and output channel, the same weights and bytes as its unrolled layout.
+    Extended: PTQ of a run is test_quantize_command's; scanned weights read unrolled,
+    test_init_from_across_layer_layouts's."""
     from jaxlm.cli.quantize import convert, main, weight_bytes
     from jaxlm.training.checkpoint import restore_for_inference
 
@@ -301,6 +315,7 @@ def test_quantize_a_scanned_run(scanned_lora_run):
         np.testing.assert_array_equal(stacked[i], np.asarray(unrolled.layers[i].ffn.w2.weight[...]))
 
 
+@RUNS
 def test_init_from_mismatch_names_the_key(base_run):
     from jaxlm.training.loop import train
 
@@ -314,6 +329,7 @@ def test_init_from_mismatch_names_the_key(base_run):
         train(load_config(None, tiny_overrides(corpus, tmp / "x", **{"train.init_from": f'"{tmp / "nowhere"}"'})))
 
 
+@RUNS
 def test_quantize_command(base_run, capsys):
     from jaxlm.cli.quantize import main
     from jaxlm.core.errors import UsageError

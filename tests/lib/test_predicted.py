@@ -10,7 +10,8 @@ from jaxlm.analysis import roofline as rl
 from jaxlm.analysis.devices import DEVICES, KERNEL_LAUNCH_S
 from jaxlm.training import compile_cache
 from jaxlm.training import compiled as gpu
-from tests.train_helpers import needs_compiler
+from tests.lib import gpu_programs as programs
+from tests.lib.gpu_programs import needs_programs
 
 FRAMES = (Path(__file__).parent / "hlo" / "source_frames.hlo").read_text()
 
@@ -101,8 +102,7 @@ def test_a_step_without_rates_keeps_its_row_and_says_why():
 
 
 
-MODEL = ["model.vocab_size=1000", "model.d_model=256", "model.num_layers=2", "model.num_heads=4", "model.d_ff=768"]
-CONTEXT, BATCH = 256, 8
+MODEL, CONTEXT, BATCH = programs.MODEL, programs.CONTEXT, programs.BATCH
 SETTINGS = {"f32": ("float32", "xla", "none"), "bf16": ("bfloat16", "xla", "none"),
             "cudnn": ("bfloat16", "cudnn", "none"), "f32_full": ("float32", "xla", "full"),
             "cudnn_f32": ("float32", "cudnn", "none")}
@@ -110,17 +110,20 @@ SETTINGS = {"f32": ("float32", "xla", "none"), "bf16": ("bfloat16", "xla", "none
 
 @pytest.fixture(scope="module")
 def rows():
-    """`python -m jaxlm.bench model --target h100-80gb` rows of a small model in each setting."""
+    """`python -m jaxlm.bench model --target h100-80gb` rows of a small model in each setting (the programs of
+    tests/lib/gpu_programs.py, compiled once)."""
     from jaxlm.bench.measure import Setting
     from jaxlm.bench.target import bench_row
     from jaxlm.core.config import load_config
 
     cfg, t = load_config(None, MODEL), gpu.parse_target("h100-80gb")
-    return {name: bench_row(Setting("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")
-            for name, (d, a, r) in SETTINGS.items()}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu, "compile_step", programs.compile_step)
+        return {name: bench_row(Setting("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")
+                for name, (d, a, r) in SETTINGS.items()}
 
 
-@needs_compiler
+@needs_programs
 def test_compiled_rows_carry_a_consistent_prediction(rows):
     from jaxlm.analysis.flops import step_flops
     from jaxlm.core.config import load_config
@@ -143,12 +146,13 @@ def test_compiled_rows_carry_a_consistent_prediction(rows):
     assert ms["bf16"] < ms["f32"] < ms["f32_full"] and ms["cudnn"] < ms["bf16"]
 
 
-@needs_compiler
-def test_ops_target_prints_the_kernel_groups_and_writes_them(tmp_path, capsys):
+@needs_programs
+def test_ops_target_prints_the_kernel_groups_and_writes_them(tmp_path, capsys, monkeypatch):
     from jaxlm.analysis.flops import step_flops
     from jaxlm.bench.commands import main
     from jaxlm.core.config import load_config
 
+    monkeypatch.setattr(gpu, "compile_step", programs.compile_step)  # the float32 program of `rows`
     out = tmp_path / "kernels.json"
     sets = [x for s in [*MODEL, f"model.context_length={CONTEXT}"] for x in ("--set", s)]
     assert main(["ops", "--target", "h100-80gb", *sets, "--batch", str(BATCH), "--json", str(out)]) == 0

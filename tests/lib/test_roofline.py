@@ -9,6 +9,8 @@ import pytest
 from jaxlm.analysis import hlo
 from jaxlm.analysis import roofline as rl
 from jaxlm.analysis.hlo_cost import dtype_class, visible_pairs
+from tests.lib import gpu_programs as programs
+from tests.lib.gpu_programs import needs_programs
 from tests.train_helpers import needs_compiler
 
 
@@ -171,24 +173,12 @@ def _compile(fn, *shapes, dtype="bfloat16", gpus=1, specs=None):
         return jax.jit(fn).lower(*args).compile().as_text()
 
 
-STEP = ["model.vocab_size=1000", "model.d_model=512", "model.num_layers=4", "model.num_heads=8", "model.d_ff=1344",
-        "model.context_length=512", "data.batch_size=8"]
-STEPS = {"f32": ["compute.dtype=float32"], "f32_full": ["compute.dtype=float32", "compute.remat=full"],
-         "cudnn_full": ["compute.dtype=bfloat16", "compute.attention=cudnn", "compute.remat=full"],
-         "cudnn_full_scan": ["compute.dtype=bfloat16", "compute.attention=cudnn", "compute.remat=full",
-                             "compute.scan_layers=true"]}
-
-
 @pytest.fixture(scope="module")
 def steps():
     """jaxlm's train step compiled for an H100 in four settings: {name: (config, module, prediction)}."""
-    from jaxlm.core.config import load_config
-    from jaxlm.training import compiled as gpu
-
     out = {}
-    for name, overrides in STEPS.items():
-        cfg = load_config(None, [*STEP, *overrides])
-        compiled, *_ = gpu.compile_step(cfg, gpu.parse_target("h100-80gb"))
+    for name in ("f32", "f32_full", "cudnn_full", "cudnn_full_scan"):
+        cfg, compiled = programs.program(name)
         module = hlo.parse_module(compiled.as_text())
         out[name] = cfg, module, rl.predict(module, H100)
     return out
@@ -248,7 +238,7 @@ def test_cudnn_attention_flops_follow_the_causal_and_window_mask(window):
     assert {k.group for k in fmha.values()} == {"attention"}
 
 
-@needs_compiler
+@needs_programs
 def test_a_train_steps_flops_match_the_analytic_count(steps):
     from jaxlm.analysis.flops import forward_flops, step_flops
 
@@ -263,17 +253,18 @@ def test_a_train_steps_flops_match_the_analytic_count(steps):
     assert p.flops == pytest.approx(step_flops(m, b, t, "train_step") + recompute, rel=0.02)
 
 
-@needs_compiler
+@needs_programs
 def test_a_scanned_model_predicts_the_unrolled_ones_time(steps):
     """With remat full both layouts keep only each layer's input; under the scan's default policy (the matmul
     outputs saved) each layer's saved outputs are also copied into the stacked loop carry, a real cost."""
     unrolled, scanned = steps["cudnn_full"][2], steps["cudnn_full_scan"][2]
     assert scanned.flops == pytest.approx(unrolled.flops, rel=1e-3)
     assert scanned.seconds == pytest.approx(unrolled.seconds, rel=0.05)
-    assert max(k.count for k in scanned.kernels) == 4 and max(k.count for k in unrolled.kernels) == 1
+    layers = steps["cudnn_full"][0].model.num_layers
+    assert max(k.count for k in scanned.kernels) == layers and max(k.count for k in unrolled.kernels) == 1
 
 
-@needs_compiler
+@needs_programs
 def test_predicted_mfu_never_exceeds_one(steps):
     from jaxlm.analysis.flops import step_flops
 

@@ -13,6 +13,8 @@ from jaxlm.core.config import load_config
 from jaxlm.core.errors import DataError, MissingExtra, UsageError
 from jaxlm.training import compile_cache
 from jaxlm.training import compiled as gpu
+from tests.lib import gpu_programs as programs
+from tests.lib.gpu_programs import needs_programs
 from tests.train_helpers import needs_compiler
 
 HLO = """\
@@ -116,22 +118,20 @@ TINY = ["model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.d_
         "model.context_length=64", "data.batch_size=4"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compiled():
-    """Four compiles of a tiny model for one H100: float32, bfloat16, bfloat16 + remat full, bfloat16 + cuDNN."""
+    """Rows of the shared programs (tests/lib/gpu_programs.py) for one H100: float32 without and with remat full,
+    bfloat16, bfloat16 + cuDNN."""
     t = gpu.parse_target("h100-80gb")
-    settings = {"f32": ('"float32"', '"none"', '"xla"'), "bf16": ('"bfloat16"', '"none"', '"xla"'),
-                "bf16_full": ('"bfloat16"', '"full"', '"xla"'), "cudnn": ('"bfloat16"', '"none"', '"cudnn"')}
     out = {}
-    for name, (dtype, remat, attention) in settings.items():
-        cfg = load_config(None, [*TINY, f"compute.dtype={dtype}", f"compute.remat={remat}",
-                                 f"compute.attention={attention}"])
-        out[name] = gpu.compiled_row(cfg, t)
+    for name in ("f32", "f32_full", "bf16", "cudnn"):
+        cfg, program = programs.program(name)
+        out[name] = gpu.describe(program, t, cfg=cfg)
     out["cfg"] = cfg
     return out
 
 
-@needs_compiler
+@needs_programs
 def test_compiled_matmuls_run_in_the_compute_dtype(compiled):
     assert set(compiled["f32"]["matmul_dtypes"]) == {"f32xf32"}
     assert set(compiled["cudnn"]["matmul_dtypes"]) == {"bf16xbf16"}
@@ -139,20 +139,21 @@ def test_compiled_matmuls_run_in_the_compute_dtype(compiled):
     assert bf16["bf16xbf16"] > 3 * bf16.get("f32xf32", 0)  # only the XLA attention's score gradients stay float32
 
 
-@needs_compiler
+@needs_programs
 def test_remat_full_lowers_temp_bytes_by_recomputing(compiled):
-    assert compiled["bf16_full"]["temp_bytes"] < 0.8 * compiled["bf16"]["temp_bytes"]
-    assert compiled["bf16_full"]["matmuls"] > compiled["bf16"]["matmuls"]  # the forward, again in the backward
+    assert compiled["f32_full"]["temp_bytes"] < 0.8 * compiled["f32"]["temp_bytes"]
+    assert compiled["f32_full"]["matmuls"] > compiled["f32"]["matmuls"]  # the forward, again in the backward
 
 
-@needs_compiler
+@needs_programs
 def test_cudnn_attention_becomes_cudnn_calls(compiled):
-    assert compiled["cudnn"]["cudnn_attention_calls"] >= 4  # forward and backward of each of the 2 layers
+    layers = compiled["cfg"].model.num_layers
+    assert compiled["cudnn"]["cudnn_attention_calls"] >= 2 * layers  # forward and backward of each layer
     assert compiled["bf16"]["cudnn_attention_calls"] == 0
     assert "H100" in compiled["cudnn"]["label"] and "not measured" in compiled["cudnn"]["label"]
 
 
-@needs_compiler
+@needs_programs
 def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
     """argument bytes = the train state's bytes (float32 parameters and AdamW moments, step, RNG) + 2 batches
     of int32 tokens, counted from the abstract state; the state comes back aliased to its donated input."""
@@ -165,7 +166,7 @@ def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
     built = build(cfg, sharding.make_mesh(devices=list(gpu.devices(gpu.parse_target("h100-80gb"))), cfg=cfg.parallel))
     state = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(built.abstract))
     row = compiled["cudnn"]
-    assert row["argument_bytes"] == state + 2 * 4 * 64 * 4
+    assert row["argument_bytes"] == state + 2 * programs.BATCH * programs.CONTEXT * 4
     assert state - 16 <= row["alias_bytes"] <= state
     assert row["total_bytes"] == row["argument_bytes"] + row["output_bytes"] + row["temp_bytes"] - row["alias_bytes"]
     assert row["fits"] and row["usable_bytes"] == int(0.75 * 84_942_979_072)
@@ -180,19 +181,21 @@ def test_the_cudnn_guard_asks_the_target_not_the_machine():
         gpu.compile_step(cfg, older)
 
 
-@needs_compiler
+@needs_programs
 def test_the_compile_cache_reuses_a_figure_of_the_same_lowered_program(tmp_path, monkeypatch):
     """A job spelled another way (a default written out) lowers to the same program: its figures come back as
-    stored, without a compile; a different program (another batch) is compiled."""
+    stored, without a compile; a different program (float32) is compiled."""
+    monkeypatch.setattr(gpu, "compile_step", programs.compile_step)  # the programs of `compiled`, compiled once
     t, cache = gpu.parse_target("h100-80gb"), tmp_path / "h100.json"
-    job = {"preset": None, "set": [*TINY, 'compute.dtype="bfloat16"'], "mode": "train_step"}
+    shape = [f"model.context_length={programs.CONTEXT}", f"data.batch_size={programs.BATCH}"]
+    job = {"preset": None, "set": [*programs.MODEL, *shape, 'compute.dtype="bfloat16"'], "mode": "train_step"}
     first = compile_cache.CompileCache(cache).row(job, t)
     compiles = []
     real = gpu.compiled_row
     monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or real(*a, **k))
     store = compile_cache.CompileCache(cache)
     assert store.row({**job, "set": [*job["set"], 'compute.remat="none"']}, t) == first and compiles == []
-    other = store.row({**job, "set": [*job["set"], "data.batch_size=8"]}, t)
+    other = store.row({**job, "set": [*job["set"], 'compute.dtype="float32"']}, t)
     assert len(compiles) == 1 and other["program"] != first["program"] and other["temp_bytes"] > first["temp_bytes"]
     assert len(compile_cache.CompileCache(cache).stored) == 3  # the first job in both spellings, the new one
 

@@ -56,14 +56,21 @@ def _env(**extra):
 # --------------------------------------------------------------------------- the loop
 
 
-def test_loss_falls_and_run_dir_is_complete(corpus, tmp_path):
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A 30-step run of the tiny config with one evaluation and one sample: (train()'s result, run directory)."""
     from jaxlm.training.loop import train
 
-    out = train(tiny(corpus, tmp_path / "run", **{"train.steps": 30, "train.eval_every": 30, "log.sample_tokens": 8}))
-    ls = losses(tmp_path / "run")
+    run = tmp_path_factory.mktemp("trained") / "run"
+    return train(tiny(corpus, run, **{"train.steps": 30, "train.eval_every": 30, "log.sample_tokens": 8})), run
+
+
+@pytest.mark.xdist_group("trained")
+def test_loss_falls_and_run_dir_is_complete(trained):
+    out, run = trained
+    ls = losses(run)
     assert np.mean([ls[s] for s in range(26, 31)]) < np.mean([ls[s] for s in range(1, 6)]) - 1.0
     assert out["val_loss"] < 4.0 and out["sample"].startswith("The ")
-    run = tmp_path / "run"
     assert (run / "config.toml").is_file() and (run / "tokenizer" / "meta.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["20", "30"]
     kinds = [json.loads(l)["kind"] for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -85,15 +92,15 @@ def test_resume_continues_exactly(corpus, tmp_path):
     assert out["step"] == 16
 
 
-def test_restore_for_inference(corpus, tmp_path):
+@pytest.mark.xdist_group("trained")
+def test_restore_for_inference(trained):
     from jaxlm.nn.loss import cross_entropy
     from jaxlm.training.checkpoint import restore_for_inference
-    from jaxlm.training.loop import train
 
-    train(tiny(corpus, tmp_path / "run", **{"train.steps": 10}))
-    model, cfg, tok = restore_for_inference(tmp_path / "run")
+    _, run = trained
+    model, cfg, tok = restore_for_inference(run)
     assert cfg.model.d_model == 32 and tok.decode(tok.encode("hi there")) == "hi there"
-    model2, _, _ = restore_for_inference(tmp_path / "run" / "checkpoints" / "10")
+    model2, _, _ = restore_for_inference(run / "checkpoints" / "30")
     x = np.array([tok.encode("def f(x):\n    return x + 1\n")], np.int32)
     np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(model2(x)))
     assert np.isfinite(float(cross_entropy(model(x[:, :-1]), x[:, 1:])))
@@ -161,10 +168,18 @@ def test_evaluation_scores_the_same_targets_at_every_batch_size(corpus):
     assert results[0]["eval/loss"] == pytest.approx(results[2]["eval/loss"], rel=1e-6)
 
 
-def test_accumulation_equals_big_batch(corpus):
+@pytest.fixture(scope="module")
+def plain_steps(corpus):
+    """(losses, params) of 6 float32 steps of the tiny config on one device: the reference of the variants below
+    (one xdist group, so it runs once)."""
+    return run_steps(tiny(corpus, "/unused"), sharding.make_mesh(jax.devices()[:1]), 6)
+
+
+@pytest.mark.xdist_group("plain_steps")
+def test_accumulation_equals_big_batch(corpus, plain_steps):
     mesh = sharding.make_mesh(jax.devices()[:1])
-    big, pb = run_steps(tiny(corpus, "/unused"), mesh, 3)
-    acc, pa = run_steps(tiny(corpus, "/unused", **{"train.grad_accum": 4}), mesh, 3)
+    big, pb = plain_steps
+    acc, pa = run_steps(tiny(corpus, "/unused", **{"train.grad_accum": 4}), mesh, 6)
     np.testing.assert_allclose(acc, big, atol=1e-5)
     assert max_param_diff(pa, pb) < 1e-5
 
@@ -174,10 +189,11 @@ def test_accumulation_equals_big_batch(corpus):
     [({"compute.remat": '"full"'}, 1e-5), ({"compute.remat": '"dots_saveable"'}, 1e-5),
      ({"compute.dtype": '"bfloat16"'}, 3e-2)],
 )
-def test_precision_and_remat_match_float32(corpus, variant, tol):
+@pytest.mark.xdist_group("plain_steps")
+def test_precision_and_remat_match_float32(corpus, plain_steps, variant, tol):
     """Remat recomputes the same float32 math (1e-5); bfloat16 compute stays within 3e-2 of the loss."""
     mesh = sharding.make_mesh(jax.devices()[:1])
-    ref, _ = run_steps(tiny(corpus, "/unused"), mesh, 6)
+    ref, _ = plain_steps
     got, _ = run_steps(tiny(corpus, "/unused", **variant), mesh, 6)
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
 
@@ -201,24 +217,23 @@ def _check_layouts(names: list[str]) -> None:
             assert any(axis in s for s in out[name]["specs"]), (name, out[name]["specs"])
 
 
-# One representative of each kind, in two subprocesses (so that two workers share them): FSDP + tensor (scanned);
-# data + pipeline (QLoRA); data + tensor with the chunked loss. The other layouts: the extended test.
-FAST_LAYOUTS = {"fsdp_tensor_scan_chunked_loss": ["scan_fsdp_tp", "tp2_chunk"], "pipeline_lora": ["pp_lora"]}
+# One representative of each kind, in one subprocess: FSDP + tensor (scanned); data + pipeline (QLoRA); the chunked
+# loss under tensor (the head's vocabulary rows split). The other layouts: the extended test.
+FAST_LAYOUTS = ["scan_fsdp_tp", "pp_lora", "tp2_chunk"]
 
 
-@pytest.mark.parametrize("group", list(FAST_LAYOUTS))
-def test_mesh_layouts_on_8_devices_equal_one_device(group):
-    """Scanned FSDP + tensor and compute.loss_chunk under tensor = 2 + data (the head's vocabulary rows split,
-    blocks padded); QLoRA through a pipeline + data."""
-    _check_layouts(FAST_LAYOUTS[group])
+@pytest.mark.slow
+def test_mesh_layouts_on_8_devices_equal_one_device():
+    """Scanned FSDP + tensor; QLoRA through a pipeline + data; compute.loss_chunk under tensor = 2."""
+    _check_layouts(FAST_LAYOUTS)
 
 
 @pytest.mark.extended
 def test_more_mesh_layouts_on_8_devices_equal_one_device():
     """Data alone, FSDP alone and + data, tensor alone (8), + data and + FSDP, accumulation + data, pipeline alone
-    (8 stages) and + data, QAT through the pipeline, the chunked loss under tensor = 4."""
-    fast = {n for names in FAST_LAYOUTS.values() for n in names}
-    _check_layouts([n for n in LAYOUTS if n not in fast])
+    (8 stages) and + data, QAT through the pipeline, compute.loss_chunk under tensor = 4 (the head's
+    vocabulary rows split, blocks padded; the single-device chunked loss: tests/lib/test_loss.py)."""
+    _check_layouts([n for n in LAYOUTS if n not in FAST_LAYOUTS])
 
 
 def _free_port() -> int:
@@ -229,11 +244,10 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_equal_one(corpus, tmp_path):
-    base = tiny_overrides(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6})
+    from jaxlm.training.loop import train
+
+    train(tiny(corpus, tmp_path / "one", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6}))
     cmd = [PY, "-m", "jaxlm.train"]
-    r = subprocess.run(cmd + sum((["--set", o] for o in base), []), env=_env(), capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
     port = _free_port()
     two = tiny_overrides(corpus, tmp_path / "two", **{"train.steps": 6, "train.eval_every": 6, "checkpoint.every": 6,
                                                          "parallel.distributed": "true",
@@ -359,8 +373,10 @@ def test_steps_per_call_matches_one_step_per_call(corpus, tmp_path):
     np.testing.assert_allclose([many[s] for s in range(1, 13)], [one[s] for s in range(1, 13)], atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
+    """The default suite's SIGTERM-to-training test: tests/system/test_faults_signals.py
+    (test_sigterm_to_the_runner_lets_its_training_run_save_and_resume, the runner passing it on)."""
     import signal
 
     run = tmp_path / "run"
