@@ -98,8 +98,11 @@ def test_smoke_without_out_goes_to_runs():
 
 
 def on_smoke(test):
-    """The tests of the lent command's smoke run share one run (about 50 s of CPU): one xdist worker, once."""
-    return pytest.mark.slow(pytest.mark.xdist_group("gpu_smoke")(test))
+    """The tests of the lent command's smoke run share one run (about 50 s of CPU): one xdist worker, once. Extended
+    (.ci/run runs them): in the default suite, the dry runs above check the plan and its budget,
+    test_gpu_predict.py the predictions, test_gpu_carry.py the wheels, and tests/lib the timing loop, the
+    largest-batch search and the GPU compile each step calls."""
+    return pytest.mark.extended(pytest.mark.slow(pytest.mark.xdist_group("gpu_smoke")(test)))
 
 
 @pytest.fixture(scope="session")
