@@ -168,13 +168,13 @@ def _stdout_closed() -> int:
 
 def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Call `main(argv)` behind the error boundary (see the module docstring); returns the exit code. As the
-    process's own command (argv None), a command stopped by a signal ignores further SIGINT/SIGTERM while the
-    interpreter exits: a second Ctrl-C there (joining a checkpoint writer) would kill it mid-way."""
+    process's own command (argv None), the ended command ignores SIGINT/SIGTERM while the interpreter exits, so its
+    exit code stands: Python gives SIGINT its default action (death) before it tears the modules down, and a second
+    Ctrl-C while a checkpoint writer is joined would kill it mid-way."""
     own_command = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or os.environ.get("JAXLM_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
-    interrupted = False
     try:
         try:
             held = stop.arm() if own_command else None
@@ -196,7 +196,6 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
             raise
         stopped = _interrupt_of(e)
         if stopped is not None:
-            interrupted = True
             return _interrupted(stopped, own_command)
         oom = out_of_memory(e)
         print(f"error: {_one_line(oom) if oom else _unexpected(e)}", file=sys.stderr)
@@ -204,7 +203,6 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     finally:
         if own_command:
             stop.arm(False)
-        if own_command and (interrupted or stop.caught_signal()):
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, signal.SIG_IGN)
 

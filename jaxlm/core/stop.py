@@ -27,7 +27,6 @@ import sys
 import threading
 from typing import Callable
 
-_caught = False  # a StopFlag of this process caught a signal (jaxlm.cli.run reads it as the process exits)
 COMMAND_PACKAGES = ("jaxlm", "experiments", "deliverables", "parity")  # `python -m` of a module of these: a command
 RETRY_S = 0.05
 _state = {"armed": False, "pending": None}  # the command's main is running; a signal held before it ran
@@ -77,10 +76,6 @@ def arm(armed: bool = True) -> str | None:
     return _state["pending"]
 
 
-def caught_signal() -> bool:
-    return _caught
-
-
 class Interrupted(KeyboardInterrupt):
     """A stop asked for by a signal, at a safe point; the message says what was and was not done."""
 
@@ -94,10 +89,8 @@ class StopFlag:
         self._old = {}
 
     def _handler(self, signum, frame):
-        global _caught
         if self.signal is not None and signum == signal.SIGINT:
             self.abort()
-        _caught = True
         self.signal = self.signal or signal.Signals(signum).name
 
     def check(self, stage: str) -> None:

@@ -160,6 +160,15 @@ def test_after_a_signal_the_previous_handlers_are_back():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_a_signal_after_the_command_ended_leaves_its_exit_code():
+    """A Ctrl-C or SIGTERM while the interpreter exits after the command returned: the command's exit code, not a
+    KeyboardInterrupt (or, late in the exit where Python restores SIGINT's default action, death by SIGINT)."""
+    script = ("import os, signal, sys; from jaxlm import cli; sys.argv = ['cmd']; code = cli.run(lambda argv: 3); "
+              "os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGTERM); sys.exit(code)")
+    r = subprocess.run([PY, "-c", script], env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert (r.returncode, r.stderr) == (3, ""), r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("presses", [pytest.param(1, marks=pytest.mark.extended), 2])
 def test_ctrl_c_is_one_line_and_a_true_one(presses, corpus, tmp_path):
     """Once at a random moment of start-up or training: 130 before the first step, else a saved
