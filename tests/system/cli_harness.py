@@ -15,15 +15,18 @@ import io
 import json
 import os
 import runpy
+import signal
 import sys
 import traceback
 import warnings
 
 
 def run_one(module: str, args: list[str], cwd: str) -> dict:
-    """`python -m module *args` in `cwd`, in this process: its exit status and stderr (the working directory
-    and sys.argv are restored afterwards, so a test calling this leaves its process as it found it)."""
+    """`python -m module *args` in `cwd`, in this process: its exit status and stderr (the working directory,
+    sys.argv and the SIGINT/SIGTERM handlers are restored afterwards, so a test calling this leaves its process
+    as it found it)."""
     here, argv = os.getcwd(), sys.argv
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # an ended command ignores both
     os.chdir(cwd)
     sys.argv = [module, *args]
     err = io.StringIO()
@@ -41,6 +44,8 @@ def run_one(module: str, args: list[str], cwd: str) -> dict:
         finally:
             os.chdir(here)
             sys.argv = argv
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     return {"code": code, "stderr": err.getvalue()}
 
 
