@@ -56,6 +56,7 @@ from jaxlm import cli
 from jaxlm.core import host
 from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
+from jaxlm.data.corpora import data_root
 
 ERROR_TAIL_LINES = 40
 # The trainer's TrainingDiverged line in a run's output: "error: loss 5.5, parameter norm nan at step 41 ...".
@@ -65,13 +66,14 @@ DIVERGED_RE = re.compile(r"\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b")
 # --------------------------------------------------------------------------- commands per kind
 
 
-def validate(plan: Plan, plan_dir: Path) -> None:
+def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
     """Resolve every train run's config and data now, so a bad override or a missing corpus fails
-    before hours of runs, naming the run."""
-    from jaxlm.core.errors import UserError
+    before hours of runs, naming the run. A dry run only previews: it returns the missing corpora instead."""
+    from jaxlm.core.errors import CorpusMissing, UserError
     from jaxlm.data.corpora import resolve_sources
     from jaxlm.data.prepare import META
 
+    missing: list[str] = []
     for spec in plan.runs:
         if spec.kind != "train":
             continue
@@ -79,8 +81,13 @@ def validate(plan: Plan, plan_dir: Path) -> None:
             data = resolved_train_config(spec, plan_dir / spec.name)["data"]
             if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
                 resolve_sources([*data["source"], *data.get("val_source", [])])
+        except CorpusMissing as e:
+            if not dry_run:
+                raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
+            missing += [] if e.name in missing else [e.name]
         except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
+    return missing
 
 
 # --------------------------------------------------------------------------- one run
@@ -286,7 +293,7 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
-    validate(plan, plan_dir)
+    missing = validate(plan, plan_dir, dry_run)
     git = {**git_info(), "draft": draft}
     if not (dry_run or draft):
         check_committed(git)
@@ -294,7 +301,11 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
           f"device {device.kind}", flush=True)
     if dry_run:
-        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+        counts = _run_all(plan, plan_dir, runs, device, dry_run, git)
+        for name in missing:
+            print(f"needs corpus {name!r}, not in the data root ({data_root()}): run `python -m jaxlm.data download "
+                  f"{name}` (or point JAXLM_DATA at a folder that holds it) before running the plan", flush=True)
+        return counts
     with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
         return _run_all(plan, plan_dir, runs, device, dry_run, git)

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.train_helpers import TEST_XLA_FLAGS
+from tests.train_helpers import TEST_XLA_FLAGS, missing_extra
 
 # One persistent compilation cache per test session, set before JAX starts and inherited by the pytest-xdist
 # workers and by every command a test runs: the suite compiles the same tiny programs again and again (a tiny
@@ -29,6 +29,21 @@ import pytest  # noqa: E402
 
 from jaxlm.core.errors import DataError  # noqa: E402
 from jaxlm.data.corpora import corpus_files  # noqa: E402
+
+CORPUS_FIXTURES = ("cs336", "tinyshakespeare")
+
+
+def pytest_collection_modifyitems(items):
+    """A test that reads a corpus (through one of CORPUS_FIXTURES) is marked `corpus`: `-m corpus` selects them."""
+    for item in items:
+        if any(f in CORPUS_FIXTURES for f in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.corpus)
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("extra"):
+        if why := missing_extra(*mark.args):
+            pytest.skip(why)
 
 
 def _corpus(name: str) -> Path:

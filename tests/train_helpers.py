@@ -30,19 +30,25 @@ def xla_devices(n: int) -> str:
 
 
 def needs(extra: str):
-    """A skip mark unless the pyproject extra `extra` is installed; the reason is its install command."""
-    import importlib.util
-
+    """The `extra` mark: the test is skipped, naming the extra's install command, unless the pyproject extra is
+    installed (tests/conftest.py); `python -m pytest -m extra` selects every such test."""
     import pytest
+
+    return pytest.mark.extra(extra)
+
+
+def missing_extra(extra: str) -> str | None:
+    """Why a test marked `extra(extra)` cannot run here (the extra's install command), or None."""
+    import importlib.util
 
     from jaxlm.core import extras, platform
 
     if extra == "gpu-compile":
         from jaxlm.training.compiled import EXTRA
 
-        return pytest.mark.skipif(not platform.cuda_plugin_installed(), reason=f"needs XLA's GPU compiler: {EXTRA}")
+        return None if platform.cuda_plugin_installed() else f"needs XLA's GPU compiler: {EXTRA}"
     module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=extras.missing_message(module))
+    return None if importlib.util.find_spec(module) else extras.missing_message(module)
 
 
 def needs_compiler(test):

@@ -36,6 +36,14 @@ class DataError(UserError):
     """A data file, corpus or tokenizer file is missing or malformed; the message names the file."""
 
 
+class CorpusMissing(DataError):
+    """A named corpus is not in the data root; `name` is the corpus, for callers that only preview (a dry run)."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
 class CheckpointError(UserError):
     """A run or checkpoint directory is missing, incompatible or cannot be restored."""
 

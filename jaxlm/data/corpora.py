@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxlm.core.errors import DataError
+from jaxlm.core.errors import CorpusMissing, DataError
 from jaxlm.core.files import atomic_path, writable_dir_problem
 from jaxlm.data.bpe import _bar
 
@@ -112,8 +112,8 @@ def corpus_files(name: str, root: str | os.PathLike | None = None, which: str = 
     paths = [folder / f for f in (corpus.train if which == "train" else corpus.files)]
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        raise DataError(f"{missing[0]}: corpus {name!r} not found; run `python -m jaxlm.data download {name}` "
-                        "(or point JAXLM_DATA at a folder that holds it)")
+        raise CorpusMissing(f"{missing[0]}: corpus {name!r} not found; run `python -m jaxlm.data download {name}` "
+                            "(or point JAXLM_DATA at a folder that holds it)", name)
     return paths
 
 
@@ -125,8 +125,8 @@ def corpus_file(source: str, root: str | os.PathLike | None = None) -> Path | No
         return None
     path = Path(root or data_root()) / name / file
     if not path.is_file():
-        raise DataError(f"{path}: corpus {name!r} not found; run `python -m jaxlm.data download {name}` "
-                        "(or point JAXLM_DATA at a folder that holds it)")
+        raise CorpusMissing(f"{path}: corpus {name!r} not found; run `python -m jaxlm.data download {name}` "
+                            "(or point JAXLM_DATA at a folder that holds it)", name)
     return path
 
 

@@ -176,7 +176,6 @@ def prepare(
     bpe_size = trained_bpe_size(tokenizer)
     if bpe_size and PYDOC in inputs:
         raise DataError(f"tokenizer {tokenizer!r}: trains on text files; '{PYDOC}' is not one")
-    tok = None if bpe_size else load_tokenizer(tokenizer)
     workers = (os.cpu_count() or 1) if workers is None else max(1, workers)
     out = Path(out)
     problem = writable_dir_problem(out)
@@ -184,7 +183,8 @@ def prepare(
         raise DataError(f"{out}: cannot hold the prepared data: {problem}")
 
     build = out.absolute().parent / f".{out.absolute().name}.prepare-{os.getpid()}"
-    with DirLock(out, culprit or str(out)):
+    with DirLock(out, culprit or str(out)):  # the target is checked before the tokenizer (which may download)
+        tok = None if bpe_size else load_tokenizer(tokenizer)
         _remove_stale_builds(build)
         created = [d for d in build.parents if not d.exists()]  # made here, removed again on failure
         try:

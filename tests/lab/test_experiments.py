@@ -207,4 +207,17 @@ def test_missing_corpus_parses_but_refuses_to_run(tmp_path, monkeypatch):
     assert plan.runs[0].set["data.source"] == ["wikitext-2/test.txt"]
     with pytest.raises(PlanError, match=r"lr0\.001-s0.*wikitext-2/test\.txt: corpus 'wikitext-2' not found; "
                                         r"run `python -m jaxlm\.data download wikitext-2`"):
-        run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
+        run_plan(plan, tmp_path / "runs", device=CPU, draft=True)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_previews_a_plan_and_names_the_missing_corpus(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAXLM_DATA", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")
+    plan = load_plan("lr_sweep", "cpu")
+    counts = run_plan(plan, tmp_path / "runs", dry_run=True, device=CPU)
+    out = capsys.readouterr().out
+    assert counts == {"pending": len(plan.runs)}
+    assert "needs corpus 'wikitext-2', not in the data root" in out
+    assert "`python -m jaxlm.data download wikitext-2`" in out

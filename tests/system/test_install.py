@@ -25,9 +25,30 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras_and_ci_installs_
     assert all(e in test for e in ("torch", "plots", "hf", "pytest", "transformers", "peft"))
     assert not any(e in test for e in ("profile", "gpu-compile", "xprof", "cuda"))
     ci = (REPO / ".ci" / "run").read_text()
-    assert '-e ".[pytest]"' in ci and '-e ".[test,gpu-compile,profile]"' in ci and "download.pytorch.org/whl/cpu" in ci
+    assert '-e ".[pytest]"' in ci and '-e ".[test,gpu-compile,profile]"' in ci
     # the CUDA plugin must match jaxlib exactly: jax's own cuda12-local extra pins it to jax's version
     assert "jax[cuda12-local]" in opt["gpu-compile"]
+
+
+def readme_test_command() -> str:
+    """The first line of the first bash block under README.md's "## Tests" (what .ci/run extracts and runs)."""
+    tests = (REPO / "README.md").read_text().split("\n## Tests\n", 1)[1]
+    return tests.split("```bash\n", 1)[1].splitlines()[0]
+
+
+def test_ci_runs_the_readme_test_command_as_a_new_user_would():
+    """The README's command installs PyTorch's CPU build where its index is reachable and any torch 2.13.0 where
+    not, then the test extra, then runs the default suite; CI runs exactly that line with no data root and a
+    fresh HOME, then the corpus and extra tests it skipped with both."""
+    command = readme_test_command()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in command and "--index-url" not in \
+        command.replace("--extra-index-url", "")
+    assert 'pip install -e ".[test]"' in command and command.endswith("&& python -m pytest")
+    ci = (REPO / ".ci" / "run").read_text()
+    awk = "awk '/^## Tests/ { in_tests = 1 } in_tests && /^```bash/ { getline; print; exit }' README.md"
+    assert awk in ci and 'env -u JAXLM_DATA HOME="$(mktemp -d)" bash -euo pipefail -c "$readme_command"' in ci
+    assert subprocess.run(["bash", "-c", awk], cwd=REPO, capture_output=True, text=True).stdout.strip() == command
+    assert 'python -m pytest -m "(corpus or extra) and not extended"' in ci
 
 
 def test_the_library_imports_neither_its_reference_nor_its_lab():
