@@ -6,7 +6,8 @@
 
 `run` turns a `UserError` into one line, ``error: <culprit>: <what>; <what to do>``
 on stderr, and its exit code (2: bad input, 1: runtime failure); running out of memory
-into one line naming the limits set on the process (exit 1); any other exception into one
+into one line naming the limits set on the process (exit 1); a module missing from this Python into one line
+saying how to install it (exit 1); any other exception into one
 line saying where its full traceback was written (exit 1); Ctrl-C into exit 130; a reader
 that closed the pipe (`... | head`) into a quiet exit 141, as a Unix tool killed by SIGPIPE.
 ``--debug`` or ``JAXLM_DEBUG=1`` shows tracebacks instead.
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from jaxlm.core import limits, platform, stop
+from jaxlm.core import extras, limits, platform, stop
 from jaxlm.core.config import PRESETS, Config, load_config
 from jaxlm.core.errors import InternalError, OutOfMemory, UsageError, UserError, write_traceback
 from jaxlm.core.typedconfig import help_config
@@ -141,7 +142,7 @@ def traceback_in(run_dir: str | Path) -> Iterator[None]:
     except Exception as e:  # with --debug, `run` re-raises this and Python prints both tracebacks
         if _interrupt_of(e) is not None:
             raise
-        raise (out_of_memory(e) or InternalError(_unexpected(e, run_dir))) from e
+        raise (extras.not_installed(e) or out_of_memory(e) or InternalError(_unexpected(e, run_dir))) from e
 
 
 def _interrupt_of(e: BaseException | None) -> KeyboardInterrupt | None:
@@ -197,8 +198,8 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         stopped = _interrupt_of(e)
         if stopped is not None:
             return _interrupted(stopped, own_command)
-        oom = out_of_memory(e)
-        print(f"error: {_one_line(oom) if oom else _unexpected(e)}", file=sys.stderr)
+        known = extras.not_installed(e) or out_of_memory(e)
+        print(f"error: {_one_line(known) if known else _unexpected(e)}", file=sys.stderr)
         return 1
     finally:
         if own_command:

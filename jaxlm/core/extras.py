@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 from jaxlm.core.errors import MissingExtra
@@ -37,3 +38,15 @@ def exit_unless_installed(module: str) -> None:
     """For a command whose module needs `module` at import time: exit in one line instead of a traceback."""
     if importlib.util.find_spec(module) is None:
         raise SystemExit(f"error: {missing_message(module)}")
+
+
+def not_installed(e: BaseException) -> MissingExtra | None:
+    """A module missing from this Python (a shell without the venv, an install that failed) as one line saying how
+    to get it; None for anything else, a module that exists but failed to import included."""
+    top = (getattr(e, "name", None) or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else ""
+    if not top or top == "jaxlm" or importlib.util.find_spec(top) is not None:
+        return None
+    if top in EXTRAS:
+        return MissingExtra(missing_message(top))
+    return MissingExtra(f"{top} is not installed in this Python ({sys.executable}): activate the environment jaxlm "
+                        "was installed into (e.g. `. .venv/bin/activate`), or install jaxlm here: pip install -e .")

@@ -88,3 +88,16 @@ def test_a_missing_extra_is_named_in_one_line(monkeypatch):
     monkeypatch.setattr(extras.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match=r"^error: torch is not installed; it comes with the 'torch' extra"):
         extras.exit_unless_installed("torch")
+
+
+def test_a_python_without_the_install_says_so_and_writes_nothing_into_the_run(tmp_path):
+    """A new shell without the venv: `python -S` runs jaxlm from the checkout with none of its dependencies. One
+    line naming the missing module, this Python and how to fix it; no error.log written into the existing run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    r = subprocess.run([sys.executable, "-S", "-m", "jaxlm.train", "--config", "experiments/configs/quickstart.toml",
+                        "--set", f'train.out_dir="{run}"'], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
+    assert f"is not installed in this Python ({sys.executable})" in r.stderr and "pip install -e ." in r.stderr
+    assert "unexpected" not in r.stderr and sorted(p.name for p in run.iterdir()) == ["config.toml"]
