@@ -263,6 +263,39 @@ def test_help_names_the_extra_it_needs(word):
     assert re.search(named, text), f"python -m {' '.join(word)} --help names neither the core install nor an extra"
 
 
+HELP_OF_EACH = """
+import contextlib, io, runpy, site, sys
+site.addsitedir(sys.argv[1])  # the install's packages but torch (python -S: no site-packages of its own)
+failed = []
+for word in sys.argv[2:]:
+    module, *sub = word.split()
+    sys.argv, out = [module, *sub, "--help"], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code in (0, None) and out.getvalue().strip():
+            continue
+    failed.append(f"{word}: {out.getvalue().strip()[-300:]}")
+print("\\n".join(failed))
+"""
+
+
+def test_every_command_takes_help_without_torch(tmp_path):
+    """`--help` works on every install (a command that needs torch says so in it, and stops only when run): each
+    documented command's --help, in a Python that sees this install's packages except torch's."""
+    import sysconfig
+
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    for entry in site_packages.iterdir():
+        if not re.match(r"(torch|functorch|torchgen)\b", entry.name):
+            (tmp_path / entry.name).symlink_to(entry)
+    words = [" ".join(w) for w in HELPED]
+    out = subprocess.run([sys.executable, "-S", "-c", HELP_OF_EACH, str(tmp_path), *words], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr[-2000:]
+
+
 def test_no_command_in_an_untagged_block():
     untagged = [u for f in doc_files() for u in commands_in(f)[1]]
     assert not untagged, f"untagged blocks holding a command (tag them bash, or text for a synopsis): {untagged}"
