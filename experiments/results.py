@@ -116,10 +116,25 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
     _, mem, _ = series(records, "peak_memory")
     if mem:
         out["peak_memory"] = max(mem)
-    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
-    if len(times) > 1:
-        out["logged_time_s"] = max(times) - min(times)
+    segments = invocations(records)
+    if sum(len(times) for times in segments) > 1:
+        out["logged_time_s"] = sum(max(times) - min(times) for times in segments if times)
+    changes = [(r["step"], r["changed"]) for r in records if r.get("kind") == "start" and r.get("changed")]
+    if changes:
+        out["config_changes"] = changes
     return out
+
+
+def invocations(records: list[dict]) -> list[list[float]]:
+    """The rows' times, one list per invocation of the trainer (each begins at a "start" row): the wall time of a
+    run resumed hours later counts its invocations, not the gap between them."""
+    segments: list[list[float]] = [[]]
+    for r in records:
+        if r.get("kind") == "start" and segments[-1]:
+            segments.append([])
+        if isinstance(r.get("time"), (int, float)):
+            segments[-1].append(r["time"])
+    return segments
 
 
 def load_bench(path: Path) -> tuple[list[dict], dict]:

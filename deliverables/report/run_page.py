@@ -87,12 +87,16 @@ def run_summary(run_dir: Path, records: list[dict]) -> list[str]:
     rows = [("model", f"d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, d_ff {m.d_ff}, "
                       f"vocab {m.vocab_size}, context {m.context_length}: {param_counts(m)['total']:,} parameters"),
             ("data", f"`{cfg.data.dir}` ({cfg.data.tokenizer} tokenizer), batch {cfg.data.batch_size}"),
-            ("optimizer", f"AdamW lr {cfg.optim.lr:g} (min {cfg.optim.min_lr:g}), warmup {cfg.optim.warmup_steps}"),
+            ("optimizer", f"AdamW lr {cfg.optim.lr:g} (min {cfg.optim.min_lr:g}), warmup {cfg.optim.warmup_steps}"
+                          + (" (at the end; changes below)" if "config_changes" in s else "")),
             ("compute", f"{cfg.compute.dtype}, attention {cfg.compute.attention}, remat {cfg.compute.remat}"),
             ("steps", f("steps", "{}")), ("final train loss", f("train_loss")),
             ("final validation loss", f("eval_loss")),
             ("best validation loss", f("best_eval_loss")), ("validation perplexity", f("eval_ppl", "{:.2f}")),
-            ("tokens/s (median)", f("tokens_per_s", "{:,.0f}")), ("logged wall time", f("logged_time_s", "{:.1f} s"))]
+            ("tokens/s (median)", f("tokens_per_s", "{:,.0f}")),
+            ("wall time (its invocations, not the gaps between them)", f("logged_time_s", "{:.1f} s"))]
+    rows += [(f"config changed at step {step}", ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+             for step, changed in s.get("config_changes", [])]
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
 
 

@@ -37,7 +37,7 @@ from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.nn.lora import memory_summary
 from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
-from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, run_identity
+from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, resumed_changes, run_identity
 from jaxlm.training.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
@@ -171,10 +171,12 @@ def start(cfg: Config, stop: StopFlag) -> Loop:
     try:
         state, step = restore_or_init(cfg, jitted, ckpt, mesh)
         complete = step >= cfg.train.steps
+        changes = resumed_changes(cfg, step) if step and not complete else {}  # before config.toml is rewritten
         if lead and not complete:
             write_run_files(run_dir, cfg, data_dir)
         tracker = Tracker(run_dir, tensorboard=cfg.log.tensorboard, enabled=lead and not complete, start_step=step)
         if not complete:
+            tracker.start(step, changes)
             report_memory(state, tracker, lead, fresh=step == 0)
     except BaseException:
         with contextlib.ExitStack() as stack:

@@ -123,6 +123,23 @@ def check_run_dir(cfg: Config) -> None:
     check_compatible(saved, cfg, run_dir / "checkpoints" / str(steps[-1]), "checkpoint", note)
 
 
+def resumed_changes(cfg: Config, step: int) -> dict[str, list]:
+    """The keys but train.steps in which a run resumed at `step` differs from its config.toml, {key: [saved, now]},
+    said in one line: they may change (the MUST_MATCH ones are refused before), but not without a word."""
+    run_dir = Path(cfg.train.out_dir)
+    if not (run_dir / "config.toml").is_file():
+        return {}
+    saved, now = (flatten_tree(to_dict(c)) for c in (read_run_config(run_dir), cfg))
+    changes = {k: [saved.get(k), now.get(k)] for k in sorted(saved.keys() | now.keys())
+               if k != "train.steps" and saved.get(k) != now.get(k)}
+    if changes and jax.process_index() == 0:
+        shown = ", ".join(f"{k} {_show(old)} -> {_show(new)}" for k, (old, new) in changes.items())
+        print(f"train.out_dir = {str(run_dir)!r}: resumed at step {step} with a changed config: {shown}; config.toml "
+              "now holds the new values and metrics.jsonl records the change (another train.out_dir keeps runs "
+              "apart)", file=sys.stderr)
+    return changes
+
+
 # The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).
 WEIGHT_SHAPE_KEYS = ("vocab_size", "d_model", "num_layers", "d_ff", "ffn", "norm", "tie_embeddings")
 

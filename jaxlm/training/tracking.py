@@ -6,7 +6,8 @@ tensorboardX or torch is needed. Tags are namespaced: ``train/loss``,
 ``eval/perplexity``, ``perf/tokens_per_s``, ``samples/text`` ...
 
 `metrics.jsonl` gets one JSON object per log step and per evaluation:
-``{"step": 100, "kind": "train", "train/loss": 2.31, ...}``.
+``{"step": 100, "kind": "train", "train/loss": 2.31, ...}``, and one where each invocation starts
+(``"kind": "start"``, with the config keys a resumed run changed).
 
 A run resumed at step s redoes the steps after s, so the tracker first drops the
 rows after s from metrics.jsonl (atomically) and marks a restart at s + 1 in the
@@ -64,6 +65,16 @@ class Tracker:
                 if math.isfinite(v):
                     self.writer.add_event(Event(wall_time=time.time(), step=step, summary=scalar_pb(tag, v)))
         self.jsonl.write(json.dumps({"step": step, "kind": kind, "time": time.time(), **values}) + "\n")
+        self.jsonl.flush()
+
+    def start(self, step: int, changed: dict[str, list] | None = None) -> None:
+        """A row where this invocation starts (a fresh run at 0, a resumed one at its checkpoint's step): wall time
+        is counted within invocations, not across the gaps between them; `changed` records the config keys a
+        resumed run changed, {key: [saved, now]}."""
+        if not self.enabled:
+            return
+        row = {"step": step, "kind": "start", "time": time.time(), **({"changed": changed} if changed else {})}
+        self.jsonl.write(json.dumps(row) + "\n")
         self.jsonl.flush()
 
     def text(self, step: int, tag: str, text: str) -> None:

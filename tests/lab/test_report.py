@@ -44,6 +44,18 @@ def test_single_run_page_has_curves_numbers_and_a_256_token_sample(tiny_run, tmp
     assert fluency(new, tok.decode(new))[0] in text
 
 
+def test_wall_time_counts_the_invocations_not_the_gap_between_them():
+    """Two invocations 35 minutes apart: 10 s + 20 s of wall time, by hand; the resumed one's config change listed."""
+    rows = [{"step": 0, "kind": "start", "time": 100.0}, {"step": 5, "kind": "train", "time": 104.0},
+            {"step": 10, "kind": "train", "time": 110.0},
+            {"step": 10, "kind": "start", "time": 2210.0, "changed": {"optim.lr": [0.002, 0.003]}},
+            {"step": 20, "kind": "train", "time": 2230.0}]
+    out = summarise_train(rows)
+    assert out["logged_time_s"] == pytest.approx(30.0)
+    assert out["config_changes"] == [(10, {"optim.lr": [0.002, 0.003]})]
+    assert summarise_train([r for r in rows if r["kind"] != "start"])["logged_time_s"] == 2230.0 - 104.0
+
+
 def test_fluency_measures_repetition():
     from deliverables.report.run_page import fluency
 
