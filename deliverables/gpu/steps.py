@@ -332,14 +332,14 @@ def run_shakespeare(ctx: Context) -> dict:
     from jaxlm.core.typedconfig import flatten_tree, read_toml
 
     recipe = read_toml(Path("experiments/plans/_shakespeare.toml"))
-    size = recipe["sizes"]["cpu" if ctx.smoke else "gpu"]["set"]
-    sets = {**flatten_tree(recipe["defaults"].get("set", {})), **flatten_tree(size)}
+    size = recipe["sizes"]["cpu" if ctx.smoke else "gpu"]
+    sets = {**flatten_tree(recipe["defaults"].get("set", {})), **flatten_tree(size.get("set", {}))}
     run_dir = ctx.scratch / "shakespeare_run"
     sets.update({"train.out_dir": str(run_dir), "checkpoint.every": 100000, "log.tensorboard": False})
     if ctx.smoke:
         sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
                      "data.eval_tokens": 1024, "log.sample_tokens": 0})
-    cmd = [sys.executable, "-m", "jaxlm.train", "--config", recipe["defaults"]["config"]]
+    cmd = [sys.executable, "-m", "jaxlm.train", "--config", size.get("config", recipe["defaults"]["config"])]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]
     timeout = max(ctx.deadline - time.monotonic(), 10.0)

@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tests.train_helpers import needs
+
 REPO = Path(__file__).resolve().parents[2]
 SHELL = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -42,6 +44,8 @@ GPU_OR_NETWORK = (
     (r"runs/smollm2-(135m|lora|qlora)|smollm2_lora\.toml($| --set 'lora)",
      "uses the Hub checkpoint (network); a GPU job"),
     (r"--size gpu", "a plan's GPU-sized variant"),
+    (r"jaxlm\.train --config experiments/configs/shakespeare_char_gpu\.toml$",
+     "trains with cuDNN attention on an NVIDIA GPU (compiled for one by test_gpu_quick_start_compiles_for_a_gpu)"),
     (r"--framework both --json runs/bench/small\.json|--attention xla cudnn --find-max-batch$",
      "timed on an NVIDIA GPU (docs/benchmarks.md)"),
     (r"--mode cache --json small_b32", "decoding on an NVIDIA GPU"),
@@ -58,6 +62,11 @@ SHRINK = ["--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "dat
 SMOKE_SHAKESPEARE = {
     "python -m jaxlm.train --config experiments/configs/shakespeare_char.toml": SHRINK,
     'python -m jaxlm.generate --run runs/shakespeare_char --prompt "ROMEO:"': ["--max-new-tokens", "8"],
+}
+# The GPU quick start, compiled for a GPU here (the gpu-compile extra).
+SMOKE_GPU_COMPILE = {
+    "python -m jaxlm.bench model --target h100-80gb --config experiments/configs/shakespeare_char_gpu.toml "
+    "--context 256 --batch 64 --mode train_step": [],
 }
 SMOKE = {
     "python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb": [],
@@ -233,6 +242,11 @@ def _run_smoke(commands: dict[str, list[str]], tmp_path: Path, data_root: Path) 
 @pytest.mark.slow
 def test_smoke_commands_run(tmp_path):
     _run_smoke(SMOKE, tmp_path, tmp_path / "no-data")
+
+
+@needs("gpu-compile")
+def test_gpu_quick_start_compiles_for_a_gpu(tmp_path):
+    _run_smoke(SMOKE_GPU_COMPILE, tmp_path, tmp_path / "no-data")
 
 
 @pytest.mark.slow
