@@ -246,7 +246,8 @@ def report_memory(state: TrainState, tracker: Tracker, lead: bool, fresh: bool) 
         n, kind = jax.device_count(), jax.devices()[0].device_kind
         print(f"trainable parameters {m['trainable_params']:,} of {total:,} ({share:.2f} %)"
               f"; gradients {m['grad_bytes'] / 2**20:.2f} MiB, optimizer state {m['optimizer_bytes'] / 2**20:.2f} MiB"
-              f"{frozen}; on {n} {kind} device{'s' if n > 1 else ''} ({jax.default_backend()} backend)", file=sys.stderr)
+              f"{frozen}; on {n} {kind} device{'s' if n > 1 else ''} ({jax.default_backend()} backend)",
+              file=sys.stderr)
 
 
 def run_call(loop: Loop) -> None:
