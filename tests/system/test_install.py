@@ -30,6 +30,12 @@ def test_core_dependencies_leave_torch_and_matplotlib_to_extras_and_ci_installs_
     assert "jax[cuda12-local]" in opt["gpu-compile"]
 
 
+def test_the_project_states_its_license():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text().startswith("MIT License")
+
+
 def readme_test_command() -> str:
     """The first line of the first bash block under README.md's "## Tests" (what .ci/run extracts and runs)."""
     tests = (REPO / "README.md").read_text().split("\n## Tests\n", 1)[1]
