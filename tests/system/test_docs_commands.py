@@ -53,6 +53,7 @@ GPU_OR_NETWORK = (
 )
 # Programs other than python that the docs may name: checked by `check_other`.
 OTHER = {"pip", "tensorboard", ".", "cd", "git"}
+SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora"}  # each subcommand has its own --help
 # The commands run for real, in order (a later one may use an earlier one's run): doc command -> what the smoke
 # run appends. The training shrink keeps every phase (evaluation, sample, checkpoint) at a few steps.
 SHRINK = ["--set", "train.steps=4", "--set", "train.eval_every=2", "--set", "data.eval_tokens=1024",
@@ -121,6 +122,26 @@ def commands_in(path: Path, root: Path = REPO) -> tuple[list[Command], list[str]
 
 
 ALL = [c for f in doc_files() for c in commands_in(f)[0]]
+INLINE_CODE = re.compile(r"`(python3? -m [^`]+)`")
+PLACEHOLDER = re.compile(r"[A-Z][A-Z_]*|\.\.\.")  # WHAT, PLAN, RUN_DIR, an elided rest
+
+
+def inline_commands(path: Path, root: Path = REPO) -> list[Command]:
+    """The `python -m ...` spans of the prose (outside fenced blocks), a span broken over lines joined, optional
+    [brackets] opened and `...` dropped. A span that names only a command (its words but placeholders) stands for
+    the command: its --help is what is checked."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
+    found = []
+    for m in INLINE_CODE.finditer(text):
+        argv = [a for a in shlex.split(m.group(1).replace("[", "").replace("]", "")) if a != "..."]
+        if all(PLACEHOLDER.fullmatch(a) for a in argv[4 if argv[2] in SUBCOMMANDS else 3:]):
+            argv = [a for a in argv if not PLACEHOLDER.fullmatch(a)] + ["--help"]
+        where = f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}"
+        found.append(Command(where, shlex.join(argv), tuple(argv)))
+    return found
+
+
+INLINE = [c for f in doc_files() for c in inline_commands(f)]
 
 
 class _Parsed(BaseException):
@@ -225,6 +246,30 @@ def test_documented_command_parses(command):
     check(command)
 
 
+def test_every_command_in_the_prose_parses():
+    """The prose's `python -m ...` spans, in one test (they repeat the blocks' commands): a flag renamed in the code,
+    or one that never existed, fails here too, wherever the span breaks its line."""
+    failed = []
+    for command in INLINE:
+        try:
+            check(command)
+        except BaseException as e:  # pytest.fail's Failed, an assertion, the command's own error
+            failed.append(f"{command.where} {command.text}: {str(e).strip()[:200]}")
+    assert not failed, "\n".join(failed)
+
+
+def test_a_command_broken_over_two_lines_of_prose_is_checked(tmp_path):
+    planted = tmp_path / "page.md"
+    planted.write_text("The report (`python -m deliverables.report\n--all ROOT --out DIR`) and `python -m jaxlm.bench\n"
+                       "WHAT` and `python -m experiments.run PLAN [--dry-run]`.\n")
+    first, mention, synopsis = inline_commands(planted, tmp_path)
+    assert first.argv == ("python", "-m", "deliverables.report", "--all", "ROOT", "--out", "DIR")
+    with pytest.raises(BaseException, match="unrecognized arguments: --all"):
+        check(first)
+    assert mention.argv == ("python", "-m", "jaxlm.bench", "--help") and synopsis.argv[-1] == "--dry-run"
+    check(mention)
+
+
 def _run_smoke(commands: dict[str, list[str]], tmp_path: Path, data_root: Path) -> None:
     """The commands, as written plus their shrink, from a scratch directory holding the configs."""
     documented = {c.text: c for c in ALL}
@@ -254,7 +299,6 @@ def test_shakespeare_quick_start_runs(tmp_path, tinyshakespeare):
     _run_smoke(SMOKE_SHAKESPEARE, tmp_path, tinyshakespeare.parent)
 
 
-SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora"}  # each subcommand has its own --help
 
 
 def _command_word(c: Command) -> tuple[str, ...]:
