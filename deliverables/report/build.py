@@ -133,7 +133,7 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: s
     if runs_table is not None:
         lines += [runs_table, ""]
         lines += [f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} comparison"
-                  f"{'s' * (noise.size != 1)} with the sentences there).", ""] if noise.size else []
+                  f"{'s' * (noise.size != 1)}: the whole report).", ""] if noise.size else []
         lines += ["<details><summary>Every run</summary>", "", train_table(train_runs, {}), "", "</details>", ""]
     else:
         lines += [train_table(train_runs, baseline), ""]
@@ -214,25 +214,27 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
 
     lines = header(meta, runs, plan_dir)
     settings, ctx = group_settings(train_runs), context(train_runs, brows)
-    rows, fnoise = judged(lambda noise: findings_rows(name, settings, {**ctx, "noise": noise}))
+    plan = Plan(runs, settings, cfg, ctx, out, Family())
+    # One Holm family for the whole report: a comparison made in the findings table and again under Measured gets
+    # one verdict.
+    (rows, (measured, section_lines, runs_table)), noise = judged(lambda noise: (
+        findings_rows(name, settings, {**ctx, "noise": noise}), measured_parts(plan, train_runs, brows, noise)))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of "
                   "steps), or the paper the row names where they do not cover the topic. "
                   "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot "
                   "measure it. "
-                  + INTERVAL_NOTE + " " + fnoise.note(), ""]
-        noise = {"interval": "95 % t", "correction": "Holm", "comparisons": fnoise.size}
+                  + INTERVAL_NOTE + " " + noise.note(scope="this report"), ""]
+        judged_by = {"interval": "95 % t", "correction": "Holm", "comparisons": noise.size}
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
-                                           "stand_ins": stand_ins(runs), "noise": noise})
-    plan = Plan(runs, settings, cfg, ctx, out, Family())
-    (measured, section_lines, runs_table), mnoise = judged(lambda noise: measured_parts(plan, train_runs, brows, noise))
+                                           "stand_ins": stand_ins(runs), "noise": judged_by})
     lines += ["## Measured", ""] + [f"- {s}" for s in measured]
-    if mnoise.size:
-        lines += ["", INTERVAL_NOTE + " " + mnoise.note() + " The runs table below is judged with these sentences."]
+    if noise.size:
+        lines += ["", INTERVAL_NOTE + " " + noise.note(scope="this report")]
     lines += [""] + section_lines + backend.section(runs, brows, compile)
     if train_runs:
-        lines += training_section(train_runs, cfg, out, runs_table, mnoise)
+        lines += training_section(train_runs, cfg, out, runs_table, noise)
     if brows:
         lines += bench_section(runs, brows, out)
     lines += ["## Reproduce", "", "```bash", f"python -m experiments.run {name} --size {meta.get('size', 'cpu')}",

@@ -105,10 +105,10 @@ class Family:
     def size(self) -> int:
         return len(self.tests)
 
-    def note(self, what: str = "comparison") -> str:
+    def note(self, what: str = "comparison", scope: str = "this table") -> str:
         """How this family's verdicts were reached, for the text under its table."""
         return (f"*Beyond noise*: the two-sided t-test rejects at {ALPHA:.0%} after Holm's correction over the "
-                f"{self.size} {what}{'s' * (self.size != 1)} with a test in this table; otherwise *within noise*.")
+                f"{self.size} {what}{'s' * (self.size != 1)} with a test in {scope}; otherwise *within noise*.")
 
 
 def judged(build: Callable[[Family], T]) -> tuple[T, Family]:
