@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torchref
 from torchref import ModelConfig
 
-from . import adapters
+from tests import adapters
 
 torch.manual_seed(0)
 

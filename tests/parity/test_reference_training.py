@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torchref
 from torchref import ModelConfig
 
-from . import adapters
+from tests import adapters
 
 
 def test_cross_entropy_matches_torch_and_is_stable():
