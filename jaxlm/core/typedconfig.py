@@ -19,15 +19,15 @@ from typing import Any, Literal
 
 from jaxlm.core.errors import ConfigError
 
-MAX_INT = 2**63  # no key takes an integer beyond 64 bits; past it float() overflows and repr() may refuse
+MAX_DIGITS = 300  # no key takes a longer integer; beyond about 308 float() overflows, beyond 4300 repr() refuses
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, converting only where lossless (int -> float)."""
     origin = typing.get_origin(tp)
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_DIGITS:
         digits = int(value.bit_length() * math.log10(2)) + 1
-        raise ConfigError(f"{key}: an integer of about {digits:,} digits; no key takes one beyond 64 bits")
+        raise ConfigError(f"{key}: an integer of about {digits:,} digits; no key takes one of over {MAX_DIGITS}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
