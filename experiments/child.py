@@ -1,8 +1,8 @@
 """A plan run's child process: wait for it (with its peak memory), pass a stop on to it, kill it.
 
 The child runs in its own session, so a terminal's Ctrl-C reaches only the runner; the runner
-passes it (and a SIGTERM, `raise_interrupted`) on with `stop`: SIGTERM to the child's process
-group, then it waits for the child, however long a training run's last checkpoint takes.
+passes it (and a SIGTERM: jaxlm.core.stop makes it an interrupt too) on with `stop`: SIGTERM to the
+child's process group, then it waits for the child, however long a training run's last checkpoint takes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-
-from jaxlm.core.stop import Interrupted
 
 
 def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
@@ -46,11 +44,6 @@ def stop(proc: subprocess.Popen) -> int:
         except ProcessLookupError:
             pass
         return proc.wait()
-
-
-def raise_interrupted(signum, frame) -> None:
-    """A signal handler: SIGTERM to the runner, handled as Ctrl-C is (`stop` passes it on to the run)."""
-    raise Interrupted(signal.Signals(signum).name)
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -53,7 +52,7 @@ from experiments.results import (
 )
 from experiments.spec import RunSpec
 from jaxlm import cli
-from jaxlm.core import host
+from jaxlm.core import host, stop
 from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
 from jaxlm.data.corpora import data_root
@@ -220,7 +219,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
             rc, timed_out = proc.returncode, True
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM to the runner: the run stops the same way, then is recorded
             rc = child.stop(proc)
-            write_json(run_dir / RESULT, {**result, "status": "interrupted", "reason": f"{str(e) or 'SIGINT'} to the "
+            write_json(run_dir / RESULT, {**result, "status": "interrupted", "reason": f"{stop.signal_name(e)} to the "
                                           f"runner; the run stopped with exit code {rc}", "returncode": rc,
                                           "finished_at": _now(), "wall_time_s": time.perf_counter() - t0})
             raise
@@ -365,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                    "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
 
-    previous = signal.signal(signal.SIGTERM, child.raise_interrupted)  # a scheduler's stop: handled as Ctrl-C is
-    try:
+    try:  # SIGTERM (a scheduler's stop) is an interrupt, as Ctrl-C is (jaxlm.core.stop)
         if args.plan is None or args.list:
             print(list_plans())
             return 0
@@ -378,12 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_plan(args.plan, size)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt as e:
-        name = str(e) or "SIGINT"
-        print(f"\ninterrupted: {name}; the run in progress was stopped and recorded as interrupted, finished runs are "
-              "kept; run the same command again to resume", file=sys.stderr)
-        return 128 + getattr(signal, name, signal.SIGINT)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        print(f"\ninterrupted: {stop.signal_name(e)}; the run in progress was stopped and recorded as interrupted, "
+              "finished runs are kept; run the same command again to resume", file=sys.stderr)
+        return stop.exit_code(e)
     return 1 if counts.get("failed") else 0
 
 

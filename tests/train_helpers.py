@@ -5,7 +5,9 @@ Also runnable as a script for subprocess tests: `python tests/train_helpers.py d
 (`python -m jaxlm.train ARGS...` with each jitted call delayed, so a test can kill it mid-run),
 `python tests/train_helpers.py hold-locks DIR...` (holds each directory's lock until killed),
 `python tests/train_helpers.py file-size-limit BYTES MODULE ARGS...` (`python -m MODULE ARGS...`
-unable to write a file past BYTES: a full disk, without a full disk).
+unable to write a file past BYTES: a full disk, without a full disk), `python tests/train_helpers.py signal-at
+SIGNAL POINT MODULE ARGS...` (`python -m MODULE ARGS...` sent SIGNAL when POINT is first called: a signal at a
+chosen moment, as from outside).
 """
 
 from __future__ import annotations
@@ -252,6 +254,34 @@ def _file_size_limit_main():
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
+def _signal_at_main():
+    import importlib
+    import runpy
+    import signal
+
+    signame, point, module, args = *sys.argv[2:5], sys.argv[5:]
+    sys.orig_argv = [sys.executable, "-m", module, *args]  # before jaxlm is imported: it is `python -m MODULE`
+    from jaxlm.core import platform
+
+    platform.prepare()  # as jaxlm.cli does, before the point's module imports JAX
+    where, _, name = point.partition(":")
+    owner = importlib.import_module(where)
+    *path, attr = name.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    real, sent = getattr(owner, attr), []
+
+    def signalled(*a, **kw):
+        if not sent:
+            sent.append(True)
+            signal.raise_signal(signal.Signals[signame])  # its handler runs before the next line
+        return real(*a, **kw)
+
+    setattr(owner, attr, signalled)
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def hold_locks(*dirs):
     """A process holding the locks of `dirs` (it has them when this returns); kill it to leave them stale."""
     import subprocess
@@ -265,4 +295,4 @@ def hold_locks(*dirs):
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     {"devices": _devices_main, "slow-train": _slow_train_main, "hold-locks": _hold_locks_main,
-     "file-size-limit": _file_size_limit_main}[sys.argv[1]]()
+     "file-size-limit": _file_size_limit_main, "signal-at": _signal_at_main}[sys.argv[1]]()

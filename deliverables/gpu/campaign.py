@@ -26,7 +26,7 @@ from typing import Callable
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks reflect what each step used
 
 from jaxlm import cli  # noqa: E402
-from jaxlm.core.errors import UsageError  # noqa: E402
+from jaxlm.core.errors import UsageError, UserError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
 PROG = "python -m deliverables.gpu"
@@ -150,10 +150,11 @@ def _earlier(out: Path, smoke: bool) -> dict:
 
 
 def run(args, out: Path, deadline: float | None = None, scratch: Path | None = None,
-        after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> int:
+        after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
     """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
     Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
-    each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks)."""
+    each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks).
+    Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
     import jax
 
     from deliverables.gpu.predict import enable_cache
@@ -166,7 +167,7 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     enable_cache(ctx.scratch / "xla_cache")
     meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device, "jax": jax.__version__,
             "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke, **(meta or {})}
-    results, notes = _earlier(out, args.smoke), {}
+    results, notes, failed = _earlier(out, args.smoke), {}, {}
     write_report(out, results, rows, meta, notes)
     for step, est, status in rows:
         if status.startswith("not chosen"):
@@ -185,14 +186,16 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
             results[step.name] = step.run(ctx)
         except Exception as e:  # one failed step must not cost the others
             results[step.name] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+            failed[step.name] = results[step.name]["error"]
         results[step.name]["seconds"] = time.monotonic() - t0
         atomic_write(out / f"{step.name}.json", json.dumps(results[step.name], indent=1, default=str))
         write_report(out, results, rows, meta, notes)
-        print(f"[{step.name}] done in {results[step.name]['seconds']:.0f} s", flush=True)
+        outcome = f"FAILED: {failed[step.name]}" if step.name in failed else "done"
+        print(f"[{step.name}] {outcome} in {results[step.name]['seconds']:.0f} s", flush=True)
         if after_step is not None:
             after_step()
     print(f"wrote {out / 'report.md'}")
-    return 0
+    return failed
 
 
 def output_dir(args) -> Path:
@@ -209,7 +212,20 @@ def output_dir(args) -> Path:
     if jax.default_backend() != "gpu":
         raise UsageError(f"{PROG}: no GPU here (JAX's backend is {jax.default_backend()}); run it on a GPU, "
                          "or use --dry-run (the plan) or --smoke (every step at a tiny size, any machine)")
-    return Path(args.out) if args.out else DEFAULT_OUT
+    return Path(args.out) if args.out else REPO / DEFAULT_OUT
+
+
+class CallFailed(UserError):
+    """Part of the call failed (a step, a check, the install); the rest's results are written (exit 1)."""
+
+    exit_code = 1
+
+
+def check_failures(prog: str, failures: dict[str, str], out: Path) -> None:
+    """One line (exit 1) naming what failed (`failures`: what -> why), unless nothing did."""
+    if failures:
+        said = "; ".join(f"{what}: {why}" for what, why in failures.items())
+        raise CallFailed(f"{prog}: {len(failures)} part(s) failed: {said}; the rest's results are in {out}")
 
 
 def check_only(only: list[str] | None) -> None:
@@ -236,7 +252,9 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
         return 0
-    return run(args, output_dir(args))
+    out = output_dir(args)
+    check_failures(PROG, {f"step {name}": why for name, why in run(args, out).items()}, out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ In order, within --budget (default 480 s, eight minutes of the machine's ten-min
 3. checks: the correctness smoke (deliverables/gpu/check.py: attention, bf16 training against float32 on the CPU,
    save / restore / generate), recorded pass or fail; the campaign runs either way;
 4. the campaign's steps (deliverables/gpu/campaign.py) that fit the time left, most important first.
+Without --smoke the call stops before installing anything where no NVIDIA driver is seen. It ends with exit 1 and
+one line naming each part that failed (the smoke's dry run of the install, a check, a step), after writing all.
 Everything goes into one folder (--out, default runs/gpu_lent/): report.md, results.json, STEP.json, lent.json
 (phases, versions, checks) and scratch/ (traces, programs, checkpoints, the compilation cache). With $OUT set (the
 device tool's result folder) the summary files (OUT_FILES, the profiled train step's trace and program) are copied
@@ -38,6 +40,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any ba
 
 from deliverables.gpu import carry  # noqa: E402
 from jaxlm import cli  # noqa: E402
+from jaxlm.core import platform  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
@@ -79,8 +82,10 @@ def install(args) -> dict:
                 "problem": problem[0], "seconds": time.monotonic() - t0}
     try:
         done = carry.install(folder, Path(args.site))
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        return {"error": str(e).strip()[:300]}
+    except subprocess.CalledProcessError as e:  # its command is a page of wheel paths: pip's own output says why
+        return {"error": f"pip install into {args.site} exited {e.returncode} (its output is above)"}
+    except (RuntimeError, OSError) as e:
+        return {"error": str(e).strip()}
     if (folder / "data" / carry.CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
         os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
     return done
@@ -193,12 +198,17 @@ def run(args, out: Path) -> int:
 
     t0 = time.monotonic()
     deadline = t0 + args.budget - FINISH_S
+    if not args.smoke and not platform.has_nvidia_driver():  # before installing anything
+        raise UsageError(f"{PROG}: no GPU here (no NVIDIA driver: {platform.NVIDIA_DRIVER} is absent); run it on "
+                         "the GPU machine, or use --dry-run (the plan) or --smoke (all of it at tiny sizes, anywhere)")
     out.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join([PROG, *args.argv]), "smoke": args.smoke, "budget_s": args.budget,
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": {}}
     record["install"] = _phase(record, "install", out, lambda: install(args))
     if record["install"].get("error"):
         raise UsageError(f"{PROG}: installing the carried wheels failed: {record['install']['error']}")
+    if record["install"].get("problem"):  # the smoke's dry run of the install: said now, and fails the call at its end
+        print(f"warning: install: {record['install']['problem']}", file=sys.stderr, flush=True)
     if not args.smoke:
         use_gpu()
     found, stop = _phase(record, "startup", out, lambda: preflight(args.smoke))
@@ -215,12 +225,24 @@ def run(args, out: Path) -> int:
     steps = argparse.Namespace(budget=campaign_budget(args.budget), only=args.only, smoke=args.smoke,
                                argv=args.argv)
     meta = {"command": record["command"], "checks": record["checks"], "preflight": found, "install": record["install"]}
-    _phase(record, "campaign", out, lambda: campaign.run(steps, out, deadline=deadline, scratch=scratch,
-                                                        after_step=lambda: copy_out(out), startup=0.0, meta=meta))
+    failed = _phase(record, "campaign", out, lambda: campaign.run(steps, out, deadline=deadline, scratch=scratch,
+                                                                 after_step=lambda: copy_out(out), startup=0.0,
+                                                                 meta=meta))
     record["seconds"] = time.monotonic() - t0
     _write(record, out)
     print(summary(record, out))
+    campaign.check_failures(PROG, failures(record, failed), out)
     return 0
+
+
+def failures(record: dict, failed_steps: dict[str, str]) -> dict[str, str]:
+    """What of the call failed (what -> why): the install's dry run, the correctness checks, the steps."""
+    out = {"install": record["install"]["problem"]} if record["install"].get("problem") else {}
+    bad = [r for r in record["checks"]["rows"] if r["ok"] is False]
+    if bad:
+        out["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
+                                  for r in bad) + " failed (lent.json)"
+    return {**out, **{f"step {name}": why for name, why in failed_steps.items()}}
 
 
 def summary(record: dict, out: Path) -> str:

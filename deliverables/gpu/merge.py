@@ -62,11 +62,11 @@ def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
                                 needs="the core install")
     parser.add_argument("source", metavar="DIR", help="the folder holding the lent run's results.json (its $OUT)")
-    parser.add_argument("--into", default=str(campaign.DEFAULT_OUT), help="the report's folder (default: %(default)s)")
+    parser.add_argument("--into", help=f"the report's folder (default: {campaign.DEFAULT_OUT} of this repository)")
     args = parser.parse_args(argv)
-    names = merge(Path(args.source), Path(args.into))
-    print(f"merged {', '.join(names) or 'no step'} from {args.source} into {args.into}; wrote "
-          f"{Path(args.into) / 'report.md'}")
+    into = Path(args.into) if args.into else campaign.REPO / campaign.DEFAULT_OUT
+    names = merge(Path(args.source), into)
+    print(f"merged {', '.join(names) or 'no step'} from {args.source} into {into}; wrote {into / 'report.md'}")
     return 0
 
 

@@ -329,9 +329,10 @@ def estimate_max_batch(smoke: bool) -> float:
 def run_shakespeare(ctx: Context) -> dict:
     """The shakespeare GPU recipe (experiments/plans/_shakespeare.toml, size gpu) as a `jaxlm.train`
     subprocess; time to the first evaluation with validation loss <= 1.47."""
+    from deliverables.gpu.carry import REPO
     from jaxlm.core.typedconfig import flatten_tree, read_toml
 
-    recipe = read_toml(Path("experiments/plans/_shakespeare.toml"))
+    recipe = read_toml(REPO / "experiments/plans/_shakespeare.toml")  # the repository's, wherever the call runs
     size = recipe["sizes"]["cpu" if ctx.smoke else "gpu"]
     sets = {**flatten_tree(recipe["defaults"].get("set", {})), **flatten_tree(size.get("set", {}))}
     run_dir = ctx.scratch / "shakespeare_run"
@@ -339,16 +340,20 @@ def run_shakespeare(ctx: Context) -> dict:
     if ctx.smoke:
         sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
                      "data.eval_tokens": 1024, "log.sample_tokens": 0})
-    cmd = [sys.executable, "-m", "jaxlm.train", "--config", size.get("config", recipe["defaults"]["config"])]
+    config = REPO / size.get("config", recipe["defaults"]["config"])
+    cmd = [sys.executable, "-m", "jaxlm.train", "--config", str(config)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={json.dumps(v)}"]
     timeout = max(ctx.deadline - time.monotonic(), 10.0)
     launched = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
     except subprocess.TimeoutExpired:
         status = f"stopped at the budget ({timeout:.0f} s)"
+    else:
+        if proc.returncode != 0:  # the step failed: not a result
+            raise RuntimeError(f"python -m jaxlm.train exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        status = "ok"
     wall = time.time() - launched
     evals = _evals(run_dir / "metrics.jsonl", launched)
     hit = next((e for e in evals if e["val_loss"] <= TARGET_VAL_LOSS), None)

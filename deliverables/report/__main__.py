@@ -10,6 +10,7 @@ from deliverables.report.charts import bench_figures
 from deliverables.report.output import report_dir
 from experiments.results import load_bench
 from jaxlm import cli
+from jaxlm.core import stop
 from jaxlm.core.errors import DataError, UsageError
 
 
@@ -28,24 +29,29 @@ def main(argv: list[str] | None = None) -> int:
                    "compiler, the 'gpu-compile' extra) unless docs/results/compiled/h100-80gb.json has it already")
     run_page.add_args(p)
     args = p.parse_args(argv)
-    out = Path(args.out) if args.out else None
     if args.plan_dir is None:
         raise UsageError("python -m deliverables.report: give PLAN_DIR, a run directory or a bench JSON file")
-    if Path(args.plan_dir).suffix == ".json":
-        return print_bench_figures(Path(args.plan_dir), out)
-    elif run_page.is_run_dir(Path(args.plan_dir)):
-        path = run_page.write_run_report(Path(args.plan_dir), out, args)
-    else:
-        path = write_report(Path(args.plan_dir), out, args.records, args.compile)
+    source = Path(args.plan_dir)
+    bench = source.suffix == ".json"
+    out = Path(args.out) if args.out else source.with_suffix("") if bench else source / "report"
+    # An interrupt (Ctrl-C, SIGTERM) leaves figures without the report.md written last: the line says so.
+    left = "not every figure was written" if bench else "report.md was not written (its figures may be partial)"
+    with stop.noting(lambda: f"{out}: {left}; run the same command again"):
+        if bench:
+            return print_bench_figures(source, out)
+        elif run_page.is_run_dir(source):
+            path = run_page.write_run_report(source, out, args)
+        else:
+            path = write_report(source, out, args.records, args.compile)
     print(path)
     return 0
 
 
-def print_bench_figures(path: Path, out: Path | None) -> int:
-    """The figures of one `jaxlm.bench model --json` file, into OUT (default: the file's path without .json)."""
+def print_bench_figures(path: Path, out: Path) -> int:
+    """The figures of one `jaxlm.bench model --json` file, into OUT."""
     if not path.is_file():
         raise DataError(f"{path}: no such file; give a `python -m jaxlm.bench model --json` file")
-    folder = report_dir(out or path.with_suffix(""))
+    folder = report_dir(out)
     names = bench_figures(load_bench(path)[0], folder)
     print("\n".join(str(folder / n) for n in names) or f"{path}: no figure: no line of its rows has two points")
     return 0

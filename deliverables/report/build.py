@@ -39,7 +39,7 @@ from deliverables.report.seeds import (
 from experiments.plan import format_value
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
-from jaxlm.core.files import read_json, write_json
+from jaxlm.core.files import atomic_write, read_json, write_json
 
 INTERVAL_NOTE = ("Values are the mean over seeds ± the half-width of its 95 % interval (t-distribution with n - 1 "
                  "degrees of freedom: 4.30 standard errors with 3 seeds, 2.78 with 5); differences are tested with "
@@ -245,9 +245,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
         shrink_png(png)
     if records:
         export_records(plan_dir, runs, out / "records")
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return atomic_write(out / "report.md", "\n".join(lines))
 
 
 def _portable(obj, prefixes: list[tuple[str, str]]):

@@ -18,6 +18,7 @@ from deliverables.report.plots import plot_curves
 from experiments.results import read_metrics, summarise_train
 from jaxlm import cli
 from jaxlm.core.errors import CheckpointError, DataError
+from jaxlm.core.files import atomic_write
 
 SAMPLE_TOKENS = 256
 
@@ -119,6 +120,4 @@ def write_run_report(run_dir: Path, out: Path | None, args: argparse.Namespace) 
         lines += [f"Decoding: {how}.", ""] + body
     except CheckpointError as e:
         lines += [f"No sample: {e}.", ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return atomic_write(out / "report.md", "\n".join(lines))

@@ -8,8 +8,10 @@
 on stderr, and its exit code (2: bad input, 1: runtime failure); running out of memory
 into one line naming the limits set on the process (exit 1); a module missing from this Python into one line
 saying how to install it (exit 1); any other exception into one
-line saying where its full traceback was written (exit 1); Ctrl-C into exit 130; a reader
-that closed the pipe (`... | head`) into a quiet exit 141, as a Unix tool killed by SIGPIPE.
+line saying where its full traceback was written (exit 1); Ctrl-C or SIGTERM (jaxlm.core.stop) into one
+`interrupted:` line and exit 130 or 143; a reader that closed the pipe (`... | head`) into a quiet exit 141,
+as a Unix tool killed by SIGPIPE. An error line's words are cut to WORD_LIMIT characters (a 100 kB value
+is named, not echoed).
 ``--debug`` or ``JAXLM_DEBUG=1`` shows tracebacks instead.
 """
 
@@ -109,8 +111,28 @@ def load_config_from_args(args: argparse.Namespace, extra: list[str] = (), path:
     return load_config(args.config or path, [*extra, *args.overrides], preset=args.preset)
 
 
+WORD_LIMIT, LINE_LIMIT = 200, 2000  # characters of one word (a value, a path) and of a whole error line
+
+
 def _one_line(text: str) -> str:
     return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _clipped(line: str) -> str:
+    """`line` with each word over WORD_LIMIT characters cut to its start and its length, and its middle cut when
+    still over LINE_LIMIT (the culprit comes first, what to do last): a 100 kB config value or a path past
+    PATH_MAX is named by its key or flag and its first characters, not echoed whole."""
+    def cut(word: str) -> str:
+        if len(word) <= WORD_LIMIT:
+            return word
+        end = len(word) - len(word.rstrip("'\":;,)"))  # the word's closing quote and punctuation stay
+        return f"{word[:WORD_LIMIT // 2]}... ({len(word):,} characters){word[len(word) - end:]}"
+
+    line = " ".join(map(cut, line.split(" ")))
+    if len(line) <= LINE_LIMIT:
+        return line
+    head, tail = LINE_LIMIT // 2, LINE_LIMIT // 4
+    return f"{line[:head]} ... ({len(line) - head - tail:,} characters cut) ... {line[-tail:]}"
 
 
 def _unexpected(e: BaseException, run_dir: str | Path | None = None) -> str:
@@ -180,7 +202,7 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         try:
             held = stop.arm() if own_command else None
             if held:
-                raise KeyboardInterrupt(f"{held} during start-up, before the command began; nothing was done")
+                raise stop.Interrupted(f"{held} during start-up, before the command began; nothing was done", held)
             return main(argv)
         finally:
             if own_command:  # a closed pipe shows here, where it can still be handled, not at exit
@@ -190,7 +212,7 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     except UserError as e:
         if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {_clipped(_one_line(e))}", file=sys.stderr)
         return e.exit_code
     except (KeyboardInterrupt, Exception) as e:
         if debug:
@@ -199,7 +221,7 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         if stopped is not None:
             return _interrupted(stopped, own_command)
         known = extras.not_installed(e) or out_of_memory(e)
-        print(f"error: {_one_line(known) if known else _unexpected(e)}", file=sys.stderr)
+        print(f"error: {_clipped(_one_line(known) if known else _unexpected(e))}", file=sys.stderr)
         return 1
     finally:
         if own_command:
@@ -209,13 +231,14 @@ def run(main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
 
 
 def _interrupted(e: KeyboardInterrupt, own_command: bool) -> int:
-    """Exit 130 with one line (an Interrupted stop at a safe point says what was and was not done); as the
-    process's own command, without the interpreter's exit, which can crash after JAX was stopped mid-call."""
+    """Exit 130 (SIGINT) or 143 (SIGTERM) with one line (an Interrupted stop says what was and was not done); as
+    the process's own command, without the interpreter's exit, which can crash after JAX was stopped mid-call."""
+    code = stop.exit_code(e)
     if str(e) or own_command:
-        print(f"interrupted: {_one_line(e) or 'SIGINT, stopped'}", file=sys.stderr)
+        print(f"interrupted: {_clipped(_one_line(e)) or stop.signal_name(e) + ', stopped'}", file=sys.stderr)
     if own_command:
-        _exit_now(130)
-    return 130
+        _exit_now(code)
+    return code
 
 
 def _exit_now(code: int) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from jaxlm import cli
 from jaxlm.core.errors import UsageError
-from jaxlm.core.files import writable_dir_problem
-from jaxlm.core.lock import DirLock
+from jaxlm.core.files import path_problem
+from jaxlm.core.lock import DirLock, new_directory
 
 
 def merge_run(src: str | Path, out: str | Path) -> float:
@@ -26,13 +26,12 @@ def merge_run(src: str | Path, out: str | Path) -> float:
     from jaxlm.training.checkpoint import find_run_dir
 
     out, run_dir = Path(out), find_run_dir(src)[0]
+    if problem := path_problem(out):
+        raise UsageError(f"--out {out}: {problem}; choose a new directory")
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out}: inside the run being merged ({run_dir}); write the merged run to a new "
                          "directory beside it")
-    problem = writable_dir_problem(out)
-    if problem:
-        raise UsageError(f"--out {out}: {problem}; choose a new directory")
-    with DirLock(run_dir, str(src), shared=True), DirLock(out, f"--out {out}"):
+    with DirLock(run_dir, str(src), shared=True), new_directory(out, f"--out {out}"):
         return _merge(src, out)
 
 
@@ -53,8 +52,6 @@ def _merge(src: str | Path, out: Path) -> float:
     from jaxlm.training.optim import make_optimizer
     from jaxlm.training.step import TrainState
 
-    if out.is_dir() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: exists and is not empty; choose a new directory")
     run_dir, step = find_run_dir(src)
     model, cfg, _ = restore_for_inference(src)
     if not lora.has_adapters(model):

@@ -33,6 +33,7 @@ def _check(ok: bool, key: str, value: Any, rule: str) -> None:
 MAX_STEPS = 2**31 - 1  # int32: the train state's step counter (the schedule reads it), token ids and positions
 TOO_MANY_STEPS = f"must be at most {MAX_STEPS:,} (the step counter is an int32)"
 MAX_SEED = 2**32 - 1  # an unsigned 32-bit seed (NumPy's data order wants it >= 0)
+FLOAT32_TINY = 2.0**-126  # float32's smallest normal number: below it a value may be flushed to 0
 
 
 # --------------------------------------------------------------------------- model and compute
@@ -189,7 +190,10 @@ class OptimConfig:
             _check((getattr(self, name) or 0) <= MAX_STEPS, name, getattr(self, name), TOO_MANY_STEPS)
         for name in ("beta1", "beta2"):
             _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
-        for name in ("eps", "weight_decay", "grad_clip"):
+        _check(self.eps >= FLOAT32_TINY, "eps", self.eps, "must be at least 1.2e-38 (float32's smallest normal "
+               "number): AdamW divides by sqrt(v) + eps, and a parameter whose gradient is 0 then gives 0/0 = NaN "
+               "at the first step; the usual value is 1e-8")
+        for name in ("weight_decay", "grad_clip"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
 
 
@@ -227,7 +231,7 @@ class LogConfig:
     sample_tokens: int = opt(200, "tokens per sample; 0: no samples")
     sample_prompt: str = opt("The ", "prompt of the samples")
     sample_temperature: float = opt(0.8, "sampling temperature; 0: greedy")
-    progress: bool = opt(True, "show a progress bar")
+    progress: bool = opt(True, "show progress bars (training, and tokenising the data on first use)")
     peak_flops: float | None = opt(None, "per-device peak FLOP/s for MFU where jaxlm.analysis.flops has no entry")
 
     def __post_init__(self):

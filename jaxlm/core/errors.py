@@ -86,8 +86,8 @@ def write_traceback(run_dir: str | Path | None = None) -> Path | None:
     """Append the exception being handled to RUN/error.log (else a new temp file); its path, or None."""
     text = (f"--- {datetime.datetime.now().isoformat(timespec='seconds')} pid {os.getpid()}: "
             f"{' '.join(sys.argv)}\n{traceback.format_exc()}\n")
-    if run_dir is not None and Path(run_dir).is_dir():
-        try:
+    if run_dir is not None:
+        try:  # a run directory that cannot be (a symbolic link loop, a name too long) gets none
             with open(Path(run_dir) / TRACEBACK_FILE, "a") as f:
                 f.write(text)
             return Path(run_dir) / TRACEBACK_FILE

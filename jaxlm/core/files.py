@@ -9,6 +9,7 @@ removed and the target is left as it was.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -55,12 +56,31 @@ def read_json(path: str | os.PathLike, default: Any = _REQUIRED) -> Any:
         return default
 
 
+def path_problem(path: str | os.PathLike) -> str | None:
+    """Why nothing can ever be at `path` (it runs through a symbolic-link loop, or a name in it or the whole of it
+    is longer than the file system allows), or None. Resolving such a path raises RuntimeError or OSError."""
+    path, too_long = Path(path).absolute(), errno.ENAMETOOLONG
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    try:
+        if longest > os.pathconf("/", "PC_NAME_MAX"):
+            return f"a name in it is {longest:,} bytes long, more than a file system allows ({os.strerror(too_long)})"
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"it runs through a symbolic link loop ({e.strerror})"
+        if e.errno == too_long:
+            return f"it is {len(os.fsencode(str(path))):,} bytes long, more than the system allows ({e.strerror})"
+    return None
+
+
 def writable_dir_problem(path: str | os.PathLike) -> str | None:
     """Why `path` cannot be used (created, then written) as a directory, or None when it can.
 
     Creates nothing: the nearest existing ancestor must be a writable directory,
     which a short-lived anonymous file proves (permission bits alone say nothing to root).
     """
+    if problem := path_problem(path):
+        return problem
     path = Path(path).absolute()
     probe = path
     try:

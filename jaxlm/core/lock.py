@@ -19,19 +19,31 @@ it over with a warning when it names this host. A file naming another host is re
 holder may be alive; deleting the file is the override. A reader (`shared=True`: quantize,
 lora merge) does not write its name into the file, and needs none where none can be created
 (a read-only run: no process with its rights can write it either).
+
+`new_directory` is how a command writes a new directory in one go (an import, an export, a merge): locked,
+marked INCOMPLETE until it is done, removed when it fails or is interrupted. A kill -9 leaves the mark, which
+readers report (`unfinished`) and which the same command run again replaces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
 import os
+import shlex
+import shutil
 import socket
 import sys
 from pathlib import Path
+from typing import Iterator
 
+from jaxlm.core import stop
 from jaxlm.core.errors import DirectoryInUse, UsageError
+from jaxlm.core.files import writable_dir_problem
+
+INCOMPLETE = "INCOMPLETE"  # in a directory `new_directory` is writing: the command writing it
 
 
 def lock_path(directory: str | os.PathLike) -> Path:
@@ -175,3 +187,43 @@ class DirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def unfinished(directory: str | os.PathLike) -> str | None:
+    """The command that left `directory` unfinished (killed while `new_directory` wrote it), or None."""
+    try:
+        return (Path(directory) / INCOMPLETE).read_text(errors="replace").strip() or "an earlier command"
+    except OSError:  # no mark (or no directory): not an unfinished one
+        return None
+
+
+def _command() -> str:
+    """This process's command line as the user typed it (`python -m jaxlm.hf import ...`)."""
+    argv = sys.orig_argv[1:] if stop.started_as_command() else sys.argv
+    return shlex.join(["python", *argv])
+
+
+@contextlib.contextmanager
+def new_directory(out: Path, culprit: str) -> Iterator[Path]:
+    """`out` (new, empty, or left unfinished by an interrupted command) written by this process alone: locked,
+    marked INCOMPLETE until the block ends, removed when the block fails or is interrupted (the interrupt's line
+    says so). `culprit` (the flag) starts every refusal."""
+    problem = writable_dir_problem(out)
+    if problem:
+        raise UsageError(f"{culprit}: {problem}; choose a new directory")
+    with DirLock(out, culprit):
+        left = unfinished(out)
+        if left is None and out.is_dir() and any(out.iterdir()):
+            raise UsageError(f"{culprit}: exists and is not empty; choose a new directory")
+        if left is not None:
+            print(f"warning: {culprit}: replacing what an interrupted `{left}` left unfinished there", file=sys.stderr)
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / INCOMPLETE).write_text(_command() + "\n")
+        with stop.noting(lambda: f"{culprit}: the unfinished directory was removed; run the same command again"):
+            try:
+                yield out
+            except BaseException:
+                shutil.rmtree(out, ignore_errors=True)
+                raise
+        (out / INCOMPLETE).unlink()

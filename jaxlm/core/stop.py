@@ -1,31 +1,34 @@
-"""SIGTERM and Ctrl-C as a flag a long command checks at safe points, and Ctrl-C held until a command starts.
+"""SIGTERM and Ctrl-C: one path for every command, a flag for the training loop, and nothing lost before main starts.
 
-Python turns SIGINT into a KeyboardInterrupt wherever the main thread is; inside a
-callback from JAX's C++ (tracing, compiling, loading a plugin) it is swallowed (the
-run goes on) or crashes the process (a segmentation fault, exit 139). Under `StopFlag`
-the first SIGTERM / SIGINT only sets `signal`: start-up stages call `check`, which stops
-with one line before any work is done, and the training loop saves a checkpoint and
-stops. A second SIGINT stops at once: each `on_abort` callback says what was left (and
-releases what it holds), one line is printed and the process exits 130.
+Every command gets `defer_interrupts` from its first import of jaxlm on (`python -m jaxlm.train`,
+`experiments.run`, `deliverables.report`, `parity.check`, ...): SIGTERM takes the path Ctrl-C takes. A signal
+before the command's `main` starts (while JAX and its plugins load, where JAX's plugin loader swallowed Ctrl-C
+and SIGTERM killed the process outright) is held until `jaxlm.cli.run` starts `main`, which then stops at once
+with one line. Once `main` runs, either signal is an `Interrupted` (a KeyboardInterrupt naming the signal),
+except that one landing in a garbage-collector callback (JAX has one) or a finaliser, where Python would print
+and drop it, is sent again 50 ms later. It unwinds the command like any exception, so locks are released and a
+half-written output is removed (or marked: `jaxlm.core.lock.new_directory`); `jaxlm.cli.run` prints one
+`interrupted:` line and exits 128 + the signal's number (130 for SIGINT, 143 for SIGTERM) without the
+interpreter's exit, which crashed (exit 139) after JAX was stopped mid-call. `noting` adds what a command
+left behind to that line.
 
-Every other command gets `defer_interrupts` from its first import of jaxlm on (`python -m
-jaxlm.train`, `experiments.run`, `parity.check`, ...): a Ctrl-C before the command's `main` starts (while
-JAX and its plugins load, where JAX's plugin loader swallowed it) is held until
-`jaxlm.cli.run` starts `main`, which then stops at once with one line (exit 130). Once
-`main` runs, Ctrl-C is Python's KeyboardInterrupt, except that one landing in a
-garbage-collector callback (JAX has one) or a finaliser, where Python would print and drop
-it, is sent again 50 ms later; `jaxlm.cli.run` then leaves without the interpreter's exit,
-which crashed (exit 139) after JAX was stopped mid-call.
+Python turns SIGINT into a KeyboardInterrupt wherever the main thread is; inside a callback from JAX's C++
+(tracing, compiling, loading a plugin) it is swallowed (the run goes on) or crashes the process (exit 139).
+Under `StopFlag` (the training loop) the first SIGTERM / SIGINT only sets `signal`: start-up stages call
+`check`, which stops with one line before any work is done, and the training loop saves a checkpoint and
+stops. A second SIGINT stops at once: each `on_abort` callback says what was left (and releases what it
+holds), one line is printed and the process exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 COMMAND_PACKAGES = ("jaxlm", "experiments", "deliverables", "parity")  # `python -m` of a module of these: a command
 RETRY_S = 0.05
@@ -52,21 +55,24 @@ def _unraisable(frame) -> bool:
 
 def _deferred_interrupt(signum, frame) -> None:
     if not _state["armed"]:
-        _state["pending"] = signal.Signals(signum).name
+        _state["pending"] = _state["pending"] or signal.Signals(signum).name
     elif _unraisable(frame):
         retry = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
         retry.daemon = True
         retry.start()
     else:
-        raise KeyboardInterrupt
+        raise Interrupted("", signal.Signals(signum).name)
 
 
 def defer_interrupts() -> None:
-    """In a command's process, Ctrl-C held until its main starts and kept out of JAX's code (module docstring);
-    where SIGINT has another handler than Python's own (a notebook's), nothing changes."""
-    if (started_as_command() and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-        signal.signal(signal.SIGINT, _deferred_interrupt)
+    """In a command's process, Ctrl-C and SIGTERM held until its main starts, then raised as `Interrupted` outside
+    JAX's code (module docstring); a signal with another handler than Python's default (a notebook's Ctrl-C, a
+    SIGTERM ignored by the parent) is left as it is."""
+    if not (started_as_command() and threading.current_thread() is threading.main_thread()):
+        return
+    for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(s) == default:
+            signal.signal(s, _deferred_interrupt)
 
 
 def arm(armed: bool = True) -> str | None:
@@ -77,7 +83,33 @@ def arm(armed: bool = True) -> str | None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """A stop asked for by a signal, at a safe point; the message says what was and was not done."""
+    """A stop asked for by a signal (`signame`, SIGINT or SIGTERM); the message, when there is one, says what was
+    and was not done."""
+
+    def __init__(self, message: str = "", signame: str = "SIGINT"):
+        super().__init__(message)
+        self.signame = signame
+
+
+def signal_name(e: BaseException) -> str:
+    """The signal behind an interrupt: an Interrupted names it, a bare KeyboardInterrupt is Ctrl-C."""
+    return getattr(e, "signame", "SIGINT")
+
+
+def exit_code(e: BaseException) -> int:
+    """128 + the signal's number, as a shell reports a process the signal ended: 130 (SIGINT), 143 (SIGTERM)."""
+    return 128 + signal.Signals[signal_name(e)]
+
+
+@contextlib.contextmanager
+def noting(note: Callable[[], str]) -> Iterator[None]:
+    """An interrupt inside the block leaves with `note()` (what the command left behind, how to redo it) added
+    to its one line."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        said = str(e) or f"{signal_name(e)}, stopped"
+        raise Interrupted(f"{said}; {note()}", signal_name(e)) from None
 
 
 class StopFlag:
@@ -96,7 +128,7 @@ class StopFlag:
     def check(self, stage: str) -> None:
         """Stop (Interrupted) when a signal came in, before `stage` starts."""
         if self.signal is not None:
-            raise Interrupted(f"{self.signal} before {stage}: stopped; nothing was trained or saved")
+            raise Interrupted(f"{self.signal} before {stage}: stopped; nothing was trained or saved", self.signal)
 
     def abort(self) -> None:
         notes = []

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import tomllib
 import types
 import typing
@@ -18,10 +19,15 @@ from typing import Any, Literal
 
 from jaxlm.core.errors import ConfigError
 
+MAX_DIGITS = 300  # no key takes a longer integer; beyond about 308 float() overflows, beyond 4300 repr() refuses
+
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, converting only where lossless (int -> float)."""
     origin = typing.get_origin(tp)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_DIGITS:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        raise ConfigError(f"{key}: an integer of about {digits:,} digits; no key takes one of over {MAX_DIGITS}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -101,6 +107,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except ValueError:  # Python's limit on an integer's digits (4300)
+        raise ConfigError(f"{key.strip()}: a number of {len(raw.strip()):,} characters, too long to read; no key "
+                          "takes one that large") from None
     return key.strip().split("."), value
 
 
@@ -167,8 +176,19 @@ def read_toml(path: str | Path) -> dict:
                           "is a text file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except ValueError:  # Python's limit on an integer's digits (4300)
+        raise ConfigError(f"{path}: {_long_number(path.read_bytes().decode('utf-8-sig'))}: a number too long to read; "
+                          "no key takes one that large") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def _long_number(text: str) -> str:
+    """Where a TOML text holds a number of over 4300 digits: "line N (KEY = ...)"."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if re.search(r"\d[\d_]{4299}", line):
+            return f"line {n} ({line.split('=', 1)[0].strip()[:100]} = ...)"
+    return "a value"
 
 
 def to_dict(cfg) -> dict:

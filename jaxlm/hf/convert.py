@@ -13,13 +13,11 @@ PEFT's layout (adapter_config.json + adapter_model.safetensors) for the base mod
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import numpy as np
@@ -27,8 +25,8 @@ from flax import nnx
 
 from jaxlm.core.config import Config, load_config
 from jaxlm.core.errors import CheckpointError, UsageError
-from jaxlm.core.files import atomic_write, read_json, writable_dir_problem
-from jaxlm.core.lock import DirLock
+from jaxlm.core.files import atomic_write, read_json
+from jaxlm.core.lock import DirLock, new_directory
 from jaxlm.core.typedconfig import toml_value
 from jaxlm.data.hf_tokenizer import GENERATION_CONFIG, TOKENIZER_JSON, HFTokenizer, is_hf_tokenizer
 from jaxlm.hf import config as hf_config
@@ -39,20 +37,6 @@ from jaxlm.training.optim import make_optimizer
 from jaxlm.training.step import TrainState, build_model, split_model
 
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # carried along for transformers' loader
-
-
-@contextlib.contextmanager
-def _writing(out: Path) -> Iterator[None]:
-    """`out` (new or empty) locked while it is written, and removed again when writing fails half-way."""
-    problem = writable_dir_problem(out)
-    if problem or (out.is_dir() and any(out.iterdir())):
-        raise UsageError(f"--out {out}: {problem or 'exists and is not empty'}; choose a new directory")
-    with DirLock(out, f"--out {out}"):
-        try:
-            yield
-        except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
-            raise
 
 
 def _flat(state) -> dict[str, nnx.Variable]:
@@ -133,7 +117,7 @@ def import_checkpoint(source: Path, out: Path, cfg: Config, origin: str) -> HFTo
     """Write the run `out` from the Hugging Face directory `source` (named `origin` by the user); returns its
     tokenizer, None when the checkpoint has no tokenizer.json."""
     hf = json.loads((source / "config.json").read_text())
-    with _writing(out):
+    with new_directory(out, f"--out {out}"):
         model = _model_from(cfg, weights.read_tensors(source), str(source))
         with tempfile.TemporaryDirectory() as staging:
             tok = _tokenizer_dir(source, hf, Path(staging) / "tokenizer", out / "tokenizer", cfg.model.vocab_size)
@@ -214,24 +198,22 @@ def export_run(run: str, out: Path, adapters: bool = False, dtype: str = "float3
                shard_bytes: int = 5 * 10**9) -> list[str]:
     """Write the run (or checkpoint) `run` to `out` in the Hugging Face layout; returns the files written."""
     run_dir, _ = find_run_dir(run)
-    with DirLock(run_dir, str(run)), _writing(out):
+    with DirLock(run_dir, str(run)), new_directory(out, f"--out {out}"):
         model, cfg, tokenizer = restore_for_inference(run)
         hf_config.check_exportable(cfg.model)
         adapted = lora.has_adapters(model)
         if adapters and not adapted:
             raise UsageError(f"--adapters: {run} has none (lora.rank = 0); export it without --adapters")
         scan.relayout(model, False)
-        out.mkdir(parents=True, exist_ok=True)
         generation = _tokenizer_files(run_dir, tokenizer, out)
         if adapters:
             _adapter_files(model, cfg, run_dir, out)
-            return sorted(p.name for p in out.iterdir())
-        if adapted:
-            lora.merge(model)
-        np_dtype = jax.numpy.dtype(dtype)
-        weights.write_tensors(hf_tensors(model, cfg, np_dtype), out, shard_bytes)
-        config = hf_config.hf_config(cfg.model, generation, dtype)
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if not (out / GENERATION_CONFIG).is_file():
-            (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+        else:
+            if adapted:
+                lora.merge(model)
+            weights.write_tensors(hf_tensors(model, cfg, jax.numpy.dtype(dtype)), out, shard_bytes)
+            config = hf_config.hf_config(cfg.model, generation, dtype)
+            (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            if not (out / GENERATION_CONFIG).is_file():
+                (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     return sorted(p.name for p in out.iterdir())

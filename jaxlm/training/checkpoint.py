@@ -40,6 +40,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from jaxlm.core.config import CheckpointConfig, Config, load_config
 from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
 from jaxlm.core.files import atomic_write
+from jaxlm.core.lock import unfinished
 from jaxlm.core.typedconfig import dumps_toml, to_dict
 from jaxlm.nn import scan
 from jaxlm.nn.lora import has_adapters
@@ -91,10 +92,8 @@ class Checkpointer:
         self.failed = False
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.keep_best:
-            policies.append(
-                pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
-                         keep_checkpoints_without_metrics=False)
-            )
+            policies.append(pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                                     keep_checkpoints_without_metrics=False))
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
             enable_async_checkpointing=True, create=True,
@@ -236,8 +235,6 @@ def _mute_failed_read_aftermath() -> None:
     """When a restore fails, orbax's other pending reads of that checkpoint fail too, during and after
     it, one page of traceback each, through `sys.unraisablehook` and the asyncio logger: drop those
     (the failure itself is reported by `restore_newest`)."""
-    import logging
-
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     previous = sys.unraisablehook
     if getattr(previous, "jaxlm_mute", False):
@@ -288,6 +285,9 @@ def find_run_dir(path: str | Path) -> tuple[Path, int | None]:
     """A run dir, its checkpoints dir, or one step's dir -> (run dir, step or None for latest)."""
     path = Path(path).absolute()
     for candidate, step in ((path, None), (path.parent, None), (path.parent.parent, path.name)):
+        if (left := unfinished(candidate)) is not None:
+            raise CheckpointError(f"{candidate}: left unfinished by `{left}`, which was killed before it completed; "
+                                  "run that command again: it replaces the unfinished directory")
         if (candidate / "config.toml").is_file():
             return candidate, int(step) if step is not None and str(step).isdigit() else None
     raise CheckpointError(f"{path}: no config.toml here or in its parents, so not a jaxlm run directory")

@@ -26,7 +26,7 @@ from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core import sharding
 from jaxlm.core.config import ComputeConfig, Config, ModelConfig
 from jaxlm.core.errors import CheckpointError, ConfigError, DataError
-from jaxlm.core.files import read_json, writable_dir_problem
+from jaxlm.core.files import path_problem, read_json, writable_dir_problem
 from jaxlm.core.limits import host_memory
 from jaxlm.core.lock import DirLock
 from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
@@ -75,6 +75,8 @@ ALLOWED_BEFORE_A_RUN = ("error.log", "spec.json", "output.log")
 def check_out_dir(run_dir: Path) -> None:
     """train.out_dir is not a file system's root or a home directory, and an existing non-empty directory is a run
     (it holds config.toml or checkpoints/): training writes config.toml, metrics.jsonl, tokenizer/ and tb/ there."""
+    if problem := path_problem(run_dir.expanduser()):
+        raise ConfigError(f"train.out_dir = {str(run_dir)!r}: {problem}; choose another train.out_dir")
     where = run_dir.expanduser().resolve()
     if where == Path(where.anchor) or where == Path(os.path.expanduser("~")).resolve():
         what = "the file system's root" if where == Path(where.anchor) else "a home directory"
@@ -224,12 +226,12 @@ def check_attention(m: ModelConfig, c: ComputeConfig) -> None:
 def prepare_data(cfg: Config) -> Path:
     """Tokenise the sources once (process 0 first, the others wait); refuse a tokenizer larger than the model."""
     if jax.process_index() == 0:
-        ensure_prepared(cfg.data)
+        ensure_prepared(cfg.data, progress=cfg.log.progress)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("data prepared")
-    data_dir = ensure_prepared(cfg.data)
+    data_dir = ensure_prepared(cfg.data, progress=cfg.log.progress)
     vocab = read_meta(data_dir)["vocab_size"]
     if vocab > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size}: smaller than the tokenizer's vocabulary "

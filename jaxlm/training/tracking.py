@@ -12,7 +12,8 @@ tensorboardX or torch is needed. Tags are namespaced: ``train/loss``,
 A run resumed at step s redoes the steps after s, so the tracker first drops the
 rows after s from metrics.jsonl (atomically) and marks a restart at s + 1 in the
 event files, from which TensorBoard discards the earlier files' events: no step is
-ever shown twice.
+ever shown twice. A run started afresh (no checkpoint yet: the first save was killed)
+redoes step 0 too, so every earlier row goes.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Tracker:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        keep_rows_until(self.run_dir / "metrics.jsonl", start_step)
+        redo = start_step + 1 if start_step else 0  # a fresh start logs step 0 (its params row) again
+        keep_rows_until(self.run_dir / "metrics.jsonl", redo - 1)
         self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
         if tensorboard:
             from tensorboard.compat.proto.event_pb2 import Event, SessionLog
@@ -45,7 +47,7 @@ class Tracker:
 
             self.writer = EventFileWriter(str(self.tb_dir), flush_secs=10)
             # TensorBoard purges earlier events from this step on (it ignores a run's first START).
-            self.writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
+            self.writer.add_event(Event(wall_time=time.time(), step=redo,
                                         session_log=SessionLog(status=SessionLog.START)))
 
     @property

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import torchref
+from tests import adapters
 from torchref import ModelConfig
-
-from . import adapters
 
 torch.manual_seed(0)
 

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import torchref
+from tests import adapters
 from torchref import ModelConfig
-
-from . import adapters
 
 
 def test_cross_entropy_matches_torch_and_is_stable():

@@ -20,6 +20,13 @@ RUN = {"train.steps": 30, "checkpoint.every": 3, "optim.cosine_steps": 40, "trai
        "model.dropout": 0.1, "log.sample_tokens": 8}
 
 
+# Every command, with arguments that run it quickly without input: the signal and pipe tests go over them all.
+COMMANDS = {"jaxlm.train": ["--help-config"], "deliverables.report": ["--help"], "jaxlm.data": ["list"],
+            **{m: ["--help"] for m in ("jaxlm.generate", "jaxlm.bench", "jaxlm.memory", "jaxlm.lora", "jaxlm.quantize",
+                                       "jaxlm.hf", "experiments.run", "deliverables.gpu", "deliverables.gpu.lent",
+                                       "parity.check")}}
+
+
 def env(**extra) -> dict[str, str]:
     """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
     `extra` set."""

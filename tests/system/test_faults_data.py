@@ -73,3 +73,18 @@ def test_a_padded_vocabulary_never_samples_past_the_tokenizer():
         for use_cache in (True, False):
             out = gen.generate(prompt * 3, 8, sampling, seed=1, use_cache=use_cache)
             assert max(map(max, out.tokens)) < 257, (sampling, use_cache)
+
+
+@pytest.mark.parametrize("progress", ["false", "true"])
+def test_log_progress_covers_the_first_use_tokenisation(progress, tmp_path, capsys):
+    """Issue 46, item 21: with log.progress = false the tokenisation that training's first use runs still drew
+    its progress bar; with true it draws it (the test can fail either way)."""
+    from jaxlm.training.preflight import prepare_data
+
+    (tmp_path / "text.txt").write_text("words to tokenise\n" * 500)
+    cfg = load_config(None, tiny_overrides(tmp_path / "data", tmp_path / "run", **{
+        "data.source": f'["{tmp_path / "text.txt"}"]', "log.progress": progress}))
+    prepare_data(cfg)
+    err = capsys.readouterr().err
+    assert "[jaxlm.data] preparing" in err
+    assert ("%|" in err) == (progress == "true"), err

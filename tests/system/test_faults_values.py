@@ -139,3 +139,35 @@ def test_host_memory_bounds_the_tokens_generate_may_hold(made):
     refused, ran = run_rows(rows, made["tmp"] / "rlimit", address_space=limit)
     assert one_error(refused, 2, "--max-new-tokens 1000000000", "of host memory, but") is None, refused["stderr"]
     assert ran["code"] == 0, ran["stderr"][-2000:]
+
+
+def test_paths_and_values_past_the_systems_limits_are_one_line_each(made):
+    """Issue 46, items 12 and 18: an output directory in a symbolic link loop ("unexpected RuntimeError: Symlink
+    loop"), with a name or a length past the system's limits ("unexpected OSError: File name too long"), a
+    5000-digit integer ("unexpected ValueError: Exceeds the limit (4300 digits)") on the command line or in a file,
+    a 100 kB value (echoed whole), optim.eps = 0 (accepted; the NaN at step 1 blamed on the learning rate): one
+    short line each, naming the key or flag."""
+    tmp = made["tmp"]
+    loop = tmp / "loop"
+    if not loop.is_symlink():
+        loop.symlink_to(loop)
+    (tmp / "huge.toml").write_text(f"[train]\nsteps = {'9' * 5000}\n")
+    out = lambda path: ["--set", f'train.out_dir="{path}"']  # noqa: E731
+    table = [
+        (_train(made, 200, *out(loop / "run")), ["train.out_dir", "symbolic link loop"]),
+        (_train(made, 201, *out(tmp / ("d" * 300))), ["train.out_dir", "more than a file system allows"]),
+        (_train(made, 202, *out("/".join([str(tmp), *["e" * 200] * 25]))), ["train.out_dir", "more than the system"]),
+        (_train(made, 203, "--set", f"train.steps={'9' * 5000}"), ["--set train.steps=", "too long to read"]),
+        (_train(made, 204, "--config", str(tmp / "huge.toml")), ["huge.toml: line 2 (steps = ...)", "too long"]),
+        (_train(made, 205, "--set", f'data.source="{"a" * 100_000}"'), ["--set data.source=", "expected a list"]),
+        (_train(made, 206, "--set", "optim.eps=0"), ["optim.eps = 0.0", "0/0 = NaN"]),
+        (("jaxlm.lora", ["merge", made["run"], "--out", loop / "merged"]), ["--out", "symbolic link loop"]),
+        (("deliverables.report", [made["run"], "--out", loop / "report"]), ["cannot hold the report", "link loop"]),
+    ]
+    results = run_rows([row for row, _ in table], tmp / "limits")
+    failures = [f"{m} {' '.join(map(str, a))[:300]}\n  {problem}" for ((m, a), names), got in zip(table, results)
+                if (problem := one_error(got, 2, *names))]
+    assert not failures, f"{len(failures)} of {len(table)} rows:\n" + "\n".join(failures)
+    long = [len(got["stderr"]) for got in results if len(got["stderr"]) > 2500]
+    assert not long, long
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith(("out-20", "d" * 300, "e" * 200))]

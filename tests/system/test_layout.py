@@ -189,7 +189,7 @@ def imported_modules(path: Path, root: Path = REPO) -> set[str]:
     return found
 
 
-TORCH = ("torch", "torchref", "parity", "tests.parity")  # and what imports it
+TORCH = ("torch", "torchref", "parity", "tests.parity", "tests.adapters")  # and what imports it
 
 
 def torch_imports(path: Path, root: Path = REPO) -> list[str]:
@@ -199,9 +199,10 @@ def torch_imports(path: Path, root: Path = REPO) -> list[str]:
 def test_the_torch_import_reader_looks_everywhere(tmp_path):
     (tmp_path / "tests" / "lib").mkdir(parents=True)
     (tmp_path / "tests" / "lib" / "t.py").write_text("import numpy\ndef f():\n    from torch import nn\n"
-                                                     "from ..parity import adapters\nimport parity_like\n")
+                                                     "from ..parity import hf_models\nimport parity_like\n"
+                                                     "from .. import adapters\n")
     assert torch_imports(tmp_path / "tests" / "lib" / "t.py", tmp_path) == [
-        "tests.parity", "tests.parity.adapters", "torch", "torch.nn"]
+        "tests.adapters", "tests.parity", "tests.parity.hf_models", "torch", "torch.nn"]
 
 
 def test_the_library_tests_run_on_the_core_install():
