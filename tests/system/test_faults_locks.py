@@ -17,7 +17,7 @@ from jaxlm.core.config import load_config
 from jaxlm.core.errors import DirectoryInUse
 from jaxlm.core.lock import DirLock, lock_path
 from tests.system.fault_helpers import PY, env
-from tests.train_helpers import ROOT, hold_locks, make_corpus, tiny_overrides
+from tests.train_helpers import ROOT, hold_locks, make_corpus, needs, tiny_overrides
 
 # --------------------------------------------------------------------------- one writer per run
 
@@ -115,6 +115,18 @@ def test_quantize_and_lora_merge_read_a_read_only_run(lora_run, tmp_path):
     quantize = subprocess.run([*ro_merged, PY, "-m", "jaxlm.quantize", str(merged), "--tokens", "64", "--bits", "8"],
                               env=env(), capture_output=True, text=True, timeout=600)
     assert quantize.returncode == 0 and "int8 (PTQ)" in quantize.stdout, quantize.stderr[-2000:]
+    assert not list(lora_run.parent.glob(".*.lock")) and not list(tmp_path.glob(".*.lock"))
+
+
+@needs("hf")
+def test_hf_export_reads_a_read_only_run(lora_run, tmp_path):
+    """It took the writer's lock, which a read-only run cannot hold: refused (with ENOENT for the cause)."""
+    if shutil.which("unshare") is None or subprocess.run(_read_only(tmp_path) + ["true"]).returncode:
+        pytest.skip("no user namespaces here (unshare -rm) to mount a read-only run")
+    ro = _read_only(lora_run.parent, lora_run.parent.parent / "corpus")
+    export = subprocess.run([*ro, PY, "-m", "jaxlm.hf", "export", str(lora_run), "--out", str(tmp_path / "hf")],
+                            env=env(), capture_output=True, text=True, timeout=600)
+    assert export.returncode == 0 and (tmp_path / "hf" / "model.safetensors").is_file(), export.stderr[-2000:]
     assert not list(lora_run.parent.glob(".*.lock")) and not list(tmp_path.glob(".*.lock"))
 
 
