@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -39,7 +38,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.core.config import CheckpointConfig, Config, load_config
 from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
-from jaxlm.core.files import atomic_write
+from jaxlm.core.files import atomic_write, read_json, write_cause
 from jaxlm.core.lock import unfinished
 from jaxlm.core.typedconfig import dumps_toml, to_dict
 from jaxlm.nn import scan
@@ -83,9 +82,10 @@ def from_savable(saved, like):
 
 
 class Checkpointer:
-    """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy."""
+    """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy; `save_gb` bounds the
+    host memory of a save's copies (orbax copies every array at once without it: about 0.8 x the state)."""
 
-    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
+    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig, save_gb: float | None = None):
         self.run_dir = Path(run_dir).absolute()
         self.dir = self.run_dir / "checkpoints"
         self.saving: int | None = None  # the step of the save in flight
@@ -105,7 +105,9 @@ class Checkpointer:
         _mute_failed_read_aftermath()
         self._undo_logs = _orbax_log_to(self.run_dir / "error.log")
         try:
-            self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
+            handlers = {"state": ocp.StandardCheckpointHandler(save_concurrent_gb=save_gb),
+                        "meta": ocp.JsonCheckpointHandler()}
+            self.manager = ocp.CheckpointManager(self.dir, options=options, item_handlers=handlers)
         except BaseException:
             self._undo_logs()
             raise
@@ -145,7 +147,7 @@ class Checkpointer:
         except Exception as e:
             self.failed = True
             log = write_traceback(self.run_dir)
-            raise WriteFailed(f"{self.dir}: saving checkpoint {step} failed: {_cause(e)}; free space or fix the "
+            raise WriteFailed(f"{self.dir}: saving checkpoint {step} failed: {write_cause(e)}; free space or fix the "
                               f"directory, then run again to resume from the newest complete checkpoint "
                               f"(full traceback in {log})") from e
 
@@ -189,17 +191,6 @@ class Checkpointer:
                 self._undo_logs()
 
 
-def _cause(e: BaseException) -> str:
-    """The reason a write failed, in words: an OSError's, TensorStore's os_error_code, else the first line."""
-    for err in (e, e.__cause__, e.__context__):
-        if isinstance(err, OSError) and err.strerror:
-            return f"{err.strerror} ({err.filename or type(err).__name__})"
-    code = re.search(r"os_error_code='?(\d+)", str(e))
-    if code:
-        return f"{os.strerror(int(code.group(1)))} (errno {code.group(1)})"
-    return _first_line(e)
-
-
 def _orbax_log_to(path: Path) -> Callable[[], None]:
     """Route orbax's log (absl) to `path` instead of the terminal; returns the undo. A failed save logs a
     page of traceback per background thread; the failure itself is the one WriteFailed line."""
@@ -207,6 +198,7 @@ def _orbax_log_to(path: Path) -> Callable[[], None]:
     handler = logging.FileHandler(path, delay=True)  # the file is created by the first record
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("--- %(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.handleError = lambda record: None  # a full disk refuses the log too: the WriteFailed line says why
     propagate = logger.propagate
     logger.addHandler(handler)
     logger.propagate = False
@@ -267,6 +259,14 @@ def restore_newest(directory: Path, steps, restore_one: Callable[[int], Any]) ->
     raise CheckpointError(f"{directory}: no checkpoint restores (steps tried: {tried}; newest failed with "
                           f"{_first_line(error) if error else 'nothing to restore'}); check that the config matches "
                           "the run's config.toml, or move the directory away to start again")
+
+
+def imported_from(run: str | Path) -> str | None:
+    """The Hugging Face source a run was imported from (`python -m jaxlm.hf import`: its checkpoint's meta)."""
+    run_dir, _ = find_run_dir(run)
+    steps = saved_steps(run_dir)
+    meta = read_json(run_dir / "checkpoints" / str(steps[0]) / "meta" / "metadata", default={}) if steps else {}
+    return meta.get("imported_from") if isinstance(meta, dict) else None
 
 
 def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:

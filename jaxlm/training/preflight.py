@@ -33,7 +33,7 @@ from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.nn.loss import chunk_tokens
-from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
+from jaxlm.training.checkpoint import find_run_dir, imported_from, read_run_config, saved_steps
 
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
 # shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
@@ -114,6 +114,7 @@ def check_run_dir(cfg: Config) -> None:
             f"train.out_dir = {str(run_dir)!r}: holds checkpoints (newest: step {steps[-1]}) and checkpoint.resume is "
             f"false, so a fresh run would mix with them; resume it, choose another train.out_dir, or move "
             f"{run_dir / 'checkpoints'} away")
+    check_not_imported(run_dir)
     toml = run_dir / "config.toml"
     written = run_identity(read_run_config(run_dir)) if toml.is_file() else None
     saved = checkpoint_identity(run_dir, steps[-1])
@@ -140,6 +141,16 @@ def resumed_changes(cfg: Config, step: int) -> dict[str, list]:
               "now holds the new values and metrics.jsonl records the change (another train.out_dir keeps runs "
               "apart)", file=sys.stderr)
     return changes
+
+
+def check_not_imported(run_dir: Path) -> None:
+    """A checkpoint `python -m jaxlm.hf import` wrote holds weights and no optimizer state: it is fine-tuned from
+    into another directory, not resumed (nor trained over, which would delete it once checkpoint.keep is reached)."""
+    source = imported_from(run_dir)
+    if source:
+        raise CheckpointError(f"train.out_dir = {str(run_dir)!r}: holds the checkpoint imported from {source} "
+                              "(weights, no optimizer state), which is fine-tuned from, not resumed; train into a new "
+                              f"directory: --set 'train.init_from=\"{run_dir}\"' --set 'train.out_dir=\"runs/NEW\"'")
 
 
 # The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).
