@@ -34,7 +34,7 @@ from flax import nnx  # noqa: E402
 
 import torchref  # noqa: E402
 from jaxlm import cli  # noqa: E402
-from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfig  # noqa: E402
+from jaxlm.core.config import ComputeConfig, Config, LoraConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import writable_dir_problem, write_json  # noqa: E402
 from jaxlm.core.host import tune_for_cpu_backend  # noqa: E402
@@ -96,7 +96,8 @@ def build_pair(setup: Setup) -> tuple[torch.nn.Module, TransformerLM]:
         for name, p in ref.named_parameters():
             if name.endswith("lora_b"):  # zero B would hide the adapters from the comparison
                 torch.nn.init.normal_(p, std=0.02)
-    model = (build_model(setup.model, setup.compute, setup.seed, lo) if lo.rank
+    run = Config(model=setup.model, compute=setup.compute, train=TrainConfig(seed=setup.seed), lora=lo)
+    model = (build_model(run) if lo.rank
              else TransformerLM(setup.model, setup.compute, rngs=nnx.Rngs(setup.seed)))
     torch_to_jax({k: v.cpu() for k, v in ref.state_dict().items()}, model)
     return ref, model

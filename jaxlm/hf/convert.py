@@ -81,7 +81,8 @@ def imported_config(source: Path, config_path: str | None, overrides: list[str],
 def _model_from(cfg: Config, tensors: dict[str, np.ndarray], where: str):
     """The plain model of `cfg` holding `tensors` (Hugging Face names): every parameter found once, with its
     shape; q and k rows reordered for jaxlm's RoPE. The random initial weights are never materialised."""
-    build = lambda: build_model(cfg.model, dataclasses.replace(cfg.compute, scan_layers=False))  # noqa: E731
+    plain = Config(model=cfg.model, compute=dataclasses.replace(cfg.compute, scan_layers=False))
+    build = lambda: build_model(plain)  # noqa: E731
     graphdef, abstract, _ = split_model(nnx.eval_shape(build))
     rest = jax.jit(lambda: split_model(build())[2])()  # RoPE tables and the like; the weights are dead code
     wanted = {path: v.shape for path, v in _flat(abstract).items()}

@@ -24,6 +24,7 @@ PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -236,8 +237,6 @@ def _mute_failed_read_aftermath() -> None:
     """When a restore fails, orbax's other pending reads of that checkpoint fail too, during and after
     it, one page of traceback each, through `sys.unraisablehook` and the asyncio logger: drop those
     (the failure itself is reported by `restore_newest`)."""
-    import logging
-
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     previous = sys.unraisablehook
     if getattr(previous, "jaxlm_mute", False):
@@ -317,7 +316,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
         raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
-    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
+    abstract = nnx.eval_shape(lambda: build_model(cfg))
     graphdef, params, non_trainable = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "non_trainable": non_trainable}
@@ -357,7 +356,8 @@ def load_base_weights(path: str | Path, cfg: Config):
                               f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
     scan.relayout(model, cfg.compute.scan_layers)  # either layer layout: the same numbers, (un)stacked
     loaded = nnx.state(model, nnx.Param)
-    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
+    plain = Config(model=cfg.model, compute=cfg.compute)  # the weights alone: no adapters, no quantised base
+    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(plain)), nnx.Param))
     have = _shapes(loaded)
     for name, shape in want.items():
         if name not in have:
@@ -394,7 +394,6 @@ def load_for_generation(path: str | Path, cfg: Config | None = None, tokenizer: 
                               "pass --tokenizer DIR (a directory with tokenizer.json, or vocab.json + merges.txt)")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
         scan.relayout(model, cfg.compute.scan_layers)
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
-                                                                  saved.lora, saved.qat)))
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(dataclasses.replace(saved, compute=cfg.compute))))
         model = nnx.merge(graphdef, nnx.state(model))
     return model, own
