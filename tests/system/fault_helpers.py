@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import ROOT, TEST_XLA_FLAGS
+from tests.train_helpers import ROOT, TEST_XLA_FLAGS, needs
 
 PY = sys.executable
 HELPERS = str(ROOT / "tests" / "train_helpers.py")
@@ -26,6 +27,16 @@ def env(**extra) -> dict[str, str]:
     out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
     out.pop("JAXLM_DEBUG", None)
     return {**out, **extra}
+
+
+def needs_of(command) -> list:
+    """The `extra` mark (tests.train_helpers.needs) of a registered command (jaxlm.cli.registry) that needs a pyproject
+    extra the tests know how to look for; none for the others."""
+    from jaxlm.core.extras import EXTRAS
+
+    extra = re.match(r"the '([\w-]+)' extra", command.needs)
+    known = {*EXTRAS.values(), "gpu-compile"}
+    return [needs(extra.group(1))] if extra and extra.group(1) in known else []
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxlm import cli
+from jaxlm.cli import registry
 from jaxlm.core import stop
 from tests.system.fault_helpers import PY, env, last_train_step, sets
 from tests.train_helpers import ROOT, make_corpus, tiny_overrides
@@ -27,8 +28,7 @@ from tests.train_helpers import ROOT, make_corpus, tiny_overrides
 # --------------------------------------------------------------------------- | head
 
 HELP = {"jaxlm.train": ["--help-config"], "deliverables.report": ["--help"], "jaxlm.data": ["list"]}
-EVERY = {**HELP, **{m: ["--help"] for m in ("jaxlm.generate", "jaxlm.bench", "jaxlm.memory", "jaxlm.lora",
-                                              "jaxlm.quantize", "experiments.run", "deliverables.gpu", "parity.check")}}
+EVERY = {**{c.module: ["--help"] for c in registry.commands()}, **HELP}  # every registered command
 
 
 def _into_a_closed_pipe(module: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:
