@@ -128,18 +128,6 @@ class Loop:
                 if closer is not None:
                     stack.callback(closer)
 
-    def abort_note(self) -> str:
-        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
-        orbax temporary directory on disk (a save under way)."""
-        saving, partial = self.ckpt.saving, sorted(p.name for p in self.ckpt.dir.glob("*.orbax-checkpoint-tmp*"))
-        if saving is not None and (self.ckpt.dir / str(saving)).is_dir():
-            return f"checkpoint {saving} was saved in {self.ckpt.dir}"
-        if saving is None and not partial:
-            return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
-        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
-        step = saving if saving is not None else "(unknown step)"
-        return f"checkpoint {step} was not completed in {self.ckpt.dir}{left}"
-
 
 def start(cfg: Config, stop: StopFlag) -> Loop:
     """The run's lock, checks and data (`preflight.launch`), compiled steps, the state (restored or fresh), the
@@ -362,7 +350,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
             return train(cfg, stop)
     t_start = time.time()
     loop = start(cfg, stop)
-    stop.on_abort.append(loop.abort_note)
+    stop.on_abort.append(loop.ckpt.abort_note)
     sample, complete = None, loop.step >= cfg.train.steps
     try:
         while loop.step < cfg.train.steps:
@@ -374,7 +362,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
             sample = write_sample(loop)
     finally:
         loop.close()  # waits for the last checkpoint: only then is it reported saved
-        stop.on_abort.remove(loop.abort_note)
+        stop.on_abort.remove(loop.ckpt.abort_note)
     if loop.lead and sample is not None:
         print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
     stopped = f"{stop.signal}: checkpoint {loop.step} saved in {loop.ckpt.dir}" if stop.signal and not complete and \

@@ -134,15 +134,15 @@ def check_run_dir(cfg: Config) -> None:
             f"train.out_dir = {str(run_dir)!r}: holds checkpoints (newest: step {steps[-1]}) and checkpoint.resume is "
             f"false, so a fresh run would mix with them; resume it, choose another train.out_dir, or move "
             f"{run_dir / 'checkpoints'} away")
+    # The newest checkpoint whose meta reads: a damaged one is skipped by the restore too.
+    step, saved = next(((s, i) for s in reversed(steps) if (i := checkpoint_identity(run_dir, s)) is not None),
+                       (None, None))
+    if saved is None:
+        return
     toml = run_dir / "config.toml"
     written = run_identity(read_run_config(run_dir)) if toml.is_file() else None
-    saved = checkpoint_identity(run_dir, steps[-1])
-    if saved is None:  # checkpoints from before the identity was recorded in them: config.toml stands in
-        if written is not None:
-            check_compatible(written, cfg, toml, "saved")
-        return
     note = "" if written in (None, saved) else f" ({toml} no longer matches its checkpoints: edited?)"
-    check_compatible(saved, cfg, run_dir / "checkpoints" / str(steps[-1]), "checkpoint", note)
+    check_compatible(saved, cfg, run_dir / "checkpoints" / str(step), "checkpoint", note)
 
 
 # The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).

@@ -1,6 +1,7 @@
-"""What the fault tests (tests/system/test_faults_*.py, test_bad_invocations.py) share: a child process's
-environment, --set flags, a table of command lines run in one process (`cli_harness.py`) with each row's exit
-code and stderr, a directory's bytes, a run's metrics rows, a truncated checkpoint."""
+"""What the fault tests (tests/system/test_faults_*.py, test_bad_invocations.py) share: --set flags, a table of
+command lines run in one process (`cli_harness.py`) with each row's exit code and stderr, a registered command's
+extra, a directory's bytes, a run's metrics rows, a truncated checkpoint (a child's environment:
+tests.train_helpers.env)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import ROOT, TEST_XLA_FLAGS, needs
+from tests.train_helpers import ROOT, env, needs
 
 PY = sys.executable
 HELPERS = str(ROOT / "tests" / "train_helpers.py")
@@ -19,14 +20,6 @@ HELPERS = str(ROOT / "tests" / "train_helpers.py")
 # a fixed cosine length (the schedule does not depend on train.steps), a metrics row per step.
 RUN = {"train.steps": 30, "checkpoint.every": 3, "optim.cosine_steps": 40, "train.eval_every": 10,
        "model.dropout": 0.1, "log.sample_tokens": 8}
-
-
-def env(**extra) -> dict[str, str]:
-    """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
-    `extra` set."""
-    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
-    out.pop("JAXLM_DEBUG", None)
-    return {**out, **extra}
 
 
 def needs_of(command) -> list:

@@ -15,8 +15,8 @@ import pytest
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DirectoryInUse
 from jaxlm.core.lock import DirLock, lock_path
-from tests.system.fault_helpers import PY, env
-from tests.train_helpers import hold_locks, make_corpus, tiny_overrides
+from tests.system.fault_helpers import PY
+from tests.train_helpers import env, hold_locks, make_corpus, tiny_overrides
 
 # --------------------------------------------------------------------------- one writer per run
 
