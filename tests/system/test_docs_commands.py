@@ -265,6 +265,7 @@ def test_help_names_the_extra_it_needs(word):
     assert re.search(named, text), f"python -m {' '.join(word)} --help names neither the core install nor an extra"
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:runpy")  # a package that imported its command
 @pytest.mark.parametrize("command", registry.commands(), ids=lambda c: c.module)
 def test_every_registered_command_says_what_it_needs(command):
     """`python -m MODULE --help` ends with the registry's "Needs ..." (what `python -m jaxlm` lists)."""
