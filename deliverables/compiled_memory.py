@@ -210,8 +210,7 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, tabl
     `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
     then each section's `table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
-    p = cli.ArgumentParser(prog=f"python -m {module}", description=doc,
-                           formatter_class=cli.HelpFormatter, needs="the 'gpu-compile' extra")
+    p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
     p.add_argument("--out", type=Path, help=f"the page (default: docs/results/compiled/TARGET-{name}.md)")

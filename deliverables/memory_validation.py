@@ -226,7 +226,7 @@ def cpu_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.memory_validation", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(command="deliverables.memory_validation", formatter_class=cli.HelpFormatter,
                            description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
                                        "float32 train step on this machine's backend, row by row; with --target, "
                                        "with the GPU compiler's plan of each step.")

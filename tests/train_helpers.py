@@ -1,4 +1,5 @@
-"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras.
+"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras, a child
+process's environment.
 
 Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
 (several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
@@ -29,6 +30,14 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 def xla_devices(n: int) -> str:
     """XLA_FLAGS for a child process with `n` simulated CPU devices."""
     return f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={n}"
+
+
+def env(**extra) -> dict[str, str]:
+    """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
+    `extra` set."""
+    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
+    out.pop("JAXLM_DEBUG", None)
+    return {**out, **extra}
 
 
 def needs(extra: str):

@@ -236,9 +236,8 @@ def check_only(only: list[str] | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="an NVIDIA GPU and JAX's CUDA build (the 'cuda12' or 'cuda13' extra); "
-                                      "--dry-run and --smoke: the core install")
+    parser = cli.ArgumentParser(command="deliverables.gpu", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
     parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
     parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,

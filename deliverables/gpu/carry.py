@@ -7,7 +7,8 @@ The lent machine has no network: every dependency in pyproject.toml that its ima
 those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
 `pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.lent). One version of each:
 two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
-This module uses the standard library and `packaging` only: it runs before jaxlm's dependencies are installed.
+Its functions use the standard library and `packaging` only: they run before jaxlm's dependencies are installed
+(the command itself, `main`, goes through jaxlm's error boundary).
 """
 
 from __future__ import annotations
@@ -216,15 +217,16 @@ def install(folder: Path, site: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv in (["-h"], ["--help"]):
-        print(f"{__doc__}\nNeeds the core install (download: the network).")
-        return 0
-    if argv not in (["download"], ["check"]):
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
+    from jaxlm import cli  # the command's alone: the functions above need the standard library and packaging only
+
+    parser = cli.ArgumentParser(command="deliverables.gpu.carry", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
+    parser.add_argument("what", choices=("download", "check"), help="download the wheels and the corpus into .whl/, "
+                        "or check wheels.txt and .whl/")
+    download_too = parser.parse_args(argv).what == "download"
     wheels = read_manifest()
     problems = coverage_problems(wheels, read_image(), dependencies())
-    if argv == ["download"]:
+    if download_too:
         problems += download()
     elif FOLDER.is_dir():
         problems += file_problems(wheels, FOLDER)
@@ -239,4 +241,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from jaxlm import cli
+
+    sys.exit(cli.run(main))

@@ -278,9 +278,8 @@ def output_dir(args) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="an NVIDIA GPU machine with JAX's CUDA build and the wheels of .whl/; "
-                                      "--dry-run and --smoke: the core install")
+    parser = cli.ArgumentParser(command="deliverables.gpu.lent", prog=PROG, description=__doc__,
+                                formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds and exit")
     parser.add_argument("--smoke", action="store_true", help="all of it at tiny sizes (runs on a CPU)")
     parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=BUDGET_S,

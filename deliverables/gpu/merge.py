@@ -59,8 +59,8 @@ def merge(source: Path, into: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="the core install")
+    parser = cli.ArgumentParser(command="deliverables.gpu.merge", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
     parser.add_argument("source", metavar="DIR", help="the folder holding the lent run's results.json (its $OUT)")
     parser.add_argument("--into", help=f"the report's folder (default: {campaign.DEFAULT_OUT} of this repository)")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Predictions beside the GPU campaign's measurements (issue 37, item 5).
+"""Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
+the profiler's trace.
 
 Every timed row gets the roofline (jaxlm.analysis.roofline) of the program it ran: the same step lowered again
 from abstract arguments (the identical program) and compiled on this device, which JAX's persistent compilation

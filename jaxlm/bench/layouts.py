@@ -70,6 +70,7 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
     from jaxlm.training.loop import build
 
     mesh = sharding.make_mesh(cfg=cfg.parallel)
+    sharding.check_layout(cfg, mesh)
     b = build(cfg, mesh)
     B, T = cfg.data.batch_size, context
     x = jax.ShapeDtypeStruct((B, T), np.int32, sharding=sharding.batch_sharding(mesh))

@@ -22,8 +22,7 @@ from jaxlm.core.errors import CheckpointError, ConfigError, DataError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter,
-                            needs="the core install")
+    ap = cli.ArgumentParser(command="jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (its latest checkpoint)")
     src.add_argument("--checkpoint", metavar="DIR", help="one checkpoint of a run, e.g. RUN/checkpoints/600")

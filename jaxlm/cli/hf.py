@@ -25,8 +25,7 @@ from jaxlm.core.extras import require
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter,
-                            needs="the 'hf' extra")
+    ap = cli.ArgumentParser(command="jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = sub.add_parser("import", help="a Hugging Face checkpoint (directory or Hub id) -> a jaxlm run",
                          formatter_class=cli.HelpFormatter, needs="the 'hf' extra (a Hub id: the network)")

@@ -192,7 +192,7 @@ def format_target_report(r: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog="python -m jaxlm.memory", description=DESCRIPTION,
+    parser = cli.ArgumentParser(command="jaxlm.memory", description=DESCRIPTION,
                                 formatter_class=cli.HelpFormatter)
     add_args(parser)
     args = parser.parse_args(argv)

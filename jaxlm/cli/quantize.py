@@ -154,8 +154,7 @@ def _quantize_run(run: str, bits_list: list[int], tokens: int | None, data: str 
 
 
 def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.quantize", description=__doc__.split("\n\n")[0],
-                            needs="the core install")
+    ap = cli.ArgumentParser(command="jaxlm.quantize", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or checkpoints in them)")
     ap.add_argument("--bits", nargs="+", type=int, default=[8, 4], metavar="B", help="integer widths: 8 and/or 4")
     ap.add_argument("--tokens", type=cli.bounded(int, 0), default=None, metavar="N",

@@ -81,7 +81,8 @@ def _build(cfg: Config, context_length: int | None = None):
     """A maker of the plain, unscanned model of `cfg` (with another context_length: the weights' shapes do not
     depend on it, the RoPE tables built with the model do)."""
     m = dataclasses.replace(cfg.model, context_length=context_length or cfg.model.context_length)
-    return lambda: build_model(m, dataclasses.replace(cfg.compute, scan_layers=False))
+    plain = Config(model=m, compute=dataclasses.replace(cfg.compute, scan_layers=False))
+    return lambda: build_model(plain)
 
 
 def plan_tensors(source: Path, tensors: dict[str, files.Tensor], cfg: Config) -> dict[str, files.Tensor]:

@@ -165,6 +165,7 @@ def lower_on(cfg: Config, gpus, mode: str = "train_step"):
     from jaxlm.training.loop import build
 
     mesh = sharding.make_mesh(devices=list(gpus), cfg=cfg.parallel)
+    sharding.check_layout(cfg, mesh)
     built = build(cfg, mesh)
     x = jax.ShapeDtypeStruct((cfg.data.batch_size, cfg.model.context_length), np.int32,
                              sharding=sharding.batch_sharding(mesh))

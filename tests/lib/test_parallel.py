@@ -101,6 +101,26 @@ def test_resume_keeps_the_layer_layout(tmp_path):
         check_compatible(run_identity(saved), now, tmp_path, "checkpoint")
 
 
+def test_start_up_makes_the_mesh_and_checks_its_layout_once(tmp_path, monkeypatch):
+    """The start-up in one pass (`preflight.launch`): one mesh, its layout checked once (sharding.check_layout);
+    the loop builds its steps on that mesh."""
+    from collections import Counter
+
+    from jaxlm.core.stop import StopFlag
+    from jaxlm.training import loop
+    from tests.train_helpers import make_corpus, tiny_overrides
+
+    names = ("make_mesh", "check_model", "check_pipeline", "check_batch")
+    calls = Counter()
+    for name in names:
+        real = getattr(sharding, name)
+        monkeypatch.setattr(sharding, name, lambda *a, _f=real, **k: (calls.update([_f.__name__]), _f(*a, **k))[1])
+    cfg = load_config(None, tiny_overrides(make_corpus(tmp_path / "data"), tmp_path / "run", **{"train.steps": 2}))
+    with StopFlag() as stop:
+        loop.start(cfg, stop).close()
+    assert calls == dict.fromkeys(names, 1)
+
+
 def test_bench_parallel_measures_the_pipeline_bubble(tmp_path):
     """One row per micro-batch count: the analytic bubble (P-1)/(M+P-1) and the measured one against the
     same 4 devices without a pipeline (timed once, shared by the rows)."""

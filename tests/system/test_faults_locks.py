@@ -16,8 +16,8 @@ import pytest
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DirectoryInUse
 from jaxlm.core.lock import DirLock, lock_path
-from tests.system.fault_helpers import PY, env
-from tests.train_helpers import ROOT, hold_locks, make_corpus, needs, tiny_overrides
+from tests.system.fault_helpers import PY
+from tests.train_helpers import ROOT, env, hold_locks, make_corpus, needs, tiny_overrides
 
 # --------------------------------------------------------------------------- one writer per run
 
