@@ -5,7 +5,7 @@
 
 Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
 jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
-(jaxlm.training.compiled.prediction: a roofline over every kernel at the device table's achieved rates):
+(jaxlm.predict.compile.prediction: every kernel priced by its shape at the device table's rates):
 predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
 (docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
 `python -m deliverables.answers` reads the sizes and their kernel tables from the store.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from deliverables.compiled_memory import GIB, OUT_DIR, RTX5090, Section, cached, job, markdown_table, write_page
 from jaxlm import cli
-from jaxlm.training import compiled as gpu
+from jaxlm.predict.target import Target
 
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
 SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
@@ -60,17 +60,17 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
     return {label: r for label, r in rows.items() if r.get("predicted_step_ms")}
 
 
-def intro(target: gpu.Target) -> list[str]:
+def intro(target: Target) -> list[str]:
     return [f"# GPU time, predicted from the program compiled for {target.description}", "",
              f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
+             "machine and `jaxlm.predict.roofline` priced each of its kernels at the device table's achieved "
              "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
              "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
              f"`python -m deliverables.compiled_time --target {target.name}`."]
 
 
 def shares(row: dict) -> dict[str, float]:
-    """Each kernel group's share of the predicted step (jaxlm.analysis.roofline.GROUPS)."""
+    """Each kernel group's share of the predicted step (jaxlm.predict.roofline.GROUPS)."""
     return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
 
 

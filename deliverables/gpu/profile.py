@@ -104,9 +104,9 @@ def _compile(step, gpu: bool) -> tuple[object, str]:
 def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: int) -> dict:
     """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
     the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
-    from jaxlm.analysis.roofline import device_rates
-    from jaxlm.analysis.roofline import predict as roofline
     from jaxlm.bench import steps
+    from jaxlm.predict.roofline import device_rates
+    from jaxlm.predict.roofline import predict as roofline
 
     step = steps.build_step(mode, cfg, compute, batch, context)
     compiled, options = _compile(step, ctx.gpu)

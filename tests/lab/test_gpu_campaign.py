@@ -159,7 +159,7 @@ def test_every_timed_row_carries_its_prediction(smoke):
 
 @on_smoke
 def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
-    from jaxlm.analysis.roofline import GROUPS
+    from jaxlm.predict.roofline import GROUPS
 
     roof = json.loads((smoke[0] / "results.json").read_text())["steps"]["profile"]["train_step"]["roofline"]
     assert [g["group"] for g in roof["groups"]] == list(GROUPS)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxlm.analysis import roofline as rl
 from jaxlm.analysis.devices import DEVICES, KERNEL_LAUNCH_S
-from jaxlm.training import compile_cache
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import compile as gpu
+from jaxlm.predict import roofline as rl
+from jaxlm.predict import store as compile_cache
+from jaxlm.predict.target import parse_target
 from tests.lib import gpu_programs as programs
 from tests.lib.gpu_programs import needs_programs
 
@@ -18,14 +19,19 @@ FRAMES = (Path(__file__).parent / "hlo" / "source_frames.hlo").read_text()
 
 def test_achieved_rates_are_the_measured_figures_where_measured_and_the_h100_share_elsewhere():
     h100 = rl.device_rates(DEVICES["h100-80gb"])
-    share = 798e12 / 989e12  # the 8192^3 bf16 matmul measured on the lent H100, over its datasheet peak
-    assert h100.matmul_flops == pytest.approx({"bf16": 798e12, "tf32": share * 494.5e12, "fp32": share * 67e12})
+    # the 8192^3 bf16 matmul measured on the lent H100 ran 2048 tiles of 256 x 128 in 16 waves of 132 SMs: a wave
+    # that fills the SMs runs 2112 / 2048 faster, the full-wave rate GEMMs are priced at
+    wave = 2048 / (16 * 132)
+    share = 798e12 / 989e12 / wave
+    assert h100.matmul_flops == pytest.approx({"bf16": share * 989e12, "tf32": share * 494.5e12, "fp32": share * 67e12})
     copy = 3.0e12 / 3.35232e12  # the measured copy over the datasheet bandwidth
     assert (h100.memory_bandwidth, h100.launch_seconds) == (3.0e12, KERNEL_LAUNCH_S)
     assert h100.link_bandwidth == pytest.approx(copy * 450e9)  # NVLink 4: 900 GB/s both ways
+    assert h100.host_bandwidth == pytest.approx(copy * 64e9)  # PCIe 5.0 x16: 128 GB/s both ways
+    assert (h100.sms, h100.exp_rate) == (132, pytest.approx(16 * 132 * 1.98e9))
     h200 = rl.device_rates(DEVICES["h200"])
-    assert (h200.matmul_flops["bf16"], h200.memory_bandwidth) == (784e12, 4.3e12)
-    a100 = rl.device_rates(DEVICES["a100-80gb"])  # never lent: the H100's shares of its own datasheet figures
+    assert (h200.matmul_flops["bf16"], h200.memory_bandwidth) == (pytest.approx(784e12 / wave), 4.3e12)
+    a100 = rl.device_rates(DEVICES["a100-80gb"])  # never lent: the H100's full-wave share of its own datasheet peak
     assert a100.matmul_flops["bf16"] == pytest.approx(share * 312e12)
     assert a100.memory_bandwidth == pytest.approx(copy * 2.03904e12)
     assert rl.device_rates(DEVICES["tpu-v4"]).link_bandwidth is None
@@ -58,36 +64,41 @@ def test_kernels_know_their_pass_and_part_of_the_model():
     assert s["top"][0]["op"] == "jvp(BNTH,BNSH->BNTS)/dot_general"  # without the jit(...) every op starts with
 
 
-def test_the_store_compiles_a_figure_without_a_prediction_again_once(tmp_path, monkeypatch):
-    """A figure stored before predictions existed is reused as it is, compiled again when a prediction is asked
-    for, and the new figure replaces every stored entry of the same program."""
-    t, path = gpu.parse_target("h100-80gb"), tmp_path / "store.json"
+def test_the_store_prices_a_figure_without_a_current_prediction_again_once(tmp_path, monkeypatch):
+    """A figure stored before predictions existed, or priced by an older model, is reused as it is, compiled again
+    when a prediction is asked for, and the new figure replaces every stored entry of the same program."""
+    t, path = parse_target("h100-80gb"), tmp_path / "store.json"
     job = {"preset": None, "set": ["data.batch_size=2"], "mode": "train_step"}
     twin = {**job, "set": ["data.batch_size=2", 'compute.remat="none"']}
+    older = {**job, "set": ["data.batch_size=4"]}
     old = {"total_bytes": 5, "program": "p"}
-    path.write_text(json.dumps({compile_cache.CompileCache.key(j, t): old for j in (job, twin)}))
+    stale = {"total_bytes": 7, "program": "q", "predicted_step_ms": 9.0, "predicted_label": "x",
+             "predicted_pricing": rl.PRICING_VERSION - 1}
+    path.write_text(json.dumps({compile_cache.CompileCache.key(j, t): f for j, f in ((job, old), (twin, old),
+                                                                                   (older, stale))}))
     compiles = []
-    monkeypatch.setattr(gpu, "lower_step", lambda *a: "lowered")
-    monkeypatch.setattr(gpu, "program_hash", lambda *a: "p")
-    monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or {
-        "total_bytes": 6, "temp_bytes": 1, "compile_s": 1.0, "predicted_step_ms": 2.5, "predicted_mfu": 0.3})
+    new = {"total_bytes": 6, "temp_bytes": 1, "compile_s": 1.0, "predicted_step_ms": 2.5, "predicted_mfu": 0.3,
+           "predicted_label": "y", "predicted_pricing": rl.PRICING_VERSION}
+    monkeypatch.setattr(gpu, "lower_step", lambda cfg, *a: cfg.data.batch_size)
+    monkeypatch.setattr(gpu, "program_hash", lambda lowered, t: "p" if lowered == 2 else "q")
+    monkeypatch.setattr(gpu, "compiled_row", lambda *a, **k: compiles.append(a) or new)
     store = compile_cache.CompileCache(path)
-    assert store.row(job, t) == old and compiles == []
+    assert store.row(job, t) == old and store.row(older, t) == stale and compiles == []
     assert store.row(job, t, predicted=True)["predicted_step_ms"] == 2.5 and len(compiles) == 1
     stored = compile_cache.CompileCache(path)
-    assert stored.row(twin, t, predicted=True) == {"total_bytes": 6, "temp_bytes": 1, "compile_s": 1.0,
-                                                  "predicted_step_ms": 2.5, "predicted_mfu": 0.3, "program": "p"}
+    assert stored.row(twin, t, predicted=True) == {**new, "program": "p"}
     assert len(compiles) == 1
+    assert stored.row(older, t, predicted=True)["predicted_step_ms"] == 2.5 and len(compiles) == 2
 
 
 def test_a_step_without_rates_keeps_its_row_and_says_why():
     import dataclasses
 
-    from jaxlm.analysis import hlo
     from jaxlm.core.config import load_config
+    from jaxlm.predict import hlo
 
     loops = (Path(__file__).parent / "hlo" / "nested_loops.hlo").read_text()
-    cfg, t = load_config(None, ["data.batch_size=2", "model.context_length=64"]), gpu.parse_target("h100-80gb")
+    cfg, t = load_config(None, ["data.batch_size=2", "model.context_length=64"]), parse_target("h100-80gb")
     r = gpu.prediction(hlo.parse_module(loops), cfg, t)
     assert r["predicted_tokens_per_s"] == pytest.approx(2 * 64 / (r["predicted_step_ms"] / 1e3))
     assert r["predicted_peak"] == "bfloat16" and r["predicted_label"] == t.predicted_label
@@ -113,10 +124,10 @@ def rows():
     """`python -m jaxlm.bench model --target h100-80gb` rows of a small model in each setting (the programs of
     tests/lib/gpu_programs.py, compiled once)."""
     from jaxlm.bench.measure import Setting
-    from jaxlm.bench.target import bench_row
     from jaxlm.core.config import load_config
+    from jaxlm.predict.rows import bench_row
 
-    cfg, t = load_config(None, MODEL), gpu.parse_target("h100-80gb")
+    cfg, t = load_config(None, MODEL), parse_target("h100-80gb")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu, "compile_step", programs.compile_step)
         return {name: bench_row(Setting("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")

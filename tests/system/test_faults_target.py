@@ -15,7 +15,8 @@ from jaxlm import cli
 from jaxlm.cli import memory as memory_cli
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import UsageError
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import compile as gpu
+from jaxlm.predict import target as gpu_target
 from tests.train_helpers import needs_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_a_shape_the_compiler_cannot_tile_at_all_stops_in_one_line_naming_it(mon
     monkeypatch.setattr(gpu, "devices", lambda target: ())
     cfg = load_config(None, [*TINY, "model.context_length=1000", "data.batch_size=3"])
     with pytest.raises(UsageError, match=r"Triton tiling for bf16\[3000,768\] at batch 3, context 1000.*power of two"):
-        gpu.compile_step(cfg, gpu.parse_target("h100-80gb"), lowered=Lowered())
+        gpu.compile_step(cfg, gpu_target.parse_target("h100-80gb"), lowered=Lowered())
     assert tried == [None, gpu.TRITON_OFF]
 
 
@@ -98,7 +99,7 @@ def test_a_signal_during_a_compile_sweep_keeps_the_rows_compiled(sig, tmp_path):
     assert 1 <= len(kept) < 4 and all(r["status"] == "ok" for r in kept)
     assert last == (f"interrupted: {signal.Signals(sig).name}: stopped after {len(kept)} of 4 compiled rows; kept in "
                     f"the table above and {tmp_path / 'rows.json'}")
-    assert out.count("train_step") >= len(kept) and "total gb" in out  # the table of what was compiled
+    assert out.count("train_step") >= len(kept) and "total GiB" in out  # the table of what was compiled
 
 
 # --------------------------------------------------------------------------- options that contradict the target
@@ -123,8 +124,8 @@ def test_a_malformed_target_config_is_one_line_without_the_compilers_log(tmp_pat
 
 
 def test_the_cpu_advice_is_given_only_where_it_helps(monkeypatch):
-    target = gpu.parse_target("h100-80gb")
+    target = gpu_target.parse_target("h100-80gb")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    assert "JAX_PLATFORMS" not in gpu.refusal(target, RuntimeError("no CUDA backend"), [])
+    assert "JAX_PLATFORMS" not in gpu_target.refusal(target, RuntimeError("no CUDA backend"), [])
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
-    assert gpu.refusal(target, RuntimeError("no CUDA backend"), []).endswith("run with JAX_PLATFORMS=cpu")
+    assert gpu_target.refusal(target, RuntimeError("no CUDA backend"), []).endswith("run with JAX_PLATFORMS=cpu")
