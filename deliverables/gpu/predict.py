@@ -168,23 +168,32 @@ def _kernel_of(event: Event, kernels: dict, names: dict[str, str]) -> str | None
     return None
 
 
-def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
-    """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
-    the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
-    from jaxlm.predict.roofline import GROUPS
-
+def _matched(prediction, events: list[Event], module: str) -> tuple[Counter, Counter]:
+    """(microseconds per program kernel, microseconds of trace events no kernel of the program launched)."""
     kernels = {k.name: k for k in prediction.kernels}
     names = {name.replace(".", "_"): name for name in kernels}
-    measured, unmatched, per_kernel = Counter(), Counter(), Counter()
+    per_kernel, unmatched = Counter(), Counter()
     for e in events:
         if module and e.module and not e.module.startswith(module):
             continue  # another program (the inputs' next batch, a copy)
         name = _kernel_of(e, kernels, names)
         if name is None:
             unmatched[e.hlo_op or e.name] += e.us
-            continue
-        measured[kernels[name].group] += e.us
-        per_kernel[name] += e.us
+        else:
+            per_kernel[name] += e.us
+    return per_kernel, unmatched
+
+
+def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
+    """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
+    the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
+    from jaxlm.predict.roofline import GROUPS
+
+    kernels = {k.name: k for k in prediction.kernels}
+    per_kernel, unmatched = _matched(prediction, events, module)
+    measured = Counter()
+    for name, us in per_kernel.items():
+        measured[kernels[name].group] += us
     ms = lambda us: us / 1e3 / calls
     groups = []
     for g in prediction.groups():
@@ -203,3 +212,12 @@ def compare(prediction, events: list[Event], calls: int, module: str = "") -> di
             "unmatched_ms": ms(sum(unmatched.values())),
             "matched_share": matched / (matched + ms(sum(unmatched.values()))) if matched else 0.0,
             "unmatched_top": [{"name": n, "ms": ms(us)} for n, us in unmatched.most_common(5)], "kernels": top}
+
+
+def calibrate(prediction, events: list[Event], calls: int, module: str, device: str, source: str):
+    """A calibration (jaxlm.predict.calibration) fitted on a trace: each matched kernel's measured time per call
+    over its (uncalibrated) prediction, per kernel group and shape class."""
+    from jaxlm.predict import calibration
+
+    per_kernel, _ = _matched(prediction, events, module)
+    return calibration.fit(prediction, {n: us / 1e6 / calls for n, us in per_kernel.items()}, device, source)

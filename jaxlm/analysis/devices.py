@@ -15,14 +15,23 @@ matmuls this way on Ampere and later) and "float32" (the CUDA cores: `precision=
 *achieved* rates the roofline (jaxlm.predict.roofline) prices kernels with: measured on machines of this kind
 where one was lent (the record: docs/results/measured-rates.md), else one rule for every other GPU (the H100's
 measured share of its datasheet figure): `Device.matmul_share`, `achieved_bandwidth`, `achieved_link`,
-`achieved_host_link`; and the constants of how a kernel runs by its shape (GEMM_TILE, ATTENTION_BLOCK,
-EXP_PER_SM_CLOCK, KERNEL_LAUNCH_S), each with its source beside it.
+`achieved_host_link`; and the constants of how a kernel runs by its shape (SHAPE_CONSTANTS: GEMM_TILE,
+ATTENTION_BLOCK, EXP_PER_SM_CLOCK, KERNEL_LAUNCH_S), each with its source beside it (`Sourced`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A constant of how kernels run, with the public document or measurement it comes from."""
+
+    value: Any
+    source: str
 
 
 @dataclass(frozen=True)
@@ -171,28 +180,30 @@ _H100 = DEVICES[UNMEASURED_REFERENCE]
 UNMEASURED_MATMUL_SHARE = _H100.measured_matmul / _H100.peak_flops["bfloat16"]
 UNMEASURED_COPY_SHARE = _H100.measured_copy / _H100.bandwidth
 
-# How a kernel runs by its shape (jaxlm.predict.efficiency prices every kernel with these), each from a named
-# public source. A GEMM computes its output in tiles, one thread block per tile, and runs them in waves of one
-# tile per SM: the last wave's idle SMs are wasted (NVIDIA, "Matrix Multiplication Background User's Guide",
-# DU-09799-001, §3.2 wave quantization). GEMM_TILE: the largest of the typical cuBLAS tiles, 256 x 128 (same
-# guide, §2.3), which a large GEMM runs at; a GEMM with fewer tiles than SMs splits its K dimension instead.
-GEMM_TILE = (256, 128)
-# Fused attention (FlashAttention-2, Dao 2023, §3.1-3.3; cuDNN's fused attention is the same algorithm): one
-# thread block per ATTENTION_BLOCK queries, stepping over blocks of ATTENTION_BLOCK keys ({64, 128} x {64, 128}
-# blocks, 128 at head dimension 128, §3.3); a causal mask skips the blocks above the diagonal and computes the
-# diagonal ones whole. Besides its two matmuls (forward; five backward) each score needs an exponential on the
-# multi-function unit: EXP_PER_SM_CLOCK results per SM per clock (CUDA C++ Programming Guide, "Arithmetic
-# Instructions", throughput of exp2f for compute capability 5.0-12.0), i.e. 3.9 TFLOP/s on an H100 SXM5 against
-# its 989 of matmul, "so exponential can take 50% of the cycle compared to matmul" at head dimension 128
-# (FlashAttention-3, Shah et al. 2024, §3.1).
-ATTENTION_BLOCK = 128
-EXP_PER_SM_CLOCK = 16
-# A fixed cost per kernel, not measured here: the gap between kernels a CUDA graph launches back to back (about
-# 0.5 us in NVIDIA's "Getting Started with CUDA Graphs": 3.4 us per kernel doing 2.9 us of work; XLA launches
-# its kernels as command buffers, i.e. CUDA graphs) plus the start and drain of a grid. A kernel moving b bytes
-# therefore reaches b / (b / bandwidth + KERNEL_LAUNCH_S) of the bandwidth: a few MB never reach peak
-# (jaxlm.predict.efficiency.effective_bandwidth). The estimate the first calibration replaces.
-KERNEL_LAUNCH_S = 2e-6
+# How a kernel runs by its shape (jaxlm.predict.efficiency prices every kernel with these), each beside the
+# public document or measurement it comes from. A GEMM computes its output in tiles, one thread block per tile,
+# run in waves of one tile per SM, the last wave's idle SMs wasted; a large GEMM runs the largest of the typical
+# cuBLAS tiles, and one with fewer tiles than SMs splits its K dimension instead.
+GEMM_TILE = Sourced((256, 128), "NVIDIA, Matrix Multiplication Background User's Guide (DU-09799-001): §2.3 typical "
+                    "tile dimensions in cuBLAS, 256 x 128 the largest; §3.2 wave quantization")
+# Fused attention (cuDNN's fused attention runs the FlashAttention-2 algorithm): one thread block per block of
+# queries, stepping over blocks of keys; a causal mask skips the blocks above the diagonal and computes the
+# diagonal ones whole. Besides its matmuls each score needs one exponential on the multi-function units.
+ATTENTION_BLOCK = Sourced(128, "FlashAttention-2 (Dao 2023), §3.3: blocks of {64, 128} x {64, 128} queries x keys, "
+                          "128 at head dimension 128")
+EXP_PER_SM_CLOCK = Sourced(16, "CUDA C++ Programming Guide, throughput of native arithmetic instructions: exp2f 16 "
+                           "results per clock per SM (compute capability 5.0 to 12.0); FlashAttention-3 (Shah et al. "
+                           "2024), §3.1: an H100 SXM5 has 989 TFLOP/s of FP16 matmul but 3.9 TFLOP/s of exponentials "
+                           "(132 SMs x 16 x 1.83 GHz)")
+# A fixed cost per kernel: the gap between kernels a CUDA graph launches back to back (XLA launches its kernels as
+# command buffers, i.e. CUDA graphs) plus the start and drain of a grid. A kernel moving b bytes reaches
+# b / (b / bandwidth + KERNEL_LAUNCH_S) of the bandwidth: a few MB never reach peak.
+KERNEL_LAUNCH_S = Sourced(2e-6, "an estimate, not measured: about 0.5 us between kernels of a CUDA graph (NVIDIA, "
+                          "\"Getting Started with CUDA Graphs\": 3.4 us per kernel doing 2.9 us of work) plus a grid's "
+                          "start and drain; the first calibration (jaxlm.predict.calibration) corrects it")
+MEASURED = "docs/results/measured-rates.md"  # the record of measured_matmul and measured_copy: what ran, when
+SHAPE_CONSTANTS = {"GEMM_TILE": GEMM_TILE, "ATTENTION_BLOCK": ATTENTION_BLOCK, "EXP_PER_SM_CLOCK": EXP_PER_SM_CLOCK,
+                   "KERNEL_LAUNCH_S": KERNEL_LAUNCH_S}
 
 
 def find(device_kind: str) -> Device | None:

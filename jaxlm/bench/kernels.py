@@ -73,6 +73,8 @@ def main(args: argparse.Namespace) -> int:
                          "be priced; name a GPU of the table (--target) or give a .toml --target-config with rates")
     cal = calibration.resolve(args.calibration, t.name, log=print)
     with StopFlag() as flag:
+        print(f"[compiling] {args.mode} for {t.description}" + (f" x{t.count}" if t.count > 1 else "") + " (XLA's "
+              "GPU compiler: seconds for a small model, minutes for a large one)", flush=True)
         r = {"target": t.name, "gpus": t.count, **kernel_table(cfg, t, args.mode, args.top or TOP, cal)}
         if flag.signal:
             raise Interrupted(f"{flag.signal} during the compile for {t.name}: stopped; nothing written")

@@ -26,6 +26,7 @@ import time
 
 from jaxlm.analysis.flops import step_flops
 from jaxlm.analysis.memory import compiled_memory, search_largest, usable_share
+from jaxlm.core import platform
 from jaxlm.core.config import Config
 from jaxlm.core.errors import ConfigError, UsageError
 from jaxlm.predict import calibration as calib
@@ -78,6 +79,14 @@ NO_TILING = "Couldn't find output tile sizes"
 TRITON_OFF = {"xla_gpu_enable_triton_gemm": False}
 
 
+def _compile(lowered, options: dict | None = None):
+    """`lowered` compiled, what XLA's C++ logs meanwhile kept off the terminal: its complaints about a step larger
+    than the GPU ("The byte size of input/output arguments ... exceeds the base limit. This indicates an error in
+    the calculation!", "Can't reduce memory use below ...") describe what the compiled row reports as not fitting."""
+    with platform.plugin_noise_filtered(kept=[]):
+        return lowered.compile(compiler_options=options) if options else lowered.compile()
+
+
 def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None):
     """(compiled, seconds, options): the step of `lower_step` (or `lowered`, already lowered) compiled by XLA's GPU
     compiler; `options` are the compiler options it needed beyond the defaults (TRITON_OFF or none)."""
@@ -87,13 +96,13 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=
     t0 = time.perf_counter()
     with compiling_for(devices(target)):
         try:
-            return lowered.compile(), time.perf_counter() - t0, {}
+            return _compile(lowered), time.perf_counter() - t0, {}
         except Exception as e:  # jax's JaxRuntimeError: match the compiler's words
             if NO_TILING not in str(e):
                 raise
             shape = (re.search(r"= (\w+\[[\d,]*\])", str(e)) or [None, "a matmul"])[1]
         try:
-            return lowered.compile(compiler_options=TRITON_OFF), time.perf_counter() - t0, TRITON_OFF
+            return _compile(lowered, TRITON_OFF), time.perf_counter() - t0, TRITON_OFF
         except Exception as e:
             raise UsageError(f"{target.flag}: the GPU compiler found no Triton tiling for {shape} at batch "
                              f"{cfg.data.batch_size}, context {cfg.model.context_length}, and failed without Triton "

@@ -256,6 +256,8 @@ def _bytes(module: Module, comp: Computation, ins: Instr) -> float:
         return 2 * updates + indices + (updates if ins.opcode == "scatter" else 0.0)
     if ins.opcode in ("dynamic-slice", "slice", "gather"):
         return 2 * hlo.nbytes(ins.shape)
+    if ins.opcode == "copy-start":  # its result is (destination, source, context): one array read and written
+        return 2 * hlo.nbytes(_type(comp, ins.operands[0])[:1])
     result = ins.shape
     if ins.opcode == "custom-call" and len(result) > 1 and result[-1].dtype in ("u8", "s8"):
         result = result[:-1]  # the library's workspace

@@ -6,7 +6,7 @@ GEMMs. The output is cut into GEMM_TILE tiles (the orientation that wastes less)
 waves of one per SM; a wave costs one tile's whole K loop at 1/SMs of the GPU's full-wave matmul rate. So a GEMM
 whose tiles fill the SMs in whole waves runs at that rate, one with a tile more than a wave takes a second wave
 for it, and a small or skinny one pays for its padded tiles. A GEMM with fewer tiles than SMs splits its K
-dimension over the idle SMs (split-K, at most one slice per GEMM_TILE[1] of K), paying a reduction of float32
+dimension over the idle SMs (split-K, a slice of at least the tile's smaller side of K), paying a reduction of float32
 partial results in memory. The full-wave rate is the measured 8192^3 matmul's rate over that GEMM's own wave
 efficiency (0.97 on an H100), so the measurement and the model agree on the one shape measured.
 
@@ -22,15 +22,8 @@ from __future__ import annotations
 
 import math
 
-from jaxlm.analysis.devices import (
-    ATTENTION_BLOCK,
-    DEVICES,
-    EXP_PER_SM_CLOCK,
-    GEMM_TILE,
-    KERNEL_LAUNCH_S,
-    UNMEASURED_REFERENCE,
-    Device,
-)
+from jaxlm.analysis import devices
+from jaxlm.analysis.devices import DEVICES, UNMEASURED_REFERENCE, Device
 from jaxlm.predict.cost import Attention, Gemm
 
 MEASURED_GEMM = 8192  # the measured matmul's size (docs/results/measured-rates.md): 8192^3 in bfloat16
@@ -49,22 +42,23 @@ def full_wave_share(device: Device) -> float:
     wave efficiency on the GPU it was measured on; for a GPU without measurements the H100's (the device table's
     one rule)."""
     measured = device if device.measured_matmul and device.cuda else DEVICES[UNMEASURED_REFERENCE]
-    tiles = math.ceil(MEASURED_GEMM / GEMM_TILE[0]) * math.ceil(MEASURED_GEMM / GEMM_TILE[1])
+    tm, tn = devices.GEMM_TILE.value
+    tiles = math.ceil(MEASURED_GEMM / tm) * math.ceil(MEASURED_GEMM / tn)
     return measured.matmul_share / wave_efficiency(tiles, measured.cuda.sms)
 
 
 def exp_rate(device: Device) -> float | None:
     """Exponentials per second of the GPU's multi-function units (None without an SM count)."""
     c = device.cuda
-    return c and EXP_PER_SM_CLOCK * c.sms * c.clock_ghz * 1e9
+    return c and devices.EXP_PER_SM_CLOCK.value * c.sms * c.clock_ghz * 1e9
 
 
 def _gemm_plan(g: Gemm, sms: int) -> tuple[float, int, int, str]:
     """(seconds per unit rate, K slices, tiles, shape class) of the cheaper tile orientation."""
-    best = None
-    for tm, tn in (GEMM_TILE, GEMM_TILE[::-1]):
+    best, tile = None, devices.GEMM_TILE.value
+    for tm, tn in (tile, tile[::-1]):
         tiles = g.batch * math.ceil(g.m / tm) * math.ceil(g.n / tn)
-        split = max(1, min(sms // tiles, g.k // GEMM_TILE[1])) if tiles < sms else 1
+        split = max(1, min(sms // tiles, g.k // min(tile))) if tiles < sms else 1
         waves = math.ceil(tiles * split / sms)
         work = waves * sms * 2.0 * tm * tn * math.ceil(g.k / split) * g.passes  # FLOPs the waves take the time of
         if best is None or work < best[0]:
@@ -88,7 +82,7 @@ def gemm(g: Gemm, rate: float, sms: int | None) -> tuple[float, float, str | Non
 def attention_blocks(a: Attention) -> int:
     """ATTENTION_BLOCK x ATTENTION_BLOCK blocks of scores one (batch, head) computes: all of them, or under a
     causal mask (and window) those that hold a visible pair, the diagonal ones whole."""
-    b = ATTENTION_BLOCK
+    b = devices.ATTENTION_BLOCK.value
     rows, cols = math.ceil(a.q_len / b), math.ceil(a.k_len / b)
     if not a.causal:
         return rows * cols
@@ -104,12 +98,14 @@ def attention(a: Attention, rate: float, exps: float | None, sms: int | None) ->
     """(seconds of compute, shape class) of one fused attention call; without an SM count, its FLOPs at `rate`."""
     if not sms or not exps:
         return a.flops / rate, None
-    scores = a.batch * a.heads * attention_blocks(a) * ATTENTION_BLOCK**2
-    blocks = a.batch * a.heads * math.ceil((a.k_len if a.backward else a.q_len) / ATTENTION_BLOCK)
+    block = devices.ATTENTION_BLOCK.value
+    scores = a.batch * a.heads * attention_blocks(a) * block**2
+    blocks = a.batch * a.heads * math.ceil((a.k_len if a.backward else a.q_len) / block)
     seconds = (scores * a.per_pair / rate + scores / exps) / wave_efficiency(blocks, sms)
     return seconds, ATTENTION_CLASSES[a.backward]
 
 
-def effective_bandwidth(nbytes: float, bandwidth: float, launch: float = KERNEL_LAUNCH_S) -> float:
-    """Bytes/s a kernel moving `nbytes` reaches, its fixed cost included: a few MB never reach `bandwidth`."""
-    return nbytes / (nbytes / bandwidth + launch)
+def effective_bandwidth(nbytes: float, bandwidth: float) -> float:
+    """Bytes/s a kernel moving `nbytes` reaches, its fixed cost (KERNEL_LAUNCH_S) included: a few MB never reach
+    `bandwidth`."""
+    return nbytes / (nbytes / bandwidth + devices.KERNEL_LAUNCH_S.value)

@@ -41,7 +41,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
-from jaxlm.analysis.devices import KERNEL_LAUNCH_S, Device
+from jaxlm.analysis import devices
+from jaxlm.analysis.devices import Device
 from jaxlm.predict import efficiency, hlo
 from jaxlm.predict.cost import MATMUL_PRECISION, Cost, kernel_cost
 from jaxlm.predict.hlo import Computation, Instr, Module
@@ -103,7 +104,7 @@ def device_rates(device: Device) -> DeviceRates:
     lent, else the rule), its achieved bandwidths, SM count and exponential rate."""
     share = efficiency.full_wave_share(device)
     flops = {c: share * device.peak_flops[k] for c, k in PEAK_KEYS.items() if k in device.peak_flops}
-    return DeviceRates(flops, device.achieved_bandwidth, KERNEL_LAUNCH_S, device.achieved_link,
+    return DeviceRates(flops, device.achieved_bandwidth, devices.KERNEL_LAUNCH_S.value, device.achieved_link,
                        device.achieved_host_link, device.cuda and device.cuda.sms, efficiency.exp_rate(device))
 
 
@@ -221,12 +222,22 @@ def _frame(module: Module, ins: Instr) -> int | None:
     return ins.frame
 
 
+def _source_group(chain: list[tuple[str, str, int]], op_name: str) -> str | None:
+    """The group the innermost frame that names one says, looking no further out than the model's own code (a
+    feed-forward kernel of a model the loss function calls is no loss kernel)."""
+    for f, fn, _ in chain:
+        where = f"{f}:{fn}"
+        group = next((g for g, rule in SOURCE_GROUPS if rule.search(where)), None)
+        if group or f.startswith("jaxlm/nn/"):
+            return group
+    return next((g for g, rule in SOURCE_GROUPS if rule.search(op_name)), None)
+
+
 def _group(module: Module, ins: Instr, cost: Cost, chain: list[tuple[str, str, int]]) -> str:
     """collectives > attention (cuDNN, or a kernel of jaxlm's attention) > matmul > copies > by source."""
     if cost.link_bytes is not None:
         return "collectives"
-    where = [f"{f}:{fn}" for f, fn, _ in chain] + [ins.op_name]
-    by_source = next((g for w in where for g, rule in SOURCE_GROUPS if rule.search(w)), None)
+    by_source = _source_group(chain, ins.op_name)
     if by_source == "attention" or _kind(ins).startswith("__cudnn$fmha"):
         return "attention"
     if cost.flops:
@@ -368,7 +379,9 @@ def summary(p: Prediction, top: int = 15) -> dict:
 
 
 def _op(k: Kernel) -> str:
-    """The kernel's jax op name without the jit(...) every op of the step starts with; a library call without one
-    (cuDNN's fused attention) by its custom-call name, another kernel without one by its own name."""
+    """The kernel's jax op name without the jit(...) every op of the step starts with; a library call (cuDNN's
+    fused attention) led by its custom-call name, a kernel without an op by its own name."""
     op = re.sub(r"^jit\([^)]*\)/", "", k.op_name)
-    return op or (k.kind if k.kind.startswith("__") else k.name)
+    if k.kind.startswith("__cudnn"):
+        return f"{k.kind} {op}".strip()
+    return op or k.name

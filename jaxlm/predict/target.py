@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from jaxlm.analysis.devices import DEVICES, TARGETS, CudaTarget, Device, find
@@ -116,18 +116,28 @@ def _from_file(config_file: str | Path) -> Target:
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{flag}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     if Path(path).suffix == ".toml":
-        try:
-            row = from_dict(TargetFile, tomllib.loads(text)).device(Path(path).stem)
-        except tomllib.TOMLDecodeError as e:
-            raise DataError(f"{flag}: not valid TOML: {e}") from None
-        except (ConfigError, TypeError) as e:  # a missing key is a TypeError of the dataclass
-            raise DataError(f"{flag}: {str(e).replace('TargetFile.__init__() ', '')} (see docs/memory.md)") from None
-        return Target(Path(path).stem, row.config_text(), _count(n, "--target-config"), flag, row)
+        return _toml_target(Path(path), text, _count(n, "--target-config"), flag)
     for key in ("device_memory_size", "cuda_compute_capability", "core_count"):
         if key not in text:
             raise DataError(f"{flag}: no {key}; expected a GpuTargetConfigProto in text form or a .toml GPU "
                             "(see docs/memory.md)")
     return Target(Path(path).stem, text, _count(n, "--target-config"), flag)
+
+
+def _toml_target(path: Path, text: str, count: int, flag: str) -> Target:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise DataError(f"{flag}: not valid TOML: {e}") from None
+    required = [f.name for f in fields(TargetFile) if f.default is MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise DataError(f"{flag}: no {missing[0]}; a .toml GPU gives {', '.join(required)} (see docs/memory.md)")
+    try:
+        row = from_dict(TargetFile, data).device(path.stem)
+    except ConfigError as e:
+        raise DataError(f"{flag}: {e}") from None
+    return Target(path.stem, row.config_text(), count, flag, row)
 
 
 def parse_target(name: str | None, config_file: str | Path | None = None) -> Target:

@@ -2,6 +2,7 @@
 the device table it compiles for (jaxlm.analysis.devices) and the largest-batch search (jaxlm.analysis.memory)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -108,6 +109,61 @@ def test_a_target_config_file_is_read_and_checked(tmp_path):
     (tmp_path / "bad.txtpb").write_text("platform_name: \"CUDA\"\n")
     with pytest.raises(DataError, match="bad.txtpb: no device_memory_size"):
         target.parse_target(None, tmp_path / "bad.txtpb")
+
+
+# A GPU the device table lacks, as a .toml --target-config file: compiler fields and rates (datasheet figures of
+# an A100 SXM's size at an L4's bandwidth, an invented GPU).
+GPU_TOML = """description = "Invented GPU"
+memory_bytes = 25769803776
+bandwidth = 900.0e9
+peak_bfloat16 = 200e12
+peak_tf32 = 100e12
+peak_float32 = 20e12
+sms = 80
+compute_capability = [8, 0]
+clock_ghz = 1.5
+l2_bytes = 41943040
+shared_per_sm = 167936
+shared_per_block_optin = 166912
+threads_per_sm = 2048
+host_link = 32e9
+"""
+
+
+def test_a_toml_target_config_carries_the_rates_its_kernels_are_priced_at(tmp_path):
+    from jaxlm.predict import roofline
+
+    f = tmp_path / "invented.toml"
+    f.write_text(GPU_TOML)
+    t = target.parse_target(None, f"{f}:2")
+    assert (t.name, t.count, t.description, t.memory_bytes) == ("invented", 2, "Invented GPU", 25769803776)
+    assert "core_count: 80" in t.config and "cuda_compute_capability { major: 8 minor: 0 }" in t.config
+    rates = roofline.device_rates(t.device)
+    assert (rates.sms, rates.host_bandwidth) == (80, pytest.approx(32e9 * 3.0e12 / 3.35232e12))
+    assert rates.matmul_flops["bf16"] == pytest.approx(200e12 * 798e12 / 989e12 * 2112 / 2048)  # the H100's rule
+    f.write_text(GPU_TOML.replace("peak_bfloat16 = 200e12\n", ""))
+    with pytest.raises(DataError, match=r"--target-config .*invented.toml: no peak_bfloat16; a .toml GPU gives"):
+        target.parse_target(None, f)
+    f.write_text(GPU_TOML.replace("sms = 80", "sms = \"many\""))
+    with pytest.raises(DataError, match=r"invented.toml: sms = 'many': expected int"):
+        target.parse_target(None, f)
+
+
+@needs_compiler
+@pytest.mark.parametrize("gpu", ["--target rtx5090", "--target b200", "--target-config FILE"])
+def test_bench_model_predicts_for_new_rows_and_for_a_gpu_given_with_its_rates(gpu, tmp_path, capsys):
+    from jaxlm.bench.commands import main
+
+    (tmp_path / "invented.toml").write_text(GPU_TOML)
+    flag, name = gpu.replace("FILE", str(tmp_path / "invented.toml")).split()
+    out = tmp_path / "rows.json"
+    sets = [x for s in TINY for x in ("--set", s)]
+    assert main(["model", flag, name, *sets, "--context", "64", "--batch", "4", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    described = {"rtx5090": "NVIDIA GeForce RTX 5090", "b200": "NVIDIA B200"}.get(name, "Invented GPU")
+    assert row["status"] == "ok" and row["predicted_step_ms"] > 0 and 0 < row["predicted_mfu"] < 1
+    assert row["predicted_label"] == f"predicted from the compiled program for {described}, not measured"
+    assert row["dtype_label"] == "float32 (TF32 matmuls)" and "total GiB" in capsys.readouterr().out
 
 
 def test_without_the_extra_target_stops_naming_it(monkeypatch):
