@@ -27,7 +27,7 @@ TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat1
               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
               ("bfloat16 + cuDNN + window {w}", "bfloat16", "none", "cudnn", "w"),
               ("float32 + remat full", "float32", "full", "xla", None))
-SHARES = ("matmul", "attention", "softmax/normalisation", "other elementwise", "optimizer update", "copies")
+SHARES = ("matmul", "attention", "softmax/normalisation", "loss", "other elementwise", "optimizer update", "copies")
 
 
 def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
@@ -63,9 +63,11 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
 def intro(target: Target) -> list[str]:
     return [f"# GPU time, predicted from the program compiled for {target.description}", "",
              f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.predict.roofline` priced each of its kernels at the device table's achieved "
-             "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
-             "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
+             "machine and `jaxlm.predict.roofline` priced each of its kernels by its shape at the device table's "
+             "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
+             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). "
+             "The group columns are each kernel group's share of the predicted step; compiled GiB is the same "
+             "compile's memory per GPU. Regenerate with "
              f"`python -m deliverables.compiled_time --target {target.name}`."]
 
 
@@ -75,14 +77,17 @@ def shares(row: dict) -> dict[str, float]:
 
 
 def table(section: Section, rows: list[dict]) -> str:
-    head = ("| setting | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
+    head = ("| setting | matmuls | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
             + " | compiled GiB |")
 
     def cells(r: dict) -> list[str]:
         s = shares(r)
-        return [r["setting"], f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
-                f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES),
-                f"{r['total_bytes'] / GIB:.2f}"]
+        if r.get("predicted_step_ms") is None:  # a step that does not fit: its label says so
+            return [r["setting"], r.get("matmul_precision") or "-", r["predicted_label"], *["-"] * (2 + len(SHARES)),
+                    f"{r['total_bytes'] / GIB:.2f}"]
+        return [r["setting"], r.get("matmul_precision") or "-", f"{r['predicted_step_ms']:.1f}",
+                f"{r['predicted_tokens_per_s']:,.0f}", f"{100 * r['predicted_mfu']:.0f}%",
+                *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES), f"{r['total_bytes'] / GIB:.2f}"]
 
     return markdown_table(head, rows, cells)
 

@@ -220,12 +220,16 @@ def _updates(comp: Computation, ins: Instr) -> tuple[hlo.Array, ...] | None:
     return tuple(hlo.Array(ins.shape[0].dtype, a.dims) for a in _type(comp, updates))
 
 
+_PASS_THROUGH = {"bitcast", "reshape", "convert", "copy"}  # one element in, one out: a fusion computes them per element
+
+
 def _read(comp: Computation, name: str, full: float) -> float:
-    """Bytes a fusion reads of parameter `name`: a slice / gather of it reads only what it takes, an in-place
-    update of it nothing (a scatter: the positions it updates, which a scatter-add reads)."""
+    """Bytes a fusion reads of parameter `name`: a slice / gather of it (or of its bitcast, reshape or dtype
+    conversion) reads only what it takes, an in-place update of it nothing (a scatter: the positions it updates,
+    which a scatter-add reads)."""
     total = 0.0
     for user in comp.users.get(name, []):
-        if user.opcode == "bitcast":
+        if user.opcode in _PASS_THROUGH:  # a slice of its result reads only the sliced elements of the parameter
             total += _read(comp, user.name, full)
         elif user.opcode in ("dynamic-slice", "slice", "gather") and user.operands[0] == name:
             total += hlo.nbytes(user.shape)

@@ -49,8 +49,8 @@ class CompileCache:
     """Compiled figures by (job, target, jax version) in a JSON file (none: in memory only), saved after every
     new compile."""
 
-    def __init__(self, path: Path | None):
-        self.path = path
+    def __init__(self, path: Path | None, fraction: float | None = None):
+        self.path, self.fraction = path, fraction  # fraction: of the GPU a step may fill (None: JAX's share)
         self.stored = json.loads(path.read_text()) if path is not None and path.exists() else {}
 
     @staticmethod
@@ -86,7 +86,7 @@ class CompileCache:
         same = [v for v in self.stored.values() if v.get("program") == program]
         if same and (not predicted or priced(same[0])):
             return same[0]
-        r = gpu.compiled_row(cfg, target, mode, lowered=lowered, calibration=calibration.resolve(None, target.name))
+        r = gpu.compiled_row(cfg, target, mode, self.fraction, lowered, calibration.resolve(None, target.name))
         figures = {**{k: r[k] for k in KEPT if k in r}, "program": program}
         for v in same:
             v.update(figures)

@@ -39,6 +39,29 @@ def test_in_place_updates_cost_their_updates_not_their_operand():
     assert kernels["in_place"].seconds == pytest.approx(kernels["in_place"].bytes / 3e12 + 2e-6)
 
 
+def test_a_fusion_reads_only_what_it_gathers_of_a_converted_parameter():
+    """The loss gathers each target's logit from the bf16 logits through a float32 conversion: 1024 values read,
+    not the whole 100 MB block (the fusion converts only the elements the gather takes)."""
+    text = """HloModule gather
+
+%pick (logits: bf16[1024,50257], idx: s32[1024,2]) -> f32[1024] {
+  %logits = bf16[1024,50257]{1,0} parameter(0)
+  %f = f32[1024,50257]{1,0} convert(%logits)
+  %idx = s32[1024,2]{1,0} parameter(1)
+  %g = f32[1024,1,1]{2,1,0} gather(%f, %idx), offset_dims={1,2}, start_index_map={0,1}, slice_sizes={1,1}
+  ROOT %r = f32[1024]{0} bitcast(%g)
+}
+
+ENTRY %main (logits: bf16[1024,50257], idx: s32[1024,2]) -> f32[1024] {
+  %logits = bf16[1024,50257]{1,0} parameter(0)
+  %idx = s32[1024,2]{1,0} parameter(1)
+  ROOT %picked = f32[1024]{0} fusion(%logits, %idx), kind=kLoop, calls=%pick
+}
+"""
+    (k,) = rl.predict(text, RATES).kernels
+    assert k.bytes == 1024 * 4 + 1024 * 2 * 4 + 1024 * 4  # the gathered values, the indices, the result
+
+
 def test_host_copies_are_priced_over_the_host_link():
     kernels = {k.name: k for k in rl.predict(_hlo("host_copies"), RATES).kernels}
     nbytes = 2048 * 256 * 2
