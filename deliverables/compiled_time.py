@@ -27,6 +27,8 @@ TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat1
               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
               ("bfloat16 + cuDNN + window {w}", "bfloat16", "none", "cudnn", "w"),
               ("float32 + remat full", "float32", "full", "xla", None))
+REMAT = (("bfloat16 + remat full", "bfloat16", "full", "xla", None),  # beside the techniques, for `small` only
+         ("bfloat16 + cuDNN + remat full", "bfloat16", "full", "cudnn", None))
 SHARES = ("matmul", "attention", "softmax/normalisation", "loss", "other elementwise", "optimizer update", "copies")
 
 
@@ -37,7 +39,7 @@ def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
 def sections() -> list[Section]:
     small = Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
                     "The AdamW train step of the `small` preset, each technique.")
-    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in _techniques(256)]
+    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in (*_techniques(256), *REMAT)]
     rtx = Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
                   "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
                   "AdamW train step.")

@@ -55,7 +55,8 @@ ANCHORS = (
            "H100 SXM5", "FlashAttention-3 (Shah et al. 2024), Table 2: FlashAttention-3, 3.538 ms (661 TFLOP/s); "
            "cuDNN 9.1 is slower than FlashAttention-3 from sequence 1k on (same paper, §4.1)", 3.538, "ms",
            "h100-80gb", kernel=(4, 8448, 16, 128)),
-    Anchor("GPT-2 124M train step, batch 4, context 1024, float32 (TF32 matmuls), unfused attention", "A100",
+    Anchor("GPT-2 124M train step, batch 4, context 1024, float32 (TF32 matmuls), unfused attention",
+           "A100 (priced as the 40GB SXM)",
            "llm.c README (karpathy/llm.c, April 2024): train_gpt2fp32cu, 'step 74/74 ... (78.009975 ms)' on the "
            "author's A100", 78.0, "ms", "a100-40gb",
            (*GPT2, "model.d_model=768", "model.num_layers=12", "model.num_heads=12", "model.d_ff=3072",
