@@ -55,7 +55,7 @@ def missing_extra(extra: str) -> str | None:
     from jaxlm.core import extras, platform
 
     if extra == "gpu-compile":
-        from jaxlm.training.compiled import EXTRA
+        from jaxlm.predict.target import EXTRA
 
         return None if platform.cuda_plugin_installed() else f"needs XLA's GPU compiler: {EXTRA}"
     module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof

@@ -30,7 +30,7 @@ def compiled_rows(root: Path) -> dict[tuple, dict]:
     """(mode, dtype, context) -> the MODEL step compiled for TARGET, from deliverables.compiled_memory's cache of
     compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
     from deliverables.compiled_memory import cached
-    from jaxlm.training.compiled import parse_target
+    from jaxlm.predict.target import parse_target
 
     label = parse_target(TARGET).label
     out = {}

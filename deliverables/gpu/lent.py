@@ -52,7 +52,7 @@ PHASES = (("install", 10.0, "the carried wheels into a folder first on the path,
           ("startup", 20.0, "JAX import, CUDA initialisation, versions and imports checked"),
           ("checks", 45.0, "correctness: attention, bf16 training against float32 on the CPU, checkpoint, generate"))
 FINISH_S = 5.0  # lent.json and the copies to $OUT
-OUT_FILES = ("lent.json", "report.md", "results.json")
+OUT_FILES = ("lent.json", "report.md", "results.json", "calibration.json")
 OUT_LIMIT = 16 * 2**20  # bytes per file the device tool brings back
 VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax",
             "optax", "orbax-checkpoint", "numpy", "scipy", "grain", "qwix", "tomli-w", "tiktoken", "tensorboard")

@@ -34,7 +34,7 @@ from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import MESH_AXES, load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import write_json
-from jaxlm.training.compiled import collectives
+from jaxlm.predict.program import collectives
 
 
 def parse_layout(text: str) -> dict[str, int]:

@@ -192,8 +192,8 @@ def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
 
 def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
     from deliverables.compiled_memory import sections
-    from jaxlm.training.compile_cache import CompileCache
-    from jaxlm.training.compiled import parse_target
+    from jaxlm.predict.store import CompileCache
+    from jaxlm.predict.target import parse_target
 
     target, stored = parse_target(gpu.TARGET), {}
     for label, job in next(s for s in sections() if s.name == gpu.SECTION).rows:  # "forward, float32, context 128"
@@ -223,8 +223,8 @@ def test_nsys_answers_from_the_campaigns_profile(tmp_path):
 def _predicted_store(tmp_path):
     """A compiled store holding predicted kernel tables for the size table's steps (synthetic figures)."""
     from deliverables.compiled_time import sections
-    from jaxlm.training.compile_cache import CompileCache
-    from jaxlm.training.compiled import parse_target
+    from jaxlm.predict.store import CompileCache
+    from jaxlm.predict.target import parse_target
 
     target, stored = parse_target("h100-80gb"), {}
     groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2}]

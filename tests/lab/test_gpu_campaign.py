@@ -201,7 +201,7 @@ def test_every_timed_row_carries_its_prediction(smoke):
 
 @on_smoke
 def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
-    from jaxlm.analysis.roofline import GROUPS
+    from jaxlm.predict.roofline import GROUPS
 
     roof = json.loads((smoke[0] / "results.json").read_text())["steps"]["profile"]["train_step"]["roofline"]
     assert [g["group"] for g in roof["groups"]] == list(GROUPS)
@@ -210,6 +210,13 @@ def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
     assert roof["predicted_ms"] == pytest.approx(sum(g["predicted_ms"] for g in roof["groups"]))
     assert roof["error"] == pytest.approx(roof["predicted_ms"] / roof["measured_ms"] - 1)
     assert "Predicted against measured, per call" in (smoke[0] / "report.md").read_text()
+    # the train step's calibration file: measured on no GPU, so no --target command takes it
+    from jaxlm.predict import calibration
+
+    cal = calibration.load(smoke[0] / "calibration.json")
+    assert cal.device.startswith("no GPU") and cal.groups
+    measured = {g["group"]: g["measured_ms"] for g in roof["groups"]}
+    assert all(r.measured_ms == pytest.approx(measured[g]) for g, r in cal.groups.items())
 
 
 @on_smoke
@@ -241,7 +248,11 @@ def test_merge_refuses_smoke_results_and_takes_a_gpu_run_in(smoke, tmp_path, cap
     (gpu / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": profile}))
     (into).mkdir()
     (into / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": {"max_batch": {"rows": []}}}))
-    assert cli.run(merge.main, [str(gpu), "--into", str(into)]) == 0
+    measured = json.loads((dest / "calibration.json").read_text())
+    (gpu / "calibration.json").write_text(json.dumps({**measured, "device": "h100-80gb"}))  # as an H100 writes it
+    calibrations = tmp_path / "calibrations"
+    assert cli.run(merge.main, [str(gpu), "--into", str(into), "--calibrations", str(calibrations)]) == 0
+    assert json.loads((calibrations / "h100-80gb.json").read_text())["groups"] == measured["groups"]
     merged = json.loads((into / "results.json").read_text())["steps"]
     assert set(merged) == {"profile", "max_batch"}  # the earlier call's step stays
     assert merged["profile"]["measured_by"]["device"] == "NVIDIA H100 80GB HBM3"

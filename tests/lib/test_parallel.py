@@ -11,7 +11,7 @@ from jaxlm.bench.layouts import parse_layout
 from jaxlm.core import sharding
 from jaxlm.core.config import ModelConfig, ParallelConfig, load_config
 from jaxlm.core.errors import ConfigError, UsageError
-from jaxlm.training.compiled import collectives
+from jaxlm.predict.program import collectives
 
 
 @pytest.mark.parametrize("kw, n, expected", [
