@@ -126,8 +126,8 @@ def table(values: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.predicted_anchors", description=__doc__,
-                           formatter_class=cli.HelpFormatter, needs="the 'gpu-compile' extra")
+    p = cli.ArgumentParser(command="deliverables.predicted_anchors", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
     p.add_argument("--out", type=Path, default=DOC, help="the page whose anchors table is rewritten (default: "
                    "%(default)s)")
     args = p.parse_args(argv)

@@ -16,16 +16,18 @@ COMMANDS = (
             "on any machine", needs="the 'gpu-compile' extra"),
     Command("deliverables.compiled_time", "the curriculum's GPU time questions, predicted from XLA's GPU program "
             "on any machine", needs="the 'gpu-compile' extra"),
+    Command("deliverables.predicted_anchors", "published GPU measurements beside jaxlm's prediction of the same "
+            "configurations (docs/benchmarks.md)", needs="the 'gpu-compile' extra"),
     Command("deliverables.memory_validation", "the memory estimator against the compilers' plans of the same "
             "train steps", needs=f"{CORE} (--target: the 'gpu-compile' extra)"),
     Command("deliverables.gpu", "the GPU campaign: every GPU figure the curriculum asks for, within a time budget",
             needs=f"an NVIDIA GPU and JAX's CUDA build (the 'cuda12' or 'cuda13' extra); --dry-run and --smoke: "
                   f"{CORE}"),
-    Command("deliverables.gpu.lent", "the GPU campaign on a lent GPU machine as it is: install, check, measure",
+    Command("deliverables.gpu.offline", "the GPU campaign on an offline GPU machine as it is: install, check, measure",
             needs=f"an NVIDIA GPU machine with JAX's CUDA build and the wheels of .whl/; --dry-run and --smoke: "
                   f"{CORE}"),
-    Command("deliverables.gpu.merge", "take a lent GPU run's results into the committed GPU report"),
-    Command("deliverables.gpu.carry", "the wheels and the corpus a lent GPU run carries: download or check them",
+    Command("deliverables.gpu.merge", "take an offline GPU run's results into the committed GPU report"),
+    Command("deliverables.gpu.carry", "the wheels and the corpus an offline GPU run carries: download or check them",
             needs=f"{CORE} (download: the network)"),
     Command("deliverables.hf_random", "a random-weight Hugging Face checkpoint of SmolLM2-135M's shape, nothing "
             "downloaded", needs="the 'test' extra (transformers) and GPT-2's vocabulary"),

@@ -153,7 +153,7 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
         after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
     """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
     Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
-    each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks).
+    each step (and its report) is written. `meta`: more of results.json's "meta" (the offline run's checks).
     Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
     import jax
 

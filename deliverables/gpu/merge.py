@@ -1,10 +1,10 @@
-"""Take what a lent GPU run brought back into the committed GPU report (docs/gpu.md).
+"""Take what an offline GPU run brought back into the committed GPU report (docs/gpu.md).
 
-    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the lent run's $OUT
+    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the offline run's $OUT
 
 DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
 jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
-lent.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
+offline.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
 optimised program go to profile/ (its predictions can be recomputed as the roofline improves). The profile
 step's calibration file becomes the GPU's committed calibration (DEVICE.json in
 jaxlm.predict.calibration.CALIBRATIONS), which every later `--target DEVICE` prediction applies. A smoke run's
@@ -33,7 +33,7 @@ def _read(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the lent run's files came back "
+        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the offline run's files came back "
                         "to") from None
     except ValueError as e:
         raise DataError(f"{path}: not JSON ({e})") from None
@@ -48,15 +48,15 @@ def merge(source: Path, into: Path, calibrations: Path = CALIBRATIONS) -> list[s
     new = _read(source / "results.json")
     if new["meta"].get("smoke"):
         raise UsageError(f"{source / 'results.json'}: a --smoke run's tiny-model figures never go into {into}/")
-    lent = json.loads((source / "lent.json").read_text()) if (source / "lent.json").is_file() else {}
-    stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": lent.get("started")}
+    record = json.loads((source / "offline.json").read_text()) if (source / "offline.json").is_file() else {}
+    stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": record.get("started")}
     old = _read(into / "results.json")["steps"] if (into / "results.json").is_file() else {}
     steps = {**old, **{name: {**res, "measured_by": stamp} for name, res in new["steps"].items()}}
     rows = [(step, step.estimate(False), "no call has run it yet") for step in campaign.steps()]
     into.mkdir(parents=True, exist_ok=True)
     campaign.write_report(into, steps, rows, new["meta"])
-    if lent:
-        shutil.copyfile(source / "lent.json", into / "lent.json")
+    if record:
+        shutil.copyfile(source / "offline.json", into / "offline.json")
     for name in PROFILE_FILES:
         if (source / name).is_file():
             (into / "profile").mkdir(exist_ok=True)
@@ -73,7 +73,7 @@ def merge(source: Path, into: Path, calibrations: Path = CALIBRATIONS) -> list[s
 def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(command="deliverables.gpu.merge", description=__doc__,
                                 formatter_class=cli.HelpFormatter)
-    parser.add_argument("source", metavar="DIR", help="the folder holding the lent run's results.json (its $OUT)")
+    parser.add_argument("source", metavar="DIR", help="the folder holding the offline run's results.json (its $OUT)")
     parser.add_argument("--into", help=f"the report's folder (default: {campaign.DEFAULT_OUT} of this repository)")
     parser.add_argument("--calibrations", default=str(CALIBRATIONS), help="where the GPU's calibration goes "
                         "(default: the package's committed calibrations, jaxlm.predict.calibration.CALIBRATIONS)")

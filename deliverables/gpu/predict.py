@@ -9,7 +9,7 @@ measured for it: a trace event names its kernel by the HLO instruction that laun
 the roofline's kernels carry.
 
 Rates: the device table's achieved figures (jaxlm.predict.roofline.device_rates, the one place they are
-derived: measured matmul and copy rates where a machine of this kind was lent, the datasheet at a stated share
+derived: measured matmul and copy rates where a machine of this kind was measured, the datasheet at a stated share
 else); the per-group comparison checks them. Without a GPU (`--smoke`) the CPU's program is priced at H100
 rates: a check of the machinery, no prediction.
 """

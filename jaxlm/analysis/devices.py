@@ -13,7 +13,7 @@ Peak FLOP/s are dense (no structured sparsity) from the vendors' datasheets, per
 "float16" (tensor cores, float32 accumulation), "tf32" (tensor cores; JAX's default precision runs float32
 matmuls this way on Ampere and later) and "float32" (the CUDA cores: `precision=HIGHEST`). Beside them, the
 *achieved* rates the roofline (jaxlm.predict.roofline) prices kernels with: measured on machines of this kind
-where one was lent (the record: docs/results/measured-rates.md), else one rule for every other GPU (the H100's
+where one was measured (the record: docs/results/measured-rates.md), else one rule for every other GPU (the H100's
 measured share of its datasheet figure): `Device.matmul_share`, `achieved_bandwidth`, `achieved_link`,
 `achieved_host_link`; and the constants of how a kernel runs by its shape (SHAPE_CONSTANTS: GEMM_TILE,
 ATTENTION_BLOCK, EXP_PER_SM_CLOCK, KERNEL_LAUNCH_S), each with its source beside it (`Sourced`).
@@ -135,7 +135,7 @@ _RTX_BLACKWELL = CudaTarget((12, 0), sms=170, fp32_per_sm=128, l2_bytes=96 * 2**
 # and RTX 5090: nvidia-smi's total. Peaks: the H100 SXM / H200 / H100 NVL / A100 / L4 / V100 SXM2 / HGX B200
 # datasheets (sparse figures halved; B200: the HGX board's figures over its 8 GPUs), the Ada and RTX Blackwell
 # whitepapers (RTX 4090, RTX 5090, float32 accumulation), Google Cloud's TPU pages (bfloat16 per chip).
-# Measured (measured_matmul, measured_copy) on the H100 SXM and H200 machines this project is lent: an 8192^3
+# Measured (measured_matmul, measured_copy) on the H100 SXM and H200 machines the project measured: an 8192^3
 # bf16 matrix product on random data, 798 TFLOP/s on the H100 and 769-798 on the H200 (the middle taken); a
 # device-to-device copy, about 3.0 TB/s (H100) and 4.3 TB/s (H200) counting bytes read + written. What was run,
 # when, and what was not kept: docs/results/measured-rates.md.
@@ -174,7 +174,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 TARGETS = tuple(name for name, d in DEVICES.items() if d.cuda is not None)  # what --target compiles for
 
 # The one rule for a GPU without measurements: the H100's measured share of its datasheet peak (0.81) and
-# bandwidth (0.90), the lent machine standing in for every other kind.
+# bandwidth (0.90), the offline machine standing in for every other kind.
 UNMEASURED_REFERENCE = "h100-80gb"
 _H100 = DEVICES[UNMEASURED_REFERENCE]
 UNMEASURED_MATMUL_SHARE = _H100.measured_matmul / _H100.peak_flops["bfloat16"]

@@ -101,7 +101,7 @@ class DeviceRates:
 def device_rates(device: Device) -> DeviceRates:
     """A GPU's achieved rates from the device table: every dtype class it has a dense peak for, at the GPU's
     full-wave matmul share (jaxlm.predict.efficiency.full_wave_share: measured where a machine of this kind was
-    lent, else the rule), its achieved bandwidths, SM count and exponential rate."""
+    measured, else the rule), its achieved bandwidths, SM count and exponential rate."""
     share = efficiency.full_wave_share(device)
     flops = {c: share * device.peak_flops[k] for c, k in PEAK_KEYS.items() if k in device.peak_flops}
     return DeviceRates(flops, device.achieved_bandwidth, devices.KERNEL_LAUNCH_S.value, device.achieved_link,

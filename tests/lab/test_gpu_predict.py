@@ -141,7 +141,7 @@ def test_rates_and_figures_follow_the_device_table():
 
     h100 = DEVICES["h100-80gb"]
     r = roofline.device_rates(h100)
-    full = 798e12 * 2112 / 2048  # the 8192^3 bf16 matmul measured on a lent H100 (2048 tiles in 16 waves of 132)
+    full = 798e12 * 2112 / 2048  # the 8192^3 bf16 matmul measured on an H100 (2048 tiles in 16 waves of 132)
     assert r.matmul_flops["bf16"] == pytest.approx(full)
     assert r.matmul_flops["tf32"] == pytest.approx(full / 2)  # TF32's dense peak is half of bf16's
     assert r.memory_bandwidth == pytest.approx(3.0e12)  # the device-to-device copy measured likewise

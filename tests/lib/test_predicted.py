@@ -21,7 +21,7 @@ FRAMES = (Path(__file__).parent / "hlo" / "source_frames.hlo").read_text()
 
 def test_achieved_rates_are_the_measured_figures_where_measured_and_the_h100_share_elsewhere():
     h100 = rl.device_rates(DEVICES["h100-80gb"])
-    # the 8192^3 bf16 matmul measured on the lent H100 ran 2048 tiles of 256 x 128 in 16 waves of 132 SMs: a wave
+    # the 8192^3 bf16 matmul measured on the H100 ran 2048 tiles of 256 x 128 in 16 waves of 132 SMs: a wave
     # that fills the SMs runs 2112 / 2048 faster, the full-wave rate GEMMs are priced at
     wave = 2048 / (16 * 132)
     share = 798e12 / 989e12 / wave
@@ -33,7 +33,7 @@ def test_achieved_rates_are_the_measured_figures_where_measured_and_the_h100_sha
     assert (h100.sms, h100.exp_rate) == (132, pytest.approx(16 * 132 * 1.98e9))
     h200 = rl.device_rates(DEVICES["h200"])
     assert (h200.matmul_flops["bf16"], h200.memory_bandwidth) == (pytest.approx(784e12 / wave), 4.3e12)
-    a100 = rl.device_rates(DEVICES["a100-80gb"])  # never lent: the H100's full-wave share of its own datasheet peak
+    a100 = rl.device_rates(DEVICES["a100-80gb"])  # never measured: the H100's full-wave share of its own datasheet peak
     assert a100.matmul_flops["bf16"] == pytest.approx(share * 312e12)
     assert a100.memory_bandwidth == pytest.approx(copy * 2.03904e12)
     assert rl.device_rates(DEVICES["tpu-v4"]).link_bandwidth is None

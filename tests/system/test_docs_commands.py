@@ -110,7 +110,8 @@ def inline_commands(path: Path, root: Path = REPO) -> list[Command]:
     text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
     found = []
     for m in INLINE_CODE.finditer(text):
-        argv = [a for a in shlex.split(m.group(1).replace("[", "").replace("]", "")) if a != "..."]
+        words = [w.removeprefix("[") for w in shlex.split(m.group(1)) if w != "..."]  # [--out DIR]: optional
+        argv = [w.removesuffix("]") if w.endswith("]") and "[" not in w else w for w in words]
         if all(PLACEHOLDER.fullmatch(a) for a in argv[4 if argv[2] in SUBCOMMANDS else 3:]):
             argv = [a for a in argv if not PLACEHOLDER.fullmatch(a)] + ["--help"]
         where = f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}"
@@ -177,7 +178,12 @@ def check_python(module: str, args: list[str]) -> None:
     if hasattr(ns, "overrides"):
         from jaxlm.core.config import load_config
 
-        config = ns.config if ns.config is None or os.path.isabs(ns.config) else str(REPO / ns.config)
+        if ns.config is None or os.path.isabs(ns.config):
+            config = ns.config
+        elif ns.config.startswith("runs/"):  # a run's config.toml, written by an earlier command: the flags alone
+            config = None
+        else:
+            config = str(REPO / ns.config)
         load_config(config, ns.overrides, preset=ns.preset)
     if module == "experiments.run" and ns.plan:
         from experiments.plan import load_plan
