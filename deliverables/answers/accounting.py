@@ -13,6 +13,7 @@ from pathlib import Path
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES, Device
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.units import count, si
 
 GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
@@ -28,17 +29,6 @@ SETTINGS = {  # how the AdamW memory question is answered: the course's float32,
 
 def model(name: str, context: int = 1024) -> ModelConfig:
     return ModelConfig.from_name(name, context_length=context)
-
-
-def count(n: float) -> str:
-    return f"{n:,.0f}"
-
-
-def si(n: float, unit: str = "") -> str:
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {prefix}{unit}"
-    return f"{n:.3g} {unit}".strip()
 
 
 def table(headers: list[str], rows: list[list[str]]) -> list[str]:
