@@ -78,9 +78,8 @@ def shares(row: dict) -> dict[str, float]:
     return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
 
 
-def table(section: Section, rows: list[dict]) -> str:
-    head = ("| setting | matmuls | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
-            + " | compiled GiB |")
+def section_table(section: Section, rows: list[dict]) -> str:
+    head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
         s = shares(r)
@@ -95,7 +94,7 @@ def table(section: Section, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table, predicted=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from deliverables.common import COURSE_MEMORY, table
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES, Device
 from jaxlm.core.config import ComputeConfig, ModelConfig
@@ -19,7 +20,6 @@ GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
 MFU = 0.5
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
-MEMORY = 80e9  # adamwAccounting (b): "the maximum batch size you can use and still fit within 80GB memory"
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
     "float32, xla attention": ComputeConfig(loss_chunk=0),
@@ -29,11 +29,6 @@ SETTINGS = {  # how the AdamW memory question is answered: the course's float32,
 
 def model(name: str, context: int = 1024) -> ModelConfig:
     return ModelConfig.from_name(name, context_length=context)
-
-
-def table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|---|" + "|".join("---:" for _ in headers[1:]) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
 # --------------------------------------------------------------------------- parameters and FLOPs
@@ -50,8 +45,8 @@ def parameters_section(names: list[str]) -> list[str]:
         rows.append([f"`{n}`", str(m.d_model), str(m.num_layers), str(m.num_heads), str(m.d_ff), str(m.vocab_size),
                      count(c["attention"]), count(c["ffn"]), count(c["embedding"] + c["lm_head"]), count(c["total"]),
                      si(4 * c["total"], "B")])
-    return out + table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
-                        "float32"], rows)
+    return out + [table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
+                        "float32"], rows, "lr"), ""]
 
 
 def matmuls_section(name: str, t: int) -> list[str]:
@@ -69,7 +64,7 @@ def matmuls_section(name: str, t: int) -> list[str]:
     total = flops.forward_flops(m, t).total
     return ([f"#### (b) The matrix multiplies of `{name}` (one sequence, context {t})", "",
              "A (m, k) x (k, n) product costs 2 m k n FLOPs; norms, softmax, SiLU and RoPE are not counted.", ""]
-            + table(["matmul", "shape", f"FLOPs ({n} layers)"], rows)
+            + [table(["matmul", "shape", f"FLOPs ({n} layers)"], rows, "lr"), ""]
             + [f"Total: **{count(total)}** FLOPs ({si(total, 'FLOP')}) per forward.", ""])
 
 
@@ -91,7 +86,7 @@ def flops_section(names: list[str]) -> list[str]:
             rows.append([f"`{n}`", si(f.total, "FLOP"), *(f"{100 * s:.1f}%" for s in shares(m, t).values()),
                          si(flops.train_flops_per_token(m, t), "FLOP")])
         out += [f"##### Context {t}", ""]
-        out += table(["model", "forward", *shares(model(names[0]), t), "train FLOPs/token"], rows)
+        out += [table(["model", "forward", *shares(model(names[0]), t), "train FLOPs/token"], rows, "lr"), ""]
     return out + matmuls_section("gpt2-xl", 1024) + flops_observations()
 
 
@@ -141,7 +136,7 @@ def memory_section(names: list[str], root: Path) -> list[str]:
            f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits "
            f"and their gradient). "
            f"In bfloat16 the weights' bfloat16 copies add 2P. "
-           f"Largest batch in {MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
+           f"Largest batch in {COURSE_MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
         for n in names:
@@ -149,9 +144,9 @@ def memory_section(names: list[str], root: Path) -> list[str]:
             fixed, per_seq = memory_terms(m, m.context_length, compute)
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
-                         str(max_batch(sum(fixed.values()), per_seq, MEMORY))])
-        out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
-                                              f"largest B in {MEMORY / 1e9:g} GB"], rows)
+                         str(max_batch(sum(fixed.values()), per_seq, COURSE_MEMORY))])
+        out += [f"##### {label}", ""] + [table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
+                                              f"largest B in {COURSE_MEMORY / 1e9:g} GB"], rows, "lr"), ""]
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 this model gives {per_seq / 1e9:.4g} GB · batch_size + "
@@ -191,7 +186,7 @@ def compiled_largest_section(root: Path) -> list[str]:
         return head + ["**Not compiled yet**: `python -m deliverables.compiled_memory --target h100-80gb --only "
                        "largest-batch` (the `gpu-compile` extra) stores it.", ""]
     rows = [[label, f"**{n}**", str(analytic_largest(compute_of(label)))] for label, n in got.items()]
-    return head + table(["setting", "largest batch (compiled)", "cross-check: jaxlm.memory estimate"], rows)
+    return head + [table(["setting", "largest batch (compiled)", "cross-check: jaxlm.memory estimate"], rows, "lr"), ""]
 
 
 def compute_of(label: str) -> ComputeConfig:
@@ -231,4 +226,4 @@ def time_section(device: Device) -> list[str]:
             found = training_days(kind, dtype)
             if found is not None:
                 rows.append([kind, dtype, si(found[0], "FLOP/s"), f"{found[1]:,.1f}"])
-    return out + table(["device", "dtype", "dense peak", "days"], rows)
+    return out + [table(["device", "dtype", "dense peak", "days"], rows, "lr"), ""]

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from deliverables.answers.accounting import model, si, table
+from deliverables.answers.accounting import model
 from deliverables.answers.predicted import mixed_precision_lines, nsys_lines
+from deliverables.common import table
 from jaxlm.analysis import memory
 from jaxlm.core.config import ComputeConfig
 from jaxlm.core.files import read_json
+from jaxlm.core.units import si
 
 MODEL, BATCH, CONTEXTS, TARGET = "2.7B", 4, (128, 256, 512), "h100-80gb"
 SECTION = "2.7B"  # deliverables.compiled_memory's section: forward and train step, float32 and bfloat16, batch 4
@@ -43,7 +45,7 @@ def compiled_rows(root: Path) -> dict[tuple, dict]:
 def memory_table(rows: dict[tuple, dict], value) -> list[str]:
     head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)]
     body = [[str(t), *(value(rows.get((m, d, t)), m, d, t) for m in MODES for d in DTYPES)] for t in CONTEXTS]
-    return table(head, body)
+    return [table(head, body, "lr"), ""]
 
 
 def estimated(row, mode: str, dtype: str, t: int) -> str:
@@ -115,7 +117,7 @@ def nsys_section(root: Path) -> list[str]:
            "loops, whose times say nothing about cuBLAS, cuDNN or the GPU's memory bandwidth). jaxlm answers them "
            "from a JAX profiler trace (the same CUPTI kernel records Nsight Systems shows) in the GPU campaign "
            "(docs/gpu.md), `python -m deliverables.gpu`, whose steps answer:", ""]
-    out += table(["question", "asks", "campaign step"], [list(q) for q in NSYS])
+    out += [table(["question", "asks", "campaign step"], [list(q) for q in NSYS], "lr"), ""]
     if not isinstance(prof, dict) or "forward" not in prof:
         lines = nsys_lines(root)
         said = ("Answered below by prediction: no GPU campaign results are" if lines[0].startswith("**Predicted")
@@ -152,7 +154,7 @@ def mixed_precision_section(root: Path) -> list[str]:
     predicted = [] if bench else mixed_precision_lines(root)
     return ["### mixed_precision_accumulation", "",
             "Adding 0.01 a thousand times (the exact sum is 10), computed here with numpy:", ""]\
-        + table(["accumulator += summand", "sum", "error"], rows) + [
+        + [table(["accumulator += summand", "sum", "error"], rows, "lr"), ""] + [
             "A float16 accumulator loses most: near 10, float16's spacing is 2^-7 ≈ 0.0078, so each 0.01 is "
             "rounded to a multiple of it. A float16 summand in a float32 accumulator keeps only float16's error "
             "in 0.01 itself. Hence mixed precision computes in 16 bits but accumulates (matmul sums, norms, "

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from deliverables.answers import predicted
-from deliverables.answers.accounting import table
 from deliverables.answers.gpu import campaign
+from deliverables.common import table
 from experiments.results import load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
@@ -58,7 +58,7 @@ def measured_section(bench: Path | None, title: str = "A benchmark result given 
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
     head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
-    out += table(head, body) if body else ["No measured rows.", ""]
+    out += [table(head, body, "lr"), ""] if body else ["No measured rows.", ""]
     out += backward_lines(ok) + breakdown_lines(meta.get("breakdown") or [])
     return out
 
@@ -178,8 +178,8 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     out += ["#### (b) The size table", ""]
     if sizes:
         out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
-        out += table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
-                     timing_rows(sizes, "preset"))
+        out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
+                     timing_rows(sizes, "preset"), "lr"), ""]
     else:
         out += ["**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a "
                 "GPU, not a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and "
@@ -202,7 +202,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     out += ["#### (c) Warm-up", "",
             f"**CPU timings** ({setting}) on {machine(warm[0])}: a shared machine, so compare spreads and first "
             "steps, not the third digit of a mean. *first*: the first timed step.", ""]
-    return out + table(head, timing_rows(warm, "warmup", first=True)) + warmup_lines(warm) + [
+    return out + [table(head, timing_rows(warm, "warmup", first=True), "lr"), ""] + warmup_lines(warm) + [
         "The first calls of a compiled step do one-time work: XLA:CPU allocates and first touches the step's "
         "temporary buffers (page faults), its thread pool and caches start cold, and the donated parameters are "
         "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "
