@@ -46,7 +46,7 @@ def parameters_section(names: list[str]) -> list[str]:
                      count(c["attention"]), count(c["ffn"]), count(c["embedding"] + c["lm_head"]), count(c["total"]),
                      si(4 * c["total"], "B")])
     return out + [table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
-                        "float32"], rows, "lr"), ""]
+                         "float32"], rows, "lr"), ""]
 
 
 def matmuls_section(name: str, t: int) -> list[str]:
@@ -145,8 +145,9 @@ def memory_section(names: list[str], root: Path) -> list[str]:
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
                          str(max_batch(sum(fixed.values()), per_seq, COURSE_MEMORY))])
-        out += [f"##### {label}", ""] + [table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
-                                              f"largest B in {COURSE_MEMORY / 1e9:g} GB"], rows, "lr"), ""]
+        head = ["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
+                f"largest B in {COURSE_MEMORY / 1e9:g} GB"]
+        out += [f"##### {label}", "", table(head, rows, "lr"), ""]
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 this model gives {per_seq / 1e9:.4g} GB · batch_size + "

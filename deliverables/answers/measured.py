@@ -179,7 +179,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     if sizes:
         out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
         out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
-                     timing_rows(sizes, "preset"), "lr"), ""]
+                      timing_rows(sizes, "preset"), "lr"), ""]
     else:
         out += ["**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a "
                 "GPU, not a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and "

@@ -76,7 +76,7 @@ def _bench_config(run: dict, row: dict):
                  if k.split(".")[0] in ("model", "compute")]
     cfg = load_config(None, overrides, preset=(spec.get("args") or {}).get("preset"))
     setting = BenchCase(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
-                      remat=row.get("remat") or "none")
+                        remat=row.get("remat") or "none")
     return setting.configs(cfg.model, row["context"])
 
 
