@@ -201,7 +201,7 @@ def table(section: Section, rows: list[dict]) -> str:
     by_label = {r["setting"]: r for r in rows}
     head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"
     head += (" vs reference |" if section.reference else "")
-    head += " largest batch | its total GiB | its matmuls |" if section.largest else ""
+    head += " largest batch | its total GiB | its matmuls | its XLA remat clones |" if section.largest else ""
 
     def cells(r: dict) -> list[str]:
         cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
@@ -215,7 +215,7 @@ def table(section: Section, rows: list[dict]) -> str:
             return cells
         at = r.get("at_largest") or {}
         return cells + [str(r["largest_batch"]), f"{at['total_bytes'] / GIB:.2f}" if at else "-",
-                        str(at.get("matmuls", "-"))]
+                        str(at.get("matmuls", "-")), str(at.get("rematerialised", "-"))]
 
     return markdown_table(head, rows, cells)
 

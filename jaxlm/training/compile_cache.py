@@ -25,9 +25,10 @@ from jaxlm.training import compiled as gpu
 
 PREDICTED = "predicted_step_ms"
 KEPT = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes", "matmuls", "matmul_dtypes",
-        "cudnn_attention_calls", "compile_s", "label", "compiler_options", PREDICTED, "predicted_tokens_per_s",
-        "predicted_mfu", "predicted_peak", "predicted_label", "predicted_groups", "predicted_phases",
-        "predicted_components", "predicted_ops", "predicted_notes")  # not the kernels: their ops, summed
+        "cudnn_attention_calls", "rematerialised", "compile_s", "label", "compiler_options", PREDICTED,
+        "predicted_tokens_per_s", "predicted_mfu", "predicted_peak", "predicted_label", "predicted_groups",
+        "predicted_phases", "predicted_components", "predicted_ops",
+        "predicted_notes")  # not the kernels: their ops, summed
 
 
 def job_config(job: dict) -> Config:

@@ -220,11 +220,14 @@ def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=
 
 def program_facts(program: str | Module) -> dict:
     """Static counts in an optimised HLO module (or its text): matmuls (XLA dots, inside fusions too, and cuBLAS
-    calls) by operand dtypes ("bf16xbf16"), cuDNN attention calls by kind. An op inside a loop body counts once."""
+    calls) by operand dtypes ("bf16xbf16"), cuDNN attention calls by kind, and the instructions XLA's own
+    rematerialisation pass cloned to fit the memory limit (it names them `NAME.remat`, `NAME.remat2`; not jaxlm's
+    `compute.remat`, whose recomputation is traced into the program). An op inside a loop body counts once."""
     module = hlo.parse_module(program) if isinstance(program, str) else program
-    matmuls, cudnn = collections.Counter(), collections.Counter()
+    matmuls, cudnn, remat = collections.Counter(), collections.Counter(), 0
     for comp in module.computations.values():
         for ins in comp.instrs.values():
+            remat += bool(re.search(r"\.remat\d*$", ins.name))
             target = ins.attr("custom_call_target") or "" if ins.opcode == "custom-call" else ""
             if target.startswith("__cudnn$fmha"):
                 cudnn[target.removeprefix("__cudnn$")] += 1
@@ -232,7 +235,8 @@ def program_facts(program: str | Module) -> dict:
                 types = [comp.instrs[o].shape[0].dtype if o in comp.instrs else "?" for o in ins.operands[:2]]
                 matmuls["x".join(types)] += 1
     return {"matmuls": sum(matmuls.values()), "matmul_dtypes": dict(sorted(matmuls.items())),
-            "cudnn_attention_calls": sum(cudnn.values()), "cudnn_calls": dict(sorted(cudnn.items()))}
+            "cudnn_attention_calls": sum(cudnn.values()), "cudnn_calls": dict(sorted(cudnn.items())),
+            "rematerialised": remat}
 
 
 def prediction(module: Module, cfg: Config, target: Target, mode: str = "train_step", top: int = 15) -> dict:
