@@ -232,7 +232,7 @@ def page(figures: dict[str, dict], target: gpu.Target) -> str:
     for lbl, r in figures.items():
         if "float32" in lbl:
             out += ["", f"## The largest values: {lbl}", "",
-                    markdown_table("| setting | MiB | shape | count | op | source |",
+                    markdown_table("| instruction | MiB | shape | count | op | source |",
                                    [{"setting": g["example"], **g} for g in r["largest"]],
                                    lambda g: [g["setting"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`",
                                               str(g["count"]), f"`{g['op']}`", f"`{g['source']}`"])]
@@ -240,29 +240,33 @@ def page(figures: dict[str, dict], target: gpu.Target) -> str:
 
 
 def draw(figures: dict[str, dict], path: Path, target: gpu.Target) -> None:
-    """Live GiB over the schedule (as a share of it), float32, a line per context; the train step's phases shaded."""
-    from deliverables.report.output import pyplot, shrink_png
+    """Live GiB over the schedule (as a share of it), float32, a line per context; dotted where each context's
+    backward and update begin; the arguments (state and batch) dashed."""
+    from deliverables.report.output import COLOURS, pyplot, shrink_png
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.4))
     for ax, mode in zip(axes, MODES):
-        for t in CONTEXTS:
+        values = []
+        for colour, t in zip(COLOURS, CONTEXTS):
             r = figures.get(label(mode, "float32", t))
-            if r:
-                xs = [(i + 0.5) / len(r["timeline"]) for i in range(len(r["timeline"]))]
-                ax.plot(xs, [v / GIB for v in r["timeline"]], label=f"context {t}", lw=1)
-        last = figures.get(label(mode, "float32", CONTEXTS[-1]))
-        for (name, (a, b)), shade in zip((last or {}).get("phases", {}).items(), ("#eef", "#fee", "#efe")):
-            n = last["instructions"]
-            ax.axvspan(a / n, (b + 1) / n, color=shade, zorder=0)
-            ax.text((a + b + 1) / 2 / n, 0.02, name, transform=ax.get_xaxis_transform(), ha="center", fontsize=7)
-        if last:
-            ax.axhline(last["argument_bytes"] / GIB, color="#888", lw=0.8, ls="--", label="arguments (state, batch)")
+            if not r:
+                continue
+            n, live = r["instructions"], [v / GIB for v in r["timeline"]]
+            ax.plot([(i + 0.5) / len(live) for i in range(len(live))], live, color=colour, lw=1, label=f"context {t}")
+            for name, (a, _) in list(r["phases"].items())[1:]:
+                ax.axvline(a / n, color=colour, lw=0.8, ls=":")
+            values += live + [r["argument_bytes"] / GIB]
+        if values:
+            ax.axhline(values[-1], color="#888", lw=0.8, ls="--", label="arguments (state, batch)")
+            span = max(values) - min(values)
+            ax.set_ylim(min(values) - 0.1 * span, max(values) + 0.25 * span)
+        what = "dotted: backward and update begin" if mode == "train_step" else "no backward"
         ax.set(xlabel="position in the compiled schedule (share of its instructions)", ylabel="live GiB",
-               title=f"({'ab'[MODES.index(mode)]}) {mode.replace('_', ' ')}, float32, batch {BATCH}", ylim=(0, None))
+               title=f"({'ab'[MODES.index(mode)]}) {mode.replace('_', ' ')}, float32, batch {BATCH} ({what})")
         ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"`{PRESET}` {target.label.split(' (')[0]}: compiled, not a CUDA trace", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

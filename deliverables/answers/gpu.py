@@ -16,6 +16,7 @@ import numpy as np
 from deliverables import memory_profile as profile
 from deliverables.answers.accounting import model, table
 from deliverables.answers.predicted import mixed_precision_lines, nsys_lines
+from jaxlm.analysis import flops
 from jaxlm.core.files import read_json
 
 TARGET = "h100-80gb"
@@ -31,21 +32,38 @@ def memory_table(rows: dict[str, dict]) -> list[str]:
 
 
 def timeline_lines(rows: dict[str, dict]) -> list[str]:
-    """What the compiled timelines show, from the longest context's float32 steps."""
-    t = profile.CONTEXTS[-1]
+    """Where each float32 step's live bytes peak, in which phase, against its arguments and compiled total."""
     out = []
     for mode in profile.MODES:
-        r = rows.get(profile.label(mode, "float32", t))
-        if not r:
-            continue
-        at = r["peak_position"]
-        where = next((name for name, (a, b) in r["phases"].items() if a <= at <= b), "?")
-        out.append(f"- {mode.replace('_', ' ')}, float32, context {t}: {r['instructions']:,} scheduled "
-                   f"instructions; the arguments (parameters, optimizer state, batch) hold "
-                   f"{r['argument_bytes'] / 2**30:.2f} GiB throughout, and the live bytes peak at "
-                   f"{r['peak_live_bytes'] / 2**30:.2f} GiB at instruction {at:,} ({100 * at / r['instructions']:.0f}% "
-                   f"of the way, in the {where}) against a compiled total of {r['total_bytes'] / 2**30:.2f} GiB.")
+        for t in profile.CONTEXTS:
+            r = rows.get(profile.label(mode, "float32", t))
+            if not r:
+                continue
+            at = r["peak_position"]
+            where = next((name for name, (a, b) in r["phases"].items() if a <= at <= b), "?")
+            out.append(f"- {mode.replace('_', ' ')}, context {t}: {r['instructions']:,} scheduled instructions; "
+                       f"live bytes peak at {r['peak_live_bytes'] / 2**30:.2f} GiB at instruction {at:,} "
+                       f"({100 * at / r['instructions']:.0f}% of the way, in the {where}), "
+                       f"{(r['peak_live_bytes'] - r['argument_bytes']) / 2**30:.2f} GiB above the arguments; compiled "
+                       f"total {r['total_bytes'] / 2**30:.2f} GiB.")
     return out + [""] if out else []
+
+
+def reading(rows: dict[str, dict], params: int) -> list[str]:
+    """How to read the train step's timeline: its arguments, activations and gradients."""
+    r = rows.get(profile.label("train_step", "float32", profile.CONTEXTS[-1]))
+    if not r:
+        return []
+    grads = 4 * params / 2**30
+    return [f"How to read them: the train step holds its arguments (the parameters, AdamW's two moments and the "
+            f"batch, {r['argument_bytes'] / 2**30:.2f} GiB) from start to end. On top, the forward keeps each layer's "
+            "activations for the backward, so the line rises through the forward; the backward frees them layer by "
+            f"layer while it writes the gradients, which end as large as the parameters ({grads:.2f} GiB in "
+            "float32) and all stay live until the update, since gradient clipping needs their global norm first; "
+            "the update consumes them as it writes the new state into the donated buffers. Where the activations "
+            "outweigh the gradients (the longest context) the peak is where the backward begins; where they do not, "
+            "it moves to where the update begins. The eval step keeps no activations across layers: each layer's "
+            "buffers are reused by the next, so its line stays within a few hundred MiB of the arguments.", ""]
 
 
 def largest_lines(rows: dict[str, dict], top: int = 5) -> list[str]:
@@ -78,12 +96,7 @@ def memory_profiling_section(root: Path) -> list[str]:
             "instruction of the compiled schedule (from the instruction that defines it to its last use), float32, "
             "a line per context:", "",
             f"![memory timeline](results/compiled/{profile.PRESET}-memory-timeline.png)", ""]
-    out += timeline_lines(rows) + [
-        "The train step's live bytes rise through the forward as each layer keeps its activations for the "
-        "backward, peak where the backward starts (the loss's gradient and the last layers' activations at once), "
-        "and fall as the backward frees each layer's activations while it makes that layer's gradients; the "
-        "update then runs in place on the donated state. The eval step keeps no activations: after each layer its "
-        "buffers are reused, so its line stays near the arguments.", "",
+    out += timeline_lines(rows) + reading(rows, flops.param_counts(cfg)["total"]) + [
         "(b) Peak memory, the compiled total per GPU (arguments + outputs + temporaries - donated):", ""]
     out += memory_table(rows)
     ratios = [rows[profile.label(m, "bfloat16", t)]["total_bytes"] / rows[profile.label(m, "float32", t)]["total_bytes"]
