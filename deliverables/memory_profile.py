@@ -34,7 +34,7 @@ POINTS = 400  # timeline points kept per step (each the largest live figure of i
 DUMP = {"xla_dump_hlo_as_text": True}
 MIB = 2**20
 _PLUMBING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")  # define no work of a phase
-_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)")
+_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(?:, ([\w-]+))?")  # its kind: parameter, ...-temp
 _VALUE = re.compile(r"^ value: <\d+ ([^ >]+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
 _RANGE = re.compile(r"^\s+(\S+\{[\d,]*\}):(\d+)-(\d+)$", re.M)
 _POSITION = re.compile(r"^\s+(\d+):(\S+)$", re.M)
@@ -58,7 +58,7 @@ def values(assignment: str) -> dict[str, tuple[tuple[int, int], int, str, str]]:
     out, alloc, kind = {}, None, ""
     for line in assignment.splitlines():
         if m := _ALLOCATION.match(line):
-            alloc, kind = int(m.group(1)), line.split(",", 1)[1].strip().split(" ")[0] if "," in line else ""
+            alloc, kind = int(m.group(1)), m.group(3) or ""
         elif (m := _VALUE.match(line)) and alloc is not None:
             out[_key(m.group(1))] = ((alloc, int(m.group(3))), int(m.group(2)), m.group(4).split("{")[0], kind)
     return out
