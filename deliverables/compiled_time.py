@@ -22,6 +22,7 @@ from deliverables.compiled_memory import (
     GIB,
     OUT_DIR,
     RTX5090,
+    RTX5090_MODEL,
     Section,
     cached,
     job,
@@ -77,7 +78,11 @@ def sweeps() -> list[Section]:
                    "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).")
     nsys.rows = [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
                  for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in ("forward", "train_step")]
-    return [batch, nsys]
+    chunk = Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
+                    "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.")
+    chunk.rows = [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=[*RTX5090_MODEL, f"compute.loss_chunk={c}"]))
+                  for d in ("float32", "bfloat16") for loss, c in (("whole logits", 0), ("chunked", 1024))]
+    return [batch, nsys, chunk]
 
 
 def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
