@@ -5,8 +5,8 @@
 
 Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
 of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
-target by jaxlm.training.compiled: the GPU compiler's plan, not a measurement. Compiled figures
-are kept in docs/results/compiled/TARGET.json (jaxlm.training.compile_cache, shared with
+target by jaxlm.predict.compile: the GPU compiler's plan, not a measurement. Compiled figures
+are kept in docs/results/compiled/TARGET.json (jaxlm.predict.store, shared with
 `python -m deliverables.memory_validation --target`), so the page regenerates without compiling
 what is already there.
 """
@@ -21,8 +21,8 @@ from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
 from jaxlm.core.errors import UserError
-from jaxlm.training import compiled as gpu
-from jaxlm.training.compile_cache import CompileCache
+from jaxlm.predict.store import CompileCache
+from jaxlm.predict.target import Target, parse_target, require_compiler
 
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
@@ -126,7 +126,7 @@ def sections() -> list[Section]:
     return [*out, ctx, bat, mixed, most, big]
 
 
-def figures(section: Section, target: gpu.Target, store: CompileCache, compile: bool = True,
+def figures(section: Section, target: Target, store: CompileCache, compile: bool = True,
             predicted: bool = False) -> list[dict]:
     """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
     predicted time (a stored figure without one is compiled again)."""
@@ -162,7 +162,7 @@ def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections
     path = Path(out_dir) / f"{target_name}.json"
     if not path.is_file():
         return {}
-    target, store = gpu.parse_target(target_name), CompileCache(path)
+    target, store = parse_target(target_name), CompileCache(path)
     rows = next(s for s in all_sections() if s.name == section).rows
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
 
@@ -178,7 +178,7 @@ def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -
     path = Path(out_dir) / f"{target_name}.json"
     if not path.is_file():
         return {}
-    target, store = gpu.parse_target(target_name), CompileCache(path)
+    target, store = parse_target(target_name), CompileCache(path)
     out = {}
     for label, j in next(s for s in sections() if s.name == section).rows:
         found = store.stored.get(store.key({**j, "search": "largest_batch"}, target))
@@ -220,7 +220,7 @@ def table(section: Section, rows: list[dict]) -> str:
     return markdown_table(head, rows, cells)
 
 
-def intro(target: gpu.Target) -> list[str]:
+def intro(target: Target) -> list[str]:
     import jax
 
     return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
@@ -239,15 +239,14 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, tabl
     `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
     then each section's `table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
-    p = cli.ArgumentParser(prog=f"python -m {module}", description=doc,
-                           formatter_class=cli.HelpFormatter, needs="the 'gpu-compile' extra")
+    p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--only", nargs="+", choices=names, metavar="SECTION", help=f"these sections: {', '.join(names)}")
     p.add_argument("--out", type=Path, help=f"the page (default: docs/results/compiled/TARGET-{name}.md)")
     p.add_argument("--cache", type=Path, help="the compiled figures (default: docs/results/compiled/TARGET.json)")
     args = p.parse_args(argv)
-    target = gpu.parse_target(args.target)
-    gpu.require_compiler()
+    target = parse_target(args.target)
+    require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
     done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted))
             for s in all_sections()]

@@ -5,7 +5,7 @@
 
 Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
 jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
-(jaxlm.training.compiled.prediction: a roofline over every kernel at the device table's achieved rates):
+(jaxlm.predict.compile.prediction: every kernel priced by its shape at the device table's rates):
 predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
 (docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
 `python -m deliverables.answers` reads the sizes and their kernel tables from the store.
@@ -30,7 +30,7 @@ from deliverables.compiled_memory import (
     write_page,
 )
 from jaxlm import cli
-from jaxlm.training import compiled as gpu
+from jaxlm.predict.target import Target
 
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
 SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
@@ -40,7 +40,9 @@ TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat1
               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
               ("bfloat16 + cuDNN + window {w}", "bfloat16", "none", "cudnn", "w"),
               ("float32 + remat full", "float32", "full", "xla", None))
-SHARES = ("matmul", "attention", "softmax/normalisation", "other elementwise", "optimizer update", "copies")
+REMAT = (("bfloat16 + remat full", "bfloat16", "full", "xla", None),  # beside the techniques, for `small` only
+         ("bfloat16 + cuDNN + remat full", "bfloat16", "full", "cudnn", None))
+SHARES = ("matmul", "attention", "softmax/normalisation", "loss", "other elementwise", "optimizer update", "copies")
 
 
 def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
@@ -50,7 +52,7 @@ def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
 def sections() -> list[Section]:
     small = Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
                     "The AdamW train step of the `small` preset, each technique.")
-    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in _techniques(256)]
+    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in (*_techniques(256), *REMAT)]
     rtx = Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
                   "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
                   "AdamW train step.")
@@ -91,29 +93,34 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
     return {label: r for label, r in rows.items() if r.get("predicted_step_ms")}
 
 
-def intro(target: gpu.Target) -> list[str]:
+def intro(target: Target) -> list[str]:
     return [f"# GPU time, predicted from the program compiled for {target.description}", "",
              f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.analysis.roofline` priced each of its kernels at the device table's achieved "
-             "rates (docs/benchmarks.md, \"Predicted GPU time\"). The group columns are each kernel group's share "
-             "of the predicted step; compiled GiB is the same compile's memory per GPU. Regenerate with "
+             "machine and `jaxlm.predict.roofline` priced each of its kernels by its shape at the device table's "
+             "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
+             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). "
+             "The group columns are each kernel group's share of the predicted step; compiled GiB is the same "
+             "compile's memory per GPU. Regenerate with "
              f"`python -m deliverables.compiled_time --target {target.name}`."]
 
 
 def shares(row: dict) -> dict[str, float]:
-    """Each kernel group's share of the predicted step (jaxlm.analysis.roofline.GROUPS)."""
+    """Each kernel group's share of the predicted step (jaxlm.predict.roofline.GROUPS)."""
     return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
 
 
 def table(section: Section, rows: list[dict]) -> str:
-    head = ("| setting | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
+    head = ("| setting | matmuls | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
             + " | compiled GiB |")
 
     def cells(r: dict) -> list[str]:
         s = shares(r)
-        return [r["setting"], f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
-                f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES),
-                f"{r['total_bytes'] / GIB:.2f}"]
+        if r.get("predicted_step_ms") is None:  # a step that does not fit: its label says so
+            return [r["setting"], r.get("matmul_precision") or "-", r["predicted_label"], *["-"] * (2 + len(SHARES)),
+                    f"{r['total_bytes'] / GIB:.2f}"]
+        return [r["setting"], r.get("matmul_precision") or "-", f"{r['predicted_step_ms']:.1f}",
+                f"{r['predicted_tokens_per_s']:,.0f}", f"{100 * r['predicted_mfu']:.0f}%",
+                *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES), f"{r['total_bytes'] / GIB:.2f}"]
 
     return markdown_table(head, rows, cells)
 

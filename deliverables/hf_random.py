@@ -7,9 +7,11 @@ SmolLM2-135M. Needs transformers (the test extra) and GPT-2's vocabulary (`pytho
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
+
+from jaxlm import cli
 
 # SmolLM2-135M's config.json, but for the vocabulary: GPT-2's 50,257 tokens instead of its own 49,152.
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -36,8 +38,8 @@ def build(out: Path, layers: int, seed: int) -> int:
     return model.num_parameters()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m deliverables.hf_random", description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    ap = cli.ArgumentParser(command="deliverables.hf_random", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the checkpoint directory to write")
     ap.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"], help="fewer for a smoke test")
     ap.add_argument("--seed", type=int, default=0)
@@ -49,4 +51,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(cli.run(main))

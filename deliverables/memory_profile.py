@@ -4,7 +4,7 @@ with the op and source line that make them, and live bytes over the compiled sch
     python -m deliverables.memory_profile --target h100-80gb     # docs/results/compiled/large-memory-profile.*
 
 Each step (the eval step, "forward", and the AdamW train step that `python -m jaxlm.train` runs; float32 and
-bfloat16; contexts 128, 256 and 512; batch 4) is compiled for the target by jaxlm.training.compiled with XLA's
+bfloat16; contexts 128, 256 and 512; batch 4) is compiled for the target by jaxlm.predict.compile with XLA's
 dump switched on. The totals come from the one compiled-memory reader (jaxlm.analysis.memory.compiled_memory).
 The dump adds what the Python API does not expose: the buffer assignment (every value: its size, its slot in an
 allocation) and the live ranges of the scheduled program (each value from the instruction that defines it to its
@@ -22,11 +22,12 @@ from pathlib import Path
 
 from deliverables.compiled_memory import GIB, OUT_DIR, job, markdown_table
 from jaxlm import cli
-from jaxlm.analysis import hlo
 from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core.files import read_json, write_json
-from jaxlm.training import compiled as gpu
-from jaxlm.training.compile_cache import job_config
+from jaxlm.predict import compile as gpu
+from jaxlm.predict import hlo
+from jaxlm.predict.store import job_config
+from jaxlm.predict.target import Target, parse_target, require_compiler
 
 PRESET, BATCH, CONTEXTS = "large", 4, (128, 256, 512)
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
@@ -176,7 +177,7 @@ def _thin(live: list[int], points: int = POINTS) -> list[int]:
     return [max(live[i * n // points:max((i + 1) * n // points, i * n // points + 1)]) for i in range(points)]
 
 
-def profile(j: dict, target: gpu.Target) -> dict:
+def profile(j: dict, target: Target) -> dict:
     """One step compiled for `target` with the dump on: totals, the timeline, its phases and the largest values."""
     cfg, mode = job_config(j), j["mode"]
     with tempfile.TemporaryDirectory() as where:
@@ -206,7 +207,7 @@ def stored(out: Path = OUT_DIR) -> dict[str, dict]:
     return (read_json(out / f"{PRESET}-memory-profile.json", default=None) or {}).get("rows") or {}
 
 
-def page(figures: dict[str, dict], target: gpu.Target) -> str:
+def page(figures: dict[str, dict], target: Target) -> str:
     """The Markdown page: peak memory by context, mode and dtype; the largest values of each float32 step."""
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
@@ -239,7 +240,7 @@ def page(figures: dict[str, dict], target: gpu.Target) -> str:
     return "\n".join(out) + "\n"
 
 
-def draw(figures: dict[str, dict], path: Path, target: gpu.Target) -> None:
+def draw(figures: dict[str, dict], path: Path, target: Target) -> None:
     """Live GiB over the schedule (as a share of it), float32, a line per context; dotted where each context's
     backward and update begin; the arguments (state and batch) dashed."""
     from deliverables.report.output import COLOURS, pyplot, shrink_png
@@ -280,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--out", type=Path, default=OUT_DIR, help="where PRESET-memory-profile.{json,md} and the PNG go")
     args = p.parse_args(argv)
-    target = gpu.parse_target(args.target)
-    gpu.require_compiler()
+    target = parse_target(args.target)
+    require_compiler()
     path = args.out / f"{PRESET}-memory-profile.json"
     figures = stored(args.out)
     for lbl, j in rows():

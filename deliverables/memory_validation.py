@@ -7,9 +7,9 @@ tables of docs/results/compiled/h100-80gb-validation.md and the fit of the estim
         # vs XLA:CPU's memory_analysis() (float32)
     python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
 
-With --target each row compiles training's own step (jaxlm.training.compiled) for the target and compares
+With --target each row compiles training's own step (jaxlm.predict.compile) for the target and compares
 the estimate with the compiled total per GPU (argument + output + temp - alias). The compiled figures are
-kept in `--cache` (jaxlm.training.compile_cache: keyed by row, target and jax version, each with the hash of
+kept in `--cache` (jaxlm.predict.store: keyed by row, target and jax version, each with the hash of
 the program it was compiled from), so the table regenerates in seconds after a change to the estimator.
 Without --target the rows are float32 steps without remat compiled for this machine's backend (XLA:CPU),
 where memory_analysis() is faithful.
@@ -26,8 +26,9 @@ from jaxlm.analysis.flops import param_counts
 from jaxlm.core.config import load_config
 from jaxlm.core.files import write_between_markers
 from jaxlm.nn.loss import chunk_tokens
-from jaxlm.training import compiled as gpu
-from jaxlm.training.compile_cache import CompileCache, job_config
+from jaxlm.predict import compile as gpu
+from jaxlm.predict.store import CompileCache, job_config
+from jaxlm.predict.target import Target, parse_target, require_compiler
 
 # Models the rows name beside the presets: the RTX 5090 study's (deliverables/compiled_memory.py), 4 layers,
 # d_model 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
@@ -83,7 +84,7 @@ def validation_job(preset: str, dtype: str, remat: str, attention: str, context:
                     f'compute.remat="{remat}"', f'compute.attention="{attention}"', *extra], "mode": "train_step"}
 
 
-def compiled_rows(target: gpu.Target, rows=ROWS, cache: Path | None = None, log=print) -> list[dict]:
+def compiled_rows(target: Target, rows=ROWS, cache: Path | None = None, log=print) -> list[dict]:
     """The compiled figures of each validation row, from `cache` where present (and saved there as they come)."""
     store = CompileCache(cache)
     return [{**dict(zip(FIELDS, spec)), **store.row(validation_job(*spec), target, log)} for spec in rows]
@@ -128,8 +129,8 @@ def errors(rows: list[dict]) -> str:
 
 
 def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
-    t = gpu.parse_target(target_name)
-    gpu.require_compiler()
+    t = parse_target(target_name)
+    require_compiler()
     text = table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
     if out is not None:
         write_between_markers(out, text, *GPU_MARKS)
@@ -158,7 +159,7 @@ def probe_job(probe: dict, dtype: str, remat: str, attention: str) -> dict:
             f'compute.dtype="{dtype}"', f'compute.remat="{remat}"', f'compute.attention="{attention}"']}
 
 
-def calibrate(target: gpu.Target, cache: Path | None, log=print) -> dict:
+def calibrate(target: Target, cache: Path | None, log=print) -> dict:
     """Non-negative least-squares fit (relative errors) of each class's GPU_BYTES row on the compiled probes'
     temp bytes: the activation features of jaxlm.analysis.memory.gpu_features, and the parameter count
     (gradients and weight copies). The rows price the blocks' backward; the loss's backward (HEAD_BYTES) and
@@ -226,7 +227,7 @@ def cpu_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.memory_validation", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(command="deliverables.memory_validation", formatter_class=cli.HelpFormatter,
                            description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
                                        "float32 train step on this machine's backend, row by row; with --target, "
                                        "with the GPU compiler's plan of each step.")
@@ -240,7 +241,7 @@ def main(argv: list[str]) -> int:
                    "compiled two-layer probes (PROBES) and print them")
     args = p.parse_args(argv)
     if args.target and args.calibrate:
-        fitted = calibrate(gpu.parse_target(args.target), args.cache)
+        fitted = calibrate(parse_target(args.target), args.cache)
         print("GPU_BYTES = {\n" + "".join(f"    {k}: {v},\n" for k, v in fitted.items()) + "}")
     elif args.target:
         print(validate(args.target, args.out, args.cache, args.rows))

@@ -109,7 +109,7 @@ def throughput(run_dir: Path, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.tokenizer_study", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(command="deliverables.tokenizer_study", description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["train", "compress", "throughput"])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--fraction", type=cli.bounded(float, 0.0, 1.0, open_low=True), default=1.0)

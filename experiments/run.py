@@ -348,8 +348,7 @@ def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m experiments.run", description=__doc__.split("\n\n")[0],
-                           needs="the core install",
+    p = cli.ArgumentParser(command="experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
     p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
     p.add_argument("--list", action="store_true",

@@ -44,8 +44,7 @@ DEFAULT_CONFIG = Path(__file__).with_name("default.toml")  # used when no --conf
 
 def parse_args(argv=None) -> tuple[Setup, argparse.Namespace]:
     """The flags (--help works without torch), then torch and the comparisons' module, then the checks."""
-    p = cli.ArgumentParser(prog="python -m parity.check", description=__doc__.splitlines()[0],
-                           needs="the 'torch' extra")
+    p = cli.ArgumentParser(command="parity.check", description=__doc__.splitlines()[0])
     cli.add_config_args(p)  # [model], [compute] and [optim] are used; default: parity/default.toml
     p.add_argument("--steps", type=cli.bounded(int, 0), default=0,
                    help="also train N steps in both frameworks and compare the losses (default: 0)")

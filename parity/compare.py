@@ -14,7 +14,7 @@ import torch
 from flax import nnx
 
 import torchref
-from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, OptimConfig
+from jaxlm.core.config import ComputeConfig, Config, LoraConfig, ModelConfig, OptimConfig, TrainConfig
 from jaxlm.nn.loss import lm_loss
 from jaxlm.nn.model import TransformerLM
 from jaxlm.training.optim import make_optimizer
@@ -63,7 +63,8 @@ def build_pair(setup: Setup) -> tuple[torch.nn.Module, TransformerLM]:
         for name, p in ref.named_parameters():
             if name.endswith("lora_b"):  # zero B would hide the adapters from the comparison
                 torch.nn.init.normal_(p, std=0.02)
-    model = (build_model(setup.model, setup.compute, setup.seed, lo) if lo.rank
+    run = Config(model=setup.model, compute=setup.compute, train=TrainConfig(seed=setup.seed), lora=lo)
+    model = (build_model(run) if lo.rank
              else TransformerLM(setup.model, setup.compute, rngs=nnx.Rngs(setup.seed)))
     torch_to_jax({k: v.cpu() for k, v in ref.state_dict().items()}, model)
     return ref, model

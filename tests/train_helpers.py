@@ -1,4 +1,5 @@
-"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras.
+"""Shared pieces of the tests: a tiny config, a tiny token corpus, step runners, skips for missing extras, a child
+process's environment.
 
 Also runnable as a script for subprocess tests: `python tests/train_helpers.py devices`
 (several simulated devices), `python tests/train_helpers.py slow-train DELAY ARGS...`
@@ -31,6 +32,14 @@ def xla_devices(n: int) -> str:
     return f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={n}"
 
 
+def env(**extra) -> dict[str, str]:
+    """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
+    `extra` set."""
+    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
+    out.pop("JAXLM_DEBUG", None)
+    return {**out, **extra}
+
+
 def needs(extra: str):
     """The `extra` mark: the test is skipped, naming the extra's install command, unless the pyproject extra is
     installed (tests/conftest.py); `python -m pytest -m extra` selects every such test."""
@@ -46,7 +55,7 @@ def missing_extra(extra: str) -> str | None:
     from jaxlm.core import extras, platform
 
     if extra == "gpu-compile":
-        from jaxlm.training.compiled import EXTRA
+        from jaxlm.predict.target import EXTRA
 
         return None if platform.cuda_plugin_installed() else f"needs XLA's GPU compiler: {EXTRA}"
     module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof

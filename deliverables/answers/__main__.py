@@ -56,8 +56,8 @@ def answers(device: Device, root: Path = RESULTS, bench: Path | None = None, pag
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.answers", formatter_class=cli.HelpFormatter,
-                           description=__doc__, needs="the core install")
+    p = cli.ArgumentParser(command="deliverables.answers", formatter_class=cli.HelpFormatter,
+                           description=__doc__)
     p.add_argument("--device", default="h100-80gb", choices=sorted(DEVICES),
                    help="the accelerator of the extra training-time rows (jaxlm.analysis.devices; the questions' "
                         "own devices are always answered)")

@@ -15,7 +15,7 @@ from deliverables.answers.accounting import model, table
 from deliverables.compiled_time import NSYS_PRESETS, SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import forward_flops
-from jaxlm.analysis.roofline import device_rates
+from jaxlm.predict.roofline import device_rates
 
 TARGET = "h100-80gb"
 COMMAND = f"python -m deliverables.compiled_time --target {TARGET} --only sizes mixed-precision"

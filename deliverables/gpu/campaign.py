@@ -153,7 +153,7 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
         after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
     """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
     Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
-    each step (and its report) is written. `meta`: more of results.json's "meta" (the lent run's checks).
+    each step (and its report) is written. `meta`: more of results.json's "meta" (the offline run's checks).
     Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
     import jax
 
@@ -236,9 +236,8 @@ def check_only(only: list[str] | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="an NVIDIA GPU and JAX's CUDA build (the 'cuda12' or 'cuda13' extra); "
-                                      "--dry-run and --smoke: the core install")
+    parser = cli.ArgumentParser(command="deliverables.gpu", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
     parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
     parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,

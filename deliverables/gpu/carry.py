@@ -1,13 +1,14 @@
-"""What the lent GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
+"""What the offline GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
 
     python -m deliverables.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
     python -m deliverables.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
 
-The lent machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
+The offline machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
 those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
-`pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.lent). One version of each:
+`pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.offline). One version of each:
 two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
-This module uses the standard library and `packaging` only: it runs before jaxlm's dependencies are installed.
+Its functions use the standard library and `packaging` only: they run before jaxlm's dependencies are installed
+(the command itself, `main`, goes through jaxlm's error boundary).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ FOLDER = REPO / ".whl"
 CORPUS = Path("tinyshakespeare/input.txt")  # the shakespeare step's, under the data root
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
-PYTHON = (3, 12)  # the lent machine's Python (3.12.3)
-# The lent machine's interpreter, for evaluating the wheels' environment markers.
+PYTHON = (3, 12)  # the offline machine's Python (3.12.3)
+# The offline machine's interpreter, for evaluating the wheels' environment markers.
 TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
               "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
@@ -87,7 +88,7 @@ def dependencies(root: Path = REPO) -> list[str]:
 
 def normalise(text: str) -> str | None:
     """A requirement as wheels.txt records it ("name[extras]specifier"), or None when its marker leaves it out
-    on the lent machine (another platform, an extra)."""
+    on the offline machine (another platform, an extra)."""
     from packaging.requirements import Requirement
 
     req = Requirement(text)
@@ -130,7 +131,7 @@ def coverage_problems(wheels: list[Wheel], image: dict[str, str | None], deps: l
 
 
 def wheel_requires(path: Path) -> tuple[str, ...]:
-    """The normalised Requires-Dist of a wheel's METADATA that apply on the lent machine."""
+    """The normalised Requires-Dist of a wheel's METADATA that apply on the offline machine."""
     with zipfile.ZipFile(path) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         lines = z.read(meta).decode().splitlines()
@@ -166,7 +167,7 @@ def _pip_install(folder: Path, site: Path, *flags: str) -> None:
 
 
 def resolves(folder: Path = FOLDER) -> str | None:
-    """Why pip would not install the listed wheels on the lent machine (CPython 3.12, manylinux x86_64), or None:
+    """Why pip would not install the listed wheels on the offline machine (CPython 3.12, manylinux x86_64), or None:
     a dry run of the install `install` makes there, for that interpreter and platform, from any machine."""
     target = ["--dry-run", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
               *[a for p in PLATFORMS for a in ("--platform", p)]]
@@ -179,7 +180,7 @@ def resolves(folder: Path = FOLDER) -> str | None:
 
 
 def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
-    """The wheels of wheels.txt into `folder` (pip download for the lent machine's platform), the corpus into
+    """The wheels of wheels.txt into `folder` (pip download for the offline machine's platform), the corpus into
     folder/data; returns the problems `file_problems` finds afterwards."""
     folder.mkdir(parents=True, exist_ok=True)
     for w in read_manifest():
@@ -216,15 +217,16 @@ def install(folder: Path, site: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv in (["-h"], ["--help"]):
-        print(f"{__doc__}\nNeeds the core install (download: the network).")
-        return 0
-    if argv not in (["download"], ["check"]):
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
+    from jaxlm import cli  # the command's alone: the functions above need the standard library and packaging only
+
+    parser = cli.ArgumentParser(command="deliverables.gpu.carry", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
+    parser.add_argument("what", choices=("download", "check"), help="download the wheels and the corpus into .whl/, "
+                        "or check wheels.txt and .whl/")
+    download_too = parser.parse_args(argv).what == "download"
     wheels = read_manifest()
     problems = coverage_problems(wheels, read_image(), dependencies())
-    if argv == ["download"]:
+    if download_too:
         problems += download()
     elif FOLDER.is_dir():
         problems += file_problems(wheels, FOLDER)
@@ -239,4 +241,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from jaxlm import cli
+
+    sys.exit(cli.run(main))

@@ -1,4 +1,4 @@
-"""The lent run's correctness smoke: is the GPU computing jaxlm's functions right, before anything is timed?
+"""The offline run's correctness smoke: is the GPU computing jaxlm's functions right, before anything is timed?
 
 1. attention: cuDNN and XLA attention in bfloat16, causal and with a sliding window, each against XLA attention in
    float32 on the same (upcast) inputs: ||out - ref|| / ||ref|| <= ATTENTION_TOL["out"], and the same for the

@@ -1,11 +1,13 @@
-"""Take what a lent GPU run brought back into the committed GPU report (docs/gpu.md).
+"""Take what an offline GPU run brought back into the committed GPU report (docs/gpu.md).
 
-    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the lent run's $OUT
+    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the offline run's $OUT
 
 DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
 jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
-lent.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
-optimised program go to profile/ (its predictions can be recomputed as the roofline improves). A smoke run's
+offline.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
+optimised program go to profile/ (its predictions can be recomputed as the roofline improves). The profile
+step's calibration file becomes the GPU's committed calibration (DEVICE.json in
+jaxlm.predict.calibration.CALIBRATIONS), which every later `--target DEVICE` prediction applies. A smoke run's
 results are refused: tiny-model figures are no GPU results.
 """
 
@@ -17,8 +19,11 @@ import sys
 from pathlib import Path
 
 from deliverables.gpu import campaign
+from deliverables.gpu.profile import CALIBRATION_FILE
 from jaxlm import cli
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.errors import DataError, UsageError
+from jaxlm.predict.calibration import CALIBRATIONS, load, save
 
 PROG = "python -m deliverables.gpu.merge"
 PROFILE_FILES = ("profile_train_step.trace.json.gz", "profile_train_step.hlo.txt.gz")
@@ -28,7 +33,7 @@ def _read(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the lent run's files came back "
+        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the offline run's files came back "
                         "to") from None
     except ValueError as e:
         raise DataError(f"{path}: not JSON ({e})") from None
@@ -37,35 +42,44 @@ def _read(path: Path) -> dict:
     return data
 
 
-def merge(source: Path, into: Path) -> list[str]:
-    """The steps of source/results.json merged into into/ (report rewritten); the names merged."""
+def merge(source: Path, into: Path, calibrations: Path = CALIBRATIONS) -> list[str]:
+    """The steps of source/results.json merged into into/ (report rewritten), its calibration into
+    `calibrations`; the names merged."""
     new = _read(source / "results.json")
     if new["meta"].get("smoke"):
         raise UsageError(f"{source / 'results.json'}: a --smoke run's tiny-model figures never go into {into}/")
-    lent = json.loads((source / "lent.json").read_text()) if (source / "lent.json").is_file() else {}
-    stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": lent.get("started")}
+    record = json.loads((source / "offline.json").read_text()) if (source / "offline.json").is_file() else {}
+    stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": record.get("started")}
     old = _read(into / "results.json")["steps"] if (into / "results.json").is_file() else {}
     steps = {**old, **{name: {**res, "measured_by": stamp} for name, res in new["steps"].items()}}
     rows = [(step, step.estimate(False), "no call has run it yet") for step in campaign.steps()]
     into.mkdir(parents=True, exist_ok=True)
     campaign.write_report(into, steps, rows, new["meta"])
-    if lent:
-        shutil.copyfile(source / "lent.json", into / "lent.json")
+    if record:
+        shutil.copyfile(source / "offline.json", into / "offline.json")
     for name in PROFILE_FILES:
         if (source / name).is_file():
             (into / "profile").mkdir(exist_ok=True)
             shutil.copyfile(source / name, into / "profile" / name)
+    if (source / CALIBRATION_FILE).is_file():
+        cal = load(source / CALIBRATION_FILE)
+        if cal.device not in DEVICES:
+            raise DataError(f"{source / CALIBRATION_FILE}: measured on {cal.device}, a GPU the device table lacks")
+        calibrations.mkdir(parents=True, exist_ok=True)
+        save(cal, calibrations / f"{cal.device}.json")
     return list(new["steps"])
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="the core install")
-    parser.add_argument("source", metavar="DIR", help="the folder holding the lent run's results.json (its $OUT)")
+    parser = cli.ArgumentParser(command="deliverables.gpu.merge", description=__doc__,
+                                formatter_class=cli.HelpFormatter)
+    parser.add_argument("source", metavar="DIR", help="the folder holding the offline run's results.json (its $OUT)")
     parser.add_argument("--into", help=f"the report's folder (default: {campaign.DEFAULT_OUT} of this repository)")
+    parser.add_argument("--calibrations", default=str(CALIBRATIONS), help="where the GPU's calibration goes "
+                        "(default: the package's committed calibrations, jaxlm.predict.calibration.CALIBRATIONS)")
     args = parser.parse_args(argv)
     into = Path(args.into) if args.into else campaign.REPO / campaign.DEFAULT_OUT
-    names = merge(Path(args.source), into)
+    names = merge(Path(args.source), into, Path(args.calibrations))
     print(f"merged {', '.join(names) or 'no step'} from {args.source} into {into}; wrote {into / 'report.md'}")
     return 0
 

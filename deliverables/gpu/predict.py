@@ -1,14 +1,15 @@
-"""Predictions beside the GPU campaign's measurements (issue 37, item 5).
+"""Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
+the profiler's trace.
 
-Every timed row gets the roofline (jaxlm.analysis.roofline) of the program it ran: the same step lowered again
+Every timed row gets the roofline (jaxlm.predict.roofline) of the program it ran: the same step lowered again
 from abstract arguments (the identical program) and compiled on this device, which JAX's persistent compilation
 cache (`enable_cache`) turns into a load of the executable the row ran, autotuned choices included. The
 profile step compares, per kernel group, the predicted time of each kernel with the time the profiler trace
 measured for it: a trace event names its kernel by the HLO instruction that launched it (`hlo_op`), the names
 the roofline's kernels carry.
 
-Rates: the device table's achieved figures (jaxlm.analysis.roofline.device_rates, the one place they are
-derived: measured matmul and copy rates where a machine of this kind was lent, the datasheet at a stated share
+Rates: the device table's achieved figures (jaxlm.predict.roofline.device_rates, the one place they are
+derived: measured matmul and copy rates where a machine of this kind was measured, the datasheet at a stated share
 else); the per-group comparison checks them. Without a GPU (`--smoke`) the CPU's program is priced at H100
 rates: a check of the machinery, no prediction.
 """
@@ -59,10 +60,11 @@ def target():
 
 
 def _rates(device) -> str:
-    from jaxlm.analysis.roofline import device_rates
+    from jaxlm.predict.roofline import device_rates
 
     r = device_rates(device)
-    return (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls, {r.memory_bandwidth / 1e12:.1f} TB/s, "
+    return (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "
+            f"{r.memory_bandwidth / 1e12:.1f} TB/s, "
             f"{r.launch_seconds * 1e6:.0f} us per kernel launch")
 
 
@@ -125,7 +127,7 @@ def for_row(row: dict, model_cfg, compute) -> dict:
     `measured_over_predicted`; a failure is a `prediction_error`, never a lost row."""
     if row.get("status") != "ok" or not row.get("step_ms"):
         return {}
-    from jaxlm.analysis.roofline import device_rates, predict
+    from jaxlm.predict.roofline import device_rates, predict
 
     try:
         text, seconds = step_program(row["mode"], model_cfg, compute, row["batch"], row["context"])
@@ -139,7 +141,7 @@ def for_row(row: dict, model_cfg, compute) -> dict:
 
 def program_ms(jitted, args) -> float | None:
     """Predicted milliseconds of one call of `jitted` on `args` (the attention kernels' rows)."""
-    from jaxlm.analysis.roofline import device_rates, predict
+    from jaxlm.predict.roofline import device_rates, predict
 
     try:
         text, _ = compiled_text(jitted, args)
@@ -167,23 +169,32 @@ def _kernel_of(event: Event, kernels: dict, names: dict[str, str]) -> str | None
     return None
 
 
-def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
-    """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
-    the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
-    from jaxlm.analysis.roofline import GROUPS
-
+def _matched(prediction, events: list[Event], module: str) -> tuple[Counter, Counter]:
+    """(microseconds per program kernel, microseconds of trace events no kernel of the program launched)."""
     kernels = {k.name: k for k in prediction.kernels}
     names = {name.replace(".", "_"): name for name in kernels}
-    measured, unmatched, per_kernel = Counter(), Counter(), Counter()
+    per_kernel, unmatched = Counter(), Counter()
     for e in events:
         if module and e.module and not e.module.startswith(module):
             continue  # another program (the inputs' next batch, a copy)
         name = _kernel_of(e, kernels, names)
         if name is None:
             unmatched[e.hlo_op or e.name] += e.us
-            continue
-        measured[kernels[name].group] += e.us
-        per_kernel[name] += e.us
+        else:
+            per_kernel[name] += e.us
+    return per_kernel, unmatched
+
+
+def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
+    """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
+    the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
+    from jaxlm.predict.roofline import GROUPS
+
+    kernels = {k.name: k for k in prediction.kernels}
+    per_kernel, unmatched = _matched(prediction, events, module)
+    measured = Counter()
+    for name, us in per_kernel.items():
+        measured[kernels[name].group] += us
     ms = lambda us: us / 1e3 / calls
     groups = []
     for g in prediction.groups():
@@ -202,3 +213,12 @@ def compare(prediction, events: list[Event], calls: int, module: str = "") -> di
             "unmatched_ms": ms(sum(unmatched.values())),
             "matched_share": matched / (matched + ms(sum(unmatched.values()))) if matched else 0.0,
             "unmatched_top": [{"name": n, "ms": ms(us)} for n, us in unmatched.most_common(5)], "kernels": top}
+
+
+def calibrate(prediction, events: list[Event], calls: int, module: str, device: str, source: str):
+    """A calibration (jaxlm.predict.calibration) fitted on a trace: each matched kernel's measured time per call
+    over its (uncalibrated) prediction, per kernel group and shape class."""
+    from jaxlm.predict import calibration
+
+    per_kernel, _ = _matched(prediction, events, module)
+    return calibration.fit(prediction, {n: us / 1e6 / calls for n, us in per_kernel.items()}, device, source)

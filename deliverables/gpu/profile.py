@@ -6,7 +6,9 @@ time, the share of matmul kernels in a forward pass against a train step, and so
 inside attention. Kernels are the device's stream events on a GPU; on a CPU, XLA's op events on its
 executor threads. A kernel counts as a matmul when its name says so (gemm, cuBLAS, CUTLASS, xmma, nvjet,
 dot; on CPU the YNNPACK fusions XLA uses for dots). Each traced step's own program is also priced by the
-roofline (deliverables.gpu.predict): per kernel group, predicted against measured milliseconds.
+roofline (deliverables.gpu.predict): per kernel group, predicted against measured milliseconds; and the train
+step's measured over predicted time per kernel group and shape class is written as a calibration file
+(CALIBRATION_FILE, jaxlm.predict.calibration) that `python -m deliverables.gpu.merge` commits for the GPU.
 
 On a GPU, XLA runs runs of kernels as CUDA graphs (command buffers), and a trace then names the graph instead of
 the instruction for each kernel inside one; the steps traced here are compiled with command buffers off
@@ -24,7 +26,9 @@ from pathlib import Path
 from deliverables.gpu import predict
 from deliverables.gpu.predict import Event
 from deliverables.gpu.steps import TINY, Context, attention_fns
+from jaxlm.core.files import write_json
 
+CALIBRATION_FILE = "calibration.json"
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10
 CALLS = 3  # traced calls per program
@@ -104,9 +108,9 @@ def _compile(step, gpu: bool) -> tuple[object, str]:
 def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: int) -> dict:
     """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
     the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
-    from jaxlm.analysis.roofline import device_rates
-    from jaxlm.analysis.roofline import predict as roofline
     from jaxlm.bench import steps
+    from jaxlm.predict.roofline import device_rates
+    from jaxlm.predict.roofline import predict as roofline
 
     step = steps.build_step(mode, cfg, compute, batch, context)
     compiled, options = _compile(step, ctx.gpu)
@@ -118,12 +122,26 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
     with gzip.open(program, "wt") as f:
         f.write(text)
     device, label = predict.target()
+    prediction, module = roofline(text, device_rates(device)), predict.module_name(text)
     res = summarise(events)
-    res["roofline"] = {**predict.compare(roofline(text, device_rates(device)), events, CALLS,
-                                         predict.module_name(text)),
-                       "label": label, "compiler": options, "calls": CALLS}
+    res["roofline"] = {**predict.compare(prediction, events, CALLS, module), "label": label, "compiler": options,
+                       "calls": CALLS}
+    source = (f"python -m deliverables.gpu --only profile: {mode} of {res_model(ctx)}, context {context}, batch "
+              f"{batch}, {compute.dtype}, on {ctx.device}")
+    res["calibration"] = predict.calibrate(prediction, events, CALLS, module, calibration_device(ctx, device),
+                                           source).as_dict()
     res["files"] = {"trace": str(trace) if trace else None, "program": str(program)}
     return res
+
+
+def res_model(ctx: Context) -> str:
+    return "the tiny smoke model" if ctx.smoke else "small"
+
+
+def calibration_device(ctx: Context, device) -> str:
+    """The device table's name a calibration from this machine is for; a run without a GPU calibrates nothing
+    (its name matches no target, so no `--target` command takes it)."""
+    return device.name if ctx.gpu else f"no GPU ({ctx.device})"
 
 
 def profile_summary(ctx: Context) -> dict:
@@ -138,6 +156,9 @@ def profile_summary(ctx: Context) -> dict:
     res = {"model": "tiny" if ctx.smoke else "small", "context": T, "batch": B, "dtype": compute.dtype}
     for mode in ("forward", "train_step"):
         res[mode] = traced_program(ctx, mode, cfg, compute, B, T)
+    # the train step's calibration, the file every later `--target` prediction for this GPU reads once committed
+    # (python -m deliverables.gpu.merge puts it in jaxlm.predict.calibration.CALIBRATIONS)
+    write_json(ctx.out / CALIBRATION_FILE, res["train_step"]["calibration"])
     shape = (B, T, cfg.num_heads, cfg.head_dim)
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(compute.dtype) for key in keys)

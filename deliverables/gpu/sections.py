@@ -102,7 +102,7 @@ def _shakespeare(res: dict) -> str:
 
 
 def checks_section(checks: dict, preflight: dict | None) -> str:
-    """The lent run's correctness smoke (deliverables/gpu/check.py) and the versions it ran with."""
+    """The offline run's correctness smoke (deliverables/gpu/check.py) and the versions it ran with."""
     tol = checks["tolerances"]
     rows = []
     for r in checks["rows"]:

@@ -2,7 +2,7 @@
 
 Everything in the report is computed from the runs' result.json, metrics.jsonl and
 bench JSON: per-setting tables (mean and spread over seeds), sentences generated from
-those numbers, learning curves, metric-versus-axis plots, the bench package's plots for
+those numbers, learning curves, metric-versus-axis plots, the benchmark rows' figures for
 bench runs, and a table of the curriculum's published findings against what the runs
 measured. How a plan is presented comes from its `[report]` table (saved in plan.json):
 
@@ -16,12 +16,12 @@ measured. How a plan is presented comes from its `[report]` table (saved in plan
 metrics.jsonl, bench.json) into OUT/records, so the report can be rebuilt from a clone:
 `python -m deliverables.report docs/results/PLAN/records --out docs/results/PLAN`.
 
-Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise"),
-`compare` (per-run comparisons), `bench` (bench rows, memory fits), `backend` (what a CPU
-run can show of bfloat16 and remat), `parallel` and `peft` (those studies' tables),
-`findings` (the published findings and their checks), `plots`, `output` (the report's
-folder, matplotlib, PNGs), `build` (a plan's report). `run_page` writes one training run's
-page (`python -m deliverables.report RUN_DIR`); `written` the written report from every plan
-(`--all`), with the required plots from `figures`. The command is `__main__`; this package
-exports nothing.
+Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise") and `noise`
+(intervals and tests), `compare` (per-run comparisons), `bench` (bench rows), `backend` (what a
+CPU run can show of bfloat16 and remat), `findings` (the published findings and their checks),
+`sections` (one study's own tables: `parallel`, `peft`, `tokenizer`, `divergence`), `plots` and
+`charts`, `output` (the report's folder, matplotlib, PNGs), `build` (a plan's report).
+`run_page` writes one training run's page (`python -m deliverables.report RUN_DIR`); `figures`
+and `claims` the written report's numbered figures and every number it states. The command is
+`__main__`; this package exports nothing.
 """

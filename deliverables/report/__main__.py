@@ -15,7 +15,7 @@ from jaxlm.core.errors import DataError, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.report", formatter_class=cli.HelpFormatter,
+    p = cli.ArgumentParser(command="deliverables.report", formatter_class=cli.HelpFormatter,
                            description="Markdown report (findings, tables, plots) for a plan's runs, "
                            "the learning curves and a sample of one training run, or the memory and throughput "
                            "figures of a benchmark's rows (the 'plots' extra)")

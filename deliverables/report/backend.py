@@ -85,7 +85,7 @@ def _sets(part: str, keys: dict) -> list[str]:
 
 
 def _job(model, compute, batch: int, mode: str, config: dict | None = None) -> dict:
-    """The step as a compile job (jaxlm.training.compile_cache's form): every model and compute key it ran with,
+    """The step as a compile job (jaxlm.predict.store's form): every model and compute key it ran with,
     and a training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
     config = config or {}
     sets = _sets("model", to_dict(model)) + _sets("compute", to_dict(compute))
@@ -162,15 +162,15 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
     from deliverables.compiled_memory import OUT_DIR
     from jaxlm.analysis import memory
     from jaxlm.analysis.devices import DEVICES
-    from jaxlm.training import compiled as gpu
-    from jaxlm.training.compile_cache import CompileCache, job_config
+    from jaxlm.predict.store import CompileCache, job_config
+    from jaxlm.predict.target import parse_target
 
     groups: dict[str, list[dict]] = {}
     for step in _steps(runs, brows):
         groups.setdefault(json.dumps(step["job"], sort_keys=True), []).append(step)
     if not groups:
         return None
-    target, store = gpu.parse_target(DEVICE), CompileCache(cache or OUT_DIR / f"{DEVICE}.json")
+    target, store = parse_target(DEVICE), CompileCache(cache or OUT_DIR / f"{DEVICE}.json")
     cap = DEVICES[DEVICE].memory_bytes * memory.DEFAULT_USABLE
     rows, missing = [], False
     for steps in groups.values():

@@ -165,8 +165,8 @@ def claims(root: Path = RESULTS) -> dict[str, Claim]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.report.claims", description=__doc__,
-                           formatter_class=cli.HelpFormatter, needs="the core install")
+    p = cli.ArgumentParser(command="deliverables.report.claims", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
     p.add_argument("--results", type=Path, default=RESULTS, help="the committed records, a folder per plan")
     args = p.parse_args(argv)
     print("| key | value | source |\n|---|---:|---|")

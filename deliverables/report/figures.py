@@ -231,8 +231,8 @@ def draw(root: Path, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.report.figures", description=__doc__,
-                           formatter_class=cli.HelpFormatter, needs="the 'plots' extra")
+    p = cli.ArgumentParser(command="deliverables.report.figures", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
     p.add_argument("--results", type=Path, default=RESULTS, help="the committed records, a folder per plan")
     p.add_argument("--out", type=Path, default=OUT, help="where the PNGs go")
     args = p.parse_args(argv)

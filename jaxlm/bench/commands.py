@@ -36,7 +36,7 @@ lists WHAT's options and the extra it needs. The commands that build a model tak
 def main(argv=None) -> int:
     """Only the chosen command's module is imported (and with it only the frameworks it needs)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = cli.ArgumentParser(prog="python -m jaxlm.bench", description=DESCRIPTION,
+    parser = cli.ArgumentParser(command="jaxlm.bench", description=DESCRIPTION,
                                 formatter_class=cli.HelpFormatter)
     subparsers = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
     known = {**COMMANDS, **sides.commands()}

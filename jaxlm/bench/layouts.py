@@ -34,7 +34,7 @@ from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import MESH_AXES, load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import write_json
-from jaxlm.training.compiled import collectives
+from jaxlm.predict.program import collectives
 
 
 def parse_layout(text: str) -> dict[str, int]:
@@ -70,6 +70,7 @@ def measure(cfg, context: int, steps: int, compile_only: bool) -> dict:
     from jaxlm.training.loop import build
 
     mesh = sharding.make_mesh(cfg=cfg.parallel)
+    sharding.check_layout(cfg, mesh)
     b = build(cfg, mesh)
     B, T = cfg.data.batch_size, context
     x = jax.ShapeDtypeStruct((B, T), np.int32, sharding=sharding.batch_sharding(mesh))

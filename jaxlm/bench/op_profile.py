@@ -30,6 +30,7 @@ from collections import Counter
 
 from jaxlm import cli
 from jaxlm.bench import sides
+from jaxlm.bench.output import check_output
 from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import write_json
@@ -174,18 +175,19 @@ def op_profile(mode: str, cfg: ModelConfig, compute: ComputeConfig, batch: int, 
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jaxlm.bench.kernels import add_target_args
+    from jaxlm.predict.target import add_target_args
 
     p.description = __doc__
     cli.add_config_args(p)
-    add_target_args(p)  # --target: the GPU's kernels, predicted (jaxlm.bench.kernels)
+    add_target_args(p, "predict its kernels' times")  # the GPU's kernels, predicted (jaxlm.bench.kernels)
     p.add_argument("--context", metavar="T", type=int, help="sequence length (default: model.context_length)")
     p.add_argument("--batch", metavar="B", type=int, default=4, help="batch size")
     p.add_argument("--mode", choices=MODES, default="train_step", help="which step to profile")
     sides.add_framework_arg(p, "profile")
     p.add_argument("--warmup", metavar="N", type=int, default=3, help="steps run before the profiled ones")
     p.add_argument("--steps", metavar="N", type=int, default=10, help="profiled steps")
-    p.add_argument("--top", metavar="N", type=int, default=12, help="slowest single ops listed per side")
+    p.add_argument("--top", metavar="N", type=int, help="slowest single ops listed per side (default: 12; with "
+                   "--target the slowest 15 ops and kernels)")
     p.add_argument("--statistic", choices=("mean", "min"), default="mean",
                    help="per op: the mean over the profiled steps, or the fastest (an estimate of the quiet-machine "
                    "time)")
@@ -204,13 +206,16 @@ def format_side(name: str, res: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    for flag in ("--batch", "--steps", "--top", "--threads", "--context"):
+        value = getattr(args, flag[2:])
+        cli.check_option(value is None or value >= 1, flag, value, "must be >= 1")
+    check_output("--json", args.json)
     if args.target or args.target_config:
         from jaxlm.bench import kernels
 
         return kernels.main(args)
-    for flag in ("--batch", "--steps", "--top", "--threads", "--context"):
-        value = getattr(args, flag[2:])
-        cli.check_option(value is None or value >= 1, flag, value, "must be >= 1")
+    cli.check_option(not args.calibration, "--calibration", args.calibration,
+                     "calibrates predicted times: give --target or --target-config")
     cli.check_option(args.warmup >= 0, "--warmup", args.warmup, "must be >= 0")
     full = cli.load_config_from_args(args)
     context = args.context or full.model.context_length
@@ -222,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
         limit_cpu_threads(args.threads)
     chosen = sides.load_chosen(args.framework)  # after --threads; a missing extra stops here
     tune_for_cpu_backend()
-    kw = dict(steps=args.steps, warmup=args.warmup, top=args.top, statistic=args.statistic)
+    kw = dict(steps=args.steps, warmup=args.warmup, top=args.top or 12, statistic=args.statistic)
     res = {"mode": args.mode, "batch": args.batch, "context": context, "model": dataclasses.asdict(cfg),
            "threads": args.threads}
     for fw, side in chosen.items():

@@ -9,13 +9,25 @@ from pathlib import Path
 
 from jaxlm.bench.measure import COLUMNS
 from jaxlm.bench.timing import withheld
-from jaxlm.core.files import atomic_write
+from jaxlm.core.errors import UsageError
+from jaxlm.core.files import atomic_write, writable_dir_problem, writable_file_problem
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Stop before any work when `path` cannot be written (a directory, a read-only filesystem): a sweep's rows
+    would be lost at its end. A missing folder is fine where it can be made."""
+    if path is None:
+        return
+    parent = Path(path).absolute().parent
+    problem = writable_file_problem(path) if parent.is_dir() or Path(path).is_dir() else writable_dir_problem(parent)
+    if problem:
+        raise UsageError(f"{flag} {path}: cannot be written ({problem})")
 
 
 def _fmt(value, col: str) -> str:
     if value is None:
         return "-"
-    if col == "memory_gb" or col == "estimate_gb":
+    if col in ("memory_gb", "estimate_gb") or col.endswith("_gib"):
         return f"{value:.3f}"
     if col in ("mfu", "predicted_mfu"):
         return f"{100 * value:.1f}%"
@@ -58,7 +70,8 @@ TABLE_COLUMNS = (
 HEADINGS = {  # table headings that read as words; other columns: the key with spaces
     "compile_s": "compile s", "step_ms": "step ms", "tokens_per_s": "tokens/s",
     "tflops": "TFLOP/s", "mfu": "MFU", "memory_gb": "memory GB", "memory_source": "memory from",
-    "busy": "machine",
+    "busy": "machine", "dtype_label": "dtype", "argument_gib": "argument GiB", "temp_gib": "temp GiB",
+    "total_gib": "total GiB",
 }
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Callable, Mapping
 
+from jaxlm.cli.registry import entry_points
 from jaxlm.core.errors import MissingExtra, UsageError
 
 GROUP = "jaxlm.bench.sides"
@@ -49,8 +49,9 @@ LOADED: dict[str, ModuleType] = {}  # side name -> its measuring module, once im
 
 @functools.cache
 def plugins() -> dict[str, Plugin]:
-    """Every installed plugin by side name (reading the entry points imports only the modules that declare them)."""
-    return {ep.name: ep.load() for ep in entry_points(group=GROUP) if ep.name != OWN}
+    """Every installed plugin by side name (reading the entry points imports only the modules that declare them;
+    from a checkout, its pyproject.toml's: `jaxlm.cli.registry.entry_points`)."""
+    return {ep.name: ep.load() for ep in entry_points(GROUP) if ep.name != OWN}
 
 
 def names() -> list[str]:

@@ -12,6 +12,8 @@ Examples:
       --memory-limit-gb 0.5          # the second row is marked OOM without running
   python -m jaxlm.bench model --target h100-80gb --preset small --context 1024 --batch 8 --mode train_step \\
       --dtype bfloat16 --remat none full --attention xla cudnn   # compiled for an H100 on any machine, no timing
+A signal (SIGTERM, Ctrl-C) stops a sweep between rows and keeps the rows done: the table and the --json file
+hold them, and one line says how many (exit 130).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from jaxlm.analysis.memory import search_largest
 from jaxlm.bench import measure, output, sides  # import no framework
 from jaxlm.core.config import ComputeConfig, Config
 from jaxlm.core.errors import UserError
+from jaxlm.core.stop import Interrupted, StopFlag
+from jaxlm.predict.target import add_target_args
 
 COMPUTE_CHOICES = {name: typing.get_args(tp) for name, tp in typing.get_type_hints(ComputeConfig).items()}
 
@@ -64,11 +68,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", metavar="N", type=int, help="run on N CPUs (the process's CPU affinity, which XLA's "
                    "thread pool follows, and OMP_NUM_THREADS; Linux) (default: every CPU the process may use)")
     p.add_argument("--quiet", action="store_true", help="no per-row progress lines")
-    g = p.add_argument_group("compile for a GPU instead of running (the gpu-compile extra; docs/memory.md)")
-    which = g.add_mutually_exclusive_group()
-    which.add_argument("--target", metavar="GPU[:N]", help="compile every row for N of a known GPU (h100-80gb, h200, "
-                       "a100-40gb, a100-80gb, l4, rtx4090) and report the compiler's memory plan; nothing runs")
-    which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
+    add_target_args(p, "report every row's compiled memory plan and predicted step time instead of timing it")
     sides.add_plugin_args(p)
 
 
@@ -93,6 +93,10 @@ def check_args(args: argparse.Namespace, cfg: Config) -> None:
             measure.parse_attention(attention)
         except ValueError as e:
             raise UserError(f"--attention: {e}") from None
+    for flag, path in (("--json", args.json), ("--csv", args.csv)):
+        output.check_output(flag, path)
+    cli.check_option(not args.calibration or bool(args.target or args.target_config), "--calibration",
+                     args.calibration, "calibrates predicted times: give --target or --target-config")
 
 
 def settings_from(args, compute: ComputeConfig) -> list[measure.Setting]:
@@ -163,32 +167,65 @@ def write_outputs(args, rows: list[dict], meta: dict) -> None:
 
 def compiled_sweep(args, cfg: Config, name: str) -> int:
     """--target: every row compiled for the target GPU (train_step, or forward as the eval step); no timing.
-    Stopped by a signal, it keeps the rows compiled so far (jaxlm.bench.target.compiled_rows)."""
-    from jaxlm.bench.target import BENCH_COLUMNS, compiled_rows
-    from jaxlm.training import compiled as gpu
+    Stopped by a signal, it keeps the rows compiled so far (jaxlm.predict.rows.compiled_rows). Exit 1 when no
+    row could be compiled (each row's error says why)."""
+    from jaxlm.predict import calibration, target
+    from jaxlm.predict.rows import BENCH_COLUMNS, compiled_rows
 
-    t = gpu.parse_target(args.target, args.target_config)
-    gpu.require_compiler()
+    t = target.parse_target(args.target, args.target_config)
+    target.require_compiler()
     cli.check_option(args.framework == "jax", "--framework", args.framework, "--target compiles JAX steps only")
     for mode in args.mode:
         cli.check_option(mode in ("train_step", "forward"), "--mode", mode,
                          "with --target: train_step or forward (the eval step training runs)")
-    meta = {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name, "label": t.label}
+    cal = calibration.resolve(args.calibration, t.name, log=print)
+    meta = {"options": vars(args), "model_config": dataclasses.asdict(cfg.model), "target": t.name, "label": t.label,
+            "calibration": cal and cal.label}
 
     def progress(s, r: dict) -> None:
-        what = f"{r['total_gb']:.3f} GB per GPU" if r["status"] == "ok" else r.get("error", "")
+        what = f"{r['total_gib']:.3f} GiB per GPU" if r["status"] == "ok" else r.get("error", "")
         print(f"[compiled] {s.label} T={r['context']} B={r['batch']}: {r['status']} {what}", flush=True)
 
     def save(rows: list[dict]) -> str:
-        print(f"\n{t.label}; predicted_* columns: {t.predicted_label}")
+        print(f"\n{t.label}; predicted_* columns: {t.predicted_label}" + (f"; {cal.label}" if cal else ""))
         print(output.format_table(rows, BENCH_COLUMNS))
         write_outputs(args, rows, meta)
         return "the table above" + (f" and {args.json}" if args.json else "")
 
     rows = compiled_rows(settings_from(args, cfg.compute), cfg, args.context, args.batch, t, name,
-                         args.max_batch_limit if args.find_max_batch else None, None if args.quiet else progress, save)
+                         args.max_batch_limit if args.find_max_batch else None, None if args.quiet else progress, save,
+                         cal)
     save(rows)
+    if rows and all(r["status"] != "ok" for r in rows):
+        raise UserError(f"no row compiled: all {len(rows)} are invalid (first: {rows[0]['error']})")
     return 0
+
+
+def timed_rows(args, settings, base, opts, meta: dict) -> list[dict]:
+    """The timed sweep (or the largest batches); a signal stops it after the row in progress, keeping the rows
+    done in the table and --json / --csv files (one line says how many, exit 130)."""
+    kept: list[dict] = []
+    total = len(settings) * len(args.context) * len(args.batch)
+
+    def save(rows: list[dict]) -> str:
+        print()
+        print(output.format_table(rows))
+        write_outputs(args, rows, meta)
+        return "the table above" + "".join(f" and {f}" for f in (args.json, args.csv) if f)
+
+    with StopFlag() as flag:
+        flag.on_abort.append(lambda: f"{len(kept)} rows kept in {save(kept)}")
+
+        def on_row(row: dict) -> None:
+            kept.append(row)
+            if not args.quiet:
+                progress_line(row)
+            if flag.signal:
+                raise Interrupted(f"{flag.signal}: stopped after {len(kept)} of {total} rows; kept in {save(kept)}")
+
+        if args.find_max_batch:
+            return max_batch_rows(args, settings, base, opts, meta, on_row)
+        return measure.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -210,11 +247,7 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from(args, cfg.compute)
     meta = {"options": vars(args), "model_config": dataclasses.asdict(base), "threads": args.threads,
             "host": describe()}
-    on_row = None if args.quiet else progress_line
-    if args.find_max_batch:
-        rows = max_batch_rows(args, settings, base, opts, meta, on_row)
-    else:
-        rows = measure.run_sweep(base, settings, args.context, args.batch, opts, on_row=on_row)
+    rows = timed_rows(args, settings, base, opts, meta)
     print()
     print(output.format_table(rows))
     extras(args, settings, base, meta)

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
+from jaxlm.cli import registry
 from jaxlm.core import extras, limits, platform, stop
 from jaxlm.core.config import PRESETS, Config, load_config
 from jaxlm.core.errors import InternalError, OutOfMemory, UsageError, UserError, write_traceback
@@ -35,9 +36,14 @@ platform.prepare()  # before any command imports JAX: CPU and a quiet start wher
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose errors are one `error:` line (through `run`) instead of usage + message; `needs` (what must be
-    installed: "the core install", "the 'torch' extra") ends the --help text."""
+    installed: "the core install", "the 'torch' extra") ends the --help text. A registered command's parser is made
+    with `command=MODULE`: its prog (`python -m MODULE`) and its needs are the registry's (jaxlm.cli.registry)."""
 
-    def __init__(self, *args, needs: str | None = None, **kwargs):
+    def __init__(self, *args, command: str | None = None, needs: str | None = None, **kwargs):
+        if command is not None:
+            entry = registry.find(command)
+            kwargs.setdefault("prog", f"python -m {command}")
+            needs = entry.needs if entry else needs
         if needs:
             kwargs["epilog"] = "\n\n".join(filter(None, [kwargs.get("epilog"), f"Needs {needs}."]))
         super().__init__(*args, **kwargs)

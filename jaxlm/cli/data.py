@@ -12,9 +12,8 @@ def _parser() -> cli.ArgumentParser:
     from jaxlm.data.corpora import CORPORA, data_root
 
     fmt = cli.HelpFormatter
-    p = cli.ArgumentParser(prog="python -m jaxlm.data", description="Tokenizer and data pipeline for jaxlm.",
-                                epilog=f"data root: {data_root()} ($JAXLM_DATA, else ~/.cache/jaxlm/data)",
-                                needs="the core install")
+    p = cli.ArgumentParser(command="jaxlm.data", description="Tokenizer and data pipeline for jaxlm.",
+                                epilog=f"data root: {data_root()} ($JAXLM_DATA, else ~/.cache/jaxlm/data)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pr = sub.add_parser("prepare", formatter_class=fmt,

@@ -22,8 +22,7 @@ from jaxlm.core.errors import CheckpointError, ConfigError, DataError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter,
-                            needs="the core install")
+    ap = cli.ArgumentParser(command="jaxlm.generate", description=__doc__, formatter_class=cli.HelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (its latest checkpoint)")
     src.add_argument("--checkpoint", metavar="DIR", help="one checkpoint of a run, e.g. RUN/checkpoints/600")
@@ -97,10 +96,12 @@ def main(argv=None) -> int:
         tune_for_cpu_backend,  # JAX loads only once the flags are good
     )
     from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
-    from jaxlm.training.checkpoint import load_for_generation
+    from jaxlm.training.checkpoint import find_run_dir, load_for_generation
 
     tune_for_cpu_backend()
     model, tok = load_for_generation(path, cfg, args.tokenizer)
+    check_vocabulary(tok.vocab_size, cfg.model.vocab_size, f"--tokenizer {args.tokenizer}" if args.tokenizer else
+                     str(find_run_dir(path)[0] / "tokenizer"))
     rows = [i for i in range(len(texts)) for _ in range(args.num_samples)]  # row r continues prompt rows[r]
     encoded = [encode_prompt(tok, text) for text in texts]
     check_lengths(encoded, len(rows), args.max_new_tokens, cfg.model.context_length)
@@ -118,6 +119,14 @@ def main(argv=None) -> int:
         print(f"--- prompt {i} sample {r % args.num_samples}", file=sys.stderr)
         print(texts[i] + tok.decode(res.tokens[r]))
     return 0
+
+
+def check_vocabulary(tokenizer_size: int, vocab_size: int, tokenizer: str) -> None:
+    """Every id the tokenizer can give has a row in the embedding (a mismatched tokenizer would look ids up past
+    the end: JAX clamps them, so the output is silently wrong)."""
+    if tokenizer_size > vocab_size:
+        raise DataError(f"{tokenizer}: has token ids up to {tokenizer_size - 1}, but the run's model.vocab_size = "
+                        f"{vocab_size} (the embedding's rows); it is not the tokenizer these weights were trained with")
 
 
 # Host bytes per token of the output: the packed prompts, their device copy and the copy fetched back (int32

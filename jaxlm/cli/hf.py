@@ -1,15 +1,16 @@
 """Hugging Face Llama-family checkpoints in and out of jaxlm (docs/hf.md; the hf extra).
 
-    python -m jaxlm.hf import SOURCE --out RUN [--set model.context_length=2048 ...]
+    python -m jaxlm.hf import SOURCE --out RUN [--dtype bfloat16] [--set model.context_length=2048 ...]
     python -m jaxlm.hf export RUN --out DIR [--adapters] [--dtype bfloat16] [--shard-size 5GB]
 
 SOURCE is a directory in the Hugging Face layout (config.json, *.safetensors, tokenizer.json) or a Hub id
-(downloaded with huggingface_hub; needs the network). RUN becomes an ordinary run: `python -m
-jaxlm.generate --run RUN`, `python -m jaxlm.train --config RUN/config.toml --set train.init_from=RUN` (full,
-LoRA, QLoRA, QAT) read it. The --set flags change the imported config (a shorter context_length keeps the
-RoPE tables small; data.* and train.* prepare its fine-tuning). DIR loads with
-transformers.AutoModelForCausalLM.from_pretrained(DIR); a LoRA run exports merged weights, or its adapters in
-PEFT's layout with --adapters.
+(downloaded with huggingface_hub; needs the network). RUN holds the weights (no optimizer state, no training
+data): `python -m jaxlm.generate --run RUN`, `python -m jaxlm.quantize RUN --data DIR`, and fine-tuning into
+another directory, `python -m jaxlm.train --config RUN/config.toml --set train.init_from=RUN --set
+train.out_dir=NEW --set data.source=[...]` (full, LoRA, QLoRA, QAT) read it. The --set flags change the
+imported config (a shorter context_length keeps the RoPE tables small); the model keys that fix the weights'
+shapes stay the checkpoint's. DIR loads with transformers.AutoModelForCausalLM.from_pretrained(DIR); a LoRA run
+exports merged weights, or its adapters in PEFT's layout with --adapters.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from jaxlm.core.extras import require
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter,
-                            needs="the 'hf' extra")
+    ap = cli.ArgumentParser(command="jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = sub.add_parser("import", help="a Hugging Face checkpoint (directory or Hub id) -> a jaxlm run",
                          formatter_class=cli.HelpFormatter, needs="the 'hf' extra (a Hub id: the network)")
     imp.add_argument("source", metavar="SOURCE", help="a checkpoint directory, or a Hub id (needs the network)")
     imp.add_argument("--out", required=True, metavar="RUN", help="the run directory to write (new or empty)")
     imp.add_argument("--revision", metavar="REV", help="the Hub revision (branch, tag or commit) of a Hub id")
+    imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                     help="the weights' dtype in the run's checkpoint: bfloat16 keeps a 16-bit checkpoint in half the "
+                     "memory and disk (commands that read the run compute with them in float32)")
     cli.add_config_args(imp, base="config.json's model over the defaults")
     exp = sub.add_parser("export", help="a jaxlm run -> a Hugging Face checkpoint directory",
                          formatter_class=cli.HelpFormatter, needs="the 'hf' extra")
@@ -63,12 +66,12 @@ def main(argv=None) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from jaxlm.hf import hub
-    from jaxlm.hf.convert import import_checkpoint, imported_config
+    from jaxlm.hf.importer import import_checkpoint, imported_config
 
     out = Path(args.out)
     source = hub.resolve(args.source, args.revision)
     cfg = imported_config(source, args.config, args.overrides, out)
-    tok = import_checkpoint(source, out, cfg, args.source)
+    tok = import_checkpoint(source, out, cfg, args.source, args.dtype)
     m = cfg.model
     print(f"imported {args.source} into {out}: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads "
           f"({m.kv_heads} key/value) of {m.head_dim}, vocabulary {m.vocab_size}")

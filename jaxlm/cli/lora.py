@@ -75,7 +75,7 @@ def _merge(src: str | Path, out: Path) -> float:
 
 
 def main(argv=None) -> int:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.lora", description=__doc__.split("\n\n")[0], needs="the core install")
+    ap = cli.ArgumentParser(command="jaxlm.lora", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     m = sub.add_parser("merge", needs="the core install",
                        help="fold the adapters into the base weights: a plain run in --out")

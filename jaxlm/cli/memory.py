@@ -1,5 +1,5 @@
 """`python -m jaxlm.memory`: one step's memory per device and the largest batch that fits (jaxlm.analysis.memory),
-or, with --target, the GPU compiler's own plan for the step (jaxlm.training.compiled).
+or, with --target, the GPU compiler's own plan for the step and its predicted time (jaxlm.predict).
 
     python -m jaxlm.memory --preset large --context 1024 --batch 4 --dtype bfloat16 --device h100-80gb
     python -m jaxlm.memory --target h100-80gb --preset small --context 1024 --batch 8 --dtype bfloat16 --json
@@ -14,9 +14,10 @@ import argparse
 import dataclasses
 import json
 import re
+import sys
 
 from jaxlm import cli
-from jaxlm.analysis.devices import DEVICES, TARGETS
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import MODES, param_counts
 from jaxlm.analysis.memory import (
     BACKENDS,
@@ -29,7 +30,8 @@ from jaxlm.analysis.memory import (
     usable_share,
 )
 from jaxlm.core.errors import UsageError
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import calibration, target
+from jaxlm.predict import compile as gpu
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -56,7 +58,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--remat", choices=("none", "full", "dots_saveable", "offload"), help="default: compute.remat")
     s.add_argument("--attention", choices=("xla", "cudnn"), help="default: compute.attention")
     s.add_argument("--mode", choices=MODES, default="train_step", help="which step")
-    s.add_argument("--calibration", choices=BACKENDS, default="gpu", help="whose compiler the estimate follows: XLA's "
+    s.add_argument("--estimator", choices=BACKENDS, default="gpu", help="whose compiler the estimate follows: XLA's "
                    "GPU compiler's plan (H100) or XLA:CPU's (float32 without remat only)")
     s.add_argument("--devices", type=cli.bounded(int, 1), default=1,
                    help="devices the batch is split over (parallel.fsdp other than 1 also shards the state)")
@@ -67,12 +69,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--usable", type=cli.bounded(float, 0, 1, open_low=True),
                    help=f"share of the device's memory a step may plan for (default: JAX's GPU allocator share, "
                         f"XLA_PYTHON_CLIENT_MEM_FRACTION or {DEFAULT_USABLE})")
-    g = parser.add_argument_group("compile for a GPU, on any machine (the gpu-compile extra; docs/memory.md)")
-    which = g.add_mutually_exclusive_group()
-    which.add_argument("--target", metavar="GPU[:N]",
-                       help=f"compile the step for N of a known GPU: {', '.join(TARGETS)} (N: the mesh of parallel.*) "
-                            "and report the compiler's plan; the memory is the GPU's (not --device / --memory)")
-    which.add_argument("--target-config", metavar="FILE[:N]", help="the same for a GpuTargetConfigProto text file")
+    g = target.add_target_args(parser, "report the compiler's plan and the predicted step time; the memory is the "
+                               "GPU's (not --device / --memory)")
     g.add_argument("--find-max-batch", action="store_true", help="with --target: the largest batch that fits, "
                    "by compiling (a few compiles)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON instead of a table")
@@ -96,7 +94,7 @@ def _configs(args) -> tuple[ModelConfig, ComputeConfig, int, int, Mesh, int]:
 def report(cfg: ModelConfig, compute: ComputeConfig, context: int, batch: int, mode: str, mesh: Mesh,
            capacity: float | None, usable: float | None, device: str | None, backend: str = "gpu") -> dict:
     est = estimate(cfg, batch, context, compute, mode, mesh, backend=backend)
-    out = {"parameters": param_counts(cfg)["total"], "mode": mode, "calibration": backend, "context": context,
+    out = {"parameters": param_counts(cfg)["total"], "mode": mode, "estimator": backend, "context": context,
            "batch": batch,
            "batch_per_device": est.batch_per_device, "devices": mesh.devices, "fsdp": mesh.fsdp,
            "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
@@ -141,12 +139,13 @@ the step for a GPU and report the compiler's own plan."""
 
 def target_report(args) -> dict:
     """The compiled plan of the step the flags describe, for --target / --target-config, beside the estimate."""
-    t = gpu.parse_target(args.target, args.target_config)
+    t = target.parse_target(args.target, args.target_config)
     if args.device or args.memory:
         given = f"--device {args.device}" if args.device else f"--memory {si(args.memory)}"
         raise UsageError(f"{given}: with {t.flag} the memory is the target's ({si(t.memory_bytes)}); give one or "
                          "the other (another memory size: --target-config FILE with its device_memory_size)")
-    gpu.require_compiler()
+    target.require_compiler()
+    cal = calibration.resolve(args.calibration, t.name, log=lambda m: print(m, file=sys.stderr))
     cli.check_option(args.devices in (1, t.count), "--devices", args.devices,
                      f"with a target the GPU count comes from it ({t.name}:{t.count})")
     model, compute, context, batch, _, accum = _configs(args)
@@ -154,9 +153,9 @@ def target_report(args) -> dict:
                          remat=compute.remat, attention=compute.attention)
     r = {"parameters": param_counts(model)["total"], "mode": args.mode, "context": context, "batch": batch,
          "dtype": compute.dtype, "attention": compute.attention, "remat": compute.remat,
-         **gpu.compiled_row(cfg, t, args.mode, args.usable)}
+         **gpu.compiled_row(cfg, t, args.mode, args.usable, calibration=cal)}
     est = estimate(model, batch // accum, context, compute, args.mode, Mesh(t.count, cfg.parallel.fsdp != 1),
-                   backend=args.calibration)
+                   backend=args.estimator)
     r["estimate_bytes"] = est.total
     if args.find_max_batch:
         r["largest_batch"] = gpu.largest_batch(cfg, t, args.mode, fraction=args.usable)
@@ -166,8 +165,8 @@ def target_report(args) -> dict:
 def format_target_report(r: dict) -> str:
     gib = lambda x: f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.1f} MiB"  # noqa: E731
     dtypes = ", ".join(f"{k} {v}" for k, v in r["matmul_dtypes"].items())
-    lines = [r["label"], f"step: {r['mode']}, batch {r['batch']}, context {r['context']}, {r['dtype']}, attention "
-             f"{r['attention']}, remat {r['remat']}; {r['parameters'] / 1e6:.1f}M parameters; compiled in "
+    lines = [r["label"], f"step: {r['mode']}, batch {r['batch']}, context {r['context']}, {r['dtype_label']}, "
+             f"attention {r['attention']}, remat {r['remat']}; {r['parameters'] / 1e6:.1f}M parameters; compiled in "
              f"{r['compile_s']:.1f} s", "", "bytes per GPU"]
     lines += [f"  {k:10s} {gib(r[k + '_bytes']):>12s}" for k in ("argument", "output", "alias", "temp")]
     lines += [f"  {'total':10s} {gib(r['total_bytes']):>12s}   (argument + output + temp - alias)",
@@ -188,11 +187,14 @@ def format_target_report(r: dict) -> str:
         lines += ["", r["predicted_label"], f"  step {r['predicted_step_ms']:.2f} ms, "
                   f"{r['predicted_tokens_per_s']:,.0f} tokens/s{mfu} (kernel by kernel: python -m jaxlm.bench ops "
                   "--target ...)"]
+    else:
+        label = r["predicted_label"]
+        lines += ["", label if label.startswith("no prediction") else f"no predicted time: {label}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog="python -m jaxlm.memory", description=DESCRIPTION,
+    parser = cli.ArgumentParser(command="jaxlm.memory", description=DESCRIPTION,
                                 formatter_class=cli.HelpFormatter)
     add_args(parser)
     args = parser.parse_args(argv)
@@ -200,12 +202,14 @@ def main(argv: list[str]) -> int:
         r = target_report(args)
         print(json.dumps(r, indent=1) if args.json else format_target_report(r))
         return 0
-    if args.find_max_batch:
-        raise UsageError("--find-max-batch: it compiles the step, so it needs --target or --target-config")
+    if args.find_max_batch or args.calibration:
+        flag = "--find-max-batch: it compiles the step" if args.find_max_batch else "--calibration: it scales " \
+            "predicted GPU times"
+        raise UsageError(f"{flag}, so it needs --target or --target-config")
     cfg, compute, context, batch, mesh, accum = _configs(args)
     capacity = DEVICES[args.device].memory_bytes if args.device else args.memory
     r = report(cfg, compute, context, batch // accum, args.mode, mesh, capacity, args.usable, args.device,
-               args.calibration)
+               args.estimator)
     if accum > 1:  # the step holds one micro-batch at a time: its figures, the batch and largest batch as a whole
         r.update(grad_accum=accum, micro_batch=r["batch"], batch=batch)
         if "largest_batch" in r:

@@ -12,8 +12,7 @@ from jaxlm.core.stop import StopFlag
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = cli.ArgumentParser(prog="python -m jaxlm.train", description="Train a Transformer LM.",
-                            needs="the core install")
+    ap = cli.ArgumentParser(command="jaxlm.train", description="Train a Transformer LM.")
     cli.add_config_args(ap)
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                     help="continue from the run directory's newest checkpoint (default: checkpoint.resume)")

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -71,6 +72,20 @@ def path_problem(path: str | os.PathLike) -> str | None:
         if e.errno == too_long:
             return f"it is {len(os.fsencode(str(path))):,} bytes long, more than the system allows ({e.strerror})"
     return None
+
+
+def write_cause(e: BaseException) -> str:
+    """Why a write failed, in words: an OSError's, else an errno in the message (TensorStore's os_error_code,
+    the safetensors library's "(os error 28)"), else the first line."""
+    for err in (e, e.__cause__, e.__context__):
+        if isinstance(err, OSError) and err.strerror:
+            return f"{err.strerror} ({err.filename or type(err).__name__})"
+    code = re.search(r"os_error_code='?(\d+)|os error (\d+)", str(e))
+    if code:
+        errno = code.group(1) or code.group(2)
+        return f"{os.strerror(int(errno))} (errno {errno})"
+    line = next((part.strip() for part in str(e).splitlines() if part.strip()), "")
+    return f"{type(e).__name__}: {line.split('. See ')[0][:160]}"
 
 
 def writable_dir_problem(path: str | os.PathLike) -> str | None:

@@ -11,8 +11,9 @@ failed start has to clean up (only missing parent directories, removed again on 
 still empty), and a directory built elsewhere and renamed into place (`jaxlm.data prepare`) is
 covered too. A writer that cannot create it is refused in one line saying how to make it.
 
-A second writer gets one `DirectoryInUse` line naming the holder's pid, host and command
-(or that readers hold it). The kernel drops a `flock` when its process dies, so the file of
+A second writer gets one `DirectoryInUse` line naming the directory and the holder's pid, host and
+program (or that readers hold it); a lock file that cannot be made is refused with its real cause
+(a read-only file system, no permission). The kernel drops a `flock` when its process dies, so the file of
 a killed holder (kill -9, a crash) still names it but is not locked: the next writer takes
 it over with a warning when it names this host. A file naming another host is refused: a
 `flock` is not always seen across hosts (some network file systems keep it local), so that
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -52,14 +54,24 @@ def lock_path(directory: str | os.PathLike) -> Path:
     return d.parent / f".{d.name}.lock"
 
 
-def _holder() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv)[:300],
-            "since": datetime.datetime.now().isoformat(timespec="seconds")}
+def _program() -> str:
+    """`python -m jaxlm.train` (the module run as __main__), else `python SCRIPT` or `python -c`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    return f"python {Path(sys.argv[0]).name if sys.argv and sys.argv[0] else '-c'}"
+
+
+def _holder(directory: Path) -> dict:
+    """What the lock file says of its holder: who, where, since when, and its whole command (for a reader of the
+    file; a refusal quotes the program and the directory, which a long command line would push out of view)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "program": _program(), "directory": str(directory),
+            "command": " ".join(sys.argv)[:2000], "since": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
 def _describe(holder: dict) -> str:
     return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')} "
-            f"({holder.get('command') or 'unknown command'})")
+            f"({holder.get('program') or 'an unknown program'})")
 
 
 def _read(fd: int) -> dict:
@@ -78,6 +90,7 @@ class DirLock:
 
     def __init__(self, directory: str | os.PathLike, culprit: str, shared: bool = False):
         self.path, self.culprit, self.shared = lock_path(directory), culprit, shared
+        self.directory = Path(directory).resolve()
         if Path(directory).resolve().parent == Path(directory).resolve():
             raise UsageError(f"{culprit}: {directory} is the file system's root; choose a directory inside it")
         self._fd: int | None = None
@@ -106,14 +119,16 @@ class DirLock:
         return self
 
     def _open(self) -> int | None:
+        errors = []
         for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # flock needs no write access
             try:
                 return os.open(self.path, flags, 0o644)
             except OSError as e:
-                error = e
+                errors.append(e)
         if self.shared and not self.path.exists():
             return None
-        self._remove_created()
+        self._remove_created()  # the cause: why it could not be made (read-only, no permission), not ENOENT after it
+        error = next((e for e in errors if e.errno != errno.ENOENT), errors[0])
         raise UsageError(f"{self.culprit}: cannot create the lock file {self.path} ({error.strerror or error}); it "
                          f"sits beside the directory so that every process finds it: make {self.path.parent} "
                          "writable, or create the file once, writable by every user of the directory") from None
@@ -129,8 +144,8 @@ class DirLock:
         os.close(fd)
         self._remove_created()
         who = "another process reading it (jaxlm.quantize, jaxlm.lora merge)" if readers else _describe(holder)
-        raise DirectoryInUse(f"{self.culprit}: in use by {who}, which holds {self.path}; wait for it to finish or "
-                             "stop it, or choose another directory") from None
+        raise DirectoryInUse(f"{self.culprit}: {self.directory} is in use by {who}, which holds {self.path}; wait for "
+                             "it to finish or stop it, or choose another directory") from None
 
     def _take_over(self, stale: dict) -> None:
         """Write this holder into the file: a stale one of this host is named in a warning; one of another
@@ -147,7 +162,7 @@ class DirLock:
                   "(stopped without releasing it)", file=sys.stderr)
         try:
             os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, (json.dumps(_holder()) + "\n").encode(), 0)
+            os.pwrite(self._fd, (json.dumps(_holder(self.directory)) + "\n").encode(), 0)
         except OSError:  # a file opened read-only (made writable by no one here): locked, though not named
             pass
 

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxlm.core.config import MESH_AXES, ModelConfig, ParallelConfig
+from jaxlm.core.config import MESH_AXES, Config, ModelConfig, ParallelConfig
 from jaxlm.core.errors import ConfigError
 
 DATA, FSDP, TENSOR, PIPELINE = "data", "fsdp", "tensor", "pipeline"
@@ -101,6 +101,15 @@ def batch_size_over(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
+def check_layout(cfg: Config, mesh: Mesh) -> None:
+    """A run's model and batch split over `mesh` (each check a ConfigError naming its key): heads and d_ff over
+    ``tensor``, whole layers over the pipeline stages, every micro-batch over data x fsdp."""
+    micro = cfg.data.batch_size // cfg.train.grad_accum
+    check_model(cfg.model, mesh)
+    check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches, micro, mesh)
+    check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
+
+
 def check_model(cfg: ModelConfig, mesh: Mesh) -> None:
     """Tensor parallelism splits whole heads (query and key/value: a shard holds whole groups of grouped-query
     attention) and d_ff columns: each must divide over ``tensor``."""
@@ -108,6 +117,7 @@ def check_model(cfg: ModelConfig, mesh: Mesh) -> None:
     for key, value in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.kv_heads), ("d_ff", cfg.d_ff)):
         if value % t:
             raise ConfigError(f"model.{key} = {value}: does not divide over parallel.tensor = {t}")
+
 
 def check_pipeline(cfg: ModelConfig, scan_layers: bool, microbatches: int, batch_size: int, mesh: Mesh) -> None:
     """Pipeline stages hold whole layers of the stacked (scanned) layout; micro-batches split every device's rows."""

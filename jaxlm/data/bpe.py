@@ -2,8 +2,8 @@
 
 Training has two phases:
 
-1. Pre-tokenisation, in parallel worker processes: the input is cut into chunks at boundaries where cutting
-   cannot change the result (the start of a special token, or a whitespace character that follows a
+1. Pre-tokenisation, in parallel worker processes: the input is cut into chunks (`jaxlm.data.chunks`) at boundaries
+   where cutting cannot change the result (the start of a special token, or a whitespace character that follows a
    non-whitespace one), each worker splits its chunk on the special tokens, runs the GPT-2 regex and counts.
 2. Merging, in this process: every distinct pre-token is a list of token ids with a frequency. Pair counts live
    in a dict, the words containing each pair in an index, and the best pair comes from a max-heap with lazy
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import heapq
 import json
-import multiprocessing as mp
 import os
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -30,6 +28,7 @@ import regex
 
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import atomic_write, writable_dir_problem
+from jaxlm.data.chunks import file_chunks, mp_context, progress_bar, read_chunk
 
 # GPT-2's pre-tokenisation pattern (docs/spec.md#tokenizer) (tiktoken's "gpt2" uses the same one).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -119,74 +118,7 @@ def load_vocab_merges(vocab_path: str | os.PathLike,
     return vocab, merges
 
 
-# --------------------------------------------------------------------------- chunking
-
-
-def mp_context():
-    """fork where it is safe (Linux, no JAX threads in this process), else spawn."""
-    if sys.platform == "linux" and "jax" not in sys.modules:
-        return mp.get_context("fork")
-    return mp.get_context("spawn")
-
-
-def _is_safe_cut(data: bytes, j: int) -> bool:
-    # A space or newline right after a printable ASCII character: the pre-token regex
-    # ends a token there whatever follows (see module docstring of tokenizer.py).
-    return data[j] in (0x20, 0x0A) and 0x21 <= data[j - 1] <= 0x7E
-
-
-def find_boundary(f, pos: int, size: int, specials: Sequence[bytes], window: int = 1 << 16) -> int:
-    """The first position >= pos in open binary file `f` where the text may be cut.
-
-    A cut is safe at the start of a special token, or (when no special token is near)
-    at a whitespace byte following a printable ASCII byte. Returns `size` when none.
-    """
-    longest = max((len(s) for s in specials), default=0)
-    while pos < size:
-        f.seek(max(pos - longest, 0))
-        data = f.read(window + 2 * longest)
-        base = max(pos - longest, 0)
-        lo, hi = pos - base, min(len(data), pos - base + window)
-        hits = [i for s in specials if (i := data.find(s, lo, hi + longest)) != -1 and i < hi]
-        if hits:
-            return base + min(hits)
-        for j in range(max(lo, 1), hi):
-            if _is_safe_cut(data, j) and not any(_covers(data, s, j) for s in specials):
-                return base + j
-        pos += window
-    return size
-
-
-def _covers(data: bytes, special: bytes, j: int) -> bool:
-    """Whether an occurrence of `special` in `data` strictly contains position j."""
-    start = max(j - len(special) + 1, 0)
-    i = data.find(special, start, j + len(special))
-    return i != -1 and i < j
-
-
-def file_chunks(paths: Sequence[Path], specials: Sequence[bytes],
-                chunk_bytes: int = _CHUNK_BYTES) -> list[tuple[str, int, int]]:
-    """Split each file into (path, start, end) byte ranges at safe boundaries."""
-    chunks = []
-    for path in paths:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            start = 0
-            while start < size:
-                end = find_boundary(f, start + chunk_bytes, size, specials) if start + chunk_bytes < size else size
-                chunks.append((str(path), start, end))
-                start = end
-    return chunks
-
-
-def read_chunk(path: str, start: int, end: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 at byte {start + e.start} ({e.reason})") from None
+# --------------------------------------------------------------------------- pre-tokenisation
 
 
 def special_split_re(special_tokens: Iterable[str]):
@@ -195,9 +127,6 @@ def special_split_re(special_tokens: Iterable[str]):
     if not specials:
         return None
     return regex.compile("|".join(regex.escape(s) for s in specials))
-
-
-# --------------------------------------------------------------------------- pre-tokenisation
 
 
 def _count_pretokens(args) -> Counter:
@@ -223,7 +152,7 @@ def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_wo
         chunk_bytes = min(chunk_bytes, max(total // (4 * num_workers), 1 << 16))
     tasks = [(*c, list(special_tokens)) for c in file_chunks(paths, specials_b, chunk_bytes)]
     counts: Counter = Counter()
-    bar = _bar(total, "pre-tokenise", progress, unit="B")
+    bar = progress_bar(total, "pre-tokenise", progress, unit="B")
     try:
         if num_workers <= 1 or total < _PARALLEL_MIN_BYTES or len(tasks) == 1:
             for t in tasks:
@@ -237,12 +166,6 @@ def count_pretokens(paths: Sequence[Path], special_tokens: Sequence[str], num_wo
     finally:
         bar.close()  # ends the bar's line before any error message
     return counts
-
-
-def _bar(total, desc, enabled, **kw):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, file=sys.stderr, unit_scale=True, disable=not enabled, **kw)
 
 
 # --------------------------------------------------------------------------- merging
@@ -316,7 +239,7 @@ def _merge(words: list[list[int]], freqs: list[int], vocab: dict[int, bytes], vo
     heap = [(-c, keys[a] + keys[b], a, b) for (a, b), c in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[bytes, bytes]] = []
-    bar = _bar(vocab_size - len(vocab), "merge", progress)
+    bar = progress_bar(vocab_size - len(vocab), "merge", progress)
 
     while len(vocab) < vocab_size and heap:
         neg, _, a, b = heapq.heappop(heap)

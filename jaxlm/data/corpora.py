@@ -28,7 +28,7 @@ from pathlib import Path
 
 from jaxlm.core.errors import CorpusMissing, DataError
 from jaxlm.core.files import atomic_path, writable_dir_problem
-from jaxlm.data.bpe import _bar
+from jaxlm.data.chunks import progress_bar
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def fetch(remote: Remote, dest: Path, timeout: float = 10.0, progress: bool = Tr
     with response:
         resumed = have and response.status == 206
         total = int(response.headers.get("Content-Length", 0) or 0) + (have if resumed else 0)
-        bar = _bar(total or None, dest.name, progress, unit="B", initial=have if resumed else 0)
+        bar = progress_bar(total or None, dest.name, progress, unit="B", initial=have if resumed else 0)
         try:
             with open(part, "ab" if resumed else "wb") as f:
                 while block := response.read(1 << 20):

@@ -24,6 +24,9 @@ from jaxlm.data.bpe import str_to_token
 
 TOKENIZER_JSON = "tokenizer.json"
 GENERATION_CONFIG = "generation_config.json"  # bos_token_id, eos_token_id (transformers' GenerationConfig)
+# transformers' own files beside tokenizer.json (bos/eos tokens, chat template): carried along with it, so that
+# AutoTokenizer reads the same tokenizer from a prepared data directory, a run and its export
+TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def is_hf_tokenizer(directory) -> bool:
@@ -56,7 +59,7 @@ class HFTokenizer:
         with_specials = self._tok.encode("a", add_special_tokens=True).ids
         plain = self._tok.encode("a", add_special_tokens=False).ids
         self.bos_id = with_specials[0] if with_specials[:len(plain)] != plain else None  # the post-processor's BOS
-        self.files = (TOKENIZER_JSON, GENERATION_CONFIG)
+        self.files = (TOKENIZER_JSON, GENERATION_CONFIG, *TOKENIZER_EXTRAS)  # copied with it where present
         self._size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
     @classmethod

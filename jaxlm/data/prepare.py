@@ -33,7 +33,8 @@ import numpy as np
 from jaxlm.core.errors import DataError, WriteFailed
 from jaxlm.core.files import atomic_write, writable_dir_problem
 from jaxlm.core.lock import DirLock
-from jaxlm.data.bpe import _bar, file_chunks, mp_context, read_chunk, train_and_save
+from jaxlm.data.bpe import train_and_save
+from jaxlm.data.chunks import file_chunks, mp_context, progress_bar, read_chunk
 from jaxlm.data.corpora import CORPORA, resolve_sources
 from jaxlm.data.maxid import scan_max, stamped_max_ids
 from jaxlm.data.tokenizer import Tokenizer, load_tokenizer, trained_bpe_size
@@ -123,7 +124,7 @@ def _encode_to_file(sources: list[str], tokenizer: Tokenizer, dtype: np.dtype, p
                     progress: bool, desc: str) -> int:
     tasks = _tasks(sources, tokenizer)
     total = sum(_task_bytes(t) for t in tasks)
-    bar = _bar(total, desc, progress, unit="B")
+    bar = progress_bar(total, desc, progress, unit="B")
     n, pool = 0, None
     try:
         with open(path, "wb") as f:

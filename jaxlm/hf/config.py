@@ -17,20 +17,26 @@ from jaxlm.core.errors import ConfigError
 ARCHITECTURE = "LlamaForCausalLM"
 # Keys that mean a mixture of experts in the families close to Llama (Mixtral, Qwen-MoE, DeepSeek).
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _refuse(where: str, key: str, value: Any, why: str) -> ConfigError:
     return ConfigError(f"{where}: {key} = {value!r}: {why}; jaxlm's model cannot represent it")
 
 
-def rope_settings(hf: dict) -> dict:
-    """The rotary settings in transformers 5's form: rope_theta, rope_type and the type's parameters."""
-    params = hf.get("rope_parameters")
-    if not params:
-        params = {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 10000.0)}
-    params = dict(params)
-    params.setdefault("rope_type", params.pop("type", "default"))
-    return params
+def rope_settings(hf: dict, where: str) -> tuple[dict, str]:
+    """The rotary settings in transformers 5's form (rope_theta, rope_type and the type's parameters), and the
+    key its type was read from as config.json spells it (`rope_parameters.rope_type`, `rope_scaling.type`)."""
+    section = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    params = hf.get(section) or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: {section} = {params!r}: expected an object of RoPE settings")
+    if section == "rope_scaling":
+        params = {**params, "rope_theta": hf.get("rope_theta", 10000.0)}
+    spelled = "type" if "type" in params and "rope_type" not in params else "rope_type"
+    params = {**params, "rope_type": params.get("rope_type", params.get("type", "default"))}
+    params.pop("type", None)
+    return params, f"{section}.{spelled}"
 
 
 def check_representable(hf: dict, where: str) -> None:
@@ -45,31 +51,60 @@ def check_representable(hf: dict, where: str) -> None:
     for key in MOE_KEYS:
         if hf.get(key):
             raise _refuse(where, key, hf[key], "a mixture of experts")
-    rope = rope_settings(hf)
+    rope, key = rope_settings(hf, where)
     if rope["rope_type"] not in ("default", "llama3"):
-        raise _refuse(where, "rope_parameters.rope_type", rope["rope_type"], 'RoPE is "default" or "llama3" here')
+        raise _refuse(where, key, rope["rope_type"], 'RoPE is "default" or "llama3" here')
+    missing = [k for k in LLAMA3_KEYS if rope["rope_type"] == "llama3" and not _number(rope.get(k))]
+    if missing:
+        raise ConfigError(f"{where}: {key.split('.')[0]}.{missing[0]}: missing or not a number, which Llama 3's "
+                          "RoPE scaling needs")
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         raise _refuse(where, "partial_rotary_factor", rope["partial_rotary_factor"], "RoPE rotates the whole head")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _size(hf: dict, key: str, where: str, default=None) -> int:
+    """config.json's `key`: a positive integer (`default` when absent, if given)."""
+    if key not in hf and default is not None:
+        return default
+    if key not in hf:
+        raise ConfigError(f"{where}: no {key}, which a Llama config.json has; the checkpoint's config is incomplete")
+    value = hf[key]
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        raise ConfigError(f"{where}: {key} = {value!r}: must be a positive integer")
+    return value
 
 
 def model_keys(hf: dict, where: str) -> dict:
     """`model.*` values of the checkpoint described by config.json `hf` (only what differs from jaxlm's
     derived defaults: num_kv_heads when grouped, head_size when not d_model / num_heads)."""
     check_representable(hf, where)
-    d, heads = hf["hidden_size"], hf["num_attention_heads"]
-    rope = rope_settings(hf)
-    keys = dict(vocab_size=hf["vocab_size"], context_length=hf.get("max_position_embeddings", 2048), d_model=d,
-                num_layers=hf["num_hidden_layers"], num_heads=heads, d_ff=hf["intermediate_size"],
+    d, heads = _size(hf, "hidden_size", where), _size(hf, "num_attention_heads", where)
+    rope, _ = rope_settings(hf, where)
+    for key, value in (("rope_theta", rope["rope_theta"]), ("rms_norm_eps", hf.get("rms_norm_eps", 1e-6))):
+        if not (_number(value) and value > 0):
+            raise ConfigError(f"{where}: {key} = {value!r}: must be a number > 0")
+    keys = dict(vocab_size=_size(hf, "vocab_size", where), d_model=d, num_heads=heads,
+                context_length=_size(hf, "max_position_embeddings", where, 2048),
+                num_layers=_size(hf, "num_hidden_layers", where), d_ff=_size(hf, "intermediate_size", where),
                 rope_theta=float(rope["rope_theta"]), eps=float(hf.get("rms_norm_eps", 1e-6)),
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-    if hf.get("num_key_value_heads", heads) != heads:
+    if _size(hf, "num_key_value_heads", where, heads) != heads:
         keys["num_kv_heads"] = hf["num_key_value_heads"]
-    if hf.get("head_dim") and (d % heads or hf["head_dim"] != d // heads):
+    if hf.get("head_dim") is not None and (d % heads or _size(hf, "head_dim", where) != d // heads):
         keys["head_size"] = hf["head_dim"]
     if rope["rope_type"] == "llama3":
-        keys["rope_scaling"] = [float(rope["factor"]), float(rope["low_freq_factor"]),
-                                float(rope["high_freq_factor"]), float(rope["original_max_position_embeddings"])]
+        keys["rope_scaling"] = [float(rope[k]) for k in LLAMA3_KEYS]
     return keys
+
+
+# The model.* keys config.json fixes, by the config.json key they come from: the tensors' shapes follow them
+FIXED = {"vocab_size": "vocab_size", "d_model": "hidden_size", "num_layers": "num_hidden_layers",
+         "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "d_ff": "intermediate_size",
+         "head_size": "head_dim", "tie_embeddings": "tie_word_embeddings"}
 
 
 def check_exportable(m: ModelConfig) -> None:

@@ -1,144 +1,49 @@
-"""Import a Hugging Face Llama checkpoint as a jaxlm run, and export a run as one.
+"""Export a jaxlm run as a Hugging Face Llama checkpoint, and what the import (`importer`) shares with it.
 
-    import: SOURCE (config.json, *.safetensors, tokenizer.json) -> RUN (config.toml, checkpoints/0, tokenizer/)
     export: RUN -> DIR (config.json, model.safetensors or shards + index, tokenizer.json, generation_config.json)
 
-The imported run is an ordinary one (its resolved config.toml, one orbax checkpoint at step 0 with a fresh
-optimizer state, its tokenizer), so generation, `train.init_from`, LoRA / QLoRA / QAT fine-tuning and
-quantisation read it without knowing where it came from. Parameters are float32 in jaxlm, so a bfloat16
-or float32 checkpoint imports exactly, and an export in float32 (the default) imports again bit for bit.
-A LoRA run exports its merged weights W + (alpha / r) B A, or with ``adapters`` the adapters alone in
-PEFT's layout (adapter_config.json + adapter_model.safetensors) for the base model it was tuned from.
+The run is read, never written: it takes a reader's lock (none where none can be made, a read-only run).
+Parameters are float32 in jaxlm, so a bfloat16 or float32 checkpoint imports exactly, and an export in float32
+(the default) imports again bit for bit. A LoRA run exports its merged weights W + (alpha / r) B A, or with
+``adapters`` the adapters alone in PEFT's layout (adapter_config.json + adapter_model.safetensors) for the
+base model it was tuned from. A write that fails (a full disk, ``ulimit -f``) is one line; the half-written
+directory is removed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
-from jaxlm.core.config import Config, load_config
-from jaxlm.core.errors import CheckpointError, UsageError
-from jaxlm.core.files import atomic_write, read_json
+from jaxlm.core.config import Config
+from jaxlm.core.errors import UsageError, WriteFailed
+from jaxlm.core.files import read_json, write_cause
 from jaxlm.core.lock import DirLock, new_directory
-from jaxlm.core.typedconfig import toml_value
-from jaxlm.data.hf_tokenizer import GENERATION_CONFIG, TOKENIZER_JSON, HFTokenizer, is_hf_tokenizer
+from jaxlm.data.hf_tokenizer import GENERATION_CONFIG, TOKENIZER_EXTRAS, TOKENIZER_JSON, HFTokenizer
 from jaxlm.hf import config as hf_config
 from jaxlm.hf import weights
 from jaxlm.nn import lora, scan
-from jaxlm.training.checkpoint import Checkpointer, find_run_dir, restore_for_inference, saved_steps, write_run_files
-from jaxlm.training.optim import make_optimizer
-from jaxlm.training.step import TrainState, build_model, split_model
-
-TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # carried along for transformers' loader
+from jaxlm.training.checkpoint import find_run_dir, imported_from, restore_for_inference
 
 
-def _flat(state) -> dict[str, nnx.Variable]:
+def flat(state) -> dict[str, nnx.Variable]:
     """{"layers/0/attn/q_proj/weight": variable} of an nnx.State."""
     return {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(state)}
 
 
-# --------------------------------------------------------------------------- import
-
-
-def imported_config(source: Path, config_path: str | None, overrides: list[str], out: Path) -> Config:
-    """The run's config: config.json's model keys, the run's directory and tokenizer, then --config / --set."""
-    hf = json.loads((source / "config.json").read_text())
-    keys = hf_config.model_keys(hf, str(source / "config.json"))
-    sets = [f"model.{k}={toml_value(v)}" for k, v in keys.items()]
-    sets += [f"train.out_dir={toml_value(str(out))}"]
-    if is_hf_tokenizer(source):
-        sets.append(f"data.tokenizer={toml_value(str(out / 'tokenizer'))}")
-    cfg = load_config(config_path, [*sets, *overrides])
-    if cfg.lora.rank or cfg.qat.weight_bits or cfg.qat.activation_bits:
-        raise UsageError("lora.* / qat.*: an import writes the checkpoint's own weights; choose LoRA, QLoRA or QAT "
-                         f"when fine-tuning from it (python -m jaxlm.train --set train.init_from={out} ...)")
-    return cfg
-
-
-def _model_from(cfg: Config, tensors: dict[str, np.ndarray], where: str):
-    """The plain model of `cfg` holding `tensors` (Hugging Face names): every parameter found once, with its
-    shape; q and k rows reordered for jaxlm's RoPE. The random initial weights are never materialised."""
-    build = lambda: build_model(cfg.model, dataclasses.replace(cfg.compute, scan_layers=False))  # noqa: E731
-    graphdef, abstract, _ = split_model(nnx.eval_shape(build))
-    rest = jax.jit(lambda: split_model(build())[2])()  # RoPE tables and the like; the weights are dead code
-    wanted = {path: v.shape for path, v in _flat(abstract).items()}
-    values = {}
-    for name, array in tensors.items():
-        path = weights.jaxlm_name(name)
-        if path is None or path not in wanted:
-            raise CheckpointError(f"{where}: tensor {name} has no place in jaxlm's model (biases, extra modules); "
-                                  "jaxlm cannot represent it")
-        if array.shape != wanted[path]:
-            raise CheckpointError(f"{where}: tensor {name} has shape {array.shape}, config.json's model needs "
-                                  f"{wanted[path]}")
-        values[path] = weights.to_interleaved(array, cfg.model.head_dim) if weights.is_rotary(path) else array
-    missing = sorted(set(wanted) - set(values))
-    if missing:
-        raise CheckpointError(f"{where}: no tensor {weights.hf_name(missing[0])} ({len(missing)} missing in all)")
-    for path, v in _flat(abstract).items():
-        v.set_value(jax.numpy.asarray(values[path]))
-    model = nnx.merge(graphdef, abstract, rest)
-    scan.relayout(model, cfg.compute.scan_layers)
-    return model
-
-
-def _tokenizer_dir(source: Path, hf: dict, dest: Path, final: Path, vocab_size: int) -> HFTokenizer | None:
-    """`dest` holding the run's tokenizer (tokenizer.json, generation_config.json, meta.json; it will live in
-    `final`) when the checkpoint has a tokenizer.json; bos/eos ids from its generation_config.json, else
-    config.json."""
-    from jaxlm.data.prepare import FORMAT, META, token_dtype
-
-    if not is_hf_tokenizer(source):
-        return None
-    generation = read_json(source / GENERATION_CONFIG, default=None) or \
-        {k: hf[k] for k in ("bos_token_id", "eos_token_id") if hf.get(k) is not None}
-    tok = HFTokenizer((source / TOKENIZER_JSON).read_text(encoding="utf-8"), generation, str(final))
-    dest.mkdir(parents=True)
-    tok.save(dest)
-    extras = [name for name in TOKENIZER_EXTRAS if (source / name).is_file()]
-    for name in extras:
-        shutil.copyfile(source / name, dest / name)
-    meta = {"format": FORMAT, "dtype": token_dtype(max(vocab_size, tok.vocab_size)).name, "vocab_size": tok.vocab_size,
-            "tokenizer": str(final), "tokenizer_files": [TOKENIZER_JSON, GENERATION_CONFIG, *extras],
-            "tokenizer_sha256": tok.digest(), "special_tokens": tok.special_tokens, "eot_id": tok.eot_id,
-            "tokens": {"train": 0, "val": 0}, "imported_from": str(source)}
-    atomic_write(dest / META, json.dumps(meta, indent=2) + "\n")
-    return tok
-
-
-def import_checkpoint(source: Path, out: Path, cfg: Config, origin: str) -> HFTokenizer | None:
-    """Write the run `out` from the Hugging Face directory `source` (named `origin` by the user); returns its
-    tokenizer, None when the checkpoint has no tokenizer.json."""
-    hf = json.loads((source / "config.json").read_text())
-    with new_directory(out, f"--out {out}"):
-        model = _model_from(cfg, weights.read_tensors(source), str(source))
-        with tempfile.TemporaryDirectory() as staging:
-            tok = _tokenizer_dir(source, hf, Path(staging) / "tokenizer", out / "tokenizer", cfg.model.vocab_size)
-            write_run_files(out, cfg, Path(staging) / "tokenizer")
-        tx, _ = make_optimizer(cfg.optim, cfg.train.steps)
-        ckpt = Checkpointer(out, cfg.checkpoint)
-        try:
-            ckpt.save(TrainState.create(model, tx), {"step": 0, "data_step": 0, "seed": cfg.train.seed,
-                                                     "imported_from": origin})
-        finally:
-            ckpt.close()
-    return tok
-
-
-# --------------------------------------------------------------------------- export
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def hf_tensors(model, cfg: Config, dtype) -> dict[str, np.ndarray]:
     """The plain (merged) model's parameters by Hugging Face name, q and k rows in Hugging Face's order."""
     out = {}
-    for path, value in _flat(nnx.state(model, nnx.Param)).items():
+    for path, value in flat(nnx.state(model, nnx.Param)).items():
         array = np.asarray(value.get_value(), np.float32)
         if weights.is_rotary(path):
             array = weights.to_halves(array, cfg.model.head_dim)
@@ -164,19 +69,19 @@ def _adapter_files(model, cfg: Config, run_dir: Path, out: Path) -> None:
               "lora_dropout": cfg.lora.dropout, "target_modules": sorted(weights.MODULES[t] for t in cfg.lora.targets),
               "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
               "base_model_name_or_path": base or cfg.train.init_from or str(run_dir)}
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _write_json(out / "adapter_config.json", config)
 
 
-def imported_from(run: str) -> str | None:
-    """The Hugging Face source a run (or the run it was initialised from) was imported from, when recorded."""
-    run_dir, _ = find_run_dir(run)
-    steps = saved_steps(run_dir)
-    meta = read_json(run_dir / "checkpoints" / str(steps[0]) / "meta" / "metadata", default={}) if steps else {}
-    return meta.get("imported_from") if isinstance(meta, dict) else None
+def _write_json(path: Path, data: dict) -> None:
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as e:
+        raise WriteFailed(f"{path}: cannot be written: {write_cause(e)}") from None
 
 
 def _tokenizer_files(run_dir: Path, tokenizer, out: Path) -> dict:
-    """The run's tokenizer into `out` (a jaxlm BPE converted to tokenizer.json); returns the generation config."""
+    """The run's tokenizer into `out` (a jaxlm BPE converted to tokenizer.json) with transformers' tokenizer
+    files; returns the generation config (bos/eos ids), kept by an import without a tokenizer too."""
     from jaxlm.hf.tokenizer import to_tokenizer_json
 
     src = run_dir / "tokenizer"
@@ -187,33 +92,46 @@ def _tokenizer_files(run_dir: Path, tokenizer, out: Path) -> dict:
                 shutil.copyfile(src / name, out / name)
         return tokenizer.generation
     if tokenizer is None:
-        return {}
+        generation = read_json(src / GENERATION_CONFIG, default={})
+        return generation if isinstance(generation, dict) else {}
     (out / TOKENIZER_JSON).write_text(to_tokenizer_json(tokenizer), encoding="utf-8")
-    generation = {"eos_token_id": tokenizer.eot_id} if tokenizer.eot_id is not None else {}
-    (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
-    return generation
+    return {"eos_token_id": tokenizer.eot_id} if tokenizer.eot_id is not None else {}
 
 
 def export_run(run: str, out: Path, adapters: bool = False, dtype: str = "float32",
                shard_bytes: int = 5 * 10**9) -> list[str]:
     """Write the run (or checkpoint) `run` to `out` in the Hugging Face layout; returns the files written."""
     run_dir, _ = find_run_dir(run)
-    with DirLock(run_dir, str(run)), new_directory(out, f"--out {out}"):
+    with DirLock(run_dir, str(run), shared=True), new_directory(out, f"--out {out}"):
         model, cfg, tokenizer = restore_for_inference(run)
         hf_config.check_exportable(cfg.model)
         adapted = lora.has_adapters(model)
         if adapters and not adapted:
             raise UsageError(f"--adapters: {run} has none (lora.rank = 0); export it without --adapters")
         scan.relayout(model, False)
-        generation = _tokenizer_files(run_dir, tokenizer, out)
-        if adapters:
-            _adapter_files(model, cfg, run_dir, out)
-        else:
-            if adapted:
-                lora.merge(model)
-            weights.write_tensors(hf_tensors(model, cfg, jax.numpy.dtype(dtype)), out, shard_bytes)
-            config = hf_config.hf_config(cfg.model, generation, dtype)
-            (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-            if not (out / GENERATION_CONFIG).is_file():
-                (out / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            _write_export(model, cfg, run_dir, tokenizer, out, adapters, dtype, shard_bytes)
+        except (OSError, WriteFailed) as e:
+            what = str(e) if isinstance(e, WriteFailed) else f"--out {out}: writing the export failed: {write_cause(e)}"
+            raise WriteFailed(f"{what}; the half-written {out} was removed: free space and export again") from None
     return sorted(p.name for p in out.iterdir())
+
+
+def _write_export(model, cfg: Config, run_dir: Path, tokenizer, out: Path, adapters: bool, dtype: str,
+                  shard_bytes: int) -> None:
+    """The files of `export_run`, after a check that the file system of `out` holds the weights."""
+    need = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param))) * jax.numpy.dtype(
+        dtype).itemsize
+    if shutil.disk_usage(out).free < need:
+        raise UsageError(f"--out {out}: its file system has {gib(shutil.disk_usage(out).free)} free, the export "
+                         f"takes about {gib(need)}; free space or choose another --out")
+    generation = _tokenizer_files(run_dir, tokenizer, out)
+    _write_json(out / GENERATION_CONFIG, generation)
+    if adapters:
+        _adapter_files(model, cfg, run_dir, out)
+        return
+    if lora.has_adapters(model):
+        lora.merge(model)
+    weights.write_tensors(hf_tensors(model, cfg, jax.numpy.dtype(dtype)), out, shard_bytes)
+    _write_json(out / "config.json", hf_config.hf_config(cfg.model, generation, dtype))

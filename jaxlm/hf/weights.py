@@ -8,8 +8,8 @@ original Llama code does. The same rotation applied to rows reordered within eac
 scores q . k, so the q and k projections' rows are reordered at import (`to_interleaved`) and back at
 export (`to_halves`); the model itself never changes.
 
-Files are read and written with the `safetensors` library's numpy API (the hf extra): one
-``model.safetensors``, or shards listed by ``model.safetensors.index.json``.
+Files are written with the `safetensors` library's numpy API (the hf extra): one ``model.safetensors``, or
+shards listed by ``model.safetensors.index.json`` (they are read by `jaxlm.hf.files`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxlm.core.errors import CheckpointError
+from jaxlm.core.errors import WriteFailed
 from jaxlm.core.extras import require
+from jaxlm.core.files import write_cause
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 # Hugging Face name (with {i} for the layer) -> jaxlm parameter path (with {i})
 NAMES = {
     "model.embed_tokens.weight": "token_embeddings/weight",
@@ -91,38 +90,10 @@ def is_rotary(path: str) -> bool:
 # --------------------------------------------------------------------------- files
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory: the index's shards, or model.safetensors, or every
-    *.safetensors; a CheckpointError naming the directory when there is none."""
-    if (directory / INDEX).is_file():
-        index = json.loads((directory / INDEX).read_text())
-        return [directory / f for f in sorted(set(index["weight_map"].values()))]
-    if (directory / SINGLE).is_file():
-        return [directory / SINGLE]
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{directory}: no model.safetensors, {INDEX} or *.safetensors (only safetensors "
-                              "checkpoints import; convert a pytorch_model.bin with transformers first)")
-    return files
-
-
-def read_tensors(directory: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint as float32 numpy arrays, by Hugging Face name."""
-    safe_open = require("safetensors").safe_open
-    out = {}
-    for path in weight_files(directory):
-        with safe_open(str(path), framework="np") as f:
-            for name in f.keys():
-                if not IGNORED.match(name):
-                    out[name] = np.asarray(f.get_tensor(name), np.float32)
-    return out
-
-
 def write_tensors(tensors: dict[str, np.ndarray], directory: Path, shard_bytes: int,
                   prefix: str = "model") -> list[str]:
     """PREFIX.safetensors, or PREFIX-0000k-of-0000n.safetensors shards of at most `shard_bytes` each (a larger
     tensor alone in its shard) with PREFIX.safetensors.index.json; returns the file names written."""
-    save_file = require("safetensors.numpy").save_file
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, array in tensors.items():
@@ -132,12 +103,21 @@ def write_tensors(tensors: dict[str, np.ndarray], directory: Path, shard_bytes: 
         shards[-1][name] = np.ascontiguousarray(array)
         size += array.nbytes
     if len(shards) == 1:
-        save_file(shards[0], str(directory / f"{prefix}.safetensors"), metadata={"format": "pt"})
+        _save(shards[0], directory / f"{prefix}.safetensors")
         return [f"{prefix}.safetensors"]
     names = [f"{prefix}-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     for name, shard in zip(names, shards):
-        save_file(shard, str(directory / name), metadata={"format": "pt"})
+        _save(shard, directory / name)
     index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
              "weight_map": {t: name for name, shard in zip(names, shards) for t in shard}}
     (directory / f"{prefix}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return [*names, f"{prefix}.safetensors.index.json"]
+
+
+def _save(tensors: dict[str, np.ndarray], path: Path) -> None:
+    """One safetensors file; a failed write (a full disk, `ulimit -f`) is a WriteFailed naming it and the cause."""
+    safetensors = require("safetensors")
+    try:
+        require("safetensors.numpy").save_file(tensors, str(path), metadata={"format": "pt"})
+    except (OSError, safetensors.SafetensorError) as e:
+        raise WriteFailed(f"{path}: cannot be written: {write_cause(e)}") from None

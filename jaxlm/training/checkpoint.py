@@ -18,19 +18,18 @@ target (shapes, dtypes, shardings), never into plain dicts, and take the newest
 checkpoint that restores cleanly: a damaged newer one is named in a warning and
 skipped, never deleted.
 
-PRNG key arrays (dropout streams) are stored as their raw uint32 key data.
+PRNG key arrays (dropout streams) are stored as their raw uint32 key data (jaxlm.training.orbax_io).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-import logging
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -39,53 +38,29 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from jaxlm.core.config import CheckpointConfig, Config, load_config
 from jaxlm.core.errors import CheckpointError, ConfigError, WriteFailed, write_traceback
-from jaxlm.core.files import atomic_write
+from jaxlm.core.files import atomic_write, read_json, write_cause
 from jaxlm.core.lock import unfinished
 from jaxlm.core.typedconfig import dumps_toml, to_dict
 from jaxlm.nn import scan
 from jaxlm.nn.lora import has_adapters
+from jaxlm.training.orbax_io import (
+    abstract_savable,
+    from_savable,
+    log_orbax_to,
+    mute_failed_reads,
+    restore_newest,
+    to_savable,
+)
 from jaxlm.training.step import TrainState, build_model, split_model
 
 UNRESTORABLE = ".unrestorable"  # suffix of a checkpoint set aside because it does not restore
 
 
-def _is_key(x) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def to_savable(state):
-    """Typed PRNG keys -> uint32 key data (orbax stores plain arrays)."""
-    return jax.tree.map(lambda a: jax.random.key_data(a) if _is_key(a) else a, state)
-
-
-def abstract_savable(abstract_state):
-    """The shape/dtype/sharding target matching `to_savable(state)` for a `jax.eval_shape`d state."""
-
-    def one(a):
-        sharding = getattr(a, "sharding", None)
-        if _is_key(a):
-            data = jax.eval_shape(jax.random.key_data, a)
-            return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_replicated_like(sharding))
-        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-
-    return jax.tree.map(one, abstract_state)
-
-
-def _replicated_like(sharding):
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    return sharding
-
-
-def from_savable(saved, like):
-    """Inverse of `to_savable`, guided by a state (or abstract state) with typed keys."""
-    return jax.tree.map(lambda s, l: jax.random.wrap_key_data(s) if _is_key(l) else s, saved, like)
-
-
 class Checkpointer:
-    """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy."""
+    """An orbax CheckpointManager for RUN/checkpoints with the run's keep / keep-best policy; `save_gb` bounds the
+    host memory of a save's copies (orbax copies every array at once without it: about 0.8 x the state)."""
 
-    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig):
+    def __init__(self, run_dir: str | Path, cfg: CheckpointConfig, save_gb: float | None = None):
         self.run_dir = Path(run_dir).absolute()
         self.dir = self.run_dir / "checkpoints"
         self.saving: int | None = None  # the step of the save in flight
@@ -102,10 +77,12 @@ class Checkpointer:
             # threads waiting 5 minutes for it, and the process hanging at exit.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
-        _mute_failed_read_aftermath()
-        self._undo_logs = _orbax_log_to(self.run_dir / "error.log")
+        mute_failed_reads()
+        self._undo_logs = log_orbax_to(self.run_dir / "error.log")
         try:
-            self.manager = ocp.CheckpointManager(self.dir, options=options, item_names=("state", "meta"))
+            handlers = {"state": ocp.StandardCheckpointHandler(save_concurrent_gb=save_gb),
+                        "meta": ocp.JsonCheckpointHandler()}
+            self.manager = ocp.CheckpointManager(self.dir, options=options, item_handlers=handlers)
         except BaseException:
             self._undo_logs()
             raise
@@ -145,7 +122,7 @@ class Checkpointer:
         except Exception as e:
             self.failed = True
             log = write_traceback(self.run_dir)
-            raise WriteFailed(f"{self.dir}: saving checkpoint {step} failed: {_cause(e)}; free space or fix the "
+            raise WriteFailed(f"{self.dir}: saving checkpoint {step} failed: {write_cause(e)}; free space or fix the "
                               f"directory, then run again to resume from the newest complete checkpoint "
                               f"(full traceback in {log})") from e
 
@@ -174,6 +151,18 @@ class Checkpointer:
             multihost_utils.sync_global_devices("unrestorable checkpoints set aside")
         self.manager.reload()
 
+    def abort_note(self) -> str:
+        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
+        orbax temporary directory on disk (a save under way)."""
+        saving, partial = self.saving, sorted(p.name for p in self.dir.glob("*.orbax-checkpoint-tmp*"))
+        if saving is not None and (self.dir / str(saving)).is_dir():
+            return f"checkpoint {saving} was saved in {self.dir}"
+        if saving is None and not partial:
+            return f"no checkpoint was being saved (the newest is in {self.dir})"
+        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
+        step = saving if saving is not None else "(unknown step)"
+        return f"checkpoint {step} was not completed in {self.dir}{left}"
+
     def close(self) -> None:
         """Wait for the save in flight (unless one failed already), then close the manager."""
         try:
@@ -189,84 +178,18 @@ class Checkpointer:
                 self._undo_logs()
 
 
-def _cause(e: BaseException) -> str:
-    """The reason a write failed, in words: an OSError's, TensorStore's os_error_code, else the first line."""
-    for err in (e, e.__cause__, e.__context__):
-        if isinstance(err, OSError) and err.strerror:
-            return f"{err.strerror} ({err.filename or type(err).__name__})"
-    code = re.search(r"os_error_code='?(\d+)", str(e))
-    if code:
-        return f"{os.strerror(int(code.group(1)))} (errno {code.group(1)})"
-    return _first_line(e)
-
-
-def _orbax_log_to(path: Path) -> Callable[[], None]:
-    """Route orbax's log (absl) to `path` instead of the terminal; returns the undo. A failed save logs a
-    page of traceback per background thread; the failure itself is the one WriteFailed line."""
-    logger = logging.getLogger("absl")
-    handler = logging.FileHandler(path, delay=True)  # the file is created by the first record
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("--- %(asctime)s %(levelname)s %(name)s: %(message)s"))
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
-
-    def undo() -> None:
-        logger.removeHandler(handler)
-        handler.close()
-        logger.propagate = propagate
-
-    return undo
-
-
 def saved_steps(run_dir: str | Path) -> list[int]:
     """The steps of RUN/checkpoints, oldest first (orbax names a finished checkpoint by its step alone)."""
     d = Path(run_dir) / "checkpoints"
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir()) if d.is_dir() else []
 
 
-def _first_line(e: BaseException, limit: int = 160) -> str:
-    """The exception's first sentence: TensorStore appends a page of its spec to the first line."""
-    line = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
-    return f"{type(e).__name__}: {line.split('. See ')[0][:limit]}"
-
-
-def _mute_failed_read_aftermath() -> None:
-    """When a restore fails, orbax's other pending reads of that checkpoint fail too, during and after
-    it, one page of traceback each, through `sys.unraisablehook` and the asyncio logger: drop those
-    (the failure itself is reported by `restore_newest`)."""
-    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    previous = sys.unraisablehook
-    if getattr(previous, "jaxlm_mute", False):
-        return
-
-    def hook(u):
-        code = getattr(u.object, "cr_code", None)
-        from_orbax = code is not None and "orbax" in code.co_filename
-        loop_closed = isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
-        if not (from_orbax or loop_closed):
-            previous(u)
-
-    hook.jaxlm_mute = True
-    sys.unraisablehook = hook
-
-
-def restore_newest(directory: Path, steps, restore_one: Callable[[int], Any]) -> tuple[int, Any, list[int]]:
-    """(step, restore_one(step), newer steps that failed) for the newest of `steps` that restores;
-    each failure is a warning line. One CheckpointError line when none restores."""
-    failed, error = [], None
-    _mute_failed_read_aftermath()
-    for step in sorted(steps, reverse=True):
-        try:
-            return step, restore_one(step), failed
-        except Exception as e:  # orbax and TensorStore raise many kinds for a damaged checkpoint
-            failed.append(step)
-            error = error or e
-            print(f"warning: {directory}/{step} does not restore ({_first_line(e)}); skipped", file=sys.stderr)
-    tried = ", ".join(map(str, failed)) or "none saved"
-    raise CheckpointError(f"{directory}: no checkpoint restores (steps tried: {tried}; newest failed with "
-                          f"{_first_line(error) if error else 'nothing to restore'}); check that the config matches "
-                          "the run's config.toml, or move the directory away to start again")
+def imported_from(run: str | Path) -> str | None:
+    """The Hugging Face source a run was imported from (`python -m jaxlm.hf import`: its checkpoint's meta)."""
+    run_dir, _ = find_run_dir(run)
+    steps = saved_steps(run_dir)
+    meta = read_json(run_dir / "checkpoints" / str(steps[0]) / "meta" / "metadata", default={}) if steps else {}
+    return meta.get("imported_from") if isinstance(meta, dict) else None
 
 
 def write_run_files(run_dir: str | Path, cfg: Config, data_dir: str | Path) -> None:
@@ -317,7 +240,7 @@ def restore_for_inference(run_or_ckpt_dir: str | Path, step: int | None = None):
         raise CheckpointError(f"{run_dir}: holds no checkpoint yet ({ckpt_dir} has none); train it first")
     if step is not None and step not in steps:
         raise CheckpointError(f"{ckpt_dir}/{step}: no such checkpoint; saved steps: {', '.join(map(str, steps))}")
-    abstract = nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute, cfg.train.seed, cfg.lora, cfg.qat))
+    abstract = nnx.eval_shape(lambda: build_model(cfg))
     graphdef, params, non_trainable = split_model(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"params": params, "non_trainable": non_trainable}
@@ -357,7 +280,8 @@ def load_base_weights(path: str | Path, cfg: Config):
                               f"adapters into the weights first: python -m jaxlm.lora merge {path} --out DIR")
     scan.relayout(model, cfg.compute.scan_layers)  # either layer layout: the same numbers, (un)stacked
     loaded = nnx.state(model, nnx.Param)
-    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(cfg.model, cfg.compute)), nnx.Param))
+    plain = Config(model=cfg.model, compute=cfg.compute)  # the weights alone: no adapters, no quantised base
+    want = _shapes(nnx.state(nnx.eval_shape(lambda: build_model(plain)), nnx.Param))
     have = _shapes(loaded)
     for name, shape in want.items():
         if name not in have:
@@ -394,7 +318,6 @@ def load_for_generation(path: str | Path, cfg: Config | None = None, tokenizer: 
                               "pass --tokenizer DIR (a directory with tokenizer.json, or vocab.json + merges.txt)")
     if cfg is not None and cfg.compute != saved.compute:  # same weights, another way to run them
         scan.relayout(model, cfg.compute.scan_layers)
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(saved.model, cfg.compute, saved.train.seed,
-                                                                  saved.lora, saved.qat)))
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(dataclasses.replace(saved, compute=cfg.compute))))
         model = nnx.merge(graphdef, nnx.state(model))
     return model, own

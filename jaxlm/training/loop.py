@@ -37,7 +37,7 @@ from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
 from jaxlm.nn.lora import memory_summary
 from jaxlm.training.checkpoint import Checkpointer, load_base_weights, saved_steps, write_run_files
 from jaxlm.training.optim import make_optimizer
-from jaxlm.training.preflight import check_disk, check_memory, lock_run, preflight, resumed_changes, run_identity
+from jaxlm.training.preflight import check_disk, check_memory, launch, resumed_changes, run_identity
 from jaxlm.training.step import TrainState, init_state, make_eval_step, make_multi_step, make_train_step
 from jaxlm.training.tracking import Profiler, Tracker, peak_memory_bytes
 
@@ -55,14 +55,10 @@ class JittedSteps(NamedTuple):
 
 
 def build(cfg: Config, mesh) -> JittedSteps:
-    """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh`."""
-    sharding.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
-    sharding.check_model(cfg.model, mesh)
-    sharding.check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches,
-                            cfg.data.batch_size // cfg.train.grad_accum, mesh)
+    """Init, shardings, the train step (one and n per call) and the eval step, jitted for `mesh` (whose layout
+    the caller checked: `sharding.check_layout`)."""
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    graphdef, make_state = init_state(cfg.model, cfg.compute, tx, cfg.train.seed, cfg.lora, cfg.qat,
-                                      cfg.parallel.microbatches)
+    graphdef, make_state = init_state(cfg, tx)
     abstract = jax.eval_shape(make_state)
     shardings = sharding.state_shardings(abstract, mesh)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
@@ -132,30 +128,14 @@ class Loop:
                 if closer is not None:
                     stack.callback(closer)
 
-    def abort_note(self) -> str:
-        """What a second Ctrl-C leaves behind (jaxlm.core.stop): the checkpoint in flight, saved or not, and any
-        orbax temporary directory on disk (a save under way)."""
-        saving, partial = self.ckpt.saving, sorted(p.name for p in self.ckpt.dir.glob("*.orbax-checkpoint-tmp*"))
-        if saving is not None and (self.ckpt.dir / str(saving)).is_dir():
-            return f"checkpoint {saving} was saved in {self.ckpt.dir}"
-        if saving is None and not partial:
-            return f"no checkpoint was being saved (the newest is in {self.ckpt.dir})"
-        left = f" ({', '.join(partial)} left: the next start removes it)" if partial else ""
-        step = saving if saving is not None else "(unknown step)"
-        return f"checkpoint {step} was not completed in {self.ckpt.dir}{left}"
-
 
 def start(cfg: Config, stop: StopFlag) -> Loop:
-    """The run's lock, preflight checks, data, mesh, compiled steps, the state (restored or fresh), the run
-    files, trackers. A run already complete gets none of the writers: nothing in it changes."""
-    lock = lock_run(cfg)  # before anything in train.out_dir is read or written
-    if lock is not None:
-        stop.on_abort.append(lambda: lock.release() or "")
+    """The run's lock, checks and data (`preflight.launch`), compiled steps, the state (restored or fresh), the
+    run files, trackers. A run already complete gets none of the writers: nothing in it changes."""
+    lock, mesh, data_dir = launch(cfg, stop)  # before anything is created or compiled
     try:
-        data_dir = preflight(cfg)  # starts jax.distributed; before anything is created or compiled
         stop.check("the first step")
         tune_for_cpu_backend()  # queries the backend, so only after jax.distributed.initialize()
-        mesh = sharding.make_mesh(cfg=cfg.parallel)
         jitted = build(cfg, mesh)
         run_dir, lead = Path(cfg.train.out_dir), jax.process_index() == 0
         latest = (saved_steps(run_dir) or [None])[-1] if cfg.checkpoint.resume else None
@@ -205,11 +185,7 @@ def compile_first_call(cfg: Config, jitted: JittedSteps, mesh, step: int) -> Non
                         (jitted.multi_fn, (n, *shape), sharding.stacked_batch_sharding(mesh)))
     x = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=where)
     compiled = fn.lower(jitted.abstract, x, x).compile()
-    try:
-        stats = compiled.memory_analysis()
-    except NotImplementedError:  # a backend without the analysis: nothing to hold against the device
-        stats = None
-    check_memory(cfg, stats, sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches)
+    check_memory(cfg, compiled, sharding.batch_size_over(mesh) * cfg.train.grad_accum * cfg.parallel.microbatches)
 
 
 def restore_or_init(cfg: Config, jitted: JittedSteps, ckpt: Checkpointer, mesh) -> tuple[TrainState, int]:
@@ -378,7 +354,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
             return train(cfg, stop)
     t_start = time.time()
     loop = start(cfg, stop)
-    stop.on_abort.append(loop.abort_note)
+    stop.on_abort.append(loop.ckpt.abort_note)
     sample, complete = None, loop.step >= cfg.train.steps
     try:
         while loop.step < cfg.train.steps:
@@ -390,7 +366,7 @@ def train(cfg: Config, stop: StopFlag | None = None) -> dict:
             sample = write_sample(loop)
     finally:
         loop.close()  # waits for the last checkpoint: only then is it reported saved
-        stop.on_abort.remove(loop.abort_note)
+        stop.on_abort.remove(loop.ckpt.abort_note)
     if loop.lead and sample is not None:
         print(f"\n--- sample after {loop.step} steps ---\n{sample}\n---")
     stopped = f"{stop.signal}: checkpoint {loop.step} saved in {loop.ckpt.dir}" if stop.signal and not complete and \

@@ -1,14 +1,15 @@
 """Check a training run before it starts, so that a bad input costs seconds, not a run.
 
-`lock_run(cfg)` takes train.out_dir's lock first (one writer per run), then
-`preflight(cfg)` runs before any run directory is created or any step is compiled:
-the output directory, its checkpoints/ and the saved run when resuming,
-jax.distributed start-up, the attention kernel and the batch on this machine's devices,
-then the data (prepared here when needed: the only thing written, atomically), its
-tokenizer against the saved run's (or train.init_from's), each split's size and its
-token ids. Once the step is built, `check_disk` and `check_memory` hold one checkpoint
-and the compiled step against the free disk and the device's memory. Every failure
-is one UserError line naming the key, file or value.
+`launch(cfg)` is the start-up in one pass, before any run directory is created or any step is
+compiled: train.out_dir's lock (one writer per run; jax.distributed is started first when
+configured, since only process 0 takes it), the run directory (its checkpoints/ and the saved
+run when resuming), train.init_from, the model's size against the devices' memory, the
+attention kernel on this backend, the mesh (made once) and the layout over it, then the data
+(prepared here when needed: the only thing written, atomically), its tokenizer against the
+saved run's (or train.init_from's), each split's size and its token ids. It returns the lock,
+the mesh and the data directory. Once the step is built, `check_disk` and `check_memory` hold
+one checkpoint and the compiled step against the free disk and the device's memory. Every
+failure is one UserError line naming the key, file or value.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxlm.analysis.flops import param_counts
 from jaxlm.analysis.memory import compiled_memory
@@ -29,11 +32,12 @@ from jaxlm.core.errors import CheckpointError, ConfigError, DataError
 from jaxlm.core.files import path_problem, read_json, writable_dir_problem
 from jaxlm.core.limits import host_memory
 from jaxlm.core.lock import DirLock
+from jaxlm.core.stop import StopFlag
 from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.nn.loss import chunk_tokens
-from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
+from jaxlm.training.checkpoint import find_run_dir, imported_from, read_run_config, saved_steps
 
 # What a resumed run must share with the saved one: the architecture (the saved arrays'
 # shapes and meaning) and the seed (the data order); the tokenizer (what the ids mean) is
@@ -41,18 +45,36 @@ from jaxlm.training.checkpoint import find_run_dir, read_run_config, saved_steps
 MUST_MATCH = ("model.", "train.seed", "lora.", "qat.", "compute.scan_layers")
 
 
-def preflight(cfg: Config) -> Path:
-    """Validate `cfg` against this machine, the run directory and the data; returns the data directory."""
-    check_run_dir(cfg)
-    check_init_from(cfg)
-    start_distributed(cfg)
-    check_model_size(cfg)
-    check_devices(cfg)
-    note_loss_chunk(cfg)
-    data_dir = prepare_data(cfg)
-    check_data(cfg, data_dir)
-    check_same_tokenizer(cfg, data_dir)
-    return data_dir
+class Launch(NamedTuple):
+    """What `launch` hands the loop: the lock it holds, the mesh it checked the layout on, the prepared data."""
+
+    lock: DirLock | None  # train.out_dir's lock (process 0; None on the others)
+    mesh: Mesh
+    data_dir: Path
+
+
+def launch(cfg: Config, stop: StopFlag | None = None) -> Launch:
+    """Lock, then validate `cfg` against the run directory, this machine and the data (module docstring);
+    the lock is released when a check fails, and by a second Ctrl-C (`stop`) while the data is prepared."""
+    lock = lock_run(cfg)  # starts jax.distributed when configured: the lock is process 0's
+    if lock is not None and stop is not None:
+        stop.on_abort.append(lambda: lock.release() or "")
+    try:
+        check_run_dir(cfg)
+        check_init_from(cfg)
+        check_model_size(cfg)
+        check_attention(cfg.model, cfg.compute)
+        mesh = sharding.make_mesh(cfg=cfg.parallel)
+        sharding.check_layout(cfg, mesh)
+        note_loss_chunk(cfg)
+        data_dir = prepare_data(cfg)
+        check_data(cfg, data_dir)
+        check_same_tokenizer(cfg, data_dir)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return Launch(lock, mesh, data_dir)
 
 
 def lock_run(cfg: Config) -> DirLock | None:
@@ -114,23 +136,22 @@ def check_run_dir(cfg: Config) -> None:
             f"train.out_dir = {str(run_dir)!r}: holds checkpoints (newest: step {steps[-1]}) and checkpoint.resume is "
             f"false, so a fresh run would mix with them; resume it, choose another train.out_dir, or move "
             f"{run_dir / 'checkpoints'} away")
+    check_not_imported(run_dir)
+    # The newest checkpoint whose meta reads: a damaged one is skipped by the restore too.
+    step, saved = next(((s, i) for s in reversed(steps) if (i := checkpoint_identity(run_dir, s)) is not None),
+                       (None, None))
+    if saved is None:
+        return
     toml = run_dir / "config.toml"
     written = run_identity(read_run_config(run_dir)) if toml.is_file() else None
-    saved = checkpoint_identity(run_dir, steps[-1])
-    if saved is None:  # checkpoints from before the identity was recorded in them: config.toml stands in
-        if written is not None:
-            check_compatible(written, cfg, toml, "saved")
-        return
     note = "" if written in (None, saved) else f" ({toml} no longer matches its checkpoints: edited?)"
-    check_compatible(saved, cfg, run_dir / "checkpoints" / str(steps[-1]), "checkpoint", note)
+    check_compatible(saved, cfg, run_dir / "checkpoints" / str(step), "checkpoint", note)
 
 
 def resumed_changes(cfg: Config, step: int) -> dict[str, list]:
     """The keys but train.steps in which a run resumed at `step` differs from its config.toml, {key: [saved, now]},
     said in one line: they may change (the MUST_MATCH ones are refused before), but not without a word."""
     run_dir = Path(cfg.train.out_dir)
-    if not (run_dir / "config.toml").is_file():
-        return {}
     saved, now = (flatten_tree(to_dict(c)) for c in (read_run_config(run_dir), cfg))
     changes = {k: [saved.get(k), now.get(k)] for k in sorted(saved.keys() | now.keys())
                if k != "train.steps" and saved.get(k) != now.get(k)}
@@ -140,6 +161,15 @@ def resumed_changes(cfg: Config, step: int) -> dict[str, list]:
               "now holds the new values and metrics.jsonl records the change (another train.out_dir keeps runs "
               "apart)", file=sys.stderr)
     return changes
+
+
+def check_not_imported(run_dir: Path) -> None:
+    """A checkpoint `python -m jaxlm.hf import` wrote holds weights and no optimizer state: it is fine-tuned from
+    into another directory, not resumed (nor trained over, which would delete it once checkpoint.keep is reached)."""
+    if source := imported_from(run_dir):
+        raise CheckpointError(f"train.out_dir = {str(run_dir)!r}: holds the checkpoint imported from {source} "
+                              "(weights, no optimizer state), which is fine-tuned from, not resumed; train into a new "
+                              f"directory: --set 'train.init_from=\"{run_dir}\"' --set 'train.out_dir=\"runs/NEW\"'")
 
 
 # The model keys that fix the shapes of the weights train.init_from loads (RoPE and context are not weights).
@@ -199,16 +229,6 @@ def start_distributed(cfg: Config) -> None:
         line = next((l for l in str(e).splitlines() if l.strip()), type(e).__name__)
         raise ConfigError(f"parallel.distributed = true: jax.distributed.initialize() failed ({line[:200]}); set "
                           "parallel.coordinator, num_processes and process_id, or run under Slurm") from None
-
-
-def check_devices(cfg: Config) -> None:
-    """The attention kernel runs on this backend; the batch divides over the devices and processes."""
-    check_attention(cfg.model, cfg.compute)
-    mesh = sharding.make_mesh(cfg=cfg.parallel)
-    sharding.check_model(cfg.model, mesh)
-    sharding.check_pipeline(cfg.model, cfg.compute.scan_layers, cfg.parallel.microbatches,
-                            cfg.data.batch_size // cfg.train.grad_accum, mesh)
-    sharding.check_batch(cfg.data.batch_size, cfg.train.grad_accum, mesh)
 
 
 def check_attention(m: ModelConfig, c: ComputeConfig) -> None:
@@ -357,15 +377,14 @@ def check_model_size(cfg: Config) -> None:
 BASE_BYTES = {"float32": 4, "int8": 1, "nf4": 0.5}  # bytes per weight: a lower bound of every kind of lora.base
 
 
-def check_memory(cfg: Config, stats, batch_unit: int) -> None:
-    """The compiled step (`memory_analysis()`: arguments + outputs - donated + temporaries, per device) fits
+def check_memory(cfg: Config, compiled, batch_unit: int) -> None:
+    """The compiled step (`compiled_memory`: arguments + outputs - donated + temporaries, per device) fits
     the device; else one line with the figure and the largest data.batch_size that fits (temporaries
     scale with the batch; `batch_unit` = what the batch must be a multiple of)."""
-    have = available_memory()
-    if stats is None or have is None:
+    have, m = available_memory(), compiled_memory(compiled)
+    if m is None or have is None:
         return
     free, where = have
-    m = compiled_memory(stats)
     need = m.total
     if need <= free:
         return

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxlm.core.config import ComputeConfig, LoraConfig, ModelConfig, QatConfig
+from jaxlm.core.config import Config
 from jaxlm.nn import lora as lora_lib
 from jaxlm.nn.loss import lm_loss, lm_terms
 from jaxlm.nn.model import TransformerLM
@@ -49,15 +49,15 @@ class TrainState:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def build_model(cfg: ModelConfig, compute: ComputeConfig = ComputeConfig(), seed: int = 0,
-                lora: LoraConfig | None = None, qat: QatConfig | None = None, base: nnx.State | None = None,
-                microbatches: int = 1):
-    """The LM with its block projections of the kind `lora` / `qat` ask for (LoRA adapters when `lora.rank` > 0,
-    quantisation-aware layers when `qat` bits are set), given the weights `base` (the Params of a plain model of
-    the same layer layout) when set. `microbatches`: GPipe's, on a pipeline mesh."""
+def build_model(cfg: Config, base: nnx.State | None = None):
+    """The LM a run's config describes: its model and compute, drawn from train.seed, with its block projections
+    of the kinds lora.* / qat.* ask for (LoRA adapters when lora.rank > 0, quantisation-aware layers when qat
+    bits are set) and GPipe's parallel.microbatches; given the weights `base` (the Params of a plain model of
+    the same layer layout) when set."""
+    seed = cfg.train.seed
     rngs = nnx.Rngs(params=seed, dropout=seed + 1, adapters=seed + 2)
-    model = TransformerLM(cfg, compute, rngs=rngs, lora=lora or LoraConfig(), qat=qat or QatConfig(),
-                          microbatches=microbatches)
+    model = TransformerLM(cfg.model, cfg.compute, rngs=rngs, lora=cfg.lora, qat=cfg.qat,
+                          microbatches=cfg.parallel.microbatches)
     if base is not None:
         lora_lib.set_base(model, base)
     return model
@@ -71,16 +71,11 @@ def split_model(model: nnx.Module):
     return nnx.split(model, trainable, ...)
 
 
-def init_state(model_cfg: ModelConfig, compute: ComputeConfig, tx: optax.GradientTransformation, seed: int,
-               lora: LoraConfig | None = None, qat: QatConfig | None = None, microbatches: int = 1):
-    """(graphdef, state-maker): call the maker (optionally with base weights) under
+def init_state(cfg: Config, tx: optax.GradientTransformation):
+    """(graphdef, state-maker) of `build_model(cfg)`: call the maker (optionally with base weights) under
     `jax.jit(..., out_shardings=...)` to build the state sharded."""
-
-    def build(base=None):
-        return build_model(model_cfg, compute, seed, lora, qat, base, microbatches)
-
-    graphdef, _, _ = split_model(nnx.eval_shape(build))
-    return graphdef, lambda base=None: TrainState.create(build(base), tx)
+    graphdef, _, _ = split_model(nnx.eval_shape(lambda: build_model(cfg)))
+    return graphdef, lambda base=None: TrainState.create(build_model(cfg, base), tx)
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, schedule: Callable, grad_accum: int = 1):

@@ -228,8 +228,8 @@ def test_nsys_answers_from_the_campaigns_profile(tmp_path):
 def _predicted_store(tmp_path):
     """A compiled store holding predicted kernel tables for the size table's steps (synthetic figures)."""
     from deliverables.compiled_time import sections
-    from jaxlm.training.compile_cache import CompileCache
-    from jaxlm.training.compiled import parse_target
+    from jaxlm.predict.store import CompileCache
+    from jaxlm.predict.target import parse_target
 
     target, stored = parse_target("h100-80gb"), {}
     groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2},

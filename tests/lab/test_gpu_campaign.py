@@ -1,5 +1,5 @@
 """deliverables.gpu: the dry runs' plans fit their budgets; without a GPU only --dry-run and --smoke run, and a smoke
-run never writes into docs/results/gpu; the lent command's CPU smoke runs its install (a dry run for the lent
+run never writes into docs/results/gpu; the offline command's CPU smoke runs its install (a dry run for the offline
 machine), checks and every campaign step, and copies its summary to $OUT."""
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from deliverables.gpu import campaign, carry, lent, merge
+from deliverables.gpu import campaign, carry, merge, offline
 from jaxlm import cli
 from jaxlm.core import platform
 
@@ -36,19 +36,19 @@ def test_dry_run_lists_every_step_with_seconds_within_the_budget(capsys):
         step.cuts or not status.startswith("cut") for step, _, status in planned)
 
 
-def test_lent_dry_run_fits_eight_minutes_install_and_checks_included(capsys):
-    assert cli.run(lent.main, ["--dry-run"]) == 0
+def test_offline_dry_run_fits_eight_minutes_install_and_checks_included(capsys):
+    assert cli.run(offline.main, ["--dry-run"]) == 0
     out = capsys.readouterr().out
-    for name, seconds, _ in lent.PHASES:
+    for name, seconds, _ in offline.PHASES:
         assert re.search(rf"^{name}\s+{seconds:.0f}\s", out, re.M), name
-    assert _total(out) <= 480 == lent.BUDGET_S
-    rows = campaign.plan(campaign.steps(), lent.campaign_budget(480), None, False, startup=0.0)
-    used = sum(s for _, s, _ in lent.PHASES) + lent.FINISH_S + sum(e for _, e, st in rows if st == "run")
+    assert _total(out) <= 480 == offline.BUDGET_S
+    rows = campaign.plan(campaign.steps(), offline.campaign_budget(480), None, False, startup=0.0)
+    used = sum(s for _, s, _ in offline.PHASES) + offline.FINISH_S + sum(e for _, e, st in rows if st == "run")
     assert used <= 480 and rows[0][2] == "run"
     assert "deferred" in out  # what does not fit is named, with the call that runs it
 
 
-@pytest.mark.parametrize("main", [campaign.main, lent.main])
+@pytest.mark.parametrize("main", [campaign.main, offline.main])
 def test_unknown_step_is_one_line_exit_2(capsys, main):
     assert cli.run(main, ["--dry-run", "--only", "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: --only nope: unknown step; known: profile, techniques")
@@ -64,14 +64,14 @@ def test_without_a_gpu_the_full_campaign_is_one_line_exit_2_and_writes_nothing(t
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(platform.has_nvidia_driver(), reason="the lent command runs on a GPU there")
-def test_without_a_gpu_the_lent_command_stops_in_one_line_before_installing(tmp_path):
+@pytest.mark.skipif(platform.has_nvidia_driver(), reason="the offline command runs on a GPU there")
+def test_without_a_gpu_the_offline_command_stops_in_one_line_before_installing(tmp_path):
     """Issue 46, item 19: it installed the carried wheels first, then failed with pip's command cut at 300
     characters. Here a carried wheel that is not the listed file would fail the install: the GPU is checked first."""
     carried = tmp_path / "whl"
     carried.mkdir()
     (carried / carry.read_manifest()[0].file).write_bytes(b"not a wheel")
-    proc = subprocess.run([sys.executable, "-m", "deliverables.gpu.lent", "--carry", str(carried),
+    proc = subprocess.run([sys.executable, "-m", "deliverables.gpu.offline", "--carry", str(carried),
                            "--site", str(tmp_path / "site"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(campaign.REPO)))
@@ -82,17 +82,17 @@ def test_without_a_gpu_the_lent_command_stops_in_one_line_before_installing(tmp_
 
 
 def test_a_smoke_with_a_missing_wheel_and_a_failed_step_says_both_and_exits_1(tmp_path, monkeypatch, capsys):
-    """Issue 46, item 5: the missing wheel showed only in lent.json and the failed step only in report.md; the
+    """Issue 46, item 5: the missing wheel showed only in offline.json and the failed step only in report.md; the
     call exited 0. The phases' work is stood in for; what the call makes of their results is the real code."""
     from deliverables.gpu import check
 
     missing = "/x/.whl/qwix-0.1.6-py3-none-any.whl: missing (python -m deliverables.gpu.carry download)"
-    monkeypatch.setattr(lent, "install", lambda args: {"simulated": "dry run", "problem": missing, "seconds": 0.0})
-    monkeypatch.setattr(lent, "preflight", lambda smoke: ({"devices": {"platform": "cpu", "kind": "cpu"}}, None))
+    monkeypatch.setattr(offline, "install", lambda args: {"simulated": "dry run", "problem": missing, "seconds": 0.0})
+    monkeypatch.setattr(offline, "preflight", lambda smoke: ({"devices": {"platform": "cpu", "kind": "cpu"}}, None))
     monkeypatch.setattr(check, "run_checks", lambda *a: {"rows": [{"check": "train", "ok": True}], "ok": True})
     monkeypatch.setattr(campaign, "run", lambda *a, **kw: {"shakespeare": "RuntimeError: exited 2"})
     monkeypatch.chdir(tmp_path)
-    assert cli.run(lent.main, ["--smoke", "--out", "out"]) == 1
+    assert cli.run(offline.main, ["--smoke", "--out", "out"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert f"warning: install: {missing}" in err, err
     errors = [line for line in err if line.startswith("error:")]
@@ -117,10 +117,10 @@ def test_the_shakespeare_step_reads_the_repository_from_anywhere_and_fails_as_a_
 
 def test_without_wheels_the_install_says_what_to_carry(tmp_path, monkeypatch):
     args = argparse.Namespace(carry=str(tmp_path), smoke=False, site=str(tmp_path / "site"))
-    assert lent.install(args) == {"skipped": f"no wheels in {tmp_path}: every carried package is installed here "
+    assert offline.install(args) == {"skipped": f"no wheels in {tmp_path}: every carried package is installed here "
                                              "already"}
-    monkeypatch.setattr(lent, "_version", lambda name: None if name == "grain" else "1.0")
-    assert lent.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
+    monkeypatch.setattr(offline, "_version", lambda name: None if name == "grain" else "1.0")
+    assert offline.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
                                            "deliverables.gpu.carry download where pip reaches PyPI, and carry .whl")
 
 
@@ -129,8 +129,8 @@ def test_smoke_never_writes_into_the_gpu_report(tmp_path, monkeypatch, capsys, o
     monkeypatch.chdir(tmp_path)
     assert cli.run(campaign.main, ["--smoke", "--out", out]) == 2
     assert capsys.readouterr().err.startswith(f"error: --out {out}: a --smoke run's tiny-model figures never go into")
-    assert cli.run(lent.main, ["--smoke", "--out", out]) == 2
-    assert capsys.readouterr().err.startswith(f"error: --out {out}: the lent run writes its own folder")
+    assert cli.run(offline.main, ["--smoke", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {out}: the offline run writes its own folder")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -140,7 +140,7 @@ def test_smoke_without_out_goes_to_runs():
 
 
 def on_smoke(test):
-    """The tests of the lent command's smoke run share one run (about 50 s of CPU): one xdist worker, once. Extended
+    """The tests of the offline command's smoke run share one run (about 50 s of CPU): one xdist worker, once. Extended
     (.ci/run runs them): in the default suite, the dry runs above check the plan and its budget,
     test_gpu_predict.py the predictions, test_gpu_carry.py the wheels, and tests/lib the timing loop, the
     largest-batch search and the GPU compile each step calls."""
@@ -149,11 +149,11 @@ def on_smoke(test):
 
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory, tinyshakespeare):
-    """`python3 -m deliverables.gpu.lent --smoke` with $OUT set, as the device tool sets it."""
+    """`python3 -m deliverables.gpu.offline --smoke` with $OUT set, as the device tool sets it."""
     out, dest = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("OUT")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OUT", str(dest))
-        assert cli.run(lent.main, ["--smoke", "--out", str(out)]) == 0
+        assert cli.run(offline.main, ["--smoke", "--out", str(out)]) == 0
     return out, dest
 
 
@@ -201,7 +201,7 @@ def test_every_timed_row_carries_its_prediction(smoke):
 
 @on_smoke
 def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
-    from jaxlm.analysis.roofline import GROUPS
+    from jaxlm.predict.roofline import GROUPS
 
     roof = json.loads((smoke[0] / "results.json").read_text())["steps"]["profile"]["train_step"]["roofline"]
     assert [g["group"] for g in roof["groups"]] == list(GROUPS)
@@ -210,12 +210,19 @@ def test_profile_compares_predicted_and_measured_time_per_kernel_group(smoke):
     assert roof["predicted_ms"] == pytest.approx(sum(g["predicted_ms"] for g in roof["groups"]))
     assert roof["error"] == pytest.approx(roof["predicted_ms"] / roof["measured_ms"] - 1)
     assert "Predicted against measured, per call" in (smoke[0] / "report.md").read_text()
+    # the train step's calibration file: measured on no GPU, so no --target command takes it
+    from jaxlm.predict import calibration
+
+    cal = calibration.load(smoke[0] / "calibration.json")
+    assert cal.device.startswith("no GPU") and cal.groups
+    measured = {g["group"]: g["measured_ms"] for g in roof["groups"]}
+    assert all(r.measured_ms == pytest.approx(measured[g]) for g, r in cal.groups.items())
 
 
 @on_smoke
-def test_lent_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
+def test_offline_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
     out, dest = smoke
-    record = json.loads((out / "lent.json").read_text())
+    record = json.loads((out / "offline.json").read_text())
     assert set(record["phases"]) == {"install", "startup", "checks", "campaign"}
     install = record["install"]
     assert install.get("problem") is None and ("simulated" in install or "installed here already" in install["skipped"])
@@ -223,7 +230,7 @@ def test_lent_smoke_records_install_checks_and_copies_the_summary_to_out(smoke):
     assert record["checks"]["ok"] and checks[("train", None, None)]["max_rel_diff"] < 2e-2
     assert checks[("checkpoint", None, None)]["arrays_equal"] is True
     assert checks[("attention", "cudnn", None)]["ok"] is None  # skipped on a CPU, with the reason
-    assert {p.name for p in dest.iterdir()} == {*lent.OUT_FILES, *merge.PROFILE_FILES}
+    assert {p.name for p in dest.iterdir()} == {*offline.OUT_FILES, *merge.PROFILE_FILES}
     assert "## Correctness on this device" in (out / "report.md").read_text()
 
 
@@ -241,7 +248,11 @@ def test_merge_refuses_smoke_results_and_takes_a_gpu_run_in(smoke, tmp_path, cap
     (gpu / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": profile}))
     (into).mkdir()
     (into / "results.json").write_text(json.dumps({"meta": data["meta"], "steps": {"max_batch": {"rows": []}}}))
-    assert cli.run(merge.main, [str(gpu), "--into", str(into)]) == 0
+    measured = json.loads((dest / "calibration.json").read_text())
+    (gpu / "calibration.json").write_text(json.dumps({**measured, "device": "h100-80gb"}))  # as an H100 writes it
+    calibrations = tmp_path / "calibrations"
+    assert cli.run(merge.main, [str(gpu), "--into", str(into), "--calibrations", str(calibrations)]) == 0
+    assert json.loads((calibrations / "h100-80gb.json").read_text())["groups"] == measured["groups"]
     merged = json.loads((into / "results.json").read_text())["steps"]
     assert set(merged) == {"profile", "max_batch"}  # the earlier call's step stays
     assert merged["profile"]["measured_by"]["device"] == "NVIDIA H100 80GB HBM3"

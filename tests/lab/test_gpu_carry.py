@@ -1,6 +1,6 @@
-"""deliverables.gpu.carry: the wheels the lent GPU run carries cover what pyproject.toml needs beyond the machine's
+"""deliverables.gpu.carry: the wheels the offline GPU run carries cover what pyproject.toml needs beyond the machine's
 image, and what those wheels need in turn; the files in .whl/ are the listed ones and pip would install them for
-the lent machine's Python 3.12."""
+the offline machine's Python 3.12."""
 
 import dataclasses
 
@@ -31,7 +31,7 @@ def test_coverage_problems_name_what_is_missing():
     assert carry.coverage_problems(wheels, image, ['pywin32; sys_platform == "win32"']) == []  # not on Linux
 
 
-def test_requirements_are_normalised_for_the_lent_machine():
+def test_requirements_are_normalised_for_the_offline_machine():
     assert carry.normalise('array-record>=0.8.1; sys_platform != "win32"') == "array-record>=0.8.1"
     assert carry.normalise('pyarrow; extra == "parquet"') is None
     assert carry.normalise("etils[epy,epath]") == "etils[epath,epy]"
@@ -39,7 +39,7 @@ def test_requirements_are_normalised_for_the_lent_machine():
 
 
 @pytest.mark.skipif(not carry.FOLDER.is_dir(), reason=".whl/ is downloaded by `python -m deliverables.gpu.carry "
-                    "download` before a lent run; absent here")
+                    "download` before an offline run; absent here")
 def test_the_downloaded_wheels_are_the_listed_ones_and_install_for_python_3_12():
     assert carry.file_problems(carry.read_manifest(), carry.FOLDER) == []
     assert carry.resolves(carry.FOLDER) is None

@@ -12,9 +12,12 @@ import pytest
 from deliverables.gpu import predict
 from deliverables.gpu.predict import Event
 from deliverables.gpu.profile import read_events
-from jaxlm.analysis import roofline
+from jaxlm.core.errors import DataError, UsageError
+from jaxlm.predict import calibration, roofline
 
 RATES = roofline.DeviceRates({"bf16": 1e12, "tf32": 1e12, "fp32": 1e11}, memory_bandwidth=1e10, launch_seconds=1e-6)
+SHAPED = roofline.DeviceRates({"bf16": 1e12, "tf32": 1e12, "fp32": 1e11}, memory_bandwidth=1e10, launch_seconds=1e-6,
+                              sms=132, exp_rate=4e12)  # GEMMs priced by their waves: each gets a shape class
 CALLS = 3
 
 
@@ -62,6 +65,51 @@ def test_a_trace_is_summed_per_group_beside_the_prediction(program):
     assert res["kernels"][0]["group"] == "matmul"  # the largest measured kernels first
 
 
+def test_a_calibration_fitted_on_a_synthetic_trace_scales_later_predictions(program, tmp_path, monkeypatch):
+    """The profile step's fit: each group's and shape class's measured over predicted time, written, read back and
+    applied; a kernel takes its class's ratio, else its group's."""
+    text, _ = program
+    p = roofline.predict(text, SHAPED)
+    module = predict.module_name(text)
+    gemms = {k.shape_class for k in p.kernels if k.shape_class}
+    assert gemms and all(c.startswith("gemm: ") for c in gemms)
+    events = []
+    for k in p.kernels:  # GEMMs at 3x their predicted time, the rest of the matmul group (none) 2x, the others 1x
+        factor = 3 if k.shape_class else 2 if k.group == "matmul" else 1
+        events += [Event(f"kernel_{i}", 1e6 * k.total_seconds * factor, k.name, module) for i in range(CALLS)]
+    cal = predict.calibrate(p, events, CALLS, module, "h100-80gb", "a synthetic trace")
+    assert {c: r.ratio for c, r in cal.shape_classes.items()} == {c: pytest.approx(3) for c in gemms}
+    assert cal.groups["matmul"].ratio == pytest.approx(3) and cal.groups["other elementwise"].ratio == pytest.approx(1)
+    loaded = calibration.load(calibration.save(cal, tmp_path / "h100-80gb.json"))
+    assert (loaded.device, loaded.source, loaded.groups) == ("h100-80gb", "a synthetic trace", cal.groups)
+    scaled = roofline.predict(text, SHAPED, loaded)
+    for before, after in zip(p.kernels, scaled.kernels):
+        assert after.seconds == pytest.approx(before.seconds * (3 if before.shape_class else 1))
+    assert scaled.calibration == f"calibrated by {tmp_path / 'h100-80gb.json'} (measured on h100-80gb, {cal.date})"
+    # the committed one for the target is taken by default and said so; `none` and another GPU's are not taken
+    heard = []
+    assert calibration.resolve(None, "h100-80gb", heard.append) is None  # nothing committed (yet) in the package
+    monkeypatch.setattr(calibration, "CALIBRATIONS", tmp_path)
+    assert calibration.resolve(None, "h100-80gb", heard.append).groups == cal.groups
+    assert heard and "committed for h100-80gb" in heard[0]
+    assert calibration.resolve("none", "h100-80gb") is None
+    with pytest.raises(UsageError, match="measured on h100-80gb, the target is a100-80gb"):
+        calibration.resolve(str(tmp_path / "h100-80gb.json"), "a100-80gb")
+
+
+@pytest.mark.parametrize("broken, why", [("{", "not a calibration file"), ('{"device": "x"}', "no key 'groups'"),
+                                         ("PRICING", "fitted to pricing version")])
+def test_a_broken_calibration_file_is_one_line_naming_it(broken, why, tmp_path):
+    path = tmp_path / "cal.json"
+    if broken == "PRICING":
+        old = calibration.Calibration("h100-80gb", "2026-01-01", "x", pricing=roofline.PRICING_VERSION - 1)
+        calibration.save(old, path)
+    else:
+        path.write_text(broken)
+    with pytest.raises(DataError, match=f"--calibration {path}: .*{why}"):
+        calibration.load(path)
+
+
 def test_kernels_are_matched_by_their_own_name_when_the_trace_names_no_instruction(program):
     text, p = program
     k = next(k for k in p.kernels if "." in k.name)
@@ -93,10 +141,12 @@ def test_rates_and_figures_follow_the_device_table():
 
     h100 = DEVICES["h100-80gb"]
     r = roofline.device_rates(h100)
-    assert r.matmul_flops["bf16"] == pytest.approx(798e12)  # the 8192^3 bf16 matmul measured on a lent H100
-    assert r.matmul_flops["tf32"] == pytest.approx(798e12 / 2)  # TF32's dense peak is half of bf16's
+    full = 798e12 * 2112 / 2048  # the 8192^3 bf16 matmul measured on an H100 (2048 tiles in 16 waves of 132)
+    assert r.matmul_flops["bf16"] == pytest.approx(full)
+    assert r.matmul_flops["tf32"] == pytest.approx(full / 2)  # TF32's dense peak is half of bf16's
     assert r.memory_bandwidth == pytest.approx(3.0e12)  # the device-to-device copy measured likewise
-    assert f"{798:.0f} TFLOP/s bf16 matmuls, 3.0 TB/s" in predict.target()[1] or jax.default_backend() == "gpu"
+    label = f"{full / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, 3.0 TB/s"
+    assert label in predict.target()[1] or jax.default_backend() == "gpu"
     one_ms = roofline.Prediction((roofline.Kernel("k", "fusion", "matmul", "", "", "", "", 1.0, 1.0, "bf16", 1e-3,
                                                   "compute", 1),), ())
     f = predict.figures(one_ms, tokens=4096, model_flops=494.5e9, dtype="bfloat16", device=h100, label="x")

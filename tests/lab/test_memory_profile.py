@@ -4,7 +4,7 @@ phases of a train step and the largest buffers, checked by hand on small dumps a
 import pytest
 
 from deliverables import memory_profile as profile
-from jaxlm.analysis import hlo
+from jaxlm.predict import hlo
 from tests.train_helpers import needs
 
 # Three instructions: p (a parameter, 100 bytes) is updated in place by `upd` (same slot); `a` (40 bytes) lives from
@@ -106,10 +106,10 @@ def test_a_compiled_train_step_peaks_within_its_compiled_total():
     within the compiled total (which adds the heap's padding) and close to it; forward, backward and update follow
     each other; the largest buffer has a source line of jaxlm."""
     from deliverables.compiled_memory import job
-    from jaxlm.training import compiled as gpu
+    from jaxlm.predict.target import parse_target
 
     j = job("small", 128, 2, "float32", extra=["model.num_layers=2"])
-    r = profile.profile(j, gpu.parse_target("h100-80gb"))
+    r = profile.profile(j, parse_target("h100-80gb"))
     assert 0.9 * r["total_bytes"] <= r["peak_live_bytes"] <= r["total_bytes"]
     (f0, f1), (b0, b1), (u0, u1) = r["phases"].values()
     assert f0 == 0 and f1 + 1 == b0 and b1 + 1 == u0 and u1 == r["instructions"] - 1

@@ -1,7 +1,7 @@
 """Train steps compiled for an H100, shared by the GPU-compile tests of test_roofline, test_predicted and
 test_target: one model, and each program compiled once per test process (a compile here takes 5-10 s).
 
-`compile_step` is jaxlm.training.compiled.compile_step behind a memo keyed by the program's hash (the key of
+`compile_step` is jaxlm.predict.compile.compile_step behind a memo keyed by the program's hash (the key of
 jaxlm's own compile cache: equal hashes compile to the same plan), so that a test reaching the compiler through
 the library (a bench row, the `ops` command) reuses a program another test compiled. The tests that use it share
 one xdist group (`needs_programs`), so the memo is filled on one worker."""
@@ -9,7 +9,8 @@ one xdist group (`needs_programs`), so the memo is filled on one worker."""
 import pytest
 
 from jaxlm.core.config import Config, load_config
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import compile as gpu
+from jaxlm.predict.target import Target, parse_target
 from tests.train_helpers import needs
 
 MODEL = ["model.vocab_size=1000", "model.d_model=256", "model.num_layers=2", "model.num_heads=4", "model.d_ff=768"]
@@ -35,7 +36,7 @@ def config(name: str, *extra: str) -> Config:
                               f'compute.remat="{remat}"', f"compute.scan_layers={str(scan).lower()}", *extra])
 
 
-def compile_step(cfg: Config, target: gpu.Target, mode: str = "train_step", lowered=None):
+def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None):
     """gpu.compile_step, once per lowered program."""
     lowered = lowered if lowered is not None else gpu.lower_step(cfg, target, mode)
     key = gpu.program_hash(lowered, target)
@@ -47,4 +48,4 @@ def compile_step(cfg: Config, target: gpu.Target, mode: str = "train_step", lowe
 def program(name: str):
     """(config, compiled program) of SETTINGS[name] for one H100."""
     cfg = config(name)
-    return cfg, compile_step(cfg, gpu.parse_target("h100-80gb"))[0]
+    return cfg, compile_step(cfg, parse_target("h100-80gb"))[0]

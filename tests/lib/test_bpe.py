@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import regex
 
-from jaxlm.data import bpe
+from jaxlm.data import bpe, chunks
 from jaxlm.data.bpe import (
     GPT2_PATTERN,
     DataError,
@@ -88,12 +88,12 @@ def test_chunk_boundaries_are_safe(tmp_path):
     text = ("word  \n\n  more<|endoftext|>x y\u00a0 z" * 500) + "end"
     path = tmp_path / "c.txt"
     path.write_text(text, encoding="utf-8")
-    chunks = bpe.file_chunks([path], [EOT.encode()], chunk_bytes=97)
-    assert len(chunks) > 10
-    assert "".join(bpe.read_chunk(*c) for c in chunks) == text
+    ranges = chunks.file_chunks([path], [EOT.encode()], chunk_bytes=97)
+    assert len(ranges) > 10
+    assert "".join(chunks.read_chunk(*c) for c in ranges) == text
     whole = bpe._count_pretokens((str(path), 0, path.stat().st_size, [EOT]))
     parts = Counter()
-    for c in chunks:
+    for c in ranges:
         parts.update(bpe._count_pretokens((*c, [EOT])))
     assert parts == whole
 

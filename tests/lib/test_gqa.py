@@ -175,12 +175,13 @@ def test_gpu_memory_estimate_against_the_step_compiled_for_an_h100():
     model. In the default suite: the estimator's grouped-query widths by
     test_memory_estimate_within_fifteen_percent_of_memory_analysis, the GPU calibration by test_memory.py's
     test_the_gpu_model_within_fifteen_percent_of_the_compiled_plan_under_every_remat_policy."""
-    from jaxlm.training import compiled as gpu
+    from jaxlm.predict import compile as gpu
+    from jaxlm.predict.target import parse_target
 
     cfg = load_config(None, ["model.d_model=512", "model.num_layers=2", "model.num_heads=8", "model.num_kv_heads=2",
                              "model.d_ff=1024", "model.vocab_size=4096", "model.context_length=256",
                              "data.batch_size=8", 'compute.dtype="bfloat16"'])
-    row = gpu.compiled_row(cfg, gpu.parse_target("h100-80gb"))
+    row = gpu.compiled_row(cfg, parse_target("h100-80gb"))
     est = memory.estimate(cfg.model, 8, 256, cfg.compute).total
     assert abs(est / row["total_bytes"] - 1) < 0.20, (est, row["total_bytes"])  # -2.8 % here
 

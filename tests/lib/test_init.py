@@ -23,9 +23,9 @@ TINY = ["model.d_model=64", "model.num_heads=4"]
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_the_first_loss_is_about_ln_vocab(preset, tied, width):
     sets = [f"model.tie_embeddings={str(tied).lower()}", "model.num_layers=1", "model.d_ff=64",
-            "model.context_length=32", *(TINY if width == "tiny" else [])]
-    cfg = load_config(None, sets, preset=preset).model
-    model = build_model(cfg, seed=1)
+            "model.context_length=32", "train.seed=1", *(TINY if width == "tiny" else [])]
+    run = load_config(None, sets, preset=preset)
+    cfg, model = run.model, build_model(run)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (8, 33)), jnp.int32)
     loss = float(lm_loss(model, tokens[:, :-1], tokens[:, 1:]))
     assert abs(loss - math.log(cfg.vocab_size)) < 0.5, (preset, tied, loss, math.log(cfg.vocab_size))

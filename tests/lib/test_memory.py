@@ -138,7 +138,7 @@ def _job(preset, dtype, remat, context, batch, chunk) -> dict:
 def test_the_gpu_model_within_fifteen_percent_of_the_compiled_plan_under_every_remat_policy():
     from pathlib import Path
 
-    from jaxlm.training.compile_cache import job_config
+    from jaxlm.predict.store import job_config
 
     stored = json.loads((Path(__file__).resolve().parents[2] / "docs/results/compiled/h100-80gb.json").read_text())
     totals = {json.dumps(json.loads(k)[0], sort_keys=True): v["total_bytes"] for k, v in stored.items()

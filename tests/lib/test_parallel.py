@@ -11,7 +11,7 @@ from jaxlm.bench.layouts import parse_layout
 from jaxlm.core import sharding
 from jaxlm.core.config import ModelConfig, ParallelConfig, load_config
 from jaxlm.core.errors import ConfigError, UsageError
-from jaxlm.training.compiled import collectives
+from jaxlm.predict.program import collectives
 
 
 @pytest.mark.parametrize("kw, n, expected", [
@@ -99,6 +99,26 @@ def test_resume_keeps_the_layer_layout(tmp_path):
     saved, now = load_config(None, []), load_config(None, ["compute.scan_layers=true"])
     with pytest.raises(CheckpointError, match=r"compute.scan_layers: checkpoint false, config true"):
         check_compatible(run_identity(saved), now, tmp_path, "checkpoint")
+
+
+def test_start_up_makes_the_mesh_and_checks_its_layout_once(tmp_path, monkeypatch):
+    """The start-up in one pass (`preflight.launch`): one mesh, its layout checked once (sharding.check_layout);
+    the loop builds its steps on that mesh."""
+    from collections import Counter
+
+    from jaxlm.core.stop import StopFlag
+    from jaxlm.training import loop
+    from tests.train_helpers import make_corpus, tiny_overrides
+
+    names = ("make_mesh", "check_model", "check_pipeline", "check_batch")
+    calls = Counter()
+    for name in names:
+        real = getattr(sharding, name)
+        monkeypatch.setattr(sharding, name, lambda *a, _f=real, **k: (calls.update([_f.__name__]), _f(*a, **k))[1])
+    cfg = load_config(None, tiny_overrides(make_corpus(tmp_path / "data"), tmp_path / "run", **{"train.steps": 2}))
+    with StopFlag() as stop:
+        loop.start(cfg, stop).close()
+    assert calls == dict.fromkeys(names, 1)
 
 
 def test_bench_parallel_measures_the_pipeline_bubble(tmp_path):

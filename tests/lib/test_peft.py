@@ -13,9 +13,11 @@ from flax import nnx
 
 from jaxlm.core.config import (
     ComputeConfig,
+    Config,
     LoraConfig,
     ModelConfig,
     QatConfig,
+    TrainConfig,
     load_config,
 )
 from jaxlm.core.errors import CheckpointError, ConfigError
@@ -27,14 +29,19 @@ CFG = ModelConfig(vocab_size=61, context_length=16, d_model=32, num_layers=2, nu
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 61)
 
 
+def lm(compute=ComputeConfig(), base=None, seed=3, **kinds):
+    """CFG's LM as a run builds it (`build_model`), with the linear kinds `kinds` (lora=, qat=)."""
+    return build_model(Config(model=CFG, compute=compute, train=TrainConfig(seed=seed), **kinds), base)
+
+
 def lora_model(**kw):
-    base = nnx.state(build_model(CFG, seed=3), nnx.Param)
-    return base, build_model(CFG, seed=3, lora=LoraConfig(rank=4, **kw), base=base)
+    base = nnx.state(lm(), nnx.Param)
+    return base, lm(lora=LoraConfig(rank=4, **kw), base=base)
 
 
 def test_lora_step_zero_is_the_base_model():
     base, model = lora_model()
-    plain = build_model(CFG, seed=3, base=base)
+    plain = lm(base=base)
     np.testing.assert_array_equal(np.asarray(model(TOKENS)), np.asarray(plain(TOKENS)))
 
 
@@ -103,13 +110,13 @@ def test_ptq_round_trip_within_half_a_step(bits):
 
 
 def test_qat_off_equals_plain_training_and_gradients_pass_straight_through():
-    plain, qat = build_model(CFG, seed=3), build_model(CFG, seed=3, qat=QatConfig())
+    plain, qat = lm(), lm(qat=QatConfig())
     a, b = _train(plain), _train(qat)
     for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     x = jax.random.normal(jax.random.key(3), (4, 8))
     np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: jnp.sum(quant.fake_quant(x, 4, (0,)) * 3.0))(x)), 3.0)
-    model = build_model(CFG, seed=3, qat=QatConfig(weight_bits=4, activation_bits=8))
+    model = lm(qat=QatConfig(weight_bits=4, activation_bits=8))
     assert isinstance(model.layers[0].attn.q_proj, quant.QATLinear)
     diff = np.abs(np.asarray(model(TOKENS)) - np.asarray(plain(TOKENS)))
     assert 0 < diff.max() < 2.0  # quantised, not broken
@@ -151,7 +158,7 @@ def test_linear_kinds_scanned_equal_unrolled(kind):
     kw = {"lora": {"lora": LoraConfig(rank=4, dropout=0.1)},
           "qlora": {"lora": LoraConfig(rank=4, base="nf4", block_size=16)},
           "qat": {"qat": QatConfig(weight_bits=4)}}[kind]
-    unrolled, scanned = (build_model(CFG, ComputeConfig(scan_layers=s), seed=3, **kw) for s in (False, True))
+    unrolled, scanned = (lm(ComputeConfig(scan_layers=s), **kw) for s in (False, True))
     a, b = _per_layer(nnx.state(unrolled)), _per_layer(nnx.state(scanned))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     for i, (_, layer) in enumerate(nnx.iter_graph(unrolled)):  # a nonzero update in both layouts
@@ -175,7 +182,7 @@ def test_scanned_lora_with_adapter_dropout_decodes():
     from jaxlm.nn.decode import Generator, SamplingParams
 
     kw = {"seed": 3, "lora": LoraConfig(rank=4, dropout=0.1)}
-    unrolled, scanned = (Generator(build_model(CFG, ComputeConfig(scan_layers=s), **kw)).generate(
+    unrolled, scanned = (Generator(lm(ComputeConfig(scan_layers=s), **kw)).generate(
         [[1, 2, 3, 4]], 6, SamplingParams(temperature=0.0)).tokens for s in (False, True))
     assert scanned == unrolled and len(unrolled[0]) == 6
 

@@ -1,4 +1,4 @@
-"""The roofline over the GPU compiler's program (jaxlm.analysis.roofline): hand-written HLO for the parser's
+"""The roofline over the GPU compiler's program (jaxlm.predict.roofline): hand-written HLO for the parser's
 edge cases, and programs compiled for an abstract H100 (the gpu-compile extra) against hand-computed figures."""
 
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxlm.analysis import hlo
-from jaxlm.analysis import roofline as rl
-from jaxlm.analysis.hlo_cost import dtype_class, visible_pairs
+from jaxlm.predict import hlo
+from jaxlm.predict import roofline as rl
+from jaxlm.predict.cost import dtype_class, visible_pairs
 from tests.lib import gpu_programs as programs
 from tests.lib.gpu_programs import needs_programs
 from tests.train_helpers import needs_compiler
@@ -163,7 +163,7 @@ def _compile(fn, *shapes, dtype="bfloat16", gpus=1, specs=None):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from jaxlm.nn.attention import compiling_for
-    from jaxlm.training import compiled as gpu
+    from jaxlm.predict import target as gpu
 
     devices = gpu.devices(gpu.parse_target(f"h100-80gb:{gpus}"))
     mesh = Mesh(np.array(devices), ("d",))

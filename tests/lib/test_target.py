@@ -1,7 +1,8 @@
-"""Compiling training's step for a GPU on a machine without one (jaxlm.training.compiled, the gpu-compile extra),
+"""Compiling training's step for a GPU on a machine without one (jaxlm.predict, the gpu-compile extra),
 the device table it compiles for (jaxlm.analysis.devices) and the largest-batch search (jaxlm.analysis.memory)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -11,8 +12,10 @@ from jaxlm.analysis.memory import compiled_memory, search_largest
 from jaxlm.core import platform
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DataError, MissingExtra, UsageError
-from jaxlm.training import compile_cache
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import compile as gpu
+from jaxlm.predict import store as compile_cache
+from jaxlm.predict import target
+from jaxlm.predict.program import program_facts
 from tests.lib import gpu_programs as programs
 from tests.lib.gpu_programs import needs_programs
 from tests.train_helpers import needs_compiler
@@ -44,7 +47,7 @@ custom_call_target="__cudnn$fmhaSoftmax"
 
 
 def test_program_facts_count_matmuls_by_operand_dtype_and_cudnn_calls():
-    facts = gpu.program_facts(HLO)
+    facts = program_facts(HLO)
     assert facts["matmul_dtypes"] == {"bf16xbf16": 2, "f32xf32": 1}  # two dots in fusions and one cuBLAS call
     assert facts["matmuls"] == 3
     assert facts["cudnn_calls"] == {"fmhaSoftmax": 1, "fmhaSoftmaxBackward": 1}
@@ -71,7 +74,7 @@ def test_the_device_table_names_devices_by_whole_words_most_specific_first():
     assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "bfloat16") == 312e12
     assert flops.peak_flops("Tesla V100-SXM2-32GB", "bfloat16") is None  # Volta has no bfloat16 tensor cores
     for name in devices.TARGETS:  # what is compiled for is what is estimated for
-        t = gpu.parse_target(name)
+        t = target.parse_target(name)
         d = devices.DEVICES[name]
         assert (t.memory_bytes, t.description) == (d.memory_bytes, d.description)
 
@@ -91,29 +94,84 @@ def test_the_compiled_memory_reader_counts_aliased_bytes_once():
 
 
 def test_targets_parse_with_a_count_and_unknown_names_are_one_line():
-    t = gpu.parse_target("h100-80gb:8")
+    t = target.parse_target("h100-80gb:8")
     assert (t.name, t.count, t.description, t.memory_bytes) == ("h100-80gb", 8, "NVIDIA H100 80GB HBM3", 84_942_979_072)
     assert "cuda_compute_capability { major: 9 minor: 0 }" in t.config and "core_count: 132" in t.config
     with pytest.raises(UsageError, match="--target h900: unknown GPU; known: h100-80gb"):
-        gpu.parse_target("h900")
+        target.parse_target("h900")
     with pytest.raises(UsageError, match="positive integer"):
-        gpu.parse_target("h100-80gb:0")
+        target.parse_target("h100-80gb:0")
 
 
 def test_a_target_config_file_is_read_and_checked(tmp_path):
     f = tmp_path / "mygpu.txtpb"
     f.write_text(devices.DEVICES["l4"].config_text())
-    t = gpu.parse_target(None, f"{f}:2")
+    t = target.parse_target(None, f"{f}:2")
     assert (t.name, t.count, t.description, t.memory_bytes) == ("mygpu", 2, "NVIDIA L4", 23_034 * 2**20)
     (tmp_path / "bad.txtpb").write_text("platform_name: \"CUDA\"\n")
     with pytest.raises(DataError, match="bad.txtpb: no device_memory_size"):
-        gpu.parse_target(None, tmp_path / "bad.txtpb")
+        target.parse_target(None, tmp_path / "bad.txtpb")
+
+
+# A GPU the device table lacks, as a .toml --target-config file: compiler fields and rates (datasheet figures of
+# an A100 SXM's size at an L4's bandwidth, an invented GPU).
+GPU_TOML = """description = "Invented GPU"
+memory_bytes = 25769803776
+bandwidth = 900.0e9
+peak_bfloat16 = 200e12
+peak_tf32 = 100e12
+peak_float32 = 20e12
+sms = 80
+compute_capability = [8, 0]
+clock_ghz = 1.5
+l2_bytes = 41943040
+shared_per_sm = 167936
+shared_per_block_optin = 166912
+threads_per_sm = 2048
+host_link = 32e9
+"""
+
+
+def test_a_toml_target_config_carries_the_rates_its_kernels_are_priced_at(tmp_path):
+    from jaxlm.predict import roofline
+
+    f = tmp_path / "invented.toml"
+    f.write_text(GPU_TOML)
+    t = target.parse_target(None, f"{f}:2")
+    assert (t.name, t.count, t.description, t.memory_bytes) == ("invented", 2, "Invented GPU", 25769803776)
+    assert "core_count: 80" in t.config and "cuda_compute_capability { major: 8 minor: 0 }" in t.config
+    rates = roofline.device_rates(t.device)
+    assert (rates.sms, rates.host_bandwidth) == (80, pytest.approx(32e9 * 3.0e12 / 3.35232e12))
+    assert rates.matmul_flops["bf16"] == pytest.approx(200e12 * 798e12 / 989e12 * 2112 / 2048)  # the H100's rule
+    f.write_text(GPU_TOML.replace("peak_bfloat16 = 200e12\n", ""))
+    with pytest.raises(DataError, match=r"--target-config .*invented.toml: no peak_bfloat16; a .toml GPU gives"):
+        target.parse_target(None, f)
+    f.write_text(GPU_TOML.replace("sms = 80", "sms = \"many\""))
+    with pytest.raises(DataError, match=r"invented.toml: sms = 'many': expected int"):
+        target.parse_target(None, f)
+
+
+@needs_compiler
+@pytest.mark.parametrize("gpu", ["--target rtx5090", "--target b200", "--target-config FILE"])
+def test_bench_model_predicts_for_new_rows_and_for_a_gpu_given_with_its_rates(gpu, tmp_path, capsys):
+    from jaxlm.bench.commands import main
+
+    (tmp_path / "invented.toml").write_text(GPU_TOML)
+    flag, name = gpu.replace("FILE", str(tmp_path / "invented.toml")).split()
+    out = tmp_path / "rows.json"
+    sets = [x for s in TINY for x in ("--set", s)]
+    assert main(["model", flag, name, *sets, "--context", "64", "--batch", "4", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    described = {"rtx5090": "NVIDIA GeForce RTX 5090", "b200": "NVIDIA B200"}.get(name, "Invented GPU")
+    assert row["status"] == "ok" and row["predicted_step_ms"] > 0 and 0 < row["predicted_mfu"] < 1
+    assert row["predicted_label"] == f"predicted from the compiled program for {described}, not measured"
+    assert row["dtype_label"] == "float32 (TF32 matmuls)" and "total GiB" in capsys.readouterr().out
 
 
 def test_without_the_extra_target_stops_naming_it(monkeypatch):
     monkeypatch.setattr(platform, "cuda_plugin_installed", lambda: False)
     with pytest.raises(MissingExtra, match=r"'gpu-compile' extra: pip install -e '\.\[gpu-compile\]'"):
-        gpu.require_compiler()
+        target.require_compiler()
 
 
 TINY = ["model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=256",
@@ -124,7 +182,7 @@ TINY = ["model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.d_
 def compiled():
     """Rows of the shared programs (tests/lib/gpu_programs.py) for one H100: float32 without and with remat full,
     bfloat16, bfloat16 + cuDNN."""
-    t = gpu.parse_target("h100-80gb")
+    t = target.parse_target("h100-80gb")
     out = {}
     for name in ("f32", "f32_full", "bf16", "cudnn"):
         cfg, program = programs.program(name)
@@ -165,7 +223,8 @@ def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
     from jaxlm.training.loop import build
 
     cfg = compiled["cfg"]
-    built = build(cfg, sharding.make_mesh(devices=list(gpu.devices(gpu.parse_target("h100-80gb"))), cfg=cfg.parallel))
+    gpus = target.devices(target.parse_target("h100-80gb"))
+    built = build(cfg, sharding.make_mesh(devices=list(gpus), cfg=cfg.parallel))
     state = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(built.abstract))
     row = compiled["cudnn"]
     assert row["argument_bytes"] == state + 2 * programs.BATCH * programs.CONTEXT * 4
@@ -177,7 +236,7 @@ def test_the_arguments_are_the_donated_state_and_the_batch(compiled):
 @needs_compiler
 def test_the_cudnn_guard_asks_the_target_not_the_machine():
     cfg = load_config(None, [*TINY, 'compute.dtype="bfloat16"', 'compute.attention="cudnn"'])
-    older = dataclasses.replace(gpu.parse_target("h100-80gb"), name="old",
+    older = dataclasses.replace(target.parse_target("h100-80gb"), name="old",
                                 config=devices.DEVICES["h100-80gb"].config_text().replace("major: 9", "major: 7"))
     with pytest.raises(Exception, match="compute capability \\(7, 0\\)"):
         gpu.compile_step(cfg, older)
@@ -188,7 +247,7 @@ def test_the_compile_cache_reuses_a_figure_of_the_same_lowered_program(tmp_path,
     """A job spelled another way (a default written out) lowers to the same program: its figures come back as
     stored, without a compile; a different program (float32) is compiled."""
     monkeypatch.setattr(gpu, "compile_step", programs.compile_step)  # the programs of `compiled`, compiled once
-    t, cache = gpu.parse_target("h100-80gb"), tmp_path / "h100.json"
+    t, cache = target.parse_target("h100-80gb"), tmp_path / "h100.json"
     shape = [f"model.context_length={programs.CONTEXT}", f"data.batch_size={programs.BATCH}"]
     job = {"preset": None, "set": [*programs.MODEL, *shape, 'compute.dtype="bfloat16"'], "mode": "train_step"}
     first = compile_cache.CompileCache(cache).row(job, t)
@@ -212,7 +271,7 @@ def test_stored_compiled_figures_come_from_the_program_the_step_lowers_to_today(
 
     import jax
 
-    t = gpu.parse_target("h100-80gb")
+    t = target.parse_target("h100-80gb")
     stored = json.loads((Path(__file__).resolve().parents[2] / "docs/results/compiled/h100-80gb.json").read_text())
     jobs = [(json.loads(k)[0], v["program"]) for k, v in stored.items()
             if "program" in v and json.loads(k)[3] == jax.__version__]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from jaxlm.training.loop import steps_in_call
 from tests.train_helpers import (
     LAYOUTS,
     ROOT,
-    TEST_XLA_FLAGS,
+    env,
     losses,
     make_corpus,
     max_param_diff,
@@ -45,12 +44,6 @@ def corpus(tmp_path_factory):
 
 def tiny(corpus, out_dir, **extra):
     return load_config(None, tiny_overrides(corpus, out_dir, **extra))
-
-
-def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
-    env.update(extra)
-    return env
 
 
 # --------------------------------------------------------------------------- the loop
@@ -201,9 +194,8 @@ def test_precision_and_remat_match_float32(corpus, plain_steps, variant, tol):
 def _check_layouts(names: list[str]) -> None:
     """Run `names` of LAYOUTS on 8 simulated devices in one subprocess: the same loss and gradients as one
     device (relative 1e-5, float32) and the same 20-step loss trajectory (relative 1e-4)."""
-    env = _env(XLA_FLAGS=xla_devices(8))
-    r = subprocess.run([PY, str(ROOT / "tests" / "train_helpers.py"), "devices", *names], env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run([PY, str(ROOT / "tests" / "train_helpers.py"), "devices", *names],
+                       env=env(XLA_FLAGS=xla_devices(8)), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(out) == set(names)
@@ -254,7 +246,7 @@ def test_two_processes_equal_one(corpus, tmp_path):
                                                          "parallel.coordinator": f'"127.0.0.1:{port}"',
                                                          "parallel.num_processes": 2})
     procs = [
-        subprocess.Popen(cmd + sum((["--set", o] for o in two + [f"parallel.process_id={i}"]), []), env=_env(),
+        subprocess.Popen(cmd + sum((["--set", o] for o in two + [f"parallel.process_id={i}"]), []), env=env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)
     ]
@@ -271,14 +263,14 @@ def test_two_processes_equal_one(corpus, tmp_path):
 
 def test_cli_reports_bad_config(tmp_path):
     r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
-                        "--set", "train.stepz=3"], env=_env(), capture_output=True, text=True, timeout=300,
+                        "--set", "train.stepz=3"], env=env(), capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert r.returncode == 2 and "train.stepz" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_names_the_download_of_a_missing_corpus(tmp_path):
     r = subprocess.run([PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/shakespeare_char.toml")],
-                       env=_env(JAXLM_DATA=str(tmp_path / "data")), capture_output=True, text=True, timeout=300,
+                       env=env(JAXLM_DATA=str(tmp_path / "data")), capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"error: {tmp_path}/data/tinyshakespeare/input.txt: corpus 'tinyshakespeare' not found; run "
@@ -308,8 +300,8 @@ def quickstart(tmp_path_factory):
     cmd = [PY, "-m", "jaxlm.train", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
            "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "data.eval_tokens=512",
            "--set", "log.every=3", "--set", "log.sample_tokens=20", "--set", "log.profile_steps=[2, 3]"]
-    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    first = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=cwd)
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=cwd)
     return first, again, cwd / "runs" / "quickstart"
 
 
@@ -382,7 +374,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(corpus, tmp_path):
     run = tmp_path / "run"
     long = {"train.steps": 100000, "optim.cosine_steps": 100000, "checkpoint.every": 100000, "train.eval_every": 100000}
     args = [PY, "-m", "jaxlm.train"] + sum((["--set", o] for o in tiny_overrides(corpus, run, **long)), [])
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and (not (run / "metrics.jsonl").is_file() or len(losses(run)) < 3):
         time.sleep(0.5)  # no time limit: on a busy machine the first steps can take minutes
     proc.send_signal(signal.SIGTERM)

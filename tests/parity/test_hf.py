@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -135,6 +136,31 @@ def test_a_bfloat16_export_holds_the_weights_rounded(tmp_path):
     ours = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
     np.testing.assert_array_equal(hf_logits(ours, PROMPT), hf_logits(AutoModelForCausalLM.from_pretrained(
         tmp_path / "hf", dtype=torch.bfloat16), PROMPT))
+
+
+def test_a_bfloat16_checkpoint_imports_in_bfloat16_and_exports_bit_exactly(tmp_path):
+    """--dtype bfloat16 (issue 46, item 6): the run's checkpoint holds the weights in bfloat16 (half the import's
+    memory and disk); jaxlm computes with them in float32, as transformers does with the same rounded weights, and a
+    bfloat16 export gives back the checkpoint's tensors bit for bit."""
+    import orbax.checkpoint as ocp
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    llama(tmp_path / "f32", **SHAPES["grouped_query"])
+    AutoModelForCausalLM.from_pretrained(tmp_path / "f32", dtype=torch.bfloat16).save_pretrained(tmp_path / "hf")
+    assert hf_command("import", tmp_path / "hf", "--out", tmp_path / "run", "--dtype", "bfloat16") == 0
+    stored = ocp.StandardCheckpointer().metadata(tmp_path / "run" / "checkpoints" / "0" / "state").item_metadata
+    assert {str(a.dtype) for a in jax.tree.leaves(stored["params"])} == {"bfloat16"}
+    rounded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    model, _ = jaxlm_model(tmp_path / "run")
+    assert rel(jaxlm_logits(model, PROMPT), hf_logits(rounded, PROMPT)) < F32_TOLERANCE
+    assert hf_command("export", tmp_path / "run", "--out", tmp_path / "out", "--dtype", "bfloat16") == 0
+    theirs, ours = load_file(str(tmp_path / "hf" / "model.safetensors")), load_file(str(tmp_path / "out" /
+                                                                                       "model.safetensors"))
+    assert theirs.keys() == ours.keys()
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name].view(np.uint16), theirs[name].view(np.uint16), err_msg=name)
 
 
 @pytest.mark.parametrize("change, key", [

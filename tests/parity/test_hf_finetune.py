@@ -12,6 +12,7 @@ import pytest
 
 from jaxlm import cli
 from jaxlm.cli import generate as generate_cli
+from jaxlm.cli import lora as lora_cli
 from jaxlm.core.config import load_config
 from jaxlm.nn.decode import encode_prompt
 from tests.parity.hf_models import SHAPES, hf_command, hf_logits, jaxlm_logits, llama, rel
@@ -40,6 +41,19 @@ def bpe_tokenizer(text: str, path) -> dict:
     return {"bos_token_id": bos, "eos_token_id": eos}
 
 
+def tokenizer_config(directory) -> None:
+    """transformers' tokenizer_config.json (bos <s>, eos <|endoftext|>) beside the tokenizer.json in `directory`,
+    written by transformers (its tokenizer.json left as it was)."""
+    import tempfile
+
+    from transformers import PreTrainedTokenizerFast
+
+    with tempfile.TemporaryDirectory() as tmp:
+        PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"), bos_token="<s>",
+                                eos_token="<|endoftext|>").save_pretrained(tmp)
+        shutil.copyfile(f"{tmp}/tokenizer_config.json", directory / "tokenizer_config.json")
+
+
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, tinyshakespeare):
     """(tmp, the transformers model, its directory, the imported run, the training corpus): grouped-query
@@ -49,6 +63,7 @@ def pretrained(tmp_path_factory, tinyshakespeare):
     corpus.write_text((tinyshakespeare / "input.txt").read_text()[:60000])
     (tmp / "hf").mkdir()
     ids = bpe_tokenizer(corpus.read_text(), tmp / "hf" / "tokenizer.json")
+    tokenizer_config(tmp / "hf")
     model = llama(tmp / "hf", **{**SHAPES["grouped_query"], "vocab_size": 320, **ids})
     assert hf_command("import", tmp / "hf", "--out", tmp / "run") == 0
     return tmp, model, tmp / "hf", tmp / "run", corpus
@@ -81,9 +96,14 @@ def test_generate_samples_from_the_imported_run(pretrained, capsys):
 
 
 def test_without_tokenizer_json_the_weights_import_and_generation_asks_for_one(pretrained, tmp_path, capsys):
+    """...and an export keeps config.json's bos/eos ids (issue 46, item 17: they were written as null, with an empty
+    generation_config.json)."""
+    from transformers import GenerationConfig
+
     tmp, _, hf_dir, _, _ = pretrained
     shutil.copytree(hf_dir, tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (tmp_path / "hf" / name).unlink()
     capsys.readouterr()
     assert hf_command("import", tmp_path / "hf", "--out", tmp_path / "run") == 0
     assert "generation needs --tokenizer DIR" in capsys.readouterr().err
@@ -93,6 +113,13 @@ def test_without_tokenizer_json_the_weights_import_and_generation_asks_for_one(p
     assert len(err.splitlines()) == 1 and "--tokenizer" in err
     assert cli.run(generate_cli.main, [*argv, "--tokenizer", str(tmp / "run" / "tokenizer")]) == 0
     assert capsys.readouterr().out.startswith("ROMEO:")
+    assert hf_command("export", tmp_path / "run", "--out", tmp_path / "out") == 0
+    source = json.loads((hf_dir / "config.json").read_text())
+    ids = {k: source[k] for k in ("bos_token_id", "eos_token_id")}
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert None not in ids.values() and {k: exported[k] for k in ids} == ids
+    generation = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert (generation.bos_token_id, generation.eos_token_id) == (ids["bos_token_id"], ids["eos_token_id"])
 
 
 def fine_tune(pretrained, name: str, **extra):
@@ -134,6 +161,12 @@ def test_lora_fine_tune_exports_merged_weights_and_peft_adapters(pretrained):
     merged = AutoModelForCausalLM.from_pretrained(tmp / "lora_merged").eval()
     assert rel(hf_logits(merged, TOKENS), jaxlm_logits(adapted, TOKENS)) < 1e-5
     assert AutoTokenizer.from_pretrained(tmp / "lora_merged")(TEXTS[0])["input_ids"] == encode_prompt(tok, TEXTS[0])
+    # import -> fine-tune -> lora merge -> export keeps tokenizer_config.json (issue 46, item 17: the data
+    # preparation dropped it, so AutoTokenizer had no bos/eos)
+    assert cli.run(lora_cli.main, ["merge", str(run), "--out", str(tmp / "lora_run_merged")]) == 0
+    assert hf_command("export", tmp / "lora_run_merged", "--out", tmp / "lora_run_merged_hf") == 0
+    exported = AutoTokenizer.from_pretrained(tmp / "lora_run_merged_hf")
+    assert (exported.bos_token, exported.eos_token) == ("<s>", "<|endoftext|>")
     assert hf_command("export", run, "--out", tmp / "lora_adapters", "--adapters") == 0
     config = json.loads((tmp / "lora_adapters" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(hf_dir) and config["r"] == 4

@@ -1,16 +1,18 @@
-"""What the fault tests (tests/system/test_faults_*.py, test_bad_invocations.py) share: a child process's
-environment, --set flags, a table of command lines run in one process (`cli_harness.py`) with each row's exit
-code and stderr, a directory's bytes, a run's metrics rows, a truncated checkpoint."""
+"""What the fault tests (tests/system/test_faults_*.py, test_bad_invocations.py) share: --set flags, a table of
+command lines run in one process (`cli_harness.py`) with each row's exit code and stderr, a registered command's
+extra, a directory's bytes, a run's metrics rows, a truncated checkpoint (a child's environment:
+tests.train_helpers.env)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.train_helpers import ROOT, TEST_XLA_FLAGS
+from tests.train_helpers import ROOT, env, needs
 
 PY = sys.executable
 HELPERS = str(ROOT / "tests" / "train_helpers.py")
@@ -20,19 +22,26 @@ RUN = {"train.steps": 30, "checkpoint.every": 3, "optim.cosine_steps": 40, "trai
        "model.dropout": 0.1, "log.sample_tokens": 8}
 
 
-# Every command, with arguments that run it quickly without input: the signal and pipe tests go over them all.
-COMMANDS = {"jaxlm.train": ["--help-config"], "deliverables.report": ["--help"], "jaxlm.data": ["list"],
-            **{m: ["--help"] for m in ("jaxlm.generate", "jaxlm.bench", "jaxlm.memory", "jaxlm.lora", "jaxlm.quantize",
-                                       "jaxlm.hf", "experiments.run", "deliverables.gpu", "deliverables.gpu.lent",
-                                       "parity.check")}}
+def _quick_commands() -> dict[str, list[str]]:
+    """Every registered command (jaxlm.cli.registry), with arguments that run it quickly without input: the signal
+    and pipe tests go over them all."""
+    from jaxlm.cli import registry
+
+    quick = {"jaxlm.train": ["--help-config"], "jaxlm.data": ["list"]}
+    return {c.module: quick.get(c.module, ["--help"]) for c in registry.commands()}
 
 
-def env(**extra) -> dict[str, str]:
-    """This process's environment for a CPU child that imports the checkout, one device, no debug switches, with
-    `extra` set."""
-    out = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS=TEST_XLA_FLAGS)
-    out.pop("JAXLM_DEBUG", None)
-    return {**out, **extra}
+COMMANDS = _quick_commands()
+
+
+def needs_of(command) -> list:
+    """The `extra` mark (tests.train_helpers.needs) of a registered command (jaxlm.cli.registry) that needs a pyproject
+    extra the tests know how to look for; none for the others."""
+    from jaxlm.core.extras import EXTRAS
+
+    extra = re.match(r"the '([\w-]+)' extra", command.needs)
+    known = {*EXTRAS.values(), "gpu-compile"}
+    return [needs(extra.group(1))] if extra and extra.group(1) in known else []
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.system.fault_helpers import one_error, run_rows, sets
-from tests.train_helpers import needs, tiny_overrides, xla_devices
+from jaxlm.cli import registry
+from tests.system.fault_helpers import needs_of, one_error, run_rows, sets
+from tests.train_helpers import tiny_overrides, xla_devices
 
 pytestmark = pytest.mark.xdist_group("faults-files")  # the broken inputs are built once
 
-# (module, args, exit code, culprit the error line must name). {names} are files made below.
+# module -> (args, exit code, culprit the error line must name). {names} are files made below.
 INVOCATIONS = {
-    "train": [
+    "jaxlm.train": [
         ("--set train.steps=-5", 2, "train.steps"),
         ("--set optim.lrr=1", 2, "--set optim.lrr=1"),
         ("--config {tmp}/missing.toml", 2, "missing.toml"),
@@ -60,19 +61,19 @@ INVOCATIONS = {
         ("--set train.out_dir=\"{ckpt_file_run}\"", 2, "checkpoints"),
         ("--set train.out_dir=\"{edited}\" --set model.d_model=64", 2, "model.d_model: checkpoint 32, config 64 ("),
     ],
-    "lora": [
+    "jaxlm.lora": [
         ("merge {run} --out {tmp}/merged", 2, "not a LoRA run"),
         ("merge {tmp}/missing --out {tmp}/merged2", 2, "missing"),
         ("merge {run} --out {file}", 2, "a_file"),
         ("merge {locked_run} --out {tmp}/merged3", 2, "in use by pid"),
     ],
-    "quantize": [
+    "jaxlm.quantize": [
         ("{run} --bits 3", 2, "--bits 3"),
         ("{tmp}/missing", 2, "missing"),
         ("{run} --tokens -1", 2, "--tokens"),
         ("{locked_run}", 2, "in use by pid"),
     ],
-    "data": [
+    "jaxlm.data": [
         ("", 2, "COMMAND"),
         ("prepare --input {tmp}/missing.txt --out {tmp}/o", 2, "missing.txt"),
         ("prepare --input {text} --out {file}/o", 2, "{file}"),
@@ -88,7 +89,7 @@ INVOCATIONS = {
         ("train-bpe --input {bad_utf8} --vocab-size 300 --out {tmp}/b3", 2, "bad_utf8.txt"),  # after a progress bar
         ("prepare --input {text} --out {locked}", 2, "in use by pid"),
     ],
-    "generate": [
+    "jaxlm.generate": [
         ("--run {tmp}/missing --prompt x", 2, "missing"),
         ("--run {no_checkpoint} --prompt x", 2, "no_checkpoint"),
         ("--run {corrupt} --prompt x", 2, "corrupt"),
@@ -102,65 +103,74 @@ INVOCATIONS = {
         ("--run {run} --prompt x --top-k abc", 2, "--top-k"),
         ("--prompt x", 2, "--run"),
     ],
-    "bench": [
+    "jaxlm.bench": [
         ("model --batch 0 --context 16 --set model.d_model=32 --set model.num_heads=2", 2, "--batch"),
         ("model --context 0 --set model.d_model=32 --set model.num_heads=2", 2, "--context"),
         ("model --preset nope", 2, "nope"),
         ("decode --new-tokens x", 2, "--new-tokens"),
     ],
-    "parity": [
+    "parity.check": [
         ("--steps -1", 2, "--steps"),
         ("--set model.d_modle=3", 2, "model.d_modle"),
         ("--seq 1000", 2, "--seq"),
         ("--device banana", 2, "--device"),
     ],
-    "experiments": [
-        ("run nope_plan", 2, "nope_plan"),
-        ("run {bad_plan}", 2, "bogus"),
-        ("run profiling --only zzz --dry-run", 2, "zzz"),
-        ("run {lock_plan} --runs-dir {locked_runs} --draft", 2, "in use by pid"),
+    "jaxlm.memory": [
+        ("--batch 0", 2, "--batch"),
+        ("--device nope", 2, "nope"),
+        ("--memory lots", 2, "--memory"),
+        ("--preset nope", 2, "nope"),
+        ("--find-max-batch", 2, "--find-max-batch"),
+        ("--batch 6 --set train.grad_accum=4", 2, "--batch 6"),
+        ("--set model.d_modle=3", 2, "model.d_modle"),
     ],
-    "deliverables": [
-        ("report {tmp}/noplan", 2, "noplan"),
-        ("gpu --budget 60", 2, "no GPU here"),
-        ("gpu --smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
+    "jaxlm.hf": [
+        ("", 2, "COMMAND"),
+        ("import {tmp}/missing --out {tmp}/hf-import", 2, "missing"),
+        ("import {run} --out {tmp}/hf-import2", 2, "config.json"),
+        ("export {tmp}/missing --out {tmp}/hf-export", 2, "missing"),
+        ("export {run} --out {file}", 2, "a_file"),
+        ("export {run} --out {tmp}/hf-export2 --shard-size lots", 2, "--shard-size"),
+    ],
+    "experiments.run": [
+        ("nope_plan", 2, "nope_plan"),
+        ("{bad_plan}", 2, "bogus"),
+        ("profiling --only zzz --dry-run", 2, "zzz"),
+        ("{lock_plan} --runs-dir {locked_runs} --draft", 2, "in use by pid"),
+    ],
+    "deliverables.report": [("{tmp}/noplan", 2, "noplan")],
+    "deliverables.gpu": [
+        ("--budget 60", 2, "no GPU here"),
+        ("--smoke --out docs/results/gpu", 2, "--out docs/results/gpu"),
     ],
 }
-MODULES = {"train": "jaxlm.train", "data": "jaxlm.data", "generate": "jaxlm.generate", "bench": "jaxlm.bench",
-           "parity": "parity.check", "experiments": None, "deliverables": None, "lora": "jaxlm.lora",
-           "quantize": "jaxlm.quantize"}
+COMMANDS = {c.module: c for c in registry.commands()}
 
 
-def test_the_table_covers_every_cli_with_30_rows():
-    assert sum(map(len, INVOCATIONS.values())) >= 30 and set(INVOCATIONS) == set(MODULES)
+def test_the_table_covers_every_library_command_with_30_rows():
+    assert sum(map(len, INVOCATIONS.values())) >= 30
+    assert {c.module for c in registry.LIBRARY} <= set(INVOCATIONS) <= set(COMMANDS)
 
 
-def _command(cli_name: str, args: str, files: dict, row: int) -> tuple[str, list[str]]:
+def _args(module: str, args: str, files: dict, row: int) -> list[str]:
     import shlex
 
     args = shlex.split(args.format(**files))
-    if cli_name == "train":  # the tiny run's config, each row in its own out_dir unless it names one
-        base = tiny_overrides(files["corpus"], f"{files['tmp']}/train-row-{row}")
-        args = sets(base) + args
-    if MODULES[cli_name] is None:  # a package of commands: its first word names the module
-        return f"{cli_name}.{args[0]}", args[1:]
-    return MODULES[cli_name], args
+    if module == "jaxlm.train":  # the tiny run's config, each row in its own out_dir unless it names one
+        args = sets(tiny_overrides(files["corpus"], f"{files['tmp']}/train-row-{row}")) + args
+    return args
 
 
-EXTRA = {"parity": "torch"}  # CLIs beyond the core install: their rows are skipped without the extra
-
-
-@pytest.mark.parametrize("cli_name", [pytest.param(c, marks=[needs(EXTRA[c])] if c in EXTRA else [])
-                                      for c in INVOCATIONS])
-def test_bad_invocations(cli_name, files, tmp_path):
+@pytest.mark.parametrize("module", [pytest.param(m, marks=needs_of(COMMANDS[m])) for m in INVOCATIONS])
+def test_bad_invocations(module, files, tmp_path):
     """Each row: its exit code, exactly one line starting with `error:` that names the culprit,
-    no traceback. All rows of one CLI run in one process (tests/system/cli_harness.py)."""
-    rows = INVOCATIONS[cli_name]
-    commands = [_command(cli_name, args, files, i) for i, (args, _, _) in enumerate(rows)]
-    extra = {"XLA_FLAGS": xla_devices(8)} if cli_name == "train" else {}
+    no traceback. All rows of one command run in one process (tests/system/cli_harness.py)."""
+    rows = INVOCATIONS[module]
+    commands = [(module, _args(module, args, files, i)) for i, (args, _, _) in enumerate(rows)]
+    extra = {"XLA_FLAGS": xla_devices(8)} if module == "jaxlm.train" else {}
     results = run_rows(commands, tmp_path, tmp_path / "cwd", **extra)
     failures = []
-    for (module, args), (_, code, culprit), got in zip(commands, rows, results):
+    for (_, args), (_, code, culprit), got in zip(commands, rows, results):
         if why := one_error(got, code, culprit.format(**files)):
             failures.append(f"python -m {module} {' '.join(args)}\n  {why}")
     assert not failures, f"{len(failures)} of {len(rows)} rows:\n" + "\n".join(failures)

@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from jaxlm.cli import registry
+
 REPO = Path(__file__).resolve().parents[2]
 SHELL = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -50,7 +52,7 @@ GPU_OR_NETWORK = (
 )
 # Programs other than python that the docs may name: checked by `check_other`.
 OTHER = {"pip", "tensorboard", ".", "cd", "git"}
-SUBCOMMANDS = {"jaxlm.bench", "jaxlm.data", "jaxlm.hf", "jaxlm.lora"}  # each subcommand has its own --help
+SUBCOMMANDS = {c.module for c in registry.commands() if c.subcommands}  # each subcommand has its own --help
 @dataclass(frozen=True)
 class Command:
     where: str  # FILE:LINE
@@ -108,7 +110,8 @@ def inline_commands(path: Path, root: Path = REPO) -> list[Command]:
     text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
     found = []
     for m in INLINE_CODE.finditer(text):
-        argv = [a for a in shlex.split(m.group(1).replace("[", "").replace("]", "")) if a != "..."]
+        words = [w.removeprefix("[") for w in shlex.split(m.group(1)) if w != "..."]  # [--out DIR]: optional
+        argv = [w.removesuffix("]") if w.endswith("]") and "[" not in w else w for w in words]
         if all(PLACEHOLDER.fullmatch(a) for a in argv[4 if argv[2] in SUBCOMMANDS else 3:]):
             argv = [a for a in argv if not PLACEHOLDER.fullmatch(a)] + ["--help"]
         where = f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}"
@@ -175,7 +178,12 @@ def check_python(module: str, args: list[str]) -> None:
     if hasattr(ns, "overrides"):
         from jaxlm.core.config import load_config
 
-        config = ns.config if ns.config is None or os.path.isabs(ns.config) else str(REPO / ns.config)
+        if ns.config is None or os.path.isabs(ns.config):
+            config = ns.config
+        elif ns.config.startswith("runs/"):  # a run's config.toml, written by an earlier command: the flags alone
+            config = None
+        else:
+            config = str(REPO / ns.config)
         load_config(config, ns.overrides, preset=ns.preset)
     if module == "experiments.run" and ns.plan:
         from experiments.plan import load_plan
@@ -263,6 +271,24 @@ def test_help_names_the_extra_it_needs(word):
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     named = rf"core install|'?({'|'.join(map(re.escape, extras))})'? extra"
     assert re.search(named, text), f"python -m {' '.join(word)} --help names neither the core install nor an extra"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:runpy")  # a package that imported its command
+@pytest.mark.parametrize("command", registry.commands(), ids=lambda c: c.module)
+def test_every_registered_command_says_what_it_needs(command):
+    """`python -m MODULE --help` ends with the registry's "Needs ..." (what `python -m jaxlm` lists)."""
+    out = io.StringIO()
+    parse(command.module, ["--help"], out)
+    assert "".join(f"Needs {command.needs}.".split()) in "".join(out.getvalue().split()), out.getvalue()[-300:]
+
+
+def test_every_documented_command_is_registered():
+    """Each `python -m MODULE` of the docs is one `python -m jaxlm` lists (jaxlm.cli.registry), or the list
+    itself, pytest or venv."""
+    known = {c.module for c in registry.commands()} | {"jaxlm", "pytest", "venv"}
+    found = sorted({f"{c.where} {c.argv[2]}" for c in ALL
+                    if c.argv[0] in ("python", "python3") and c.argv[1:2] == ("-m",) and c.argv[2] not in known})
+    assert not found, f"documented commands missing from the registry: {found}"
 
 
 def test_no_command_in_an_untagged_block():

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from jaxlm.core import limits
-from tests.system.fault_helpers import PY, env, one_error, run_rows, sets
-from tests.train_helpers import make_corpus, tiny_overrides
+from tests.system.fault_helpers import PY, one_error, run_rows, sets
+from tests.train_helpers import env, make_corpus, tiny_overrides
 
 GIB = 2**30
 

@@ -1,6 +1,7 @@
-"""Locks of one directory (issue 36, item 8): one writer per run (a second refused, a dead holder's lock taken
-over), one location whatever the permissions, a lock naming another host refused until its file is deleted,
-readers beside readers and none needed on a read-only run (quantize and lora merge only read one)."""
+"""Locks of one directory (issue 36, item 8; issue 46, item 15): one writer per run (a second refused, naming the
+directory and the holder's program, a dead holder's lock taken over), one location whatever the permissions, a lock
+naming another host refused until its file is deleted, readers beside readers and none needed on a read-only run
+(quantize, lora merge and hf export only read one), a lock file that cannot be made refused with its real cause."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import DirectoryInUse
 from jaxlm.core.lock import DirLock, lock_path
-from tests.system.fault_helpers import PY, env
-from tests.train_helpers import hold_locks, make_corpus, tiny_overrides
+from tests.system.fault_helpers import PY
+from tests.train_helpers import ROOT, env, hold_locks, make_corpus, needs, tiny_overrides
 
 # --------------------------------------------------------------------------- one writer per run
 
@@ -28,7 +29,7 @@ def test_a_second_writer_is_refused_and_a_dead_holders_lock_is_taken_over(corpus
     cfg = load_config(None, tiny_overrides(corpus, run, **{"train.steps": 2, "log.tensorboard": "false"}))
     holder = hold_locks(run)
     try:
-        with pytest.raises(DirectoryInUse, match=f"train.out_dir = '{run}': in use by pid {holder.pid} on host "):
+        with pytest.raises(DirectoryInUse, match=f"train.out_dir = '{run}': {run} is in use by pid {holder.pid} on "):
             train(cfg)
         assert not run.exists()  # refused before anything was created
     finally:
@@ -115,3 +116,42 @@ def test_quantize_and_lora_merge_read_a_read_only_run(lora_run, tmp_path):
                               env=env(), capture_output=True, text=True, timeout=600)
     assert quantize.returncode == 0 and "int8 (PTQ)" in quantize.stdout, quantize.stderr[-2000:]
     assert not list(lora_run.parent.glob(".*.lock")) and not list(tmp_path.glob(".*.lock"))
+
+
+@needs("hf")
+def test_hf_export_reads_a_read_only_run(lora_run, tmp_path):
+    """It took the writer's lock, which a read-only run cannot hold: refused (with ENOENT for the cause)."""
+    if shutil.which("unshare") is None or subprocess.run(_read_only(tmp_path) + ["true"]).returncode:
+        pytest.skip("no user namespaces here (unshare -rm) to mount a read-only run")
+    ro = _read_only(lora_run.parent, lora_run.parent.parent / "corpus")
+    export = subprocess.run([*ro, PY, "-m", "jaxlm.hf", "export", str(lora_run), "--out", str(tmp_path / "hf")],
+                            env=env(), capture_output=True, text=True, timeout=600)
+    assert export.returncode == 0 and (tmp_path / "hf" / "model.safetensors").is_file(), export.stderr[-2000:]
+    assert not list(lora_run.parent.glob(".*.lock")) and not list(tmp_path.glob(".*.lock"))
+
+
+HOLD = "import sys, time; from jaxlm.core.lock import DirLock; DirLock(sys.argv[1], 'x').acquire(); print('held', \
+flush=True); time.sleep(600)"
+
+
+def test_a_refusal_names_the_directory_and_the_real_cause(tmp_path):
+    """The line quoted the holder's command cut at 300 characters (a long --set list hid its train.out_dir), and a
+    lock file that could not be made gave ENOENT (the read-only retry's) for a read-only file system."""
+    run = tmp_path / "runs" / "x"
+    holder = subprocess.Popen([PY, "-c", HOLD, str(run), *[f"--set=key{i}=1" for i in range(100)]], env=env(),
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(DirectoryInUse, match=rf"^--out runs/x: {run} is in use by pid {holder.pid} on host .* "
+                                                 r"\(python -c\), which holds") as e:
+            DirLock(run, "--out runs/x").acquire()
+        assert "key" not in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    if shutil.which("unshare") is None or subprocess.run(_read_only(tmp_path) + ["true"]).returncode:
+        pytest.skip("no user namespaces here (unshare -rm) to mount a read-only directory")
+    code = "import sys; from jaxlm.core.lock import DirLock; DirLock(sys.argv[1], 'train.out_dir').acquire()"
+    r = subprocess.run([*_read_only(tmp_path), PY, "-c", code, str(tmp_path / "ro_run")], env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert "cannot create the lock file" in r.stderr and "(Read-only file system)" in r.stderr, r.stderr[-2000:]

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.system.fault_helpers import PY, env
-from tests.train_helpers import ROOT, xla_devices
+from tests.system.fault_helpers import PY
+from tests.train_helpers import ROOT, env, xla_devices
 
 # --------------------------------------------------------------------------- fine-tuning on a mesh, pipeline dropout
 

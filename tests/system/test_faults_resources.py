@@ -10,8 +10,8 @@ import pytest
 
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import ConfigError
-from tests.system.fault_helpers import HELPERS, PY, env, sets
-from tests.train_helpers import tiny_overrides
+from tests.system.fault_helpers import HELPERS, PY, sets
+from tests.train_helpers import env, tiny_overrides
 
 # --------------------------------------------------------------------------- failed saves, full disks
 

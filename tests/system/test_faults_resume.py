@@ -15,8 +15,8 @@ import pytest
 
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import CheckpointError
-from tests.system.fault_helpers import HELPERS, PY, RUN, env, last_train_step, rows, sets, tree, truncate_checkpoint
-from tests.train_helpers import tiny_overrides
+from tests.system.fault_helpers import HELPERS, PY, RUN, last_train_step, rows, sets, tree, truncate_checkpoint
+from tests.train_helpers import env, tiny_overrides
 
 pytestmark = pytest.mark.xdist_group("faults-reference")  # the reference run is trained once
 
@@ -152,3 +152,23 @@ def test_rerunning_a_complete_run_changes_nothing(reference, corpus, tmp_path):
     assert train(load_config(None, tiny_overrides(corpus, run, **RUN)))["sample"] is None
     train(load_config(None, tiny_overrides(corpus, run, **{**RUN, "train.steps": 10})))  # fewer than done
     assert tree(run) == before  # no second sample row, no new event file, config.toml as it was
+
+
+def test_a_changed_config_is_held_to_the_newest_checkpoint_that_records_its_run(tmp_path):
+    """The newest checkpoint's meta does not read (a damaged save): the one before it, which the restore falls back
+    to, is the one the config must match (config.toml stood in before, for checkpoints older than the record)."""
+    import json
+
+    from jaxlm.core.typedconfig import dumps_toml, to_dict
+    from jaxlm.training.preflight import check_run_dir, run_identity
+
+    run = tmp_path / "run"
+    saved = load_config(None, tiny_overrides(tmp_path / "data", run))
+    (run / "checkpoints" / "3" / "meta").mkdir(parents=True)
+    (run / "checkpoints" / "3" / "meta" / "metadata").write_text(json.dumps({"identity": run_identity(saved)}))
+    (run / "checkpoints" / "6").mkdir()  # its meta was never written
+    (run / "config.toml").write_text(dumps_toml(to_dict(saved)))
+    with pytest.raises(CheckpointError, match=rf"^{run}/checkpoints/3: the saved run differs: model.d_model: "
+                                              r"checkpoint 32, config 64;"):
+        check_run_dir(load_config(None, tiny_overrides(tmp_path / "data", run, **{"model.d_model": 64})))
+    check_run_dir(saved)  # the same config resumes

@@ -21,12 +21,13 @@ import pytest
 
 from jaxlm import cli
 from jaxlm.core import stop
-from tests.system.fault_helpers import COMMANDS, PY, env, last_train_step, sets
-from tests.train_helpers import ROOT, make_corpus, tiny_overrides
+from tests.system.fault_helpers import COMMANDS, PY, last_train_step, sets
+from tests.train_helpers import ROOT, env, make_corpus, tiny_overrides
 
 # --------------------------------------------------------------------------- | head
 
 HELP = {m: COMMANDS[m] for m in ("jaxlm.train", "deliverables.report", "jaxlm.data")}
+EVERY = COMMANDS
 
 
 def _into_a_closed_pipe(module: str, args: list[str], tmp: Path) -> subprocess.CompletedProcess:
@@ -322,11 +323,10 @@ def test_a_second_ctrl_c_names_a_save_left_on_disk(tmp_path):
     note said "no checkpoint was being saved" while 12.orbax-checkpoint-tmp was there."""
     from jaxlm.core.config import CheckpointConfig
     from jaxlm.training.checkpoint import Checkpointer
-    from jaxlm.training.loop import Loop
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "12.orbax-checkpoint-tmp-1764200000").mkdir()
-    note = Loop.abort_note(SimpleNamespace(ckpt=SimpleNamespace(saving=None, dir=tmp_path / "checkpoints")))
+    note = Checkpointer.abort_note(SimpleNamespace(saving=None, dir=tmp_path / "checkpoints"))
     assert "was not completed" in note and "12.orbax-checkpoint-tmp-1764200000" in note, note
 
     ckpt = Checkpointer(tmp_path / "run", CheckpointConfig())

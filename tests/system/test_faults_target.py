@@ -15,7 +15,8 @@ from jaxlm import cli
 from jaxlm.cli import memory as memory_cli
 from jaxlm.core.config import load_config
 from jaxlm.core.errors import UsageError
-from jaxlm.training import compiled as gpu
+from jaxlm.predict import compile as gpu
+from jaxlm.predict import target as gpu_target
 from tests.train_helpers import needs_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_a_shape_the_compiler_cannot_tile_at_all_stops_in_one_line_naming_it(mon
     monkeypatch.setattr(gpu, "devices", lambda target: ())
     cfg = load_config(None, [*TINY, "model.context_length=1000", "data.batch_size=3"])
     with pytest.raises(UsageError, match=r"Triton tiling for bf16\[3000,768\] at batch 3, context 1000.*power of two"):
-        gpu.compile_step(cfg, gpu.parse_target("h100-80gb"), lowered=Lowered())
+        gpu.compile_step(cfg, gpu_target.parse_target("h100-80gb"), lowered=Lowered())
     assert tried == [None, gpu.TRITON_OFF]
 
 
@@ -98,7 +99,72 @@ def test_a_signal_during_a_compile_sweep_keeps_the_rows_compiled(sig, tmp_path):
     assert 1 <= len(kept) < 4 and all(r["status"] == "ok" for r in kept)
     assert last == (f"interrupted: {signal.Signals(sig).name}: stopped after {len(kept)} of 4 compiled rows; kept in "
                     f"the table above and {tmp_path / 'rows.json'}")
-    assert out.count("train_step") >= len(kept) and "total gb" in out  # the table of what was compiled
+    assert out.count("train_step") >= len(kept) and "total GiB" in out  # the table of what was compiled
+
+
+@needs_compiler
+def test_a_signal_during_an_ops_target_compile_is_one_line(tmp_path):
+    """The compile cannot be interrupted: SIGTERM waits for it, then stops in one line, writing nothing."""
+    out = tmp_path / "kernels.json"
+    args = [sys.executable, "-m", "jaxlm.bench", "ops", "--target", "h100-80gb", *_sets(TINY), "--context", "64",
+            "--batch", "2", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(600, proc.kill)
+    watchdog.start()
+    for line in proc.stdout:
+        if line.startswith("[compiling]"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate()
+    watchdog.cancel()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("interrupted: SIGTERM during the compile for h100-80gb: stopped; nothing "
+                                            "written")
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- rows that cannot be; the compiler's log
+
+
+@needs_compiler
+def test_a_sweep_whose_every_row_is_invalid_exits_nonzero(capsys):
+    from jaxlm.bench.commands import main
+
+    argv = ["model", "--target", "h100-80gb:2", "--config", str(ROOT / "experiments/configs/quickstart.toml"),
+            "--context", "128", "--batch", "3"]
+    assert cli.run(main, argv) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("error: no row compiled: all 1 are invalid (first: data.batch_size = 3: ")
+
+
+@needs_compiler
+def test_the_gpu_compilers_log_stays_off_the_terminal(tmp_path, capfd):
+    """A step larger than the GPU: XLA's C++ logs "... exceeds the base limit ... This indicates an error in the
+    calculation!" while compiling it; the row says it does not fit instead."""
+    small = tmp_path / "small.toml"  # a 64 MiB GPU: the 25M-parameter model's state alone is 400 MB
+    small.write_text(SMALL_GPU)
+    model = ["model.vocab_size=50257", "model.d_model=256", "model.num_layers=1", "model.num_heads=4",
+             "model.d_ff=512"]
+    assert cli.run(memory_cli.main, ["--target-config", str(small), *_sets(model), "--context", "64", "--batch",
+                                     "2"]) == 0
+    out, err = capfd.readouterr()
+    assert err == "", err  # fd 2: where the compiler's C++ log would show
+    assert "no predicted time: does not fit (0.42 GiB of 0.05 GiB usable)" in out
+
+
+SMALL_GPU = """description = "Small GPU"
+memory_bytes = 67108864
+bandwidth = 1.0e12
+peak_bfloat16 = 100e12
+sms = 40
+compute_capability = [8, 0]
+clock_ghz = 1.5
+l2_bytes = 8388608
+shared_per_sm = 167936
+shared_per_block_optin = 166912
+threads_per_sm = 2048
+"""
 
 
 # --------------------------------------------------------------------------- options that contradict the target
@@ -123,8 +189,8 @@ def test_a_malformed_target_config_is_one_line_without_the_compilers_log(tmp_pat
 
 
 def test_the_cpu_advice_is_given_only_where_it_helps(monkeypatch):
-    target = gpu.parse_target("h100-80gb")
+    target = gpu_target.parse_target("h100-80gb")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    assert "JAX_PLATFORMS" not in gpu.refusal(target, RuntimeError("no CUDA backend"), [])
+    assert "JAX_PLATFORMS" not in gpu_target.refusal(target, RuntimeError("no CUDA backend"), [])
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
-    assert gpu.refusal(target, RuntimeError("no CUDA backend"), []).endswith("run with JAX_PLATFORMS=cpu")
+    assert gpu_target.refusal(target, RuntimeError("no CUDA backend"), []).endswith("run with JAX_PLATFORMS=cpu")

@@ -1,6 +1,7 @@
 """The core install is lean: training, sampling, checkpoints, logging and data need neither torch nor
 matplotlib; the extras that bring them fail in one line naming themselves."""
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -107,3 +108,34 @@ def test_a_python_without_the_install_says_so_and_writes_nothing_into_the_run(tm
     assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr
     assert f"is not installed in this Python ({sys.executable})" in r.stderr and "pip install -e ." in r.stderr
     assert "unexpected" not in r.stderr and sorted(p.name for p in run.iterdir()) == ["config.toml"]
+
+
+def test_python_m_jaxlm_lists_the_library_and_what_the_packages_beside_it_register():
+    """From a checkout (whatever the installed metadata says): the library's commands, then the lab's, read from the
+    checkout's pyproject.toml."""
+    from jaxlm.cli import registry
+
+    r = subprocess.run([sys.executable, "-m", "jaxlm"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    listed = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("  python -m ")]
+    assert listed == [c.module for c in registry.commands()]
+    assert listed[:len(registry.LIBRARY)] == [c.module for c in registry.LIBRARY]
+    assert {"experiments.run", "parity.check", "deliverables.report"} <= set(listed)
+
+
+def test_entry_points_come_from_a_checkout_else_from_the_installed_metadata(tmp_path):
+    from importlib import metadata
+
+    from jaxlm.cli import registry
+
+    group = "jaxlm.bench.sides"
+    installed = sorted((e.name, e.value) for e in metadata.entry_points(group=group))
+    assert sorted((e.name, e.value) for e in registry.entry_points(group, tmp_path / "none.toml")) == installed
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    assert sorted((e.name, e.value) for e in registry.entry_points(group, tmp_path / "pyproject.toml")) == installed
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "jaxlm"\n[project.entry-points."{registry.GROUP}"]\n'
+                                             'gone = "no_such_package.registry:COMMANDS"\n'
+                                             'lab = "experiments.registry:COMMANDS"\n')
+    points = registry.entry_points(registry.GROUP, tmp_path / "pyproject.toml")
+    assert [c.module for c in registry.registered(points)] == ["experiments.run"]  # the absent package: none

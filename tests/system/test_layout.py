@@ -8,8 +8,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("jaxlm", "parity", "experiments", "deliverables", "torchref")
 # Folders of jaxlm from the top layer down; a module may import its own layer or a lower one. bench sits above
-# cli: the benchmark commands use cli's helpers, and no command of cli imports a benchmark.
-LAYERS = ("bench", "cli", "hf", "training", ("nn", "data", "analysis"), "core")
+# cli: the benchmark commands use cli's helpers, and no command of cli imports a benchmark. predict (compile for a
+# GPU, price the program) sits beside hf, above training: it compiles training's own step, and training never
+# predicts.
+LAYERS = ("bench", "cli", ("hf", "predict"), "training", ("nn", "data", "analysis"), "core")
 
 
 def modules(root: Path = REPO) -> dict[str, Path]:
@@ -95,9 +97,12 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return upward
 
 
-def test_the_layer_checker_refuses_cli_importing_bench():
-    assert upward_imports({"jaxlm.cli.memory": {"jaxlm.bench.target"}}) == ["jaxlm.cli.memory -> jaxlm.bench.target"]
-    assert upward_imports({"jaxlm.bench.sweep": {"jaxlm.cli", "jaxlm.training.compiled"}}) == []
+def test_the_layer_checker_refuses_cli_importing_bench_and_training_importing_predict():
+    assert upward_imports({"jaxlm.cli.memory": {"jaxlm.bench.kernels"}}) == ["jaxlm.cli.memory -> jaxlm.bench.kernels"]
+    assert upward_imports({"jaxlm.training.loop": {"jaxlm.predict.compile"}}) == [
+        "jaxlm.training.loop -> jaxlm.predict.compile"]
+    assert upward_imports({"jaxlm.bench.sweep": {"jaxlm.cli", "jaxlm.predict.rows"},
+                           "jaxlm.predict.compile": {"jaxlm.training.loop", "jaxlm.analysis.memory"}}) == []
 
 
 def test_jaxlm_imports_only_down_and_never_the_lab():

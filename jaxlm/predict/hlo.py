@@ -21,10 +21,11 @@ DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "f4e2m1fn": 0.5, "s8": 1, "u8": 
                "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
                "token": 0}
 
+HOST_SPACE = 5  # XLA's memory space of pinned host memory (`S(5)` in a layout): where remat offload puts buffers
 _COMMENT = re.compile(r"/\*.*?\*/")
 _HEADER = re.compile(r"^(ENTRY\s+)?%([\w.\-]+)\s*\(.*\{\s*$")
 _DEF = re.compile(r"^\s*(ROOT\s+)?%([\w.\-]+)\s*=\s*")
-_ARRAY = re.compile(r"(\w+)\[([^\]]*)\]")
+_ARRAY = re.compile(r"(\w+)\[([^\]]*)\](?:\{([^}]*)\})?")  # type, dims, layout (`1,0:S(5)`: in host memory)
 _OPCODE = re.compile(r"\s*([\w\-]+)\(")
 _NAME = re.compile(r"%([\w.\-]+)")
 _FRAME_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
@@ -36,6 +37,11 @@ class Array:
 
     dtype: str
     dims: tuple[int, ...]
+    space: int = 0  # the layout's memory space: 0 device memory, HOST_SPACE host memory (offloaded buffers)
+
+    @property
+    def on_host(self) -> bool:
+        return self.space == HOST_SPACE
 
     @property
     def elements(self) -> int:
@@ -48,8 +54,13 @@ class Array:
 
 def parse_type(text: str) -> tuple[Array, ...]:
     """The arrays of a result type, in order: one for `f32[8,64]{1,0}`, each leaf of a (nested) tuple."""
-    return tuple(Array(t, tuple(int(d.lstrip("<=")) for d in dims.split(",") if d))
-                 for t, dims in _ARRAY.findall(text) if t in DTYPE_BYTES or re.fullmatch(r"f8\w+", t))
+    return tuple(Array(t, tuple(int(d.lstrip("<=")) for d in dims.split(",") if d), _space(layout))
+                 for t, dims, layout in _ARRAY.findall(text) if t in DTYPE_BYTES or re.fullmatch(r"f8\w+", t))
+
+
+def _space(layout: str) -> int:
+    m = re.search(r"S\((\d+)\)", layout)
+    return int(m.group(1)) if m else 0
 
 
 def nbytes(arrays: tuple[Array, ...]) -> float:

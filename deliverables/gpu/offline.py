@@ -1,13 +1,13 @@
-"""The GPU campaign on the lent GPU machine as it is: one command (docs/gpu.md).
+"""The GPU campaign on an offline GPU machine as it is: one command (docs/gpu.md).
 
-    python3 -m deliverables.gpu.lent              # there: install, check, measure, within --budget seconds
-    python3 -m deliverables.gpu.lent --dry-run    # the plan and its estimated seconds (any machine)
-    python3 -m deliverables.gpu.lent --smoke      # all of it at tiny sizes, any machine (runs/gpu_lent_smoke/)
+    python3 -m deliverables.gpu.offline              # there: install, check, measure, within --budget seconds
+    python3 -m deliverables.gpu.offline --dry-run    # the plan and its estimated seconds (any machine)
+    python3 -m deliverables.gpu.offline --smoke      # all of it at tiny sizes, any machine (runs/gpu_offline_smoke/)
 
 In order, within --budget (default 480 s, eight minutes of the machine's ten-minute call):
 1. install: the wheels of deliverables/gpu/wheels.txt from .whl/ into a folder put first on the import path (pip,
    no index, no dependencies), jaxlm from this tree (deliverables.gpu.carry); with --smoke under another Python than
-   the lent machine's 3.12, a dry run of that install for its Python and platform, the packages coming from this
+   the offline machine's 3.12, a dry run of that install for its Python and platform, the packages coming from this
    environment;
 2. preflight: Python, JAX, its CUDA plugin and the libraries' versions against pyproject.toml, every import jaxlm
    needs (`import flax, jax` first), the GPU; a failure here stops the call in one line;
@@ -16,7 +16,7 @@ In order, within --budget (default 480 s, eight minutes of the machine's ten-min
 4. the campaign's steps (deliverables/gpu/campaign.py) that fit the time left, most important first.
 Without --smoke the call stops before installing anything where no NVIDIA driver is seen. It ends with exit 1 and
 one line naming each part that failed (the smoke's dry run of the install, a check, a step), after writing all.
-Everything goes into one folder (--out, default runs/gpu_lent/): report.md, results.json, STEP.json, lent.json
+Everything goes into one folder (--out, default runs/gpu_offline/): report.md, results.json, STEP.json, offline.json
 (phases, versions, checks) and scratch/ (traces, programs, checkpoints, the compilation cache). With $OUT set (the
 device tool's result folder) the summary files (OUT_FILES, the profiled train step's trace and program) are copied
 there after every phase; `python -m deliverables.gpu.merge DIR` then takes them into docs/results/gpu/.
@@ -44,15 +44,15 @@ from jaxlm.core import platform  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
 from jaxlm.core.files import atomic_write  # noqa: E402
 
-PROG = "python3 -m deliverables.gpu.lent"
-OUT, SMOKE_OUT = Path("runs/gpu_lent"), Path("runs/gpu_lent_smoke")
+PROG = "python3 -m deliverables.gpu.offline"
+OUT, SMOKE_OUT = Path("runs/gpu_offline"), Path("runs/gpu_offline_smoke")
 BUDGET_S = 480.0
-# Phases before the campaign, with their estimated seconds on the lent machine.
+# Phases before the campaign, with their estimated seconds on the offline machine.
 PHASES = (("install", 10.0, "the carried wheels into a folder first on the path, jaxlm from this tree"),
           ("startup", 20.0, "JAX import, CUDA initialisation, versions and imports checked"),
           ("checks", 45.0, "correctness: attention, bf16 training against float32 on the CPU, checkpoint, generate"))
-FINISH_S = 5.0  # lent.json and the copies to $OUT
-OUT_FILES = ("lent.json", "report.md", "results.json")
+FINISH_S = 5.0  # offline.json and the copies to $OUT
+OUT_FILES = ("offline.json", "report.md", "results.json", "calibration.json")
 OUT_LIMIT = 16 * 2**20  # bytes per file the device tool brings back
 VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax",
             "optax", "orbax-checkpoint", "numpy", "scipy", "grain", "qwix", "tomli-w", "tiktoken", "tensorboard")
@@ -167,13 +167,13 @@ def format_plan(budget: float, only: list[str] | None, smoke: bool) -> str:
     from deliverables.gpu import campaign
 
     rows = campaign.plan(campaign.steps(), campaign_budget(budget), only, smoke, startup=0.0)
-    return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "lent.json and the copies to $OUT"),))
+    return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "offline.json and the copies to $OUT"),))
 
 
 def _phase(record: dict, name: str, out: Path, fn):
-    """Run one phase, timing it into the record; lent.json (and $OUT) written after it."""
+    """Run one phase, timing it into the record; offline.json (and $OUT) written after it."""
     t0 = time.monotonic()
-    print(f"[lent] {name}", flush=True)
+    print(f"[offline] {name}", flush=True)
     result = fn()
     record["phases"][name] = {"seconds": time.monotonic() - t0}
     _write(record, out)
@@ -181,7 +181,7 @@ def _phase(record: dict, name: str, out: Path, fn):
 
 
 def _write(record: dict, out: Path) -> None:
-    atomic_write(out / "lent.json", json.dumps(record, indent=1, default=str))
+    atomic_write(out / "offline.json", json.dumps(record, indent=1, default=str))
     record["copied_to_out"] = copy_out(out)
 
 
@@ -216,7 +216,7 @@ def run(args, out: Path) -> int:
     if stop is not None:
         record["stopped"] = stop
         _write(record, out)
-        raise UsageError(f"{PROG}: {stop} (details: {out / 'lent.json'})")
+        raise UsageError(f"{PROG}: {stop} (details: {out / 'offline.json'})")
     gpu = found["devices"]["platform"] == "gpu"
     from deliverables.gpu.check import run_checks
 
@@ -241,7 +241,7 @@ def failures(record: dict, failed_steps: dict[str, str]) -> dict[str, str]:
     bad = [r for r in record["checks"]["rows"] if r["ok"] is False]
     if bad:
         out["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
-                                  for r in bad) + " failed (lent.json)"
+                                  for r in bad) + " failed (offline.json)"
     return {**out, **{f"step {name}": why for name, why in failed_steps.items()}}
 
 
@@ -266,21 +266,20 @@ def summary(record: dict, out: Path) -> str:
 
 
 def output_dir(args) -> Path:
-    """runs/gpu_lent/ (runs/gpu_lent_smoke/ with --smoke) unless --out says; never the committed report, which
+    """runs/gpu_offline/ (runs/gpu_offline_smoke/ with --smoke) unless --out says; never the committed report, which
     `python -m deliverables.gpu.merge` fills from what the machine brought back."""
     from deliverables.gpu.campaign import DEFAULT_OUT, REPO
 
     out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
     report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
-    cli.check_option(not report, "--out", args.out, f"the lent run writes its own folder, not {DEFAULT_OUT}/ "
+    cli.check_option(not report, "--out", args.out, f"the offline run writes its own folder, not {DEFAULT_OUT}/ "
                      "(python -m deliverables.gpu.merge takes its results there)")
     return out
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=cli.HelpFormatter,
-                                needs="an NVIDIA GPU machine with JAX's CUDA build and the wheels of .whl/; "
-                                      "--dry-run and --smoke: the core install")
+    parser = cli.ArgumentParser(command="deliverables.gpu.offline", prog=PROG, description=__doc__,
+                                formatter_class=cli.HelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds and exit")
     parser.add_argument("--smoke", action="store_true", help="all of it at tiny sizes (runs on a CPU)")
     parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=BUDGET_S,

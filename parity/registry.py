@@ -1,0 +1,8 @@
+"""parity's command, registered with jaxlm's command list (`python -m jaxlm`; entry point group jaxlm.cli.registry)."""
+
+from jaxlm.cli.registry import Command
+
+COMMANDS = (
+    Command("parity.check", "jaxlm against the PyTorch reference: logits, loss, gradients and the loss curve",
+            needs="the 'torch' extra"),
+)
