@@ -276,8 +276,8 @@ def draw(figures: dict[str, dict], path: Path, target: Target) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(prog="python -m deliverables.memory_profile", description=__doc__,
-                           formatter_class=cli.HelpFormatter, needs="the 'gpu-compile' and 'plots' extras")
+    p = cli.ArgumentParser(command="deliverables.memory_profile", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
     p.add_argument("--out", type=Path, default=OUT_DIR, help="where PRESET-memory-profile.{json,md} and the PNG go")
     args = p.parse_args(argv)

@@ -194,10 +194,11 @@ def nsys_lines(root: Path) -> list[str]:
             "kernel summary sums one kernel's.", ""] + nsys_table(rows) + [
         "- (a) The forward pass (eval step) above is a prediction; Python's timer on this CPU measures XLA:CPU, a "
         "different machine, so the comparison of the two waits for a GPU.",
-        "- (b), (d) The feed-forward's matmuls lead the forward; in the train step the backward's matmuls and, at "
-        "short contexts, the optimizer's many small kernels. The matmul share grows with the model (d² work per "
-        "layer against d for the elementwise passes) and falls with the context, as the T² attention scores and "
-        "their softmax grow.",
+        "- (b), (d) The feed-forward's matmuls lead the forward at every context; in the train step the "
+        "optimizer's many small kernels lead at short contexts and the feed-forward's matmuls at long ones. The "
+        "matmul share grows with the model (d² work per layer against d for the elementwise passes). Along the "
+        "context the forward's share falls at the longest, as the T² attention scores and their softmax grow, "
+        "while the train step's rises: the optimizer's time does not grow with the tokens, the matmuls' does.",
         f"- (c) Non-matmul ops with the most predicted time in the forward pass at context {longest}: "
         + "; ".join(f"`{p}`: " + ", ".join(_op(o) for o in os) for p, os in others.items()) + ".",
         "- (e) The softmax takes time of the order of the two attention matmuls while its FLOPs are a few percent "
