@@ -29,6 +29,9 @@ OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
 RTX5090 = [*STUDY_MODELS["rtx5090"], "compute.loss_chunk=0"]  # the study's step: the whole logits
 GPT2_VOCAB = ["model.vocab_size=50257"]
+CONTEXTS, BATCHES = (256, 512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64)  # the sweeps of `small` (figures 1 and 2)
+ATTENTION_DTYPES = (("float32", "float32", "xla"), ("bfloat16", "bfloat16", "xla"),
+                    ("bfloat16 + cuDNN", "bfloat16", "cudnn"))  # (label, dtype, attention)
 # (label, dtype, remat, attention, window): the memory techniques, alone and combined.
 TECHNIQUES = [("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
               ("bfloat16 + remat full", "bfloat16", "full", "xla", None),
@@ -100,11 +103,13 @@ def sections() -> list[Section]:
         s.rows = [(label, job(preset, 1024, batch, d, r, a, w)) for label, d, r, a, w in TECHNIQUES]
         out.append(s)
     ctx = Section("context", "Memory against context length, `small`, batch 8",
-                  "bfloat16; the train step and the eval step (forward and loss, no gradients).")
-    ctx.rows = [(f"{mode}, {attention}, context {t}", job("small", t, 8, attention=attention, mode=mode))
-                for mode in ("train_step", "forward") for attention in ("xla", "cudnn") for t in (256, 512, 1024, 2048)]
+                  "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
+                  "takes bfloat16 only.")
+    ctx.rows = [(f"{mode}, {label}, context {t}", job("small", t, 8, d, attention=a, mode=mode))
+                for mode in ("train_step", "forward") for label, d, a in ATTENTION_DTYPES for t in CONTEXTS]
     bat = Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.")
-    bat.rows = [(f"{d}, batch {b}", job("small", 256, b, d)) for d in ("float32", "bfloat16") for b in (1, 8, 32, 64)]
+    bat.rows = [(f"{label}, batch {b}", job("small", 256, b, d, attention=a))
+                for label, d, a in ATTENTION_DTYPES for b in BATCHES]
     mixed = Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
                     "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).")
     mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
@@ -138,8 +143,16 @@ def figures(section: Section, target: Target, store: CompileCache, compile: bool
         if section.largest and "error" not in r:
             searched = store.stored.get(store.key({**j, "search": "largest_batch"}, target), {})
             r["largest_batch"] = store.largest(j, target) if compile else searched.get("largest_batch", "-")
+            at = at_batch(j, r["largest_batch"]) if isinstance(r["largest_batch"], int) else None
+            if at is not None and (compile or store.has(at, target)):
+                r["at_largest"] = store.row(at, target, log=log)
         rows.append(r)
     return rows
+
+
+def at_batch(j: dict, batch: int) -> dict:
+    """Job `j` at another batch size."""
+    return {**j, "set": [f"data.batch_size={batch}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
 
 
 def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
@@ -155,13 +168,24 @@ def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections
 
 def cached_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, int]:
     """label -> the largest batch that fits, of a `largest` section's rows already searched in OUT_DIR/TARGET.json."""
+    return {label: n for label, (n, _) in cached_at_largest(section, target_name, out_dir).items()}
+
+
+def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, tuple[int, dict]]:
+    """label -> (the largest batch that fits, the compiled figures at that batch or {}) of a `largest` section's
+    rows already searched in OUT_DIR/TARGET.json."""
     path = Path(out_dir) / f"{target_name}.json"
     if not path.is_file():
         return {}
     target, store = parse_target(target_name), CompileCache(path)
-    rows = next(s for s in sections() if s.name == section).rows
-    keys = {label: store.key({**j, "search": "largest_batch"}, target) for label, j in rows}
-    return {label: store.stored[k]["largest_batch"] for label, k in keys.items() if k in store.stored}
+    out = {}
+    for label, j in next(s for s in sections() if s.name == section).rows:
+        found = store.stored.get(store.key({**j, "search": "largest_batch"}, target))
+        if found is not None:
+            n = found["largest_batch"]
+            at = at_batch(j, n)
+            out[label] = (n, store.row(at, target) if store.has(at, target) else {})
+    return out
 
 
 def markdown_table(head: list[str], rows: list[dict], cells) -> str:
@@ -172,7 +196,8 @@ def markdown_table(head: list[str], rows: list[dict], cells) -> str:
 def section_table(section: Section, rows: list[dict]) -> str:
     by_label = {r["setting"]: r for r in rows}
     head = ["setting", "total GiB", "temp GiB", "arguments GiB", "matmuls", "cuDNN calls",
-            *(["vs reference"] if section.reference else []), *(["largest batch"] if section.largest else [])]
+            *(["vs reference"] if section.reference else []),
+            *(["largest batch", "its total GiB", "its matmuls", "its XLA remat clones"] if section.largest else [])]
 
     def cells(r: dict) -> list[str]:
         cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
@@ -182,7 +207,11 @@ def section_table(section: Section, rows: list[dict]) -> str:
             ref = by_label.get(section.reference.format(b=batch, p=preset))
             cells.append(f"{100 * (r['total_bytes'] / ref['total_bytes'] - 1):+.0f}%" if ref and "error" not in ref
                          else "-")
-        return cells + ([str(r["largest_batch"])] if section.largest else [])
+        if not section.largest:
+            return cells
+        at = r.get("at_largest") or {}
+        return cells + [str(r["largest_batch"]), f"{at['total_bytes'] / GIB:.2f}" if at else "-",
+                        str(at.get("matmuls", "-")), str(at.get("rematerialised", "-"))]
 
     return markdown_table(head, rows, cells)
 

@@ -16,12 +16,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deliverables.compiled_memory import GIB, OUT_DIR, RTX5090, Section, cached, job, markdown_table, write_page
+from deliverables.common import STUDY_MODELS
+from deliverables.compiled_memory import (
+    ATTENTION_DTYPES,
+    BATCHES,
+    GIB,
+    OUT_DIR,
+    RTX5090,
+    Section,
+    cached,
+    job,
+    markdown_table,
+    write_page,
+)
 from jaxlm import cli
 from jaxlm.predict.target import Target
 
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
 SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
+NSYS_PRESETS, NSYS_CONTEXTS = ("small", "large"), (128, 256, 512, 1024)  # nsys_profile's models and contexts
 # (label, dtype, remat, attention, window): the techniques of the predicted-time table in docs/benchmarks.md.
 TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
@@ -53,7 +66,26 @@ def sections() -> list[Section]:
                     "float32 against bfloat16 compute, the eval step and the AdamW train step.")
     mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
                   for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]
-    return [small, rtx, sizes, mixed]
+    return [small, rtx, sizes, mixed, *sweeps()]
+
+
+def sweeps() -> list[Section]:
+    """Throughput against batch (the compiled memory page's batch sweep, priced), and the kernel tables of `small`
+    and `large` along the context (nsys_profile's questions) at the size table's batch."""
+    batch = Section("batch", "Throughput against batch size, `small`, context 256",
+                    "The AdamW train step; cuDNN's fused attention takes bfloat16 only.")
+    batch.rows = [(f"{label}, batch {b}", job("small", 256, b, d, attention=a))
+                  for label, d, a in ATTENTION_DTYPES for b in BATCHES]
+    nsys = Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
+                   "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).")
+    nsys.rows = [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
+                 for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in ("forward", "train_step")]
+    chunk = Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
+                    "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.")
+    chunk.rows = [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=[*STUDY_MODELS["rtx5090"],
+                                                                            f"compute.loss_chunk={c}"]))
+                  for d in ("float32", "bfloat16") for loss, c in (("whole logits", 0), ("chunked", 1024))]
+    return [batch, nsys, chunk]
 
 
 def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:

@@ -16,6 +16,8 @@ COMMANDS = (
             "on any machine", needs="the 'gpu-compile' extra"),
     Command("deliverables.compiled_time", "the curriculum's GPU time questions, predicted from XLA's GPU program "
             "on any machine", needs="the 'gpu-compile' extra"),
+    Command("deliverables.memory_profile", "memory_profiling for `large`: peak table, largest buffers, live bytes "
+            "over the compiled schedule", needs="the 'gpu-compile' and 'plots' extras"),
     Command("deliverables.predicted_anchors", "published GPU measurements beside jaxlm's prediction of the same "
             "configurations (docs/benchmarks.md)", needs="the 'gpu-compile' extra"),
     Command("deliverables.memory_validation", "the memory estimator against the compilers' plans of the same "

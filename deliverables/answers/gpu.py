@@ -1,7 +1,7 @@
 """The part-2 questions that need a GPU: memory_profiling, nsys_profile, mixed precision.
 
-Each answer uses what the records hold: the 2.7B model's memory compiled for an H100 by `python -m
-deliverables.compiled_memory` (ROOT/compiled/h100-80gb.json) and the GPU campaign's results
+Each answer uses what the records hold: `large`'s memory profile compiled for an H100 by `python -m
+deliverables.memory_profile` (ROOT/compiled/large-memory-profile.json) and the GPU campaign's results
 (ROOT/gpu/results.json, `python -m deliverables.gpu`). Where the campaign is absent it says why the question
 needs a GPU, gives the exact command, and answers with the predicted H100 figures meanwhile
 (deliverables.answers.predicted). The float16 accumulation is computed here (numpy).
@@ -9,84 +9,112 @@ needs a GPU, gives the exact command, and answers with the predicted H100 figure
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
+from deliverables import memory_profile as profile
 from deliverables.answers.accounting import model
 from deliverables.answers.predicted import mixed_precision_lines, nsys_lines
 from deliverables.common import table
-from jaxlm.analysis import memory
-from jaxlm.core.config import ComputeConfig
+from jaxlm.analysis import flops
 from jaxlm.core.files import read_json
-from jaxlm.core.units import si
 
-MODEL, BATCH, CONTEXTS, TARGET = "2.7B", 4, (128, 256, 512), "h100-80gb"
-SECTION = "2.7B"  # deliverables.compiled_memory's section: forward and train step, float32 and bfloat16, batch 4
-MEMORY_COMMAND = f"python -m deliverables.compiled_memory --target {TARGET} --only {SECTION}"
-MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
+TARGET = "h100-80gb"
+PROFILE_COMMAND = f"python -m deliverables.memory_profile --target {TARGET}"
 
 
-def compiled_rows(root: Path) -> dict[tuple, dict]:
-    """(mode, dtype, context) -> the MODEL step compiled for TARGET, from deliverables.compiled_memory's cache of
-    compiled figures (ROOT/compiled/TARGET.json, kept per jax version); {} when not compiled yet."""
-    from deliverables.compiled_memory import cached
-    from jaxlm.predict.target import parse_target
-
-    label = parse_target(TARGET).label
-    out = {}
-    for name, row in cached(SECTION, TARGET, root / "compiled").items():
-        mode, dtype, context = re.fullmatch(r"(\w+), (\w+), context (\d+)", name).groups()
-        out[(mode, dtype, int(context))] = {**row, "label": label}
-    return out
-
-
-def memory_table(rows: dict[tuple, dict], value) -> list[str]:
-    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)]
-    body = [[str(t), *(value(rows.get((m, d, t)), m, d, t) for m in MODES for d in DTYPES)] for t in CONTEXTS]
+def memory_table(rows: dict[str, dict]) -> list[str]:
+    """Peak memory (GiB per GPU) of each profiled step, by context."""
+    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in profile.MODES for d in profile.DTYPES)]
+    body = [[str(t), *(f"{r['total_bytes'] / 2**30:.2f} GiB" if (r := rows.get(profile.label(m, d, t))) else "–"
+                       for m in profile.MODES for d in profile.DTYPES)] for t in profile.CONTEXTS]
     return [table(head, body, "lr"), ""]
 
 
-def estimated(row, mode: str, dtype: str, t: int) -> str:
-    est = memory.estimate(model(MODEL, t), BATCH, t, ComputeConfig(dtype=dtype), mode=mode)
-    return si(est.state_total + est.activation_total, "B")
+def timeline_lines(rows: dict[str, dict]) -> list[str]:
+    """Where each float32 step's live bytes peak, in which phase, against its arguments and compiled total."""
+    out = []
+    for mode in profile.MODES:
+        for t in profile.CONTEXTS:
+            r = rows.get(profile.label(mode, "float32", t))
+            if not r:
+                continue
+            at = r["peak_position"]
+            where = next((name for name, (a, b) in r["phases"].items() if a <= at <= b), "?")
+            out.append(f"- {mode.replace('_', ' ')}, context {t}: {r['instructions']:,} scheduled instructions; "
+                       f"live bytes peak at {r['peak_live_bytes'] / 2**30:.2f} GiB at instruction {at:,} "
+                       f"({100 * at / r['instructions']:.0f}% of the way, in the {where}), "
+                       f"{(r['peak_live_bytes'] - r['argument_bytes']) / 2**30:.2f} GiB above the arguments; compiled "
+                       f"total {r['total_bytes'] / 2**30:.2f} GiB.")
+    return out + [""] if out else []
+
+
+def reading(rows: dict[str, dict], params: int) -> list[str]:
+    """How to read the train step's timeline: its arguments, activations and gradients."""
+    r = rows.get(profile.label("train_step", "float32", profile.CONTEXTS[-1]))
+    if not r:
+        return []
+    grads = 4 * params / 2**30
+    return [f"How to read them: the train step holds its arguments (the parameters, AdamW's two moments and the "
+            f"batch, {r['argument_bytes'] / 2**30:.2f} GiB) from start to end. On top, the forward keeps each layer's "
+            "activations for the backward, so the line rises through the forward; the backward frees them layer by "
+            f"layer while it writes the gradients, which end as large as the parameters ({grads:.2f} GiB in "
+            "float32) and all stay live until the update, since gradient clipping needs their global norm first; "
+            "the update consumes them as it writes the new state into the donated buffers. Where the activations "
+            "outweigh the gradients (the longest context) the peak is where the backward begins; where they do not, "
+            "it moves to where the update begins. The eval step keeps no activations across layers: each layer's "
+            "buffers are reused by the next, so its line stays within a few hundred MiB of the arguments.", ""]
+
+
+def largest_lines(rows: dict[str, dict], top: int = 5) -> list[str]:
+    out = []
+    for mode in profile.MODES:
+        lbl = profile.label(mode, "float32", profile.CONTEXTS[-1])
+        if lbl not in rows:
+            continue
+        body = [[f"{g['bytes'] / 2**20:,.1f}", f"`{g['shape']}`", str(g["count"]), f"`{g['op']}`",
+                 f"`{g['source']}`"] for g in rows[lbl]["largest"][:top]]
+        out += [f"{lbl}:", ""] + [table(["MiB each", "shape", "how many", "op (jax's name)", "source"], body, "lr"), ""]
+    return out
 
 
 def memory_profiling_section(root: Path) -> list[str]:
-    rows = compiled_rows(root)
-    out = ["### memory_profiling", "",
-           "(a) The memory timeline: `python -m jaxlm.bench model --preset 2.7B --context 512 --batch 4 "
-           "--mode train_step "
-           "--memory-profile DIR` writes the device memory profile of a forward pass and of a train step "
-           "(`jax.profiler.save_device_memory_profile`, pprof) and the compiled step's buffer assignment; on a GPU, "
-           "TensorBoard's memory viewer on a trace (`--set 'log.profile_steps=[10,12]'` in training) shows the "
-           "timeline, where the forward's rise (activations kept), the backward's fall (activations freed as "
-           "gradients appear) and the optimizer's flat top (moments updated in place) are told apart. It needs a GPU: "
-           "XLA:CPU has no device allocator whose timeline means anything for an accelerator.", ""]
-    if rows:
-        label = next(iter(rows.values())).get("label") or f"compiled for {TARGET}"
-        out += [f"(b) Peak memory of the {MODEL} model at batch {BATCH}, {label}: bytes per GPU of the compiled "
-                "program (arguments + outputs + temporaries - donated), no allocator overhead:", ""]
-        out += memory_table(rows, lambda r, *_: si(r["total_bytes"], "B") if r else "–")
-        pairs = [(rows.get((m, "float32", t)), rows.get((m, "bfloat16", t))) for m in MODES for t in CONTEXTS]
-        ratios = [b["total_bytes"] / f["total_bytes"] for f, b in pairs if f and b]
-        if ratios:
-            out += [f"(c) bfloat16 against float32: {min(ratios):.2f}x to {max(ratios):.2f}x the memory. "
-                    "The parameters, "
-                    "gradients and AdamW moments stay float32 (mixed precision keeps a float32 master copy and adds "
-                    "bfloat16 copies of the weights), so only the activations halve; where the state dominates, the "
-                    "saving is small.", ""]
-    else:
-        out += ["(b), (c) **Pending: the figures compiled for an H100** (the GPU compiler's memory plan of each step, "
-                "made on any machine with the `gpu-compile` extra):", "", f"```bash\n{MEMORY_COMMAND}\n```", "",
-                "Until then, `jaxlm.memory`'s analytic estimate of the same steps (an estimate, not a "
-                "measurement):", ""]
-        out += memory_table({}, estimated)
-    resid = {t: BATCH * t * model(MODEL).d_model * 4 for t in CONTEXTS}
-    return out + [f"(d) One residual-stream activation of the {MODEL} model (batch {BATCH}, "
-                  f"d_model {model(MODEL).d_model}, float32) is B x T x d x 4 bytes: "
-                  + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items()) + ".", ""]
+    rows = profile.stored(root / "compiled")
+    out = ["### memory_profiling", ""]
+    if not rows:
+        return out + [f"**Not compiled yet**: `{PROFILE_COMMAND}` (the `gpu-compile` extra) compiles `large` at "
+                      "contexts 128, 256 and 512 and reads its buffer assignment.", ""]
+    label = next(iter(rows.values()))["label"]
+    cfg = model(profile.PRESET)
+    out += [f"The `{profile.PRESET}` preset ({cfg.num_layers} layers, d_model {cfg.d_model}, vocabulary "
+            f"{cfg.vocab_size:,}) at batch {profile.BATCH}, the eval step (forward and loss) and the full AdamW train "
+            f"step, {label}: `{PROFILE_COMMAND}` compiles each step with XLA's dump on and reads the buffer "
+            "assignment and the live ranges of the scheduled program (every figure on "
+            f"[its page](results/compiled/{profile.PRESET}-memory-profile.md)). A GPU's allocator timeline "
+            "(PyTorch's memory snapshot, or JAX's device memory profile) needs a GPU; this is the compiler's plan.",
+            "", "(a) **Memory timeline, compiled, not a CUDA trace**: the bytes of every value live at each "
+            "instruction of the compiled schedule (from the instruction that defines it to its last use), float32, "
+            "a line per context:", "",
+            f"![memory timeline](results/compiled/{profile.PRESET}-memory-timeline.png)", ""]
+    out += timeline_lines(rows) + reading(rows, flops.param_counts(cfg)["total"]) + [
+        "(b) Peak memory, the compiled total per GPU (arguments + outputs + temporaries - donated):", ""]
+    out += memory_table(rows)
+    ratios = [rows[profile.label(m, "bfloat16", t)]["total_bytes"] / rows[profile.label(m, "float32", t)]["total_bytes"]
+              for m in profile.MODES for t in profile.CONTEXTS
+              if profile.label(m, "bfloat16", t) in rows and profile.label(m, "float32", t) in rows]
+    if ratios:
+        out += [f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
+                "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
+                "are added, so only the activations shrink; where the state dominates, the saving is small.", ""]
+    out += [f"(c) The largest buffers at context {profile.CONTEXTS[-1]}, from the compiled buffer assignment (the "
+            "step's own values, not its parameters; equal ones counted together, usually one per layer), with the "
+            "op and the source line in their metadata:", ""] + largest_lines(rows)
+    resid = {t: profile.BATCH * t * cfg.d_model * 4 for t in profile.CONTEXTS}
+    return out + [f"One residual-stream activation (batch {profile.BATCH}, d_model {cfg.d_model}, float32) is "
+                  "B x T x d x 4 bytes: " + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items())
+                  + ". CS336 asks the same of its 2.7B model: its compiled peaks are on the "
+                  "[compiled memory page](results/compiled/h100-80gb-memory.md).", ""]
 
 
 def campaign(root: Path) -> dict:

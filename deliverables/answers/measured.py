@@ -7,16 +7,20 @@ adds any other `jaxlm.bench model --json` result (with `--breakdown`: feed-forwa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from deliverables.answers import predicted
+from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
 from deliverables.common import table
 from experiments.results import load_results
+from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
 
 PLAN = "benchmarking"
+GPT2_VOCAB = 50_257  # the curriculum's models' vocabulary (GPT-2's tokenizer)
 
 
 def ms(v: float) -> str:
@@ -59,12 +63,31 @@ def measured_section(bench: Path | None, title: str = "A benchmark result given 
             for r in ok]
     head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
     out += [table(head, body, "lr"), ""] if body else ["No measured rows.", ""]
-    out += backward_lines(ok) + breakdown_lines(meta.get("breakdown") or [])
-    return out
+    out += variability_lines(ok) + backward_lines(ok)
+    return out + breakdown_lines(meta.get("breakdown") or [], {r.get("mode"): r for r in ok}.get("forward"))
+
+
+def variability_lines(rows: list[dict]) -> list[str]:
+    """How much the timed steps varied, and how much of the host other work held while they ran."""
+    out = []
+    for r in rows:
+        if not isinstance(r.get("step_ms_std"), (int, float)):
+            continue
+        others = (f"; other processes kept {r['other_cpus']:.2f} CPUs busy meanwhile"
+                  if isinstance(r.get("other_cpus"), (int, float)) else "")
+        out.append(f"- {r.get('mode', '?').replace('_', ' + ')}: standard deviation {ms(r['step_ms_std'])} ms, "
+                   f"{100 * r['step_ms_std'] / r['step_ms']:.0f}% of the mean{others}.")
+    if any(r.get("busy") for r in rows):
+        out.append("- The host was oversubscribed (the load above is more than its cores): each step waited for the "
+                   "CPU as long as other work held it, so the spread and the means measure the load as much as the "
+                   "model. The warm-up rows of (c) (their host and load stated there) show the same timing loop's "
+                   "spread at another load.")
+    return out + [""] if out else []
 
 
 def backward_lines(rows: list[dict]) -> list[str]:
-    """Backward time = forward+backward - forward, where both modes were measured at the same setting."""
+    """Backward time = forward+backward - forward, where both modes were measured at the same setting; by wall time
+    and, where recorded, by this process's CPU time (what the step itself computed, whatever else ran)."""
     key = lambda r: tuple(str(r.get(k)) for k in ("framework", "dtype", "attention", "remat", "context", "batch"))
     fwd = {key(r): r for r in rows if r.get("mode") == "forward"}
     out = []
@@ -73,12 +96,22 @@ def backward_lines(rows: list[dict]) -> list[str]:
         if r.get("mode") == "forward_backward" and f:
             b = r["step_ms"] - f["step_ms"]
             out.append(f"- {r.get('framework')} {r.get('dtype')} T={r.get('context')} B={r.get('batch')}: forward "
-                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward; the FLOP "
-                       "count says 2x).")
+                       f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward by wall "
+                       "time; the FLOP count says 2x).")
+            if isinstance(r.get("step_cpu_ms"), (int, float)) and isinstance(f.get("step_cpu_ms"), (int, float)):
+                cpu_b = r["step_cpu_ms"] - f["step_cpu_ms"]
+                out.append(f"  By this process's CPU time ({ms(f['step_cpu_ms'])} ms a forward, "
+                           f"{ms(r['step_cpu_ms'])} ms a forward + backward) the backward is "
+                           f"{cpu_b / f['step_cpu_ms']:.2f}x the forward. The wall-time ratio is the load's: the "
+                           f"forward kept {f['step_cpu_ms'] / f['step_ms']:.2f} CPUs busy, the forward + backward "
+                           f"only {r['step_cpu_ms'] / r['step_ms']:.2f} while other work held the rest. The CPU-time "
+                           "ratio is above 2x as the backward also computes the elementwise derivatives (softmax, "
+                           "SiLU, norms) that the FLOP count leaves out.")
     return out + [""] if out else []
 
 
-def breakdown_lines(breakdowns: list[dict]) -> list[str]:
+def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list[str]:
+    """Feed-forward against attention from `--breakdown`, and how its parts relate to the whole `forward` row."""
     out = []
     for bd in breakdowns:
         c = bd.get("components") or {}
@@ -92,7 +125,28 @@ def breakdown_lines(breakdowns: list[dict]) -> list[str]:
         out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} "
                    f"{bd.get('dtype')}: "
                    f"time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
+        parts = sum(v.get("forward_s") or 0 for v in c.values())
+        if forward and parts:
+            out.append(f"  How the parts are timed (`jaxlm.bench model --breakdown`): attention, the feed-forward "
+                       "and the head are each jitted alone and timed alone, one layer's worth multiplied by the "
+                       f"number of layers, at other moments than the whole step. Their forward times sum to "
+                       f"{parts:.2f} s against {forward['step_ms'] / 1e3:.2f} s for the whole forward: each part "
+                       "pays its own call overhead once per layer, misses the fusion across parts, and met the "
+                       "load at another moment, so only the shares within the breakdown are compared.")
     return out + [""] if out else []
+
+
+def vocabulary_lines(context: int = 1024) -> list[str]:
+    """The presets' vocabulary against the curriculum's (GPT-2's): the output head's share of the forward FLOPs."""
+    ours = model("small", context)
+    share = {v: forward_flops(replace(ours, vocab_size=v), context) for v in (ours.vocab_size, GPT2_VOCAB)}
+    return [f"**Vocabulary.** The presets use a {ours.vocab_size:,}-token vocabulary (the project's BPE) where "
+            f"CSE599-O's models use GPT-2's {GPT2_VOCAB:,}. The output head is "
+            + f"{100 * share[ours.vocab_size].lm_head / share[ours.vocab_size].total:.1f} % of `small`'s forward "
+            f"FLOPs at T = {context} with {ours.vocab_size:,} and "
+            f"{100 * share[GPT2_VOCAB].lm_head / share[GPT2_VOCAB].total:.1f} % with {GPT2_VOCAB:,}"
+            + " (jaxlm.analysis.flops): these rows under-weight the output head against the curriculum's models; "
+            "`--set model.vocab_size=50257` runs the course's vocabulary.", ""]
 
 
 def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
@@ -181,14 +235,15 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
         out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
                       timing_rows(sizes, "preset"), "lr"), ""]
     else:
-        out += ["**Not measured here**: the size table (presets small to 2.7B, context 512) is sized for a "
-                "GPU, not a 2-core CPU. On a GPU: `python -m experiments.run benchmarking --size gpu` (5 warm-up and "
-                "10 timed steps, context 512, batch 4, float32), then `python -m deliverables.answers` reads its "
-                "records. Until then, the H100's times predicted from its compiled program:", ""]
+        out += ["The size table (presets small to 2.7B, context 512, batch 4) is sized for a GPU: on the 2-core "
+                "CPU host only `small` was timed (below, measured). On a GPU: `python -m experiments.run benchmarking "
+                "--size gpu` (5 warm-up and 10 timed steps, float32), then `python -m deliverables.answers` reads its "
+                "records. Meanwhile, the H100's times predicted from its compiled program:", ""]
     out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
     if (root / PLAN / CPU_SMALL).is_file():
-        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host (b), (c): forward, "
-                                "backward, feed-forward against attention")
+        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host: forward, backward, "
+                                "their variability, feed-forward against attention")
+    out += vocabulary_lines()
     if not warm:
         return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
                       f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "

@@ -13,13 +13,16 @@ from pathlib import Path
 
 from deliverables.answers.accounting import model
 from deliverables.common import table
-from deliverables.compiled_time import SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
+from deliverables.compiled_time import NSYS_PRESETS, SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
+from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import forward_flops
+from jaxlm.predict.roofline import device_rates
 
 TARGET = "h100-80gb"
 COMMAND = f"python -m deliverables.compiled_time --target {TARGET} --only sizes mixed-precision"
 ATTENTION = ("attention projections", "attention matmuls", "attention softmax and mask", "attention (cuDNN, fused)")
 SOFTMAX_FLOPS = 5  # per attention score: the max, subtract, exp, sum and divide of a softmax
+LAUNCH_MS = 1e3 * device_rates(DEVICES[TARGET]).launch_seconds  # the roofline's cost of one kernel launch
 
 
 def ms(v: float) -> str:
@@ -113,46 +116,97 @@ def breakdown_section(root: Path) -> list[str]:
         "bandwidth over B x H x T x T scores, which the FLOP count leaves out.", ""]
 
 
+def launch_share(o: dict) -> float:
+    """The share of an op's predicted time spent launching its kernels (the roofline's fixed cost per launch)."""
+    return min(1.0, o["launches"] * LAUNCH_MS / o["predicted_ms"]) if o.get("predicted_ms") else 0.0
+
+
 def _op(o: dict) -> str:
     return f"`{o['op'][-60:]}` ({o['component']}, {o['source'] or o['group']}; {o['launches']} launches, " \
            f"{pct(o['share'])})"
 
 
-def nsys_lines(root: Path) -> list[str]:
-    """nsys_profile (a)-(e) from the predicted kernel tables of `small`'s eval step and train step."""
-    rows = sizes(root)
-    f, t = rows.get(("small", "forward")), rows.get(("small", "train_step"))
-    if not (f and t):
-        return pending("the kernel tables")
-    others = [o for o in f["predicted_ops"] if not o["flops"]][:4]
-    comps = f["predicted_components"]
+def launch_lines(train: dict[str, dict]) -> str:
+    """Where launches weigh: each launch-bound kernel group, and the op with the most launches with the share of
+    its predicted time that is the fixed cost of launching them."""
+    out = []
+    for preset, r in train.items():
+        bound = [g for g in r["predicted_groups"] if g.get("bound") == "launch" and g.get("launches")]
+        o = max(r["predicted_ops"], key=lambda o: o["launches"])
+        out.append(f"`{preset}`: " + "".join(f"the {g['group']} group is launch-bound ({g['launches']} launches, "
+                                             f"{pct(g['share'])} of the step); " for g in bound)
+                   + f"`{o['op'].rsplit('/', 1)[-1]}` ({o['component']}) launches {o['launches']} kernels of "
+                   f"{1e3 * o['predicted_ms'] / o['launches']:.1f} µs on average, {pct(launch_share(o))} of its "
+                   f"time the {1e3 * LAUNCH_MS:.0f} µs cost of each launch")
+    return "; ".join(out)
+
+
+def nsys_rows(root: Path) -> dict[tuple[str, int, str], dict]:
+    """(preset, context, mode) -> the step compiled for the H100 with its predicted kernel table."""
+    out = {}
+    for name, r in stored("nsys", TARGET, root / "compiled").items():
+        preset, mode, context = name.split(", ")
+        out[(preset, int(context.split()[-1]), mode)] = r
+    return out
+
+
+def attention_split(row: dict, cfg, context: int) -> tuple[float, float]:
+    """(softmax and mask time / the two attention matmuls' time, their FLOP ratio) in a forward pass."""
+    comps = row["predicted_components"]
     mm, sm = comps.get("attention matmuls", 0.0), comps.get("attention softmax and mask", 0.0)
-    cfg = model("small")
-    attn_flops = forward_flops(cfg, SIZE_CONTEXT).attention_core
-    soft_flops = SOFTMAX_FLOPS * cfg.num_layers * cfg.num_heads * SIZE_CONTEXT**2
-    share = {m: ", ".join(f"{p} {pct(matmul_share(rows[(p, m)]))}" for p in SIZES if (p, m) in rows)
-             for m in ("forward", "train_step")}
-    return [f"**Predicted answers, not measurements**: {label(rows)}, from the kernel tables of `small` at context "
-            f"{SIZE_CONTEXT}, batch {SIZE_BATCH}, float32 (`python -m jaxlm.bench ops --target {TARGET} --preset "
-            f"small --context {SIZE_CONTEXT} --batch {SIZE_BATCH} --mode forward` prints the same table). A kernel "
-            "here is one of the compiled program's launches; an op sums its launches over the layers, as Nsight's "
-            "kernel summary sums one kernel's.", "",
-            f"- (a) The forward pass (eval step) is predicted at {ms(f['predicted_step_ms'])} ms, the train step at "
-            f"{ms(t['predicted_step_ms'])} ms; Python's timer on this CPU measures XLA:CPU, a different machine, so "
-            "the comparison waits for a GPU.",
-            f"- (b) Most predicted time in the forward pass: {_op(f['predicted_ops'][0])}; in the train step: "
-            f"{_op(t['predicted_ops'][0])}.",
-            "- (c) Non-matmul ops with the most predicted time in the forward pass: "
-            + "; ".join(_op(o) for o in others) + ".",
-            f"- (d) Share of the predicted time in matmul kernels, forward: {share['forward']}; train step: "
-            f"{share['train_step']}. The train step adds the backward's matmuls and the AdamW update and gradient "
-            f"clipping ({pct(t['predicted_components'].get('optimizer and clipping', 0) / t['predicted_step_ms'])} "
-            "for `small`), memory-bound elementwise passes over every parameter.",
-            f"- (e) Inside attention in the forward pass: softmax and mask {ms(sm)} ms against {ms(mm)} ms for the "
-            f"two matmuls (QK^T, PV), a time ratio of {sm / mm:.2f}, while their FLOPs are in the ratio "
-            f"{soft_flops / attn_flops:.3f} (about {SOFTMAX_FLOPS} per score against 4 d_head per score for the "
-            "matmuls): the softmax reads and writes every score from memory, so its time follows bytes, not "
-            "FLOPs.", ""]
+    flops = SOFTMAX_FLOPS * cfg.num_layers * cfg.num_heads * context**2 / forward_flops(cfg, context).attention_core
+    return (sm / mm if mm else float("nan")), flops
+
+
+def _short(o: dict) -> str:
+    return f"`{o['op'].rsplit('/', 1)[-1]}` ({o['component']}) {pct(o['share'])}"
+
+
+def nsys_table(rows: dict[tuple[str, int, str], dict]) -> list[str]:
+    body = []
+    for (preset, t, mode), f in sorted(rows.items()):
+        s = rows.get((preset, t, "train_step"))
+        if mode != "forward" or not s:
+            continue
+        ratio, flops = attention_split(f, model(preset), t)
+        body.append([f"{preset}, {t}", ms(f["predicted_step_ms"]), ms(s["predicted_step_ms"]),
+                     _short(f["predicted_ops"][0]), _short(s["predicted_ops"][0]), pct(matmul_share(f)),
+                     pct(matmul_share(s)), f"{ratio:.2f} ({flops:.3f})"])
+    return [table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
+                   "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body, "lr"), ""]
+
+
+def nsys_lines(root: Path) -> list[str]:
+    """nsys_profile (a)-(e) from the predicted kernel tables of `small` and `large` along the context."""
+    rows = nsys_rows(root)
+    if not rows:
+        return pending("the kernel tables")
+    longest = max(t for _, t, _ in rows)
+    others = {p: [o for o in rows[(p, longest, "forward")]["predicted_ops"] if not o["flops"]][:3]
+              for p in NSYS_PRESETS if (p, longest, "forward") in rows}
+    train = {p: rows[(p, SIZE_CONTEXT, "train_step")] for p in NSYS_PRESETS if (p, SIZE_CONTEXT, "train_step") in rows}
+    return [f"**Predicted answers, not measurements**: {label(rows)}, at batch {SIZE_BATCH}, float32 (`python -m "
+            f"jaxlm.bench ops --target {TARGET} --preset small --context 512 --batch {SIZE_BATCH} --mode forward` "
+            "prints one such table). What XLA launches on a GPU are its own generated kernels, one per fusion of "
+            "HLO ops (named after the fusion, `loop_multiply_fusion.12`), and library calls (cuBLAS GEMMs, cuDNN "
+            "attention); Nsight would list those kernels by their CUDA names. The tables name each by the jax op "
+            "in its metadata (`ki,oi->ko/dot_general` is a dense layer's matmul, `transpose(jvp(...))` its "
+            "backward) and the model code it comes from, and sum one op's launches over the layers as Nsight's "
+            "kernel summary sums one kernel's.", ""] + nsys_table(rows) + [
+        "- (a) The forward pass (eval step) above is a prediction; Python's timer on this CPU measures XLA:CPU, a "
+        "different machine, so the comparison of the two waits for a GPU.",
+        "- (b), (d) The feed-forward's matmuls lead the forward at every context; in the train step the "
+        "optimizer's many small kernels lead at short contexts and the feed-forward's matmuls at long ones. The "
+        "matmul share grows with the model (d² work per layer against d for the elementwise passes). Along the "
+        "context the forward's share falls at the longest, as the T² attention scores and their softmax grow, "
+        "while the train step's rises: the optimizer's time does not grow with the tokens, the matmuls' does.",
+        f"- (c) Non-matmul ops with the most predicted time in the forward pass at context {longest}: "
+        + "; ".join(f"`{p}`: " + ", ".join(_op(o) for o in os) for p, os in others.items()) + ".",
+        "- (e) The softmax takes time of the order of the two attention matmuls while its FLOPs are a few percent "
+        "of theirs: it reads and writes every score from memory, so its time follows bytes, not FLOPs.",
+        f"- Launch overhead (context {SIZE_CONTEXT}, train step): {launch_lines(train)}. A launch-bound kernel's "
+        "time is the number of launches, not its work: fusing those kernels (one multi-tensor pass for the "
+        "optimizer's per-parameter sums) removes it.", ""]
 
 
 def mixed_precision_lines(root: Path) -> list[str]:

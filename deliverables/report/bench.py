@@ -198,15 +198,15 @@ def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[
     """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
 
     The source (XLA:CPU's memory_analysis, a GPU-compiled plan, a device's allocator) is part of the key: one fit
-    never pools two compilers' figures."""
-    groups: dict[tuple, list[tuple[float, float]]] = {}
+    never pools two compilers' figures. One point per axis value: two runs of the same step (the context sweep's
+    and the batch sweep's batch 4 at context 256) are one setting, their figures averaged, not two points."""
+    groups: dict[tuple, dict[float, list[float]]] = {}
     for r in rows:
         if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
                 and r.get("remat") in (None, "none")):
-            point = (float(r[axis]), r["memory_gb"] * 1e9)
             key = (r.get("mode"), r.get("dtype"), r.get(fixed), memory_source(r))
-            groups.setdefault(key, []).append(point)
-    return {k: sorted(v) for k, v in groups.items() if len({x for x, _ in v}) >= 3}
+            groups.setdefault(key, {}).setdefault(float(r[axis]), []).append(r["memory_gb"] * 1e9)
+    return {k: sorted((x, sum(ys) / len(ys)) for x, ys in v.items()) for k, v in groups.items() if len(v) >= 3}
 
 
 def memory_source(row: dict) -> str:

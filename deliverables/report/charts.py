@@ -51,15 +51,26 @@ def line_label(row: dict, fixed: str, where: str) -> str:
 
 def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[float, float, float]]]:
     """label -> sorted (x, y, 95 % half-width) points; `y(row)` gives (value, half-width, where) or None.
-    A line per model, setting, `fixed` value and source, kept when it has two or more x values."""
-    groups: dict[str, dict[float, list[tuple[float, float]]]] = {}
+    A line per model, setting, `fixed` value and source, kept when it has two or more x values. Where two runs
+    measured the same point of a line (a context sweep's batch 4 inside a batch sweep), each run is its own line
+    (", run NAME"): two measurements are never averaged into one point."""
+    groups: dict[str, dict[float, dict[str, list[tuple[float, float]]]]] = {}
     for r in rows:
         got = y(r)
         if isinstance(r.get(x), (int, float)) and got is not None and math.isfinite(got[0]):
-            groups.setdefault(line_label(r, fixed, got[2]), {}).setdefault(float(r[x]), []).append(got[:2])
+            by_x = groups.setdefault(line_label(r, fixed, got[2]), {})
+            by_x.setdefault(float(r[x]), {}).setdefault(str(r.get("run")), []).append(got[:2])
     mean = statistics.fmean
-    return {k: sorted((a, mean(v for v, _ in ps), mean(e for _, e in ps)) for a, ps in pts.items())
-            for k, pts in groups.items() if len(pts) >= 2}
+    out = {}
+    for label, by_x in groups.items():
+        apart = any(len(runs) > 1 for runs in by_x.values())
+        for run in sorted({n for runs in by_x.values() for n in runs}) if apart else [None]:
+            pts = {a: [p for n, ps in runs.items() if run in (None, n) for p in ps] for a, runs in by_x.items()}
+            pts = {a: ps for a, ps in pts.items() if ps}
+            if len(pts) >= 2:
+                out[f"{label}, run {run}" if apart else label] = sorted(
+                    (a, mean(v for v, _ in ps), mean(e for _, e in ps)) for a, ps in pts.items())
+    return out
 
 
 def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:

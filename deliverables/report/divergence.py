@@ -66,19 +66,21 @@ def rates(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
                   key=lambda t: t[0])
 
 
-def gaps(points: list[tuple[float, list[dict]]], best: tuple[float, float | None]) -> dict[float, float]:
-    """rate -> its seeds' mean final loss above L* (completed seeds only)."""
+def gaps(points: list[tuple[float, list[dict]]], best: tuple[float, float | None]) -> dict[float, list[float]]:
+    """rate -> each completed seed's final loss above L*."""
     out = {}
     for x, runs in points:
         losses = [v for r in runs if (v := _metric(r, "eval_loss")) is not None]
         if losses:
-            out[x] = statistics.mean(losses) - best[0]
+            out[x] = [v - best[0] for v in losses]
     return out
 
 
 def edge(points: list[tuple[float, list[dict]]], untrained: float) -> dict:
     """Where the sweep goes from every seed training to no seed training: {best, trained, broken, nonfinite,
-    best_loss, threshold_range}; `trained`/`broken` are None when the grid does not bracket the edge."""
+    best_loss, threshold_range}; `trained`/`broken` are None when the grid does not bracket the edge.
+    threshold_range: the thresholds (nats above L*) that put the edge in the same place, seed by seed: above every
+    seed's gap from the best rate up to `trained`, and below every seed's gap at `broken`."""
     best = reference([runs for _, runs in points])
     kinds = {x: [outcome(r, untrained, best)[0] for r in runs] for x, runs in points}
     best_x = next(x for x, runs in points if reference([runs])[0] == best[0])
@@ -88,9 +90,9 @@ def edge(points: list[tuple[float, list[dict]]], untrained: float) -> dict:
     trained = trained if all(k == "trained" for k in kinds[trained]) else None
     nonfinite = next((x for x, _ in points if kinds[x] and all(k == "diverged" for k in kinds[x])), None)
     g = gaps(points, best)
-    below = max((g[x] for x in g if x <= (trained or best_x) and x >= best_x), default=0.0)
+    below = max((v for x in g if best_x <= x <= (trained or best_x) for v in g[x]), default=0.0)
     return {"best": best_x, "best_loss": best[0], "best_acc": best[1], "trained": trained, "broken": broken,
-            "nonfinite": nonfinite, "kinds": kinds, "threshold_range": (below, g.get(broken, math.inf))}
+            "nonfinite": nonfinite, "kinds": kinds, "threshold_range": (below, min(g.get(broken) or [math.inf]))}
 
 
 def times(x: float, best: float) -> str:
@@ -104,7 +106,9 @@ def edge_sentence(e: dict) -> str:
     if e["broken"] is None:
         return "Every rate above the best trained: the grid does not reach the edge of stability."
     lo, hi = e["threshold_range"]
-    robust = (f"any threshold between {lo:.2f} and {hi:.2f} nats puts it there" if math.isfinite(hi) else
+    margin = min(LEARNED_WITHIN - lo, hi - LEARNED_WITHIN)
+    robust = (f"any threshold between {lo:.2f} and {hi:.2f} nats (seed by seed) puts it there, and the "
+              f"{LEARNED_WITHIN:g} used here is {margin:.2f} nats from moving it" if math.isfinite(hi) else
               f"any threshold above {lo:.2f} nats puts it there")
     out = (f"Edge of stability: every seed trained up to lr {format_value(e['trained'])} "
            f"({times(e['trained'], e['best'])} the best rate, {format_value(e['best'])}) and no seed trained from lr "

@@ -174,7 +174,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
 TARGETS = tuple(name for name, d in DEVICES.items() if d.cuda is not None)  # what --target compiles for
 
 # The one rule for a GPU without measurements: the H100's measured share of its datasheet peak (0.81) and
-# bandwidth (0.90), the offline machine standing in for every other kind.
+# bandwidth (0.90), the measured H100 standing in for every other kind.
 UNMEASURED_REFERENCE = "h100-80gb"
 _H100 = DEVICES[UNMEASURED_REFERENCE]
 UNMEASURED_MATMUL_SHARE = _H100.measured_matmul / _H100.peak_flops["bfloat16"]

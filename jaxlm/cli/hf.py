@@ -24,25 +24,28 @@ from jaxlm.cli.memory import parse_size
 from jaxlm.core.extras import require
 
 
+def _out_and_dtype(parser: argparse.ArgumentParser, metavar: str, out_help: str, dtype_help: str) -> None:
+    parser.add_argument("--out", required=True, metavar=metavar, help=out_help)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help=dtype_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(command="jaxlm.hf", description=__doc__, formatter_class=cli.HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     imp = sub.add_parser("import", help="a Hugging Face checkpoint (directory or Hub id) -> a jaxlm run",
                          formatter_class=cli.HelpFormatter, needs="the 'hf' extra (a Hub id: the network)")
     imp.add_argument("source", metavar="SOURCE", help="a checkpoint directory, or a Hub id (needs the network)")
-    imp.add_argument("--out", required=True, metavar="RUN", help="the run directory to write (new or empty)")
+    _out_and_dtype(imp, "RUN", "the run directory to write (new or empty)",
+                   "the weights' dtype in the run's checkpoint: bfloat16 keeps a 16-bit checkpoint in half the memory "
+                   "and disk (commands that read the run compute with them in float32)")
     imp.add_argument("--revision", metavar="REV", help="the Hub revision (branch, tag or commit) of a Hub id")
-    imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                     help="the weights' dtype in the run's checkpoint: bfloat16 keeps a 16-bit checkpoint in half the "
-                     "memory and disk (commands that read the run compute with them in float32)")
     cli.add_config_args(imp, base="config.json's model over the defaults")
     exp = sub.add_parser("export", help="a jaxlm run -> a Hugging Face checkpoint directory",
                          formatter_class=cli.HelpFormatter, needs="the 'hf' extra")
     exp.add_argument("run", metavar="RUN", help="a run directory (its newest checkpoint) or RUN/checkpoints/STEP")
-    exp.add_argument("--out", required=True, metavar="DIR", help="the checkpoint directory to write (new or empty)")
+    _out_and_dtype(exp, "DIR", "the checkpoint directory to write (new or empty)",
+                   "the stored weights' dtype (float32 re-imports bit for bit)")
     exp.add_argument("--adapters", action="store_true", help="a LoRA run's adapters alone, in PEFT's layout")
-    exp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                     help="the stored weights' dtype (float32 re-imports bit for bit)")
     exp.add_argument("--shard-size", type=parse_size, default="5GB", metavar="SIZE",
                      help="largest safetensors file; above it the weights are sharded with an index")
     return ap

@@ -88,22 +88,24 @@ def _compile(lowered, options: dict | None = None):
         return lowered.compile(compiler_options=options) if options else lowered.compile()
 
 
-def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None):
+def compile_step(cfg: Config, target: Target, mode: str = "train_step", lowered=None, options: dict | None = None):
     """(compiled, seconds, options): the step of `lower_step` (or `lowered`, already lowered) compiled by XLA's GPU
-    compiler; `options` are the compiler options it needed beyond the defaults (TRITON_OFF or none)."""
+    compiler with the compiler `options` given (XLA's debug options, e.g. a dump folder: `xla_dump_to`); the
+    options returned are those it needed beyond the defaults (TRITON_OFF or none)."""
     from jaxlm.nn.attention import compiling_for
 
     lowered = lowered if lowered is not None else lower_step(cfg, target, mode)
+    given = dict(options or {})
     t0 = time.perf_counter()
     with compiling_for(devices(target)):
         try:
-            return _compile(lowered), time.perf_counter() - t0, {}
+            return _compile(lowered, given or None), time.perf_counter() - t0, {}
         except Exception as e:  # jax's JaxRuntimeError: match the compiler's words
             if NO_TILING not in str(e):
                 raise
             shape = (re.search(r"= (\w+\[[\d,]*\])", str(e)) or [None, "a matmul"])[1]
         try:
-            return _compile(lowered, TRITON_OFF), time.perf_counter() - t0, TRITON_OFF
+            return _compile(lowered, {**given, **TRITON_OFF}), time.perf_counter() - t0, TRITON_OFF
         except Exception as e:
             raise UsageError(f"{target.flag}: the GPU compiler found no Triton tiling for {shape} at batch "
                              f"{cfg.data.batch_size}, context {cfg.model.context_length}, and failed without Triton "

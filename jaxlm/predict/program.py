@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 
 from jaxlm.predict import hlo
 from jaxlm.predict.cost import COLLECTIVES, MATMUL_PRECISION, gemm_of
@@ -16,11 +17,14 @@ def _module(program: str | Module) -> Module:
 def program_facts(program: str | Module) -> dict:
     """Static counts in an optimised HLO module (or its text): matmuls (XLA dots, inside fusions too, and cuBLAS
     calls) by operand dtypes ("bf16xbf16") and the precision most of their FLOPs run at ("TF32": float32 at JAX's
-    default precision), cuDNN attention calls by kind. An op inside a loop body counts once."""
+    default precision), cuDNN attention calls by kind, and the instructions XLA's own rematerialisation pass cloned
+    to fit the memory limit (it names them `NAME.remat`, `NAME.remat2`; not jaxlm's `compute.remat`, whose
+    recomputation is traced into the program). An op inside a loop body counts once."""
     module = _module(program)
-    matmuls, cudnn, flops = collections.Counter(), collections.Counter(), collections.Counter()
+    matmuls, cudnn, flops, remat = collections.Counter(), collections.Counter(), collections.Counter(), 0
     for comp in module.computations.values():
         for ins in comp.instrs.values():
+            remat += bool(re.search(r"\.remat\d*$", ins.name))
             target = ins.attr("custom_call_target") or "" if ins.opcode == "custom-call" else ""
             if target.startswith("__cudnn$fmha"):
                 cudnn[target.removeprefix("__cudnn$")] += 1
@@ -31,7 +35,8 @@ def program_facts(program: str | Module) -> dict:
     cls = max(flops, key=flops.get) if flops else None
     return {"matmuls": sum(matmuls.values()), "matmul_dtypes": dict(sorted(matmuls.items())),
             "matmul_precision": MATMUL_PRECISION.get(cls) if cls else None,
-            "cudnn_attention_calls": sum(cudnn.values()), "cudnn_calls": dict(sorted(cudnn.items()))}
+            "cudnn_attention_calls": sum(cudnn.values()), "cudnn_calls": dict(sorted(cudnn.items())),
+            "rematerialised": remat}
 
 
 def collectives(program: str | Module) -> dict[str, dict[str, int]]:

@@ -29,10 +29,11 @@ from jaxlm.predict.target import Target
 
 PREDICTED = "predicted_step_ms"
 KEPT = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "total_bytes", "usable_bytes", "fits",
-        "matmuls", "matmul_dtypes", "matmul_precision", "dtype_label", "cudnn_attention_calls", "compile_s", "label",
-        "compiler_options", PREDICTED, "predicted_tokens_per_s", "predicted_mfu", "predicted_peak", "predicted_label",
-        "predicted_calibration", "predicted_pricing", "predicted_groups", "predicted_phases", "predicted_components",
-        "predicted_ops", "predicted_notes")  # not the kernels: their ops, summed
+        "matmuls", "matmul_dtypes", "matmul_precision", "dtype_label", "cudnn_attention_calls", "rematerialised",
+        "compile_s", "label", "compiler_options", PREDICTED, "predicted_tokens_per_s", "predicted_mfu",
+        "predicted_peak", "predicted_label", "predicted_calibration", "predicted_pricing", "predicted_groups",
+        "predicted_phases", "predicted_components", "predicted_ops",
+        "predicted_notes")  # not the kernels: their ops, summed
 
 
 def priced(figures: dict) -> bool:

@@ -187,24 +187,29 @@ def test_warmup_answer_compares_the_first_step_with_the_warm_median(tmp_path):
     assert "on Test CPU, 2 cores, load average 1.0-3.0" in md
     assert "| 0 | 12 ± 1 | 300 | 36 ± 3 | 900 | 24 | 2.00 |" in md  # backward = 36 - 12
     assert "first timed step took 300 ms, 30.0x the median after 5 warm-up steps (10 ms)" in md
-    assert "**Not measured here**" in md  # no size-table runs in these records
+    assert "on the 2-core CPU host only `small` was timed" in md  # no size-table runs in these records
 
 
-def test_memory_profiling_reads_the_figures_compiled_for_a_gpu(tmp_path):
-    from deliverables.compiled_memory import sections
-    from jaxlm.predict.store import CompileCache
-    from jaxlm.predict.target import parse_target
+def test_memory_profiling_reads_the_compiled_profile_of_large(tmp_path):
+    from deliverables import memory_profile as profile
 
-    target, stored = parse_target(gpu.TARGET), {}
-    for label, job in next(s for s in sections() if s.name == gpu.SECTION).rows:  # "forward, float32, context 128"
-        gb = (20e9 if label.startswith("forward") else 60e9) * (0.8 if "bfloat16" in label else 1.0)
-        stored[CompileCache.key(job, target)] = {"total_bytes": gb}
+    rows = {}
+    for label, _ in profile.rows():  # "forward, float32, context 128"
+        gb = (20 if label.startswith("forward") else 60) * (0.8 if "bfloat16" in label else 1.0)
+        rows[label] = {"total_bytes": gb * 2**30, "argument_bytes": 16 * 2**30, "peak_live_bytes": 0.9 * gb * 2**30,
+                       "instructions": 1000, "peak_position": 450, "label": "compiled for H100, not measured",
+                       "phases": {"forward": [0, 399], "backward": [400, 799], "update": [800, 999]},
+                       "largest": [{"bytes": 80 * 2**20, "shape": "f32[4,20,512,512]", "count": 36, "op": "jvp()/div",
+                                    "source": "jaxlm/nn/attention.py:168 _attention_xla", "example": "fusion.1"}]}
     (tmp_path / "compiled").mkdir()
-    (tmp_path / "compiled" / f"{gpu.TARGET}.json").write_text(json.dumps(stored))
+    (tmp_path / "compiled" / "large-memory-profile.json").write_text(json.dumps({"rows": rows}))
     md = "\n".join(gpu.memory_profiling_section(tmp_path))
-    assert "| 512 | 20 GB | 16 GB | 60 GB | 48 GB |" in md and "0.80x to 0.80x the memory" in md
-    assert "20 MiB at T = 512" in md  # 4 x 512 x 2560 x 4 bytes = 20 MiB
-    assert gpu.MEMORY_COMMAND in "\n".join(gpu.memory_profiling_section(tmp_path / "none"))
+    assert "| 512 | 20.00 GiB | 16.00 GiB | 60.00 GiB | 48.00 GiB |" in md and "0.80x to 0.80x the float32" in md
+    assert "peak at 54.00 GiB at instruction 450 (45% of the way, in the backward)" in md
+    assert "| 80.0 | `f32[4,20,512,512]` | 36 | `jvp()/div` | `jaxlm/nn/attention.py:168 _attention_xla` |" in md
+    assert "10 MiB at T = 512" in md  # 4 x 512 x 1280 x 4 bytes = 10 MiB
+    assert "compiled, not a CUDA trace" in md
+    assert gpu.PROFILE_COMMAND in "\n".join(gpu.memory_profiling_section(tmp_path / "none"))
 
 
 def test_nsys_answers_from_the_campaigns_profile(tmp_path):
@@ -227,13 +232,19 @@ def _predicted_store(tmp_path):
     from jaxlm.predict.target import parse_target
 
     target, stored = parse_target("h100-80gb"), {}
-    groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2}]
+    groups = [{"group": "matmul", "share": 0.5}, {"group": "attention", "share": 0.2},
+              {"group": "copies", "share": 0.01, "bound": "launch", "launches": 30}]
     ops = [{"op": "jvp(ki,oi->ko)/dot_general", "source": "jaxlm/nn/layers.py:64 dense", "group": "matmul",
-            "component": "feed-forward", "launches": 48, "share": 0.5, "flops": 1e12},
+            "component": "feed-forward", "launches": 48, "share": 0.5, "flops": 1e12, "predicted_ms": 5.0},
            {"op": "jvp()/div", "source": "jaxlm/nn/attention.py:160 _attention_xla", "group": "attention",
-            "component": "attention softmax and mask", "launches": 12, "share": 0.1, "flops": 0.0}]
-    for label, job in next(s for s in sections() if s.name == "sizes").rows:  # "small, forward"
-        train = label.endswith("train_step")
+            "component": "attention softmax and mask", "launches": 12, "share": 0.1, "flops": 0.0,
+            "predicted_ms": 1.0},
+           {"op": "reduce_sum", "source": "optax/tree_utils/_tree_math.py:187 tree_sum", "group": "optimizer update",
+            "component": "optimizer and clipping", "launches": 394, "share": 0.05, "flops": 0.0,
+            "predicted_ms": 394 * 0.005}]  # 5 µs a launch: launch-bound at the roofline's launch cost
+    rows = [r for s in sections() if s.name in ("sizes", "nsys") for r in s.rows]  # "small, forward, context 512"
+    for label, job in rows:
+        train = "train_step" in label
         stored[CompileCache.key(job, target)] = {
             "predicted_step_ms": 30.0 if train else 10.0, "predicted_tokens_per_s": 2048 / 0.03,
             "predicted_mfu": 0.4, "predicted_label": "predicted from the compiled program for H100, not measured",
@@ -258,11 +269,14 @@ def test_size_table_and_nsys_answers_from_the_predicted_kernel_tables(tmp_path):
     split = "\n".join(predicted.breakdown_section(tmp_path))  # FFN 12 ms of 30, attention 12
     assert f"| small | 40% | 40% | 0% | 0% | 0% | 1.00 | {fl.ffn / fl.attention:.2f} |" in split
     nsys = "\n".join(predicted.nsys_lines(tmp_path))
-    assert "(a) The forward pass (eval step) is predicted at 10 ms, the train step at 30 ms" in nsys
-    assert "(b) Most predicted time in the forward pass: `jvp(ki,oi->ko)/dot_general` (feed-forward, " \
-           "jaxlm/nn/layers.py:64 dense; 48 launches, 50%)" in nsys
-    assert "(c) Non-matmul ops with the most predicted time in the forward pass: `jvp()/div`" in nsys
-    assert "small 80%" in nsys  # matmul group 50% + attention matmuls 3 ms of 10
     m = answers.model("small")  # softmax: 5 FLOPs per score; QK^T and PV: 4 d_model per query-key pair
-    assert f"a time ratio of 2.00, while their FLOPs are in the ratio {5 * m.num_heads / (4 * m.d_model):.3f}" in nsys
+    # forward 10 ms, train 30; matmul share: the matmul group's 50 % + attention matmuls 3 ms of 10 (of 30)
+    assert (f"| small, 512 | 10 | 30 | `dot_general` (feed-forward) 50% | `dot_general` (feed-forward) 50% | 80% | "
+            f"60% | 2.00 ({5 * m.num_heads / (4 * m.d_model):.3f}) |") in nsys
+    assert "| large, 1024 |" in nsys and "the copies group is launch-bound (30 launches, 1% of the step)" in nsys
+    assert "(c) Non-matmul ops with the most predicted time in the forward pass at context 1024: `small`: " \
+           "`jvp()/div` (attention softmax and mask" in nsys
+    launch = predicted.LAUNCH_MS / 0.005  # share of the reduce_sum's 5 µs launches that is the launch's fixed cost
+    assert (f"`reduce_sum` (optimizer and clipping) launches 394 kernels of 5.0 µs on average, "
+            f"{100 * launch:.0f}% of its time the {1e3 * predicted.LAUNCH_MS:.0f} µs cost of each launch") in nsys
     assert "Not predicted yet" in "\n".join(predicted.nsys_lines(tmp_path / "none"))

@@ -122,6 +122,13 @@ def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
     lines = lines_by(rows + bench_rows([chunked, other]), "batch", "context", tok)
     assert [x for x, _, _ in lines["optimizations: 100k params, train_step float32, context=64 (CPU)"]] == [1, 2]
     assert [x for x, _, _ in lines["profiling: 100k params, train_step float32, context=64 (CPU)"]] == [4, 8]
+    # another run of the same study measuring batch 2 again: each run its own line, never one averaged point
+    again = _bench_run("again", 5, [{**small[1], "tokens_per_s": 3200.0}, {**small[1], "batch": 16}])
+    lines = lines_by(rows + bench_rows([again]), "batch", "context", tok)
+    assert lines["optimizations: 100k params, train_step float32, context=64 (CPU), run sweep"] == [
+        (1, 6400.0, 0.0), (2, 6400.0, 0.0)]
+    assert [x for x, _, _ in lines["optimizations: 100k params, train_step float32, context=64 (CPU), run again"]] == [
+        2, 16]
     # 95 % half-width of a 10 ms step: 2.776 x (2 x sqrt(5/4)) / sqrt(5) = 2.776 ms
     assert rows[0]["step_ms_ci95"] == pytest.approx(2.776, abs=1e-3)
 

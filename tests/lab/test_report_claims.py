@@ -34,6 +34,20 @@ def test_memory_fits_keep_each_compiler_apart():
     assert len(lines.split("; ")) == 2 and "R² 1.0000" in lines.split("; ")[1]
 
 
+def test_a_step_two_runs_measured_is_one_point_of_the_fit():
+    """Issue 48: the batch sweep's and the context sweep's batch 4 at context 256 are one step, one point. On the
+    line 10 + 2 B (MB) at B = 1, 2, 8, and B = 4 measured twice (18 and 20 MB): one point at 19 MB gives the slope
+    2.0087 MB per sequence (1 2 4 8 against 12 14 19 26, least squares by hand); the two points would give 2.0139."""
+    from deliverables.report.bench import fit_memory_points
+
+    row = {"status": "ok", "mode": "train_step", "dtype": "float32", "remat": "none", "context": 256}
+    pts = [{**row, "batch": b, "memory_gb": (10e6 + 2e6 * b) / 1e9, "run": "batch_sweep"} for b in (1, 2, 4, 8)]
+    pts.append({**row, "batch": 4, "memory_gb": 20e6 / 1e9, "run": "memory_vs_context"})
+    (xs, coef, ys), = fit_memory_points(pts, "batch", "context", 1).values()
+    assert xs == [1, 2, 4, 8] and ys[2] == 19e6
+    assert math.isclose(coef[1], 2.00870e6, rel_tol=1e-5)
+
+
 def _lr_run(lr, seed, loss=None, acc=None, status="ok"):
     return {"name": f"lr{lr}-s{seed}", "status": status, "axes": {"optim.lr": lr, "seed": seed},
             "metrics": {"eval_loss": loss, "eval_acc": acc} if loss is not None else {},

@@ -41,6 +41,7 @@ ENTRY %main (p0: bf16[4,128,2,64], p1: bf16[64,64], p2: bf16[64,64]) -> f32[] {
   %f = (bf16[4,2,128,64]{3,2,1,0}, f32[4,2,128]{2,1,0}) custom-call(%p0, %p0, %p0), \
 custom_call_target="__cudnn$fmhaSoftmax"
   %b = (bf16[4,2,128,64]{3,2,1,0}) custom-call(%p0, %p0), custom_call_target="__cudnn$fmhaSoftmaxBackward"
+  %p1.remat2 = bf16[64,64]{1,0} copy(%p1)
 }
 """
 
@@ -50,6 +51,7 @@ def test_program_facts_count_matmuls_by_operand_dtype_and_cudnn_calls():
     assert facts["matmul_dtypes"] == {"bf16xbf16": 2, "f32xf32": 1}  # two dots in fusions and one cuBLAS call
     assert facts["matmuls"] == 3
     assert facts["cudnn_calls"] == {"fmhaSoftmax": 1, "fmhaSoftmaxBackward": 1}
+    assert facts["rematerialised"] == 1  # %p1.remat2: a clone XLA's rematerialisation pass made
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 2, 3, 7, 8, 9, 31, 100, 1000])

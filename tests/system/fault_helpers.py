@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from tests.train_helpers import ROOT, env, needs
@@ -46,6 +47,23 @@ def needs_of(command) -> list:
 
 def sets(overrides: list[str]) -> list[str]:
     return sum((["--set", o] for o in overrides), [])
+
+
+def signalled(args: list[str], prefix: str, sig: int) -> tuple[int, str, str]:
+    """`python ARGS`, sent `sig` once a stdout line starts with `prefix`: exit code, stdout, stderr."""
+    proc = subprocess.Popen([sys.executable, *args], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    watchdog = threading.Timer(600, proc.kill)
+    watchdog.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            proc.send_signal(sig)
+            break
+    rest, err = proc.communicate()
+    watchdog.cancel()
+    return proc.returncode, "".join(lines) + rest, err
 
 
 # `python LIMITED BYTES SCRIPT ARGS...`: SCRIPT run under an address-space limit (`ulimit -v`), set in the child

@@ -3,16 +3,13 @@ sweep keeps the rows measured, and an output path that cannot be written stops t
 
 import json
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from jaxlm import cli
 from jaxlm.bench.commands import main as bench
-from tests.system.fault_helpers import env, sets
+from tests.system.fault_helpers import sets, signalled
 
 TINY = ["model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.d_ff=64", "model.vocab_size=128"]
 UNWRITABLE = "/proc/jaxlm-no-such-folder/rows.json"  # /proc takes no new files, not even root's
@@ -20,20 +17,8 @@ UNWRITABLE = "/proc/jaxlm-no-such-folder/rows.json"  # /proc takes no new files,
 
 def _sweep_stopped_by(sig: int, out: Path) -> tuple[int, str, str]:
     """A timed sweep of four rows on the CPU, signalled once the first row is printed: exit code, stdout, stderr."""
-    args = [sys.executable, "-m", "jaxlm.bench", "model", *sets(TINY), "--context", "16", "32", "--batch", "2", "4",
-            "--warmup", "0", "--steps", "1", "--json", str(out)]
-    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(600, proc.kill)
-    watchdog.start()
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("[bench]"):
-            proc.send_signal(sig)
-            break
-    rest, err = proc.communicate()
-    watchdog.cancel()
-    return proc.returncode, "".join(lines) + rest, err
+    return signalled(["-m", "jaxlm.bench", "model", *sets(TINY), "--context", "16", "32", "--batch", "2", "4",
+                      "--warmup", "0", "--steps", "1", "--json", str(out)], "[bench]", sig)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.extended)],

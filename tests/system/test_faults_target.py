@@ -2,11 +2,7 @@
 sweep of compiles, options that contradict the target, a malformed target file (docs/errors.md)."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,15 +13,11 @@ from jaxlm.core.config import load_config
 from jaxlm.core.errors import UsageError
 from jaxlm.predict import compile as gpu
 from jaxlm.predict import target as gpu_target
+from tests.system.fault_helpers import sets, signalled
 from tests.train_helpers import needs_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.num_layers=1", "model.d_model=64", "model.num_heads=2", "model.d_ff=128", "model.vocab_size=256"]
-
-
-
-def _sets(overrides: list[str]) -> list[str]:
-    return sum((["--set", o] for o in overrides), [])
 
 
 def _one_error_line(capsys_or_capfd) -> str:
@@ -42,7 +34,7 @@ def test_a_context_that_is_not_a_power_of_two_compiles(capsys):
     """At context 1000, batch 3 and d_model 768 a backward matmul is bf16[3000,768]: the untuned Triton GEMM
     tiler finds no tile sizes for it, and the step compiles with its matmuls as cuBLAS calls instead."""
     model = ["model.num_layers=1", "model.d_model=768", "model.num_heads=12", "model.d_ff=3072", "model.vocab_size=256"]
-    argv = ["--target", "h100-80gb", *_sets(model), "--context", "1000", "--batch", "3", "--dtype", "bfloat16"]
+    argv = ["--target", "h100-80gb", *sets(model), "--context", "1000", "--batch", "3", "--dtype", "bfloat16"]
     assert cli.run(memory_cli.main, [*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["compiler_options"] == {"xla_gpu_enable_triton_gemm": False}
@@ -71,21 +63,8 @@ def test_a_shape_the_compiler_cannot_tile_at_all_stops_in_one_line_naming_it(mon
 
 def _sweep_stopped_by(sig: int, out: Path) -> tuple[int, str, str]:
     """A sweep of four compiles, signalled once the first row is printed: exit code, stdout, stderr."""
-    args = [sys.executable, "-m", "jaxlm.bench", "model", "--target", "h100-80gb", *_sets(TINY), "--context",
-            "16", "32", "64", "128", "--batch", "2", "--mode", "train_step", "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(600, proc.kill)
-    watchdog.start()
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("[compiled]"):
-            proc.send_signal(sig)
-            break
-    rest, err = proc.communicate()
-    watchdog.cancel()
-    return proc.returncode, "".join(lines) + rest, err
+    return signalled(["-m", "jaxlm.bench", "model", "--target", "h100-80gb", *sets(TINY), "--context", "16", "32",
+                      "64", "128", "--batch", "2", "--mode", "train_step", "--json", str(out)], "[compiled]", sig)
 
 
 @needs_compiler
@@ -106,19 +85,9 @@ def test_a_signal_during_a_compile_sweep_keeps_the_rows_compiled(sig, tmp_path):
 def test_a_signal_during_an_ops_target_compile_is_one_line(tmp_path):
     """The compile cannot be interrupted: SIGTERM waits for it, then stops in one line, writing nothing."""
     out = tmp_path / "kernels.json"
-    args = [sys.executable, "-m", "jaxlm.bench", "ops", "--target", "h100-80gb", *_sets(TINY), "--context", "64",
-            "--batch", "2", "--json", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(600, proc.kill)
-    watchdog.start()
-    for line in proc.stdout:
-        if line.startswith("[compiling]"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, err = proc.communicate()
-    watchdog.cancel()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    code, _, err = signalled(["-m", "jaxlm.bench", "ops", "--target", "h100-80gb", *sets(TINY), "--context", "64",
+                              "--batch", "2", "--json", str(out)], "[compiling]", signal.SIGTERM)
+    assert code == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == ("interrupted: SIGTERM during the compile for h100-80gb: stopped; nothing "
                                             "written")
     assert not out.exists()
@@ -146,7 +115,7 @@ def test_the_gpu_compilers_log_stays_off_the_terminal(tmp_path, capfd):
     small.write_text(SMALL_GPU)
     model = ["model.vocab_size=50257", "model.d_model=256", "model.num_layers=1", "model.num_heads=4",
              "model.d_ff=512"]
-    assert cli.run(memory_cli.main, ["--target-config", str(small), *_sets(model), "--context", "64", "--batch",
+    assert cli.run(memory_cli.main, ["--target-config", str(small), *sets(model), "--context", "64", "--batch",
                                      "2"]) == 0
     out, err = capfd.readouterr()
     assert err == "", err  # fd 2: where the compiler's C++ log would show
@@ -182,7 +151,7 @@ def test_target_with_another_memory_is_refused_in_one_line(given, capsys):
 def test_a_malformed_target_config_is_one_line_without_the_compilers_log(tmp_path, capfd):
     bad = tmp_path / "mygpu.txtpb"
     bad.write_text("device_memory_size: 1000 cuda_compute_capability core_count: x {{{\n")
-    assert cli.run(memory_cli.main, ["--target-config", str(bad), *_sets(TINY)]) == 2
+    assert cli.run(memory_cli.main, ["--target-config", str(bad), *sets(TINY)]) == 2
     line = _one_error_line(capfd)  # fd 2: the C++ log line would show here
     assert line.startswith(f"error: --target-config {bad}: not a GpuTargetConfigProto in text form (1:")
     assert "JAX_PLATFORMS" not in line
