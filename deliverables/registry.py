@@ -6,9 +6,9 @@ from jaxlm.cli.registry import CORE, Command
 COMMANDS = (
     Command("deliverables.report", "a plan's report, one training run's page, or a benchmark file's figures",
             needs=f"{CORE} (figures: the 'plots' extra; --compile: the 'gpu-compile' extra)"),
-    Command("deliverables.report.figures", "the written report's numbered figures, from the committed records",
+    Command("deliverables.written.figures", "the written report's numbered figures, from the committed records",
             needs="the 'plots' extra"),
-    Command("deliverables.report.claims", "every number the written report states, computed from its source"),
+    Command("deliverables.written.claims", "every number the written report states, computed from its source"),
     Command("deliverables.answers", "every question of the curriculum with its answer (docs/report/answers.md)"),
     Command("deliverables.headline", "re-measure the README's headline figures in one sitting",
             needs="the 'torch' extra (its PyTorch figures)"),

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from deliverables.common import table
-from deliverables.report.divergence import DEFINITION, edge, edge_sentence
+from deliverables.report.sections.divergence import DEFINITION, edge, edge_sentence
 from experiments.results import load_results
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"

@@ -1,5 +1,5 @@
 """`python -m deliverables.report`: a plan's report, one training run's page, or the figures of one
-`python -m jaxlm.bench model --json` file. The written report's figures: `python -m deliverables.report.figures`."""
+`python -m jaxlm.bench model --json` file. The written report's figures: `python -m deliverables.written.figures`."""
 
 import sys
 from pathlib import Path

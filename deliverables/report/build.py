@@ -8,7 +8,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deliverables.report import backend
 from deliverables.report.bench import (
     bench_rows,
     bench_scaling_sentences,
@@ -25,9 +24,9 @@ from deliverables.report.compare import (
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import report_dir, shrink_png
-from deliverables.report.peft import quantize_rows
 from deliverables.report.plots import plot_bench, plot_curves, plot_vs_axis
-from deliverables.report.sections import Plan, plan_sections
+from deliverables.report.sections import Plan, backend, plan_sections
+from deliverables.report.sections.peft import quantize_rows
 from deliverables.report.seeds import (
     baseline_of,
     equal_token_sentences,

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
-from deliverables.report.divergence import edge, edge_sentence, outcome, reference
 from deliverables.report.format import table
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
+from deliverables.report.sections.divergence import edge, edge_sentence, outcome, reference
 from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
 from experiments.plan import format_value
 from experiments.results import read_metrics, series

@@ -170,7 +170,7 @@ def test_lr_sweet_spot_by_hand(tmp_path):
 
 
 def test_divergence_defined_and_the_edge_located(tmp_path):
-    from deliverables.report.divergence import divergence_section
+    from deliverables.report.sections.divergence import divergence_section
     from deliverables.report.seeds import group_settings
     from experiments.results import load_results
 
@@ -221,7 +221,7 @@ def test_committed_reports_rebuild_from_their_records(plan, tmp_path, monkeypatc
 def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
     """The PTQ / QAT and fine-tuning tables give one row per setting, mean ± 95 % interval over its seeds (by hand)."""
     from deliverables.report.noise import Family
-    from deliverables.report.peft import peft, quantization
+    from deliverables.report.sections.peft import peft, quantization
 
     runs = []
     for seed, (f32, int4, qat4) in enumerate([(1.90, 1.92, 1.93), (1.91, 1.93, 1.95), (1.92, 1.94, 1.94)]):
@@ -270,7 +270,7 @@ def test_quantization_and_peft_tables_average_over_seeds(tmp_path):
 def test_parallel_table_shares_and_bubble(tmp_path):
     """The parallelism table divides each layout's per-device state by the replicated layout's, and states the
     measured bubble beside GPipe's formula (hand-checked numbers)."""
-    from deliverables.report.parallel import parallel
+    from deliverables.report.sections.parallel import parallel
 
     none = {"count": 0, "bytes": 0}
     rows = {"mem": [{"layout": "data=8", "scan_layers": True, "compile_s": 2.0, "state_mb_per_device": 800.0,

@@ -149,7 +149,7 @@ def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
 def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
     """BPE training rows made to follow the fitted laws exactly: 0.5 s per MB pre-tokenising, distinct pre-tokens
     1000 x (bytes / 1e6)^0.5, 1 ms of merging per distinct pre-token, 10 MB + 1000 B per distinct pre-token."""
-    from deliverables.report.tokenizer import tokenizer
+    from deliverables.report.sections.tokenizer import tokenizer
 
     runs = []
     for i, mb in enumerate((1, 2, 4)):

@@ -1,7 +1,8 @@
-"""deliverables.report.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside CPU rows."""
+"""deliverables.report.sections.backend: CPU evidence sentences, the memory labels, and the H100 estimate beside
+CPU rows."""
 
 
-from deliverables.report import backend
+from deliverables.report.sections import backend
 from tests.train_helpers import needs
 
 needs_compiler = needs("gpu-compile")

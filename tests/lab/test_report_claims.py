@@ -6,7 +6,7 @@ import math
 
 
 def test_attention_share_is_the_estimators_attention_scores_entry():
-    from deliverables.report.claims import attention_share
+    from deliverables.written.claims import attention_share
 
     # Hand-checked with jaxlm's own coefficients (issue 40): about 28 % at T = 256 and 60 % at T = 1024.
     assert 25 <= attention_share(256) <= 31 and 57 <= attention_share(1024) <= 63
@@ -55,7 +55,7 @@ def _lr_run(lr, seed, loss=None, acc=None, status="ok"):
 
 
 def test_a_run_far_above_the_best_failed_to_learn_though_below_ln_v():
-    from deliverables.report.divergence import divergence_section
+    from deliverables.report.sections.divergence import divergence_section
     from deliverables.report.seeds import Setting
 
     # ln 4096 = 8.32: lr 0.2 ends at 6.0 nats (a nat above the best, 13 % accuracy against 20 %): not trained.

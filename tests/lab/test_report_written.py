@@ -21,7 +21,7 @@ NAMES = ("80 GB", "95 %", "50 % MFU")  # a device's name, a confidence level, th
 
 @pytest.fixture(scope="module")
 def claims():
-    from deliverables.report.claims import claims
+    from deliverables.written.claims import claims
 
     return claims(REPO / "docs" / "results")
 
@@ -142,7 +142,7 @@ def test_a_changed_record_makes_the_report_stale(tmp_path):
     import json
     import shutil
 
-    from deliverables.report.claims import claims
+    from deliverables.written.claims import claims
 
     results = REPO / "docs" / "results"
     for plan in results.iterdir():

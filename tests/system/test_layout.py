@@ -115,6 +115,8 @@ def test_jaxlm_imports_only_down_and_never_the_lab():
 MAY_IMPORT = {"jaxlm": {"jaxlm"}, "torchref": {"torchref"}, "parity": {"parity", "jaxlm", "torchref"},
               "experiments": {"experiments", "jaxlm", "parity", "torchref"},
               "deliverables": {"deliverables", "experiments", "jaxlm", "parity", "torchref"}}
+
+
 def wrong_imports(graph: dict[str, set[str]]) -> list[str]:
     return [f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
             if dst.split(".")[0] not in MAY_IMPORT[src.split(".")[0]]]
@@ -159,6 +161,25 @@ def test_jaxlm_names_no_package_beside_it():
     found = {str(p.relative_to(REPO)): hits for p in sorted((REPO / "jaxlm").rglob("*.py"))
              if (hits := names_beside(p.read_text()))}
     assert not found, found
+
+
+# Within the deliverables the written report reads the plans' reports and the answers, and the answers read the
+# reports (the divergence definition): one way, written -> answers -> report.
+DELIVERABLES_BELOW = {"deliverables.report": {"deliverables.answers", "deliverables.written"},
+                      "deliverables.answers": {"deliverables.written"}}
+
+
+def deliverable_ties(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+            for low, above in DELIVERABLES_BELOW.items()
+            if src.startswith(low + ".") and any(dst == a or dst.startswith(a + ".") for a in above)]
+
+
+def test_the_report_answers_and_written_report_tie_one_way():
+    assert deliverable_ties({"deliverables.report.build": {"deliverables.answers.gpu"}}) == [
+        "deliverables.report.build -> deliverables.answers.gpu"]
+    assert deliverable_ties({"deliverables.written.claims": {"deliverables.answers", "deliverables.report"}}) == []
+    assert not (ties := deliverable_ties(import_graph())), ties
 
 
 def private_imports(package: str, root: Path = REPO) -> list[str]:

@@ -1,4 +1,6 @@
-"""The one-plan report sections: a study whose plan sets `[report] NAME = true` gets section NAME's tables.
+"""The one-plan report sections: a study whose plan sets `[report] NAME = true` gets section NAME's tables
+(parallel, peft, quantization, tokenizer, divergence); `backend` says what a CPU run can show of bfloat16 and remat
+for every plan's rows.
 
 Every section takes the same `Plan` (its runs, seeded settings, [report] table, context, output folder and the
 Holm family its comparisons join) and returns (findings sentences, Markdown lines); `build` places them all at
@@ -11,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.report.divergence import divergence_section
 from deliverables.report.noise import Family
-from deliverables.report.parallel import parallel
-from deliverables.report.peft import peft, quantization
+from deliverables.report.sections.divergence import divergence_section
+from deliverables.report.sections.parallel import parallel
+from deliverables.report.sections.peft import peft, quantization
+from deliverables.report.sections.tokenizer import tokenizer
 from deliverables.report.seeds import Setting
-from deliverables.report.tokenizer import tokenizer
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The written report's numbered figures, drawn from the committed records and the compiled store.
 
-    python -m deliverables.report.figures [--results docs/results] [--out docs/report/figures]
+    python -m deliverables.written.figures [--results docs/results] [--out docs/report/figures]
 
 Each panel holds one unit family and one source per line: no line joins two studies, two models or two
 compilers, and every GPU panel says *compiled* or *predicted* for the H100 80 GB. Captions are the report's own
@@ -13,10 +13,10 @@ import math
 import sys
 from pathlib import Path
 
-from deliverables.report import compiled_figures as gpu
 from deliverables.report.charts import before_after_bars, bench_rows
-from deliverables.report.divergence import LEARNED_WITHIN, edge
 from deliverables.report.output import COLOURS, pyplot, report_dir, shrink_png
+from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
+from deliverables.written import compiled_figures as gpu
 from experiments.results import load_results, read_metrics
 from jaxlm import cli
 
@@ -231,7 +231,7 @@ def draw(root: Path, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(command="deliverables.report.figures", description=__doc__,
+    p = cli.ArgumentParser(command="deliverables.written.figures", description=__doc__,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--results", type=Path, default=RESULTS, help="the committed records, a folder per plan")
     p.add_argument("--out", type=Path, default=OUT, help="where the PNGs go")

@@ -1,7 +1,7 @@
 """The claims that come from the studies' records: findings, generated reports, fits, hosts and models.
 
 Each function maps claim keys to (value, source) from the committed records under ROOT (docs/results/PLAN/), as
-the plans' reports were generated from them; deliverables.report.claims gathers them with the compiled and
+the plans' reports were generated from them; deliverables.written.claims gathers them with the compiled and
 analytic claims.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from deliverables.report.bench import fit_memory_points
 from deliverables.report.charts import before_after_bars, bench_rows
-from deliverables.report.claims_studies import studies
-from deliverables.report.divergence import LEARNED_WITHIN, edge
+from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
 from deliverables.report.seeds import group_settings
+from deliverables.written.claims_studies import studies
 from experiments.results import load_results
 from jaxlm.core.files import read_json
 
@@ -100,7 +100,7 @@ def lr(root: Path) -> dict[str, tuple[float, str]]:
     src = f"{root}/lr_sweep records"
     broken_acc = [a for r in by[e["broken"]] if (a := (r.get("metrics") or {}).get("eval_acc")) is not None]
     lo, hi = e["threshold_range"]
-    return {"lr_threshold": (LEARNED_WITHIN, "deliverables.report.divergence"),
+    return {"lr_threshold": (LEARNED_WITHIN, "deliverables.report.sections.divergence"),
             "lr_broken_acc": (100 * max(broken_acc) / e["best_acc"], src), "lr_best": (e["best"], src),
             "lr_best_loss": (e["best_loss"], src), "lr_best_acc": (100 * e["best_acc"], src),
             "lr_trained": (e["trained"], src), "lr_broken": (e["broken"], src), "lr_nonfinite": (e["nonfinite"], src),

@@ -1,6 +1,6 @@
 """Every number the written report states, computed from its source, so a test can hold the text to it.
 
-    python -m deliverables.report.claims [--results docs/results]    # the table of claims and their sources
+    python -m deliverables.written.claims [--results docs/results]    # the table of claims and their sources
 
 docs/report/report.md and appendix.md tag each number they state with its key, `30<!--c:largest_f32-->`;
 tests/lab/test_report_written.py reads the tags and compares each number, at the precision the text gives it,
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deliverables.common import COURSE_MEMORY
-from deliverables.report.claims_records import records
+from deliverables.written.claims_records import records
 from jaxlm import cli
 from jaxlm.core.files import read_json
 
@@ -166,7 +166,7 @@ def claims(root: Path = RESULTS) -> dict[str, Claim]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(command="deliverables.report.claims", description=__doc__,
+    p = cli.ArgumentParser(command="deliverables.written.claims", description=__doc__,
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--results", type=Path, default=RESULTS, help="the committed records, a folder per plan")
     args = p.parse_args(argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import linear_regression
 
 from deliverables.report.format import fmt, table
 from deliverables.report.seeds import Stats
@@ -26,17 +27,6 @@ def study_rows(runs: list[dict], kind: str) -> list[tuple[dict, dict]]:
     return out
 
 
-def _through_origin(xs: list[float], ys: list[float]) -> float:
-    return sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-
-
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
-
-
 def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
     """Pre-tokenisation time linear in bytes; distinct pre-tokens by Heaps' law (a power of bytes, fitted
     in log-log); merge time and peak memory linear in the distinct pre-tokens (merging walks the words)."""
@@ -44,11 +34,11 @@ def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
         return ["Extrapolation needs at least three training sizes."]
     b = [t["bytes"] for _, t in train]
     d = [t["distinct_pretokens"] for _, t in train]
-    per_byte = _through_origin(b, [t["pretokenize_s"] for _, t in train])
-    log_k, beta = _line([math.log(x) for x in b], [math.log(x) for x in d])
-    per_word = _through_origin(d, [t["merge_s"] for _, t in train])
+    per_byte = linear_regression(b, [t["pretokenize_s"] for _, t in train], proportional=True).slope
+    beta, log_k = linear_regression([math.log(x) for x in b], [math.log(x) for x in d])
+    per_word = linear_regression(d, [t["merge_s"] for _, t in train], proportional=True).slope
     rss = [(dd, r["max_rss_bytes"]) for (r, _), dd in zip(train, d) if r.get("max_rss_bytes")]
-    mem = _line(*zip(*rss)) if len(rss) >= 2 else None
+    mem = linear_regression(*zip(*rss))[::-1] if len(rss) >= 2 else None  # (intercept, slope)
     out = [f"Fits over the {len(train)} sizes: pre-tokenisation {per_byte * 1e6:.3g} s per MB; distinct pre-tokens "
            f"{math.exp(log_k):.3g} x bytes^{beta:.3f} (Heaps' law); merging {per_word * 1e3:.3g} ms per distinct "
            "pre-token at vocabulary 10000" + (f"; peak memory {fmt(mem[0], 'bytes')} + {mem[1]:.3g} B per distinct "
