@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deliverables.common import STUDY_MODELS, table
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -26,9 +27,7 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
-RTX5090_MODEL = ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
-                 "model.vocab_size=50257", "model.tie_embeddings=true"]
-RTX5090 = [*RTX5090_MODEL, "compute.loss_chunk=0"]  # the study's step: the whole logits
+RTX5090 = [*STUDY_MODELS["rtx5090"], "compute.loss_chunk=0"]  # the study's step: the whole logits
 GPT2_VOCAB = ["model.vocab_size=50257"]
 CONTEXTS, BATCHES = (256, 512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64)  # the sweeps of `small` (figures 1 and 2)
 ATTENTION_DTYPES = (("float32", "float32", "xla"), ("bfloat16", "bfloat16", "xla"),
@@ -87,7 +86,7 @@ def sections() -> list[Section]:
                                                ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn"),
                                                ("bfloat16 + remat full", "bfloat16", "full", "xla")):
             for loss, c in (("whole logits", 0), ("chunked", 1024)):
-                extra = [*RTX5090_MODEL, f"compute.loss_chunk={c}"]
+                extra = [*STUDY_MODELS["rtx5090"], f"compute.loss_chunk={c}"]
                 chunk.rows.append((f"{label}, {loss}, batch {b}", job(None, 256, b, dtype, remat, attention,
                                                                       extra=extra)))
     gpt2 = Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
@@ -189,19 +188,16 @@ def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -
     return out
 
 
-def markdown_table(head: str, rows: list[dict], cells) -> str:
+def markdown_table(head: list[str], rows: list[dict], cells) -> str:
     """`head`, then a line of `cells(row)` per row (a row that failed says why)."""
-    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
-    lines += [f"| {r['setting']} | {r['error']} |" if "error" in r else "| " + " | ".join(cells(r)) + " |"
-              for r in rows]
-    return "\n".join(lines)
+    return table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
 
 
-def table(section: Section, rows: list[dict]) -> str:
+def section_table(section: Section, rows: list[dict]) -> str:
     by_label = {r["setting"]: r for r in rows}
-    head = "| setting | total GiB | temp GiB | arguments GiB | matmuls | cuDNN calls |"
-    head += (" vs reference |" if section.reference else "")
-    head += " largest batch | its total GiB | its matmuls | its XLA remat clones |" if section.largest else ""
+    head = ["setting", "total GiB", "temp GiB", "arguments GiB", "matmuls", "cuDNN calls",
+            *(["vs reference"] if section.reference else []),
+            *(["largest batch", "its total GiB", "its matmuls", "its XLA remat clones"] if section.largest else [])]
 
     def cells(r: dict) -> list[str]:
         cells = [r["setting"], f"{r['total_bytes'] / GIB:.2f}", f"{r['temp_bytes'] / GIB:.2f}",
@@ -234,10 +230,11 @@ def intro(target: Target) -> list[str]:
              "with such figures: docs/results/compiled/h100-80gb-validation.md."]
 
 
-def write_page(argv: list[str], module: str, doc: str, all_sections, intro, table, predicted: bool = False) -> int:
+def write_page(argv: list[str], module: str, doc: str, all_sections, intro, section_table,
+               predicted: bool = False) -> int:
     """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
     `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
-    then each section's `table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
+    then each section's `section_table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
     p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
@@ -252,7 +249,7 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, tabl
             for s in all_sections()]
     parts = intro(target)
     for s, rows in done:
-        parts += ["", f"## {s.title}", "", s.text, "", table(s, rows)]
+        parts += ["", f"## {s.title}", "", s.text, "", section_table(s, rows)]
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
     out.write_text("\n".join(parts) + "\n")
     print(f"wrote {out}")
@@ -260,7 +257,7 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, tabl
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, table)
+    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table)
 
 
 if __name__ == "__main__":

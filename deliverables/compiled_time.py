@@ -16,13 +16,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from deliverables.common import STUDY_MODELS
 from deliverables.compiled_memory import (
     ATTENTION_DTYPES,
     BATCHES,
     GIB,
     OUT_DIR,
     RTX5090,
-    RTX5090_MODEL,
     Section,
     cached,
     job,
@@ -82,7 +82,8 @@ def sweeps() -> list[Section]:
                  for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in ("forward", "train_step")]
     chunk = Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
                     "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.")
-    chunk.rows = [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=[*RTX5090_MODEL, f"compute.loss_chunk={c}"]))
+    chunk.rows = [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=[*STUDY_MODELS["rtx5090"],
+                                                                            f"compute.loss_chunk={c}"]))
                   for d in ("float32", "bfloat16") for loss, c in (("whole logits", 0), ("chunked", 1024))]
     return [batch, nsys, chunk]
 
@@ -109,9 +110,8 @@ def shares(row: dict) -> dict[str, float]:
     return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
 
 
-def table(section: Section, rows: list[dict]) -> str:
-    head = ("| setting | matmuls | predicted ms | predicted tokens/s | predicted MFU | " + " | ".join(SHARES)
-            + " | compiled GiB |")
+def section_table(section: Section, rows: list[dict]) -> str:
+    head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
         s = shares(r)
@@ -126,7 +126,7 @@ def table(section: Section, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table, predicted=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deliverables import common
 from experiments.results import read_metrics, summarise_train
 from jaxlm import cli
 from jaxlm.core import host
@@ -131,14 +132,11 @@ def ratio(record: dict, key: str) -> str:
 def table(machine: dict, records: list[dict]) -> str:
     family = f"{machine['cpu_family_model']}; " if machine.get("cpu_family_model") else ""
     lines = [f"Measured on {machine['cpu_model']} ({family}{machine['cpus']} cores; "
-             f"{', '.join(machine['vector_extensions'])}):", "",
-             "| figure | wall | result | load before/after | depends on the CPU model | command |",
-             "|---|---|---|---|---|---|"]
-    for r in records:
-        lines.append(f"| {r['what']} | {r['wall_s']:.1f} s | {summary(r)} | {r['load_avg_1m'][0]:.1f} / "
-                     f"{r['load_avg_1m'][1]:.1f} | {'yes' if r['cpu_dependent'] else 'speed only'} | "
-                     f"`{r['command']}` |")
-    return "\n".join(lines)
+             f"{', '.join(machine['vector_extensions'])}):", ""]
+    rows = [[r["what"], f"{r['wall_s']:.1f} s", summary(r), f"{r['load_avg_1m'][0]:.1f} / {r['load_avg_1m'][1]:.1f}",
+             "yes" if r["cpu_dependent"] else "speed only", f"`{r['command']}`"] for r in records]
+    head = ["figure", "wall", "result", "load before/after", "depends on the CPU model", "command"]
+    return "\n".join(lines) + "\n" + common.table(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,7 +212,7 @@ def page(figures: dict[str, dict], target: Target) -> str:
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
 
-    head = "| context | " + " | ".join(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES) + " |"
+    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)]
     body = [{"setting": str(t), "cells": [gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES]}
             for t in CONTEXTS]
     out = [f"# Memory profile of `{PRESET}`, compiled for {target.description}", "",
@@ -226,14 +226,14 @@ def page(figures: dict[str, dict], target: Target) -> str:
            "definition to its last use), against the compiled total; the total also holds the padding the "
            "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", ""]
     rows = [{"setting": lbl, **r} for lbl, r in figures.items()]
-    out += [markdown_table("| step | instructions | peak live GiB | at position | compiled total GiB |", rows,
+    out += [markdown_table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"], rows,
                            lambda r: [r["setting"], f"{r['instructions']:,}", gib(r, "peak_live_bytes"),
                                       f"{r['peak_position']:,}", gib(r)]), "", f"![timeline]({PRESET}-memory"
                                                                                    "-timeline.png)"]
     for lbl, r in figures.items():
         if "float32" in lbl:
             out += ["", f"## The largest values: {lbl}", "",
-                    markdown_table("| instruction | MiB | shape | count | op | source |",
+                    markdown_table(["instruction", "MiB", "shape", "count", "op", "source"],
                                    [{"setting": g["example"], **g} for g in r["largest"]],
                                    lambda g: [g["setting"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`",
                                               str(g["count"]), f"`{g['op']}`", f"`{g['source']}`"])]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from deliverables import common
+from deliverables.common import STUDY_MODELS
 from jaxlm import cli
 from jaxlm.analysis import memory
 from jaxlm.analysis.flops import param_counts
@@ -29,11 +31,6 @@ from jaxlm.nn.loss import chunk_tokens
 from jaxlm.predict import compile as gpu
 from jaxlm.predict.store import CompileCache, job_config
 from jaxlm.predict.target import Target, parse_target, require_compiler
-
-# Models the rows name beside the presets: the RTX 5090 study's (deliverables/compiled_memory.py), 4 layers,
-# d_model 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
-MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
-                      "model.vocab_size=50257", "model.tie_embeddings=true"]}
 
 # (model, dtype, remat, attention, context, batch, loss chunk): the tinystories-17M model, small, medium and large
 # (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes (loss chunk unset: 0
@@ -76,10 +73,10 @@ def row_config(preset: str, dtype: str, remat: str, attention: str, context: int
 
 def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
                    loss_chunk: int | None = None) -> dict:
-    """The compile job of a row: a preset, or one of MODELS (its keys after the row's, as in
+    """The compile job of a row: a preset, or one of STUDY_MODELS (its keys after the row's, as in
     deliverables/compiled_memory.py, so both share the stored figures)."""
-    extra = [*MODELS.get(preset, []), *([f"compute.loss_chunk={loss_chunk}"] if loss_chunk is not None else [])]
-    return {"preset": None if preset in MODELS else preset,
+    extra = [*STUDY_MODELS.get(preset, []), *([f"compute.loss_chunk={loss_chunk}"] if loss_chunk is not None else [])]
+    return {"preset": None if preset in STUDY_MODELS else preset,
             "set": [f"model.context_length={context}", f"data.batch_size={batch}", f'compute.dtype="{dtype}"',
                     f'compute.remat="{remat}"', f'compute.attention="{attention}"', *extra], "mode": "train_step"}
 
@@ -106,19 +103,13 @@ def table(rows: list[dict]) -> str:
     import jax
 
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
-    lines = rows_table(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
-                        "compiled GiB", "error", "compiled temp GiB", "matmuls", "cuDNN calls"], 4,
-                       [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
-                         r["loss_chunk"], gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%",
-                         gib(r["temp_bytes"]), r["matmuls"], r["cudnn_attention_calls"]] for r in rows])
-    lines += ["", f"{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."]
-    return "\n".join(lines)
-
-
-def rows_table(heads: list[str], left: int, cells: list[list]) -> list[str]:
-    """A Markdown table whose first `left` columns are left-aligned and the rest right-aligned (numbers)."""
-    align = "|" + "---|" * left + "---:|" * (len(heads) - left)
-    return ["| " + " | ".join(heads) + " |", align, *("| " + " | ".join(map(str, c)) + " |" for c in cells)]
+    head = ["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB", "compiled GiB",
+            "error", "compiled temp GiB", "matmuls", "cuDNN calls"]
+    text = common.table(head, [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
+                                r["loss_chunk"], gib(r["estimate_bytes"]), gib(r["total_bytes"]),
+                                f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]), r["matmuls"],
+                                r["cudnn_attention_calls"]] for r in rows], "llllr")
+    return f"{text}\n\n{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."
 
 
 def errors(rows: list[dict]) -> str:
@@ -217,13 +208,11 @@ def cpu_table(rows: list[dict]) -> str:
     import jax
 
     mib = lambda x: f"{x / 2**20:.1f}"  # noqa: E731
-    lines = rows_table(["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB",
-                        "memory_analysis MiB", "error"], 0,
-                       [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
-                         mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
-                        for r in rows])
-    lines += ["", f"{errors(rows)} Measured with jax {jax.__version__} on {jax.devices()[0].platform}."]
-    return "\n".join(lines)
+    head = ["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB", "memory_analysis MiB", "error"]
+    text = common.table(head, [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
+                                mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
+                               for r in rows], "r")
+    return f"{text}\n\n{errors(rows)} Measured with jax {jax.__version__} on {jax.devices()[0].platform}."
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from deliverables import common
 from jaxlm import cli
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core.errors import UsageError
@@ -114,11 +115,10 @@ def error(anchor: Anchor, value: float) -> float:
 
 
 def table(values: list[float]) -> str:
-    lines = ["| configuration | GPU | measured | jaxlm predicts | error (time) | source |",
-             "|---|---|---:|---:|---:|---|"]
-    for a, v in zip(ANCHORS, values):
-        lines.append(f"| {a.what} | {a.gpu} | {a.measured:g} {a.unit} | {v:.3g} {a.unit} | {100 * error(a, v):+.0f}% | "
-                     f"{a.source} |")
+    rows = [[a.what, a.gpu, f"{a.measured:g} {a.unit}", f"{v:.3g} {a.unit}", f"{100 * error(a, v):+.0f}%", a.source]
+            for a, v in zip(ANCHORS, values)]
+    head = ["configuration", "GPU", "measured", "jaxlm predicts", "error (time)", "source"]
+    lines = [common.table(head, rows, "llrrrl")]
     mean = sum(abs(error(a, v)) for a, v in zip(ANCHORS, values)) / len(values)
     lines += ["", f"Mean absolute error of the time: {100 * mean:.0f}% over {len(values)} anchors. Regenerate with "
               "`python -m deliverables.predicted_anchors`."]

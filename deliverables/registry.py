@@ -35,3 +35,5 @@ COMMANDS = (
             "downloaded", needs="the 'test' extra (transformers) and GPT-2's vocabulary"),
     Command("deliverables.tokenizer_study", "the CS336 tokenizer experiments, one measurement per call"),
 )
+
+EXTRAS = {"matplotlib": "plots"}  # the report's figures -> the pyproject extra (jaxlm.core.extras)

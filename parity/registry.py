@@ -6,3 +6,5 @@ COMMANDS = (
     Command("parity.check", "jaxlm against the PyTorch reference: logits, loss, gradients and the loss curve",
             needs="the 'torch' extra"),
 )
+
+EXTRAS = {"torch": "torch"}  # what parity's modules import -> the pyproject extra (jaxlm.core.extras)

@@ -58,7 +58,7 @@ def missing_extra(extra: str) -> str | None:
         from jaxlm.predict.target import EXTRA
 
         return None if platform.cuda_plugin_installed() else f"needs XLA's GPU compiler: {EXTRA}"
-    module = next(m for m, e in extras.EXTRAS.items() if e == extra)  # its first module: torch, matplotlib, xprof
+    module = next(m for m, e in extras.known().items() if e == extra)  # its first module: torch, matplotlib, xprof
     return None if importlib.util.find_spec(module) else extras.missing_message(module)
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from deliverables.common import COURSE_MEMORY, table
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES, Device
 from jaxlm.core.config import ComputeConfig, ModelConfig
+from jaxlm.core.units import count, si
 
 GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
 MFU = 0.5
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
-MEMORY = 80e9  # adamwAccounting (b): "the maximum batch size you can use and still fit within 80GB memory"
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
     "float32, xla attention": ComputeConfig(loss_chunk=0),
@@ -28,22 +29,6 @@ SETTINGS = {  # how the AdamW memory question is answered: the course's float32,
 
 def model(name: str, context: int = 1024) -> ModelConfig:
     return ModelConfig.from_name(name, context_length=context)
-
-
-def count(n: float) -> str:
-    return f"{n:,.0f}"
-
-
-def si(n: float, unit: str = "") -> str:
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {prefix}{unit}"
-    return f"{n:.3g} {unit}".strip()
-
-
-def table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|---|" + "|".join("---:" for _ in headers[1:]) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
 
 
 # --------------------------------------------------------------------------- parameters and FLOPs
@@ -60,8 +45,8 @@ def parameters_section(names: list[str]) -> list[str]:
         rows.append([f"`{n}`", str(m.d_model), str(m.num_layers), str(m.num_heads), str(m.d_ff), str(m.vocab_size),
                      count(c["attention"]), count(c["ffn"]), count(c["embedding"] + c["lm_head"]), count(c["total"]),
                      si(4 * c["total"], "B")])
-    return out + table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
-                        "float32"], rows)
+    return out + [table(["model", "d", "layers", "heads", "d_ff", "V", "attention", "ffn", "embed + head", "total",
+                         "float32"], rows, "lr"), ""]
 
 
 def matmuls_section(name: str, t: int) -> list[str]:
@@ -79,7 +64,7 @@ def matmuls_section(name: str, t: int) -> list[str]:
     total = flops.forward_flops(m, t).total
     return ([f"#### (b) The matrix multiplies of `{name}` (one sequence, context {t})", "",
              "A (m, k) x (k, n) product costs 2 m k n FLOPs; norms, softmax, SiLU and RoPE are not counted.", ""]
-            + table(["matmul", "shape", f"FLOPs ({n} layers)"], rows)
+            + [table(["matmul", "shape", f"FLOPs ({n} layers)"], rows, "lr"), ""]
             + [f"Total: **{count(total)}** FLOPs ({si(total, 'FLOP')}) per forward.", ""])
 
 
@@ -101,7 +86,7 @@ def flops_section(names: list[str]) -> list[str]:
             rows.append([f"`{n}`", si(f.total, "FLOP"), *(f"{100 * s:.1f}%" for s in shares(m, t).values()),
                          si(flops.train_flops_per_token(m, t), "FLOP")])
         out += [f"##### Context {t}", ""]
-        out += table(["model", "forward", *shares(model(names[0]), t), "train FLOPs/token"], rows)
+        out += [table(["model", "forward", *shares(model(names[0]), t), "train FLOPs/token"], rows, "lr"), ""]
     return out + matmuls_section("gpt2-xl", 1024) + flops_observations()
 
 
@@ -151,7 +136,7 @@ def memory_section(names: list[str], root: Path) -> list[str]:
            f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits "
            f"and their gradient). "
            f"In bfloat16 the weights' bfloat16 copies add 2P. "
-           f"Largest batch in {MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
+           f"Largest batch in {COURSE_MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
         for n in names:
@@ -159,9 +144,10 @@ def memory_section(names: list[str], root: Path) -> list[str]:
             fixed, per_seq = memory_terms(m, m.context_length, compute)
             rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
                          f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
-                         str(max_batch(sum(fixed.values()), per_seq, MEMORY))])
-        out += [f"##### {label}", ""] + table(["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
-                                              f"largest B in {MEMORY / 1e9:g} GB"], rows)
+                         str(max_batch(sum(fixed.values()), per_seq, COURSE_MEMORY))])
+        head = ["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
+                f"largest B in {COURSE_MEMORY / 1e9:g} GB"]
+        out += [f"##### {label}", "", table(head, rows, "lr"), ""]
     m = model("gpt2-xl")
     fixed, per_seq = memory_terms(m, 1024, SETTINGS["float32, xla attention"])
     out += [f"For `gpt2-xl` in float32 this model gives {per_seq / 1e9:.4g} GB · batch_size + "
@@ -212,8 +198,8 @@ def compiled_largest_section(root: Path) -> list[str]:
                      "–" if cloned is None else str(cloned), str(analytic_largest(compute_of(label)))])
         if cloned:
             remat.append(f"{label} at batch {n} ({cloned} instructions)")
-    out = head + table(["setting", "largest batch (compiled)", "its total GiB", "its matmuls",
-                        "its instructions XLA rematerialised", "cross-check: jaxlm.memory estimate"], rows)
+    out = head + [table(["setting", "largest batch (compiled)", "its total GiB", "its matmuls",
+                         "its instructions XLA rematerialised", "cross-check: jaxlm.memory estimate"], rows, "lr"), ""]
     if remat:
         out += ["Near the memory limit the compiler makes room itself: XLA's rematerialisation pass clones "
                 "instructions to recompute their values instead of keeping them (jaxlm asked for no remat in "
@@ -260,4 +246,4 @@ def time_section(device: Device) -> list[str]:
             found = training_days(kind, dtype)
             if found is not None:
                 rows.append([kind, dtype, si(found[0], "FLOP/s"), f"{found[1]:,.1f}"])
-    return out + table(["device", "dtype", "dense peak", "days"], rows)
+    return out + [table(["device", "dtype", "dense peak", "days"], rows, "lr"), ""]

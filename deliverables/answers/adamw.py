@@ -3,9 +3,11 @@ FLOPs of one AdamW update term by term (the training time, (d), is accounting.ti
 
 from __future__ import annotations
 
-from deliverables.answers.accounting import MEMORY, count, max_batch, model, si, table
+from deliverables.answers.accounting import max_batch, model
+from deliverables.common import COURSE_MEMORY, table
 from jaxlm.analysis import flops
 from jaxlm.core.config import ModelConfig
+from jaxlm.core.units import count, si
 
 FLOAT32 = 4  # bytes
 
@@ -56,11 +58,11 @@ def gpt2_xl_section() -> list[str]:
              f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, "
              f"d_ff {m.d_ff} = 4d): "
              "one sequence keeps", ""]
-            + table(["activation", "floats per sequence", "float32 bytes"], rows)
+            + [table(["activation", "floats per sequence", "float32 bytes"], rows, "lr"), ""]
             + [f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). "
                "The largest batch "
-               f"in {MEMORY / 1e9:g} GB: floor(({MEMORY / 1e9:g} - {b / 1e9:.4g}) / {a / 1e9:.4g}) = "
-               f"**{max_batch(b, a, MEMORY)}**.", ""])
+               f"in {COURSE_MEMORY / 1e9:g} GB: floor(({COURSE_MEMORY / 1e9:g} - {b / 1e9:.4g}) / {a / 1e9:.4g}) = "
+               f"**{max_batch(b, a, COURSE_MEMORY)}**.", ""])
 
 
 def adamw_flops_section() -> list[str]:
@@ -70,7 +72,7 @@ def adamw_flops_section() -> list[str]:
     return (["#### (c) FLOPs of one AdamW step", "",
              "Per parameter, term by term (the square root counted as one FLOP; 1 - β, the bias-corrected "
              "α_t and lr·λ depend only on the step, so they are computed once per step, not per parameter):", ""]
-            + table(["update", "operations", "FLOPs"], rows)
+            + [table(["update", "operations", "FLOPs"], rows, "lr"), ""]
             + [f"Total **{total} FLOPs per parameter**, {total}P per step: "
                f"{si(total * flops.param_counts(m)['total'], 'FLOP')} "
                f"for `gpt2-xl`. Adam without the decoupled weight decay needs {total - flops.ADAMW_TERMS[-1][2]}, the "

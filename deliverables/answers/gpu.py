@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from deliverables import memory_profile as profile
-from deliverables.answers.accounting import model, table
+from deliverables.answers.accounting import model
 from deliverables.answers.predicted import mixed_precision_lines, nsys_lines
+from deliverables.common import table
 from jaxlm.analysis import flops
 from jaxlm.core.files import read_json
 
@@ -28,7 +29,7 @@ def memory_table(rows: dict[str, dict]) -> list[str]:
     head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in profile.MODES for d in profile.DTYPES)]
     body = [[str(t), *(f"{r['total_bytes'] / 2**30:.2f} GiB" if (r := rows.get(profile.label(m, d, t))) else "–"
                        for m in profile.MODES for d in profile.DTYPES)] for t in profile.CONTEXTS]
-    return table(head, body)
+    return [table(head, body, "lr"), ""]
 
 
 def timeline_lines(rows: dict[str, dict]) -> list[str]:
@@ -74,7 +75,7 @@ def largest_lines(rows: dict[str, dict], top: int = 5) -> list[str]:
             continue
         body = [[f"{g['bytes'] / 2**20:,.1f}", f"`{g['shape']}`", str(g["count"]), f"`{g['op']}`",
                  f"`{g['source']}`"] for g in rows[lbl]["largest"][:top]]
-        out += [f"{lbl}:", ""] + table(["MiB each", "shape", "how many", "op (jax's name)", "source"], body)
+        out += [f"{lbl}:", ""] + [table(["MiB each", "shape", "how many", "op (jax's name)", "source"], body, "lr"), ""]
     return out
 
 
@@ -144,7 +145,7 @@ def nsys_section(root: Path) -> list[str]:
            "loops, whose times say nothing about cuBLAS, cuDNN or the GPU's memory bandwidth). jaxlm answers them "
            "from a JAX profiler trace (the same CUPTI kernel records Nsight Systems shows) in the GPU campaign "
            "(docs/gpu.md), `python -m deliverables.gpu`, whose steps answer:", ""]
-    out += table(["question", "asks", "campaign step"], [list(q) for q in NSYS])
+    out += [table(["question", "asks", "campaign step"], [list(q) for q in NSYS], "lr"), ""]
     if not isinstance(prof, dict) or "forward" not in prof:
         lines = nsys_lines(root)
         said = ("Answered below by prediction: no GPU campaign results are" if lines[0].startswith("**Predicted")
@@ -181,7 +182,7 @@ def mixed_precision_section(root: Path) -> list[str]:
     predicted = [] if bench else mixed_precision_lines(root)
     return ["### mixed_precision_accumulation", "",
             "Adding 0.01 a thousand times (the exact sum is 10), computed here with numpy:", ""]\
-        + table(["accumulator += summand", "sum", "error"], rows) + [
+        + [table(["accumulator += summand", "sum", "error"], rows, "lr"), ""] + [
             "A float16 accumulator loses most: near 10, float16's spacing is 2^-7 ≈ 0.0078, so each 0.01 is "
             "rounded to a multiple of it. A float16 summand in a float32 accumulator keeps only float16's error "
             "in 0.01 itself. Hence mixed precision computes in 16 bits but accumulates (matmul sums, norms, "

@@ -11,8 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from deliverables.answers import predicted
-from deliverables.answers.accounting import model, table
+from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
+from deliverables.common import table
 from experiments.results import load_results
 from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
@@ -61,7 +62,7 @@ def measured_section(bench: Path | None, title: str = "A benchmark result given 
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
     head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
-    out += table(head, body) if body else ["No measured rows.", ""]
+    out += [table(head, body, "lr"), ""] if body else ["No measured rows.", ""]
     out += variability_lines(ok) + backward_lines(ok)
     return out + breakdown_lines(meta.get("breakdown") or [], {r.get("mode"): r for r in ok}.get("forward"))
 
@@ -231,8 +232,8 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     out += ["#### (b) The size table", ""]
     if sizes:
         out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
-        out += table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
-                     timing_rows(sizes, "preset"))
+        out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
+                      timing_rows(sizes, "preset"), "lr"), ""]
     else:
         out += ["The size table (presets small to 2.7B, context 512, batch 4) is sized for a GPU: on the 2-core "
                 "CPU host only `small` was timed (below, measured). On a GPU: `python -m experiments.run benchmarking "
@@ -256,7 +257,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     out += ["#### (c) Warm-up", "",
             f"**CPU timings** ({setting}) on {machine(warm[0])}: a shared machine, so compare spreads and first "
             "steps, not the third digit of a mean. *first*: the first timed step.", ""]
-    return out + table(head, timing_rows(warm, "warmup", first=True)) + warmup_lines(warm) + [
+    return out + [table(head, timing_rows(warm, "warmup", first=True), "lr"), ""] + warmup_lines(warm) + [
         "The first calls of a compiled step do one-time work: XLA:CPU allocates and first touches the step's "
         "temporary buffers (page faults), its thread pool and caches start cold, and the donated parameters are "
         "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deliverables.answers.accounting import model, table
+from deliverables.answers.accounting import model
+from deliverables.common import table
 from deliverables.compiled_time import NSYS_PRESETS, SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import forward_flops
@@ -82,7 +83,7 @@ def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str
         body.append(cells)
     ratios = [r["predicted_phases"].get("backward", 0) / r["predicted_phases"]["forward"]
               for (p, m), r in rows.items() if m == "train_step" and r["predicted_phases"].get("forward")]
-    return out + table(head, body) + [
+    return out + [table(head, body, "lr"), ""] + [
         f"The predicted backward pass takes {min(ratios):.1f}x to {max(ratios):.1f}x the forward's time (the FLOP "
         "count says 2x, two matmuls per forward matmul; the memory-bound elementwise kernels, which the FLOP count "
         "leaves out, move the ratio either way).", ""]
@@ -108,9 +109,9 @@ def breakdown_section(root: Path) -> list[str]:
     return ["#### Where the predicted train step goes, by part of the model", "",
             "Shares of each size's predicted train step (kernels placed by the model code they come from); the "
             "last two columns set the feed-forward's time against attention's (projections, scores, softmax) "
-            "and against their FLOP ratio:", ""] + table(
+            "and against their FLOP ratio:", ""] + [table(
         ["model", "feed-forward", "attention", "output head and loss", "norms", "optimizer", "FFN/attention time",
-         "FFN/attention FLOPs"], body) + [
+         "FFN/attention FLOPs"], body, "lr"), ""] + [
         "Attention takes a larger share of the time than of the FLOPs: its softmax and mask run at memory "
         "bandwidth over B x H x T x T scores, which the FLOP count leaves out.", ""]
 
@@ -171,8 +172,8 @@ def nsys_table(rows: dict[tuple[str, int, str], dict]) -> list[str]:
         body.append([f"{preset}, {t}", ms(f["predicted_step_ms"]), ms(s["predicted_step_ms"]),
                      _short(f["predicted_ops"][0]), _short(s["predicted_ops"][0]), pct(matmul_share(f)),
                      pct(matmul_share(s)), f"{ratio:.2f} ({flops:.3f})"])
-    return table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
-                  "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body)
+    return [table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
+                   "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body, "lr"), ""]
 
 
 def nsys_lines(root: Path) -> list[str]:

@@ -7,7 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
-from deliverables.answers.accounting import table
+from deliverables.common import table
 from deliverables.report.sections.divergence import DEFINITION, edge, edge_sentence
 from experiments.results import load_results
 
@@ -56,7 +56,7 @@ def learning_rate_section(root: Path) -> list[str]:
              f"{s.get('train.steps', '?')} steps")
     out += [f"(a) From the `{LR_PLAN}` plan's records ({setup}; validation loss as mean ± standard deviation over "
             f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)). {DEFINITION}", ""]
-    out += table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows)
+    out += [table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"), ""]
     out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
     if e["trained"] and e["broken"]:
         folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import unicodedata
 from pathlib import Path
 
-from deliverables.answers.accounting import table
+from deliverables.common import table
 
 SAMPLES = ("hello! こんにちは!", "The café served crème brûlée.", "Once upon a time, there was a little dog.")
 PLAN, SECTION = "tokenizer", "Tokenizer experiments"  # experiments/plans/tokenizer.toml and its report's section
@@ -50,7 +50,7 @@ def unicode2() -> list[str]:
     wrong = "héllo".encode()
     return ["### unicode2", "",
             "(a) Bytes per string (share of zero bytes) in each encoding:", ""]\
-        + table(["string", "characters", "UTF-8", "UTF-16", "UTF-32"], encoding_rows()) + [
+        + [table(["string", "characters", "UTF-8", "UTF-16", "UTF-32"], encoding_rows(), "lr"), ""] + [
             "UTF-8 is the shortest for text that is mostly ASCII, with no zero bytes, so a byte-level tokenizer sees "
             "shorter sequences and spends no merges on padding zeros; UTF-16 and UTF-32 spend two or four bytes on "
             "every ASCII character, and which byte order they use (and a byte-order mark) is one more thing to get "

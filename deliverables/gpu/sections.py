@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
+from deliverables.common import table
+
 # --------------------------------------------------------------------------- Markdown
-
-
-def _table(head: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join("-" if c is None else str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _f(x, fmt: str = ".3g"):
@@ -32,7 +28,7 @@ def _attention(res: dict) -> str:
             f"inputs; {res.get('tokens_per_call', '?')} tokens per call (batch = tokens / context), "
             f"{res.get('heads', '?')} heads of {res.get('head_dim', '?')}. Predicted: the roofline of the compiled "
             "call (deliverables/gpu/predict.py), not measured.\n\n"
-            + _table(["context", "window", "batch", "kernel", "out rel. err", "grad rel. err", "forward ms",
+            + table(["context", "window", "batch", "kernel", "out rel. err", "grad rel. err", "forward ms",
                       "predicted", "fwd+bwd ms", "predicted", "status"], rows))
 
 
@@ -48,7 +44,7 @@ def _bench(res: dict) -> str:
     return ("Memory columns: device peak (the device's peak bytes in use since the process started), XLA's "
             "compiled estimate (`memory_analysis()` of this step), jaxlm.memory's analytic estimate. "
             + (f"Predicted columns: {label}." if label else "No row has a prediction.") + "\n\n"
-            + _table(["model", "mode", "attention", "remat", "context", "batch", "status", "step ms", "predicted ms",
+            + table(["model", "mode", "attention", "remat", "context", "batch", "status", "step ms", "predicted ms",
                       "measured / predicted", "tokens/s", "predicted tokens/s", "MFU", "predicted MFU",
                       "device peak GB", "XLA estimate GB", "jaxlm.memory GB"], rows))
 
@@ -58,7 +54,7 @@ def _max_batch(res: dict) -> str:
              r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
     return ("Predicted: jaxlm.memory's largest batch for the device's memory; then one-step runs searched around "
             "it (the prediction first, then galloping and bisection) up to the largest batch that runs.\n\n"
-            + _table(["attention", "remat", "context", "predicted", "batches run", "largest that ran", "status"], rows))
+            + table(["attention", "remat", "context", "predicted", "batches run", "largest that ran", "status"], rows))
 
 
 def _roofline(r: dict) -> list[str]:
@@ -72,8 +68,8 @@ def _roofline(r: dict) -> list[str]:
                g["bound"] or "-"] for g in r["groups"]]
     kernels = [[f"`{k['kernel']}`", k["group"], f"`{k['op_name'][-60:]}`", _f(k["predicted_ms"]),
                 _f(k["measured_ms"]), k["bound"]] for k in r["kernels"]]
-    return ["", head, "", _table(["group", "predicted ms", "measured ms", "measured / predicted", "bound"], groups),
-            "", _table(["kernel", "group", "jax op", "predicted ms", "measured ms", "bound"], kernels)]
+    return ["", head, "", table(["group", "predicted ms", "measured ms", "measured / predicted", "bound"], groups),
+            "", table(["kernel", "group", "jax op", "predicted ms", "measured ms", "bound"], kernels)]
 
 
 def _profile(res: dict) -> str:
@@ -84,7 +80,7 @@ def _profile(res: dict) -> str:
                       f"{s['total_us'] / 1e3:.2f} ms of device time over the traced calls"
                   + (" (the rest of attention alone is the softmax, masking and scaling)."
                      if mode == "attention" else "."),
-                  "", _table(["kernel / op", "ms", "share", "matmul"],
+                  "", table(["kernel / op", "ms", "share", "matmul"],
                              [[f"`{t['name'][:70]}`", f"{t['us'] / 1e3:.3f}", f"{100 * t['share']:.1f}%",
                                "yes" if t["matmul"] else ""] for t in s["top"]])]
         if "roofline" in s:
@@ -97,7 +93,7 @@ def _shakespeare(res: dict) -> str:
     first = f"reached at step {hit['step']}, {hit['seconds']:.0f} s after launch" if hit else "not reached"
     return (f"Command: `{res['command']}`\n\nRun: {res['status']}, {res['wall_s']:.0f} s wall in all (data "
             f"preparation and compilation included). Validation loss {res['target']}: {first}.\n\n"
-            + _table(["step", "val loss", "s since launch"],
+            + table(["step", "val loss", "s since launch"],
                      [[e["step"], _f(e["val_loss"], ".4f"), _f(e["seconds"], ".0f")] for e in res["rows"]]))
 
 
@@ -122,7 +118,7 @@ def checks_section(checks: dict, preflight: dict | None) -> str:
             f"(gradients <= {tol['attention']['grad']}); bfloat16 training against float32 on the CPU, every "
             f"step's loss within {tol['train']:.0%}. Versions: "
             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".\n\n"
-            + _table(["check", "what", "figures", "status"], rows))
+            + table(["check", "what", "figures", "status"], rows))
 
 
 SECTIONS = {"attention": _attention, "bench_bf16": _bench, "bench_f32": _bench, "techniques": _bench,

@@ -192,7 +192,7 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
     rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
     for r in rows:
         if r.get("status") == "ok" or r.get("estimate_gb") is not None:
-            cfg_r, compute = measure.Setting(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
+            cfg_r, compute = measure.BenchCase(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
                                           remat=r["remat"]).configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
             r.update(predict.for_row(r, cfg_r, compute))
@@ -204,7 +204,7 @@ def table_run(dtype: str):
         from jaxlm.bench import measure
 
         modes = ("train_step",) if ctx.smoke and dtype == "float32" else flops.MODES
-        settings = [measure.Setting(mode=m, dtype=dtype) for m in modes]
+        settings = [measure.BenchCase(mode=m, dtype=dtype) for m in modes]
         rows = []
         for name, cfg in models(ctx.smoke).items():
             for T in contexts(ctx.smoke):
@@ -233,7 +233,7 @@ TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudn
 def _technique_settings(ctx: Context):
     from jaxlm.bench import measure
 
-    return [measure.Setting(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+    return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
 
 
 def run_techniques(ctx: Context) -> dict:

@@ -1,10 +1,11 @@
-"""Number formatting, Markdown tables and the quantities a report shows."""
+"""Number formatting, Markdown tables (deliverables.common.table) and the quantities a report shows."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from deliverables.common import table  # noqa: F401 (the report's modules take it from here)
 from experiments.plan import format_value
 
 # Quantity -> (column title, formatter, lower is better?)
@@ -75,12 +76,6 @@ def pct_change(new: float | None, old: float | None) -> float | None:
 
 def fmt_pct(p: float | None) -> str:
     return "–" if p is None else f"{p:+.0f}%"
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def value(run: dict, q: str) -> float | None:

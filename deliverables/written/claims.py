@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from deliverables.common import COURSE_MEMORY
 from deliverables.written.claims_records import records
 from jaxlm import cli
 from jaxlm.core.files import read_json
@@ -63,7 +64,7 @@ def analytic() -> dict[str, Claim]:
                   "xl_params": Claim(flops.param_counts(xl)["total"], src),
                   "xl_fwd_tflop": Claim(flops.forward_flops(xl, 1024).total / 1e12, src),
                   "xl_gb_per_seq": Claim(per_seq / 1e9, src), "xl_gb_fixed": Claim(fixed / 1e9, src),
-                  "xl_batch_80gb": Claim(math.floor((80e9 - fixed) / per_seq), src),
+                  "xl_batch_80gb": Claim(math.floor((COURSE_MEMORY - fixed) / per_seq), src),
                   "xl_a100_days": Claim(accounting.training_days("a100", "float32")[1], src),
                   "params_small_m": Claim(flops.param_counts(accounting.model("small"))["total"] / 1e6, src),
                   "params_large_m": Claim(flops.param_counts(accounting.model("large"))["total"] / 1e6, src)}

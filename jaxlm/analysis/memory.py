@@ -37,12 +37,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from jaxlm.analysis.flops import attention_widths, param_counts
+from jaxlm.analysis.flops import MODES, attention_widths, param_counts
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.nn.loss import block_positions
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-MODES = ("forward", "forward_backward", "train_step")
 BACKENDS = ("gpu", "cpu")
 
 # XLA's GPU compiler (H100 target, jax 0.10): bytes at the train step's peak per element of each kind of tensor,

@@ -1,7 +1,7 @@
 """Benchmarks, all behind `python -m jaxlm.bench WHAT` (model, data, decode, ops, matmul, parallel; docs/benchmarks.md).
 
 The model-step sweep (speed, FLOPs, MFU, memory; other frameworks' rows beside them from plugged-in sides):
-- measure: `Setting`, `Options`, `run_sweep`, `run_group`, `run_one` (what a row is, how rows are timed);
+- measure: `BenchCase`, `Options`, `run_sweep`, `run_group`, `run_one` (what a row is, how rows are timed);
   `batch_fits` (through jaxlm.analysis.memory.search_largest)
 - timing: the one timing loop (`time_calls`), the settling between interleaved calls, the machine's load
 - sides: the measuring sides: the library's own and the plugins found through entry points

@@ -22,15 +22,12 @@ from jaxlm import cli
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import write_json
 from jaxlm.core.stop import Interrupted, StopFlag
+from jaxlm.core.units import si
 from jaxlm.predict import calibration, target
 from jaxlm.predict.compile import with_shape
 from jaxlm.predict.rows import kernel_table
 
 TOP = 15  # ops and kernels listed without --top
-
-
-def _si(x: float) -> str:
-    return f"{x / 1e12:.2f} T" if x >= 1e12 else f"{x / 1e9:.2f} G" if x >= 1e9 else f"{x / 1e6:.2f} M"
 
 
 def format_kernels(r: dict) -> str:
@@ -43,8 +40,8 @@ def format_kernels(r: dict) -> str:
     lines = [r["label"], f"{head}: {r['predicted_step_ms']:.3f} ms, {r['predicted_tokens_per_s']:,.0f} tokens/s{mfu}; "
              f"{memory}", "",
              f"  {'kernel group':24s} {'ms':>9s} {'share':>6s} {'FLOPs':>9s} {'bytes':>9s} {'launches':>8s}  bound"]
-    lines += [f"  {g['group']:24s} {g['predicted_ms']:9.3f} {100 * g['share']:5.1f}% {_si(g['flops']):>9s} "
-              f"{_si(g['bytes']):>9s} {g['launches']:8d}  {g['bound'] or '-'}" for g in r["groups"]]
+    lines += [f"  {g['group']:24s} {g['predicted_ms']:9.3f} {100 * g['share']:5.1f}% {si(g['flops']):>9s} "
+              f"{si(g['bytes']):>9s} {g['launches']:8d}  {g['bound'] or '-'}" for g in r["groups"]]
     for title, key in (("by pass", "phases"), ("by part of the model", "components")):
         lines += ["", f"  {title}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in r[key].items())]
     lines += ["", f"  slowest {len(r['ops'])} ops (an op's kernels summed over the layers and launches):",

@@ -39,8 +39,9 @@ COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One optimisation setting; `attention` is "xla", "cudnn", "window:N" or "cudnn+window:N"."""
+class BenchCase:
+    """What one benchmark row runs: the side, the step, its dtype, attention and remat; `attention` is "xla",
+    "cudnn", "window:N" or "cudnn+window:N"."""
 
     framework: str = sides.OWN  # the side that measures it (`jaxlm.bench.sides`)
     mode: str = "forward"
@@ -101,7 +102,7 @@ class Prepared(NamedTuple):
     finish: Callable[[], None]  # after the timing: fill what is read afterwards (memory), release the step
 
 
-def empty_row(setting: Setting, cfg: ModelConfig, context: int, batch: int, opts: Options) -> dict:
+def empty_row(setting: BenchCase, cfg: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     row = {c: None for c in COLUMNS}
     row.update(
         framework=setting.framework, model=opts.model_name, mode=setting.mode, dtype=setting.dtype,
@@ -133,7 +134,7 @@ def is_oom(exc: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "Out of memory" in text
 
 
-def _invalid_row(setting: Setting, context: int, batch: int, opts: Options, error: Exception) -> dict:
+def _invalid_row(setting: BenchCase, context: int, batch: int, opts: Options, error: Exception) -> dict:
     """An invalid combination (e.g. cudnn with float32): a row that says so."""
     row = {c: None for c in COLUMNS}
     row.update(framework=setting.framework, model=opts.model_name, mode=setting.mode, dtype=setting.dtype,
@@ -168,7 +169,7 @@ def _step_statistics(row: dict, times: list[float], cpu_s: float) -> None:
     row["step_cpu_ms"] = 1e3 * cpu_s / len(times)  # this process's CPU time: steadier than wall time under load
 
 
-def _prepare_rows(settings: list[Setting], base: ModelConfig, context: int, batch: int,
+def _prepare_rows(settings: list[BenchCase], base: ModelConfig, context: int, batch: int,
                   opts: Options) -> tuple[list[dict], dict[int, Prepared]]:
     """A row per setting, and the prepared step of each that compiled and is to be timed."""
     rows, prepared = [], {}
@@ -197,7 +198,7 @@ def _prepare_rows(settings: list[Setting], base: ModelConfig, context: int, batc
     return rows, prepared
 
 
-def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: int, opts: Options) -> list[dict]:
+def run_group(settings: list[BenchCase], base: ModelConfig, context: int, batch: int, opts: Options) -> list[dict]:
     """Benchmark settings that compare (one mode, dtype and attention) at one shape; never raises.
 
     Each side's `prepare` compiles its step and returns a `Prepared` (or None when the row is already decided).
@@ -226,7 +227,7 @@ def run_group(settings: list[Setting], base: ModelConfig, context: int, batch: i
     return rows
 
 
-def _on_host_cpu(setting: Setting) -> bool:
+def _on_host_cpu(setting: BenchCase) -> bool:
     try:
         return sides.load(setting.framework).device_kind() == "cpu"
     except Exception:  # no such side: run_group turns that into its one-line error
@@ -274,19 +275,19 @@ def _paired_ratios(rows: list[dict], times: dict[int, list[float]]) -> None:
                            reference=rows[ref]["framework"], speed_vs_reference_of=PAIRED_RATIO)
 
 
-def run_one(setting: Setting, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
+def run_one(setting: BenchCase, base: ModelConfig, context: int, batch: int, opts: Options) -> dict:
     """Benchmark one (setting, context, batch); never raises: failures become OOM / error rows."""
     return run_group([setting], base, context, batch, opts)[0]
 
 
-def compare_key(setting: Setting) -> tuple:
+def compare_key(setting: BenchCase) -> tuple:
     """Rows with the same key compare with each other: one mode, dtype and attention, any side or remat."""
     return setting.mode, setting.dtype, setting.attention
 
 
 def run_sweep(
     base: ModelConfig,
-    settings: Iterable[Setting],
+    settings: Iterable[BenchCase],
     contexts: Iterable[int],
     batches: Iterable[int],
     opts: Options = Options(),
@@ -329,7 +330,7 @@ def add_speed_ratios(rows: list[dict]) -> None:
 # The search itself is jaxlm.analysis.memory.search_largest, shared by every largest-batch search.
 
 
-def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
+def batch_fits(setting: BenchCase, base: ModelConfig, context: int, opts: Options) -> Callable[[int], bool]:
     """fits(batch). With a memory limit: the estimate (JAX: compiled memory_analysis; torch: the analytic
     jaxlm.analysis.memory.estimate) is within it, and nothing runs. Without one: a real 1-step run does not OOM."""
 
@@ -343,7 +344,7 @@ def batch_fits(setting: Setting, base: ModelConfig, context: int, opts: Options)
     return fits
 
 
-def estimate_bytes(setting: Setting, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
+def estimate_bytes(setting: BenchCase, cfg: ModelConfig, compute: ComputeConfig, batch: int, context: int) -> float:
     """Estimated step memory without running: XLA's memory_analysis (JAX) or jaxlm.analysis.memory.estimate (torch)."""
     if setting.framework == "jax":
         from jaxlm.bench import steps

@@ -29,13 +29,13 @@ import tempfile
 from collections import Counter
 
 from jaxlm import cli
+from jaxlm.analysis.flops import MODES
 from jaxlm.bench import sides
 from jaxlm.bench.output import check_output
 from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import write_json
 
-MODES = ("forward", "forward_backward", "train_step")
 CATEGORIES = (
     "projection matmuls, forward", "projection matmuls, backward", "attention matmuls, forward",
     "attention matmuls, backward", "loss (logits to cross-entropy)", "element-wise and reductions, forward",

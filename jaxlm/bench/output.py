@@ -11,6 +11,7 @@ from jaxlm.bench.measure import COLUMNS
 from jaxlm.bench.timing import withheld
 from jaxlm.core.errors import UsageError
 from jaxlm.core.files import atomic_write, writable_dir_problem, writable_file_problem
+from jaxlm.core.units import count, si
 
 
 def check_output(flag: str, path: str | None) -> None:
@@ -34,9 +35,9 @@ def _fmt(value, col: str) -> str:
     if col == "busy":
         return "busy" if value else "quiet"
     if col in ("params", "flops_per_step"):
-        return _si(value)
+        return si(value)
     if col in ("tokens_per_s", "predicted_tokens_per_s"):
-        return f"{value:,.0f}"
+        return count(value)
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
@@ -52,13 +53,6 @@ def _cell(row: dict, col: str) -> str:
         low, high = row["speed_vs_reference_iqr"]
         text += f" ({low:.3g}-{high:.3g})"
     return text
-
-
-def _si(x: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return str(x)
 
 
 TABLE_COLUMNS = (

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable, Mapping
 
-from jaxlm.cli.registry import entry_points
 from jaxlm.core.errors import MissingExtra, UsageError
+from jaxlm.core.plugins import entry_points
 
 GROUP = "jaxlm.bench.sides"
 OWN = "jax"  # the library's own side; every other side is a reference it is compared with
@@ -50,7 +50,7 @@ LOADED: dict[str, ModuleType] = {}  # side name -> its measuring module, once im
 @functools.cache
 def plugins() -> dict[str, Plugin]:
     """Every installed plugin by side name (reading the entry points imports only the modules that declare them;
-    from a checkout, its pyproject.toml's: `jaxlm.cli.registry.entry_points`)."""
+    from a checkout, its pyproject.toml's: `jaxlm.core.plugins.entry_points`)."""
     return {ep.name: ep.load() for ep in entry_points(GROUP) if ep.name != OWN}
 
 

@@ -99,7 +99,7 @@ def check_args(args: argparse.Namespace, cfg: Config) -> None:
                      args.calibration, "calibrates predicted times: give --target or --target-config")
 
 
-def settings_from(args, compute: ComputeConfig) -> list[measure.Setting]:
+def settings_from(args, compute: ComputeConfig) -> list[measure.BenchCase]:
     out = []
     for fw in sides.chosen(args.framework):
         remats = args.remat if fw == sides.OWN else ["none"]  # remat is jaxlm's; other sides run without
@@ -107,7 +107,7 @@ def settings_from(args, compute: ComputeConfig) -> list[measure.Setting]:
             for dtype in args.dtype:
                 for attn in args.attention:
                     for remat in remats:
-                        out.append(measure.Setting(fw, mode, dtype, attn, remat, compute=compute))
+                        out.append(measure.BenchCase(fw, mode, dtype, attn, remat, compute=compute))
     return out
 
 
@@ -138,7 +138,7 @@ def max_batch_rows(args, settings, base, opts, meta: dict, on_row) -> list[dict]
 
 def extras(args, settings, base, meta: dict) -> None:
     """--breakdown (the first JAX setting at every shape) and --memory-profile (the first shape)."""
-    jax_settings = [s for s in settings if s.framework == sides.OWN] or [measure.Setting()]
+    jax_settings = [s for s in settings if s.framework == sides.OWN] or [measure.BenchCase()]
     if args.breakdown:
         from jaxlm.bench.breakdown import component_breakdown, format_breakdown
 

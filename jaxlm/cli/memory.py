@@ -30,6 +30,7 @@ from jaxlm.analysis.memory import (
     usable_share,
 )
 from jaxlm.core.errors import UsageError
+from jaxlm.core.units import si
 from jaxlm.predict import calibration, target
 from jaxlm.predict import compile as gpu
 
@@ -43,10 +44,6 @@ def parse_size(text: str) -> float:
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"expected a size such as 24GiB or 80GB, got {text!r}")
     return float(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def si(x: float) -> str:
-    return f"{x / 1e9:.2f} GB" if x >= 1e8 else f"{x / 1e6:.1f} MB"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -117,15 +114,15 @@ def format_report(r: dict, cfg: ModelConfig) -> str:
              f"{r['dtype']}, attention {r['attention']}, remat {r['remat']}"
              + (f" (applied as {r['remat_applied']}: scanned layers)" if r["remat_applied"] != r["remat"] else ""), "",
              f"{'estimated bytes per device':40s} {'':>10s}"]
-    lines += [f"  {k:38s} {si(v):>10s}" for k, v in r["state_bytes"].items()]
+    lines += [f"  {k:38s} {si(v, 'B'):>10s}" for k, v in r["state_bytes"].items()]
     acts = r["activation_bytes"]
-    lines.append(f"  {'activations':38s} {si(sum(acts.values())):>10s}")
-    lines += [f"    {k:36s} {si(v):>10s}" for k, v in acts.items() if v]
-    lines += [f"  {'predicted peak':38s} {si(r['peak_bytes']):>10s}"]
+    lines.append(f"  {'activations':38s} {si(sum(acts.values()), 'B'):>10s}")
+    lines += [f"    {k:36s} {si(v, 'B'):>10s}" for k, v in acts.items() if v]
+    lines += [f"  {'predicted peak':38s} {si(r['peak_bytes'], 'B'):>10s}"]
     if "capacity_bytes" in r:
         name = r["device"] or "the given memory"
-        lines += ["", f"{name}: {si(r['capacity_bytes'])}, of which {100 * r['usable']:.0f}% usable "
-                      f"({si(r['capacity_bytes'] * r['usable'])}): batch {r['batch']} "
+        lines += ["", f"{name}: {si(r['capacity_bytes'], 'B')}, of which {100 * r['usable']:.0f}% usable "
+                      f"({si(r['capacity_bytes'] * r['usable'], 'B')}): batch {r['batch']} "
                       f"{'fits' if r['fits'] else 'does NOT fit'}",
                   f"largest batch that fits: {r['largest_batch']} (global, at context {r['context']}"
                   + (f", in {r['grad_accum']} micro-batches" if "grad_accum" in r else "") + ")"]
@@ -141,8 +138,8 @@ def target_report(args) -> dict:
     """The compiled plan of the step the flags describe, for --target / --target-config, beside the estimate."""
     t = target.parse_target(args.target, args.target_config)
     if args.device or args.memory:
-        given = f"--device {args.device}" if args.device else f"--memory {si(args.memory)}"
-        raise UsageError(f"{given}: with {t.flag} the memory is the target's ({si(t.memory_bytes)}); give one or "
+        given = f"--device {args.device}" if args.device else f"--memory {si(args.memory, 'B')}"
+        raise UsageError(f"{given}: with {t.flag} the memory is the target's ({si(t.memory_bytes, 'B')}); give one or "
                          "the other (another memory size: --target-config FILE with its device_memory_size)")
     target.require_compiler()
     cal = calibration.resolve(args.calibration, t.name, log=lambda m: print(m, file=sys.stderr))

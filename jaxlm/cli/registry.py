@@ -1,26 +1,20 @@
 """Every command in one registry: what `python -m MODULE` runs, in one line, and what it needs installed.
 
 `python -m jaxlm` prints it. The library's commands are `LIBRARY`; a package beside jaxlm registers its own
-through the entry point group `jaxlm.cli.registry` (pyproject.toml:
-`[project.entry-points."jaxlm.cli.registry"]`), each entry naming a sequence of `Command`s; a package that does
-not import here (not installed, no checkout on the path) lists none. Each command's parser takes its prog and its
-"Needs ..." line from its entry (`cli.ArgumentParser(command=MODULE)`).
-
-Entry points are read from the installed distributions' metadata, or, when jaxlm runs from a checkout (a
-pyproject.toml of project "jaxlm" beside the package), from the checkout's pyproject.toml: an editable install's
-metadata is as old as its last `pip install -e`, and a checkout on PYTHONPATH has none of its own.
+through the entry point group `jaxlm.cli.registry` (jaxlm.core.plugins), each entry naming a sequence of
+`Command`s; a package that does not import here (not installed, no checkout on the path) lists none. Each
+command's parser takes its prog and its "Needs ..." line from its entry (`cli.ArgumentParser(command=MODULE)`).
 """
 
 from __future__ import annotations
 
 import functools
 import textwrap
-import tomllib
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 
-GROUP = "jaxlm.cli.registry"
+from jaxlm.core import plugins
+
+GROUP = plugins.REGISTRY
 CORE = "the core install"
 
 
@@ -54,36 +48,10 @@ LIBRARY = (
 )
 
 
-CHECKOUT = Path(__file__).resolve().parents[2] / "pyproject.toml"  # there when jaxlm runs from a checkout
-
-
-def entry_points(group: str, pyproject: Path = CHECKOUT) -> list[metadata.EntryPoint]:
-    """The entry points of `group`: those of `pyproject` when it is jaxlm's (a checkout), else the installed
-    distributions' (module docstring)."""
-    if pyproject.is_file():
-        project = tomllib.loads(pyproject.read_text()).get("project", {})
-        if project.get("name") == "jaxlm":
-            table = project.get("entry-points", {}).get(group, {})
-            return [metadata.EntryPoint(name, value, group) for name, value in table.items()]
-    return list(metadata.entry_points(group=group))
-
-
-def registered(points: list[metadata.EntryPoint]) -> list[Command]:
-    """The commands the entry points name; none from a package that does not import here."""
-    found = []
-    for ep in points:
-        try:
-            found += ep.load()
-        except ModuleNotFoundError as e:
-            if e.name != ep.module.partition(".")[0]:  # the package is there, one of its imports is not
-                raise
-    return found
-
-
 @functools.cache
 def commands() -> tuple[Command, ...]:
     """The library's commands, then those of every package that registers some and imports here."""
-    return (*LIBRARY, *registered(entry_points(GROUP)))
+    return (*LIBRARY, *(c for ep in plugins.entry_points(GROUP) for c in plugins.loaded(ep) or ()))
 
 
 def find(module: str) -> Command | None:

@@ -1,25 +1,33 @@
 """Optional dependencies (pyproject extras), imported only where they are needed.
 
 The core install trains, generates, checkpoints and logs without them; a command
-that needs one fails in one line naming the extra to install.
+that needs one fails in one line naming the extra to install. The packages registered beside jaxlm
+(jaxlm.core.plugins) declare the extras of their own modules.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
 from types import ModuleType
 
+from jaxlm.core import plugins
 from jaxlm.core.errors import MissingExtra
 
-# top-level module -> the extra that installs it
-EXTRAS = {"torch": "torch", "torchref": "torch", "matplotlib": "plots", "xprof": "profile",
-          "safetensors": "hf", "tokenizers": "hf", "huggingface_hub": "hf"}
+# top-level module the library imports -> the extra that installs it
+EXTRAS = {"xprof": "profile", "safetensors": "hf", "tokenizers": "hf", "huggingface_hub": "hf"}
+
+
+@functools.cache
+def known() -> dict[str, str]:
+    """Every module whose extra is known: the library's (EXTRAS), then those of the registered packages."""
+    return {**EXTRAS, **{m: e for r in plugins.registries() for m, e in getattr(r, "EXTRAS", {}).items()}}
 
 
 def missing_message(module: str) -> str:
-    extra = EXTRAS[module.split(".")[0]]
+    extra = known()[module.split(".")[0]]
     cpu = " (CPU-only torch: see the README)" if extra == "torch" else ""
     return f"{module} is not installed; it comes with the '{extra}' extra: pip install -e '.[{extra}]'{cpu}"
 
@@ -46,7 +54,7 @@ def not_installed(e: BaseException) -> MissingExtra | None:
     top = (getattr(e, "name", None) or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else ""
     if not top or top == "jaxlm" or importlib.util.find_spec(top) is not None:
         return None
-    if top in EXTRAS:
+    if top in known():
         return MissingExtra(missing_message(top))
     return MissingExtra(f"{top} is not installed in this Python ({sys.executable}): activate the environment jaxlm "
                         "was installed into (e.g. `. .venv/bin/activate`), or install jaxlm here: pip install -e .")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
+from jaxlm.core.units import binary
+
 UNLIMITED_V1 = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
 
 
@@ -84,10 +86,6 @@ def _address_space_left(proc: Path) -> tuple[int, int] | None:
     return max(soft - used, 0), soft
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def host_limits(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[tuple[int, str]]:
     """(bytes this process may still allocate, what sets it) for every limit found."""
     out = []
@@ -96,11 +94,11 @@ def host_limits(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cg
         out.append((available, "this host has available"))
     cgroup = _cgroup_left(proc, cgroup_root)
     if cgroup is not None:
-        out.append((cgroup[0], f"the memory cgroup {cgroup[2]} (limit {_gib(cgroup[1])}, e.g. Slurm's --mem or a "
+        out.append((cgroup[0], f"the memory cgroup {cgroup[2]} (limit {binary(cgroup[1])}, e.g. Slurm's --mem or a "
                                "container's) leaves"))
     space = _address_space_left(proc)
     if space is not None:
-        out.append((space[0], f"the address-space limit (ulimit -v, RLIMIT_AS {_gib(space[1])}) leaves"))
+        out.append((space[0], f"the address-space limit (ulimit -v, RLIMIT_AS {binary(space[1])}) leaves"))
     return out
 
 
@@ -115,10 +113,10 @@ def describe_limits(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/f
     parts = []
     cgroup = _cgroup_left(proc, cgroup_root)
     if cgroup is not None:
-        parts.append(f"the memory cgroup {cgroup[2]} limits it to {_gib(cgroup[1])}")
+        parts.append(f"the memory cgroup {cgroup[2]} limits it to {binary(cgroup[1])}")
     space = _address_space_left(proc)
     if space is not None:
-        parts.append(f"`ulimit -v` (RLIMIT_AS) limits its address space to {_gib(space[1])}")
+        parts.append(f"`ulimit -v` (RLIMIT_AS) limits its address space to {binary(space[1])}")
     return "; ".join(parts)
 
 

@@ -1,7 +1,7 @@
 """SIGTERM and Ctrl-C: one path for every command, a flag for the training loop, and nothing lost before main starts.
 
-Every command gets `defer_interrupts` from its first import of jaxlm on (`python -m jaxlm.train`,
-`experiments.run`, `deliverables.report`, `parity.check`, ...): SIGTERM takes the path Ctrl-C takes. A signal
+Every command gets `defer_interrupts` from its first import of jaxlm on (`python -m jaxlm.train`, or a module of
+a package registered beside jaxlm: jaxlm.core.plugins): SIGTERM takes the path Ctrl-C takes. A signal
 before the command's `main` starts (while JAX and its plugins load, where JAX's plugin loader swallowed Ctrl-C
 and SIGTERM killed the process outright) is held until `jaxlm.cli.run` starts `main`, which then stops at once
 with one line. Once `main` runs, either signal is an `Interrupted` (a KeyboardInterrupt naming the signal),
@@ -30,16 +30,19 @@ import sys
 import threading
 from typing import Callable, Iterator
 
-COMMAND_PACKAGES = ("jaxlm", "experiments", "deliverables", "parity")  # `python -m` of a module of these: a command
+from jaxlm.core import plugins
+
 RETRY_S = 0.05
 _state = {"armed": False, "pending": None}  # the command's main is running; a signal held before it ran
 
 
 def started_as_command() -> bool:
-    """This process is `python -m` of one of this project's modules (not a library import, a notebook, pytest)."""
+    """This process is `python -m` of a module of jaxlm or of a package registered beside it (not a library import,
+    a notebook, pytest)."""
     argv = list(getattr(sys, "orig_argv", []))
     i = argv.index("-m") if "-m" in argv else -1
-    return 0 <= i < len(argv) - 1 and argv[i + 1].partition(".")[0] in COMMAND_PACKAGES
+    top = argv[i + 1].partition(".")[0] if 0 <= i < len(argv) - 1 else None
+    return top == "jaxlm" or top is not None and top in plugins.packages()
 
 
 def _unraisable(frame) -> bool:

@@ -168,8 +168,8 @@ def fetch(remote: Remote, dest: Path, timeout: float = 10.0, progress: bool = Tr
         reason = getattr(e, "reason", e)
         raise DataError(f"{dest}: cannot download {remote.url} ({reason}); without the network, copy the file there "
                         f"from a machine that has it (`curl -L -o {dest.name} {remote.url}`) and rerun, or point "
-                        f"JAXLM_DATA at a folder that holds {dest.parent.name}/; the quickstart needs no download: "
-                        "python -m jaxlm.train --config experiments/configs/quickstart.toml") from None
+                        f"JAXLM_DATA at a folder that holds {dest.parent.name}/; the README's quickstart needs no "
+                        "download") from None
     with response:
         resumed = have and response.status == 206
         total = int(response.headers.get("Content-Length", 0) or 0) + (have if resumed else 0)

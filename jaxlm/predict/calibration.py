@@ -104,7 +104,7 @@ def load(path: Path) -> Calibration:
         raise DataError(f"--calibration {path}: not a calibration file ({what})") from None
     if cal.pricing != PRICING_VERSION:
         raise DataError(f"--calibration {path}: fitted to pricing version {cal.pricing}, the model is at "
-                        f"{PRICING_VERSION}: profile the GPU again (python -m deliverables.gpu --only profile)")
+                        f"{PRICING_VERSION}: profile the GPU again (docs/gpu.md, the `profile` step)")
     if any(r.ratio <= 0 for table in (cal.groups, cal.shape_classes) for r in table.values()):
         raise DataError(f"--calibration {path}: a ratio is not positive")
     return cal

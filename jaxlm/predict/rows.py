@@ -1,7 +1,7 @@
 """The rows of `python -m jaxlm.bench model --target GPU`: each setting and shape compiled for the GPU
 (jaxlm.predict.compile) instead of timed, in the columns of a benchmark row, with its step time, tokens/s
 and MFU predicted from the compiled program (`predicted_*`: its kernels priced, not measured). A `setting` is a
-benchmark setting (jaxlm.bench.measure.Setting: framework, mode, dtype, attention, remat and `configs()`).
+benchmark case (jaxlm.bench.measure.BenchCase: framework, mode, dtype, attention, remat and `configs()`).
 
     python -m jaxlm.bench model --target h100-80gb --preset small --context 256 1024 --mode train_step --json F
 

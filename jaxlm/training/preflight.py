@@ -34,6 +34,7 @@ from jaxlm.core.limits import host_memory
 from jaxlm.core.lock import DirLock
 from jaxlm.core.stop import StopFlag
 from jaxlm.core.typedconfig import flatten_tree, to_dict, toml_value
+from jaxlm.core.units import binary
 from jaxlm.data.prepare import META, SPLITS, ensure_prepared, max_token_id, read_meta
 from jaxlm.nn.attention import cudnn_problem
 from jaxlm.nn.loss import chunk_tokens
@@ -317,12 +318,6 @@ def check_same_tokenizer(cfg: Config, data_dir: Path) -> None:
 # --------------------------------------------------------------------------- once the step is built
 
 
-def _gib(n: float) -> str:
-    if n >= 2**40:
-        return f"{n / 2**40:,.4g} TiB"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
-
-
 def check_disk(cfg: Config, checkpoint_bytes: int) -> None:
     """The file system of train.out_dir holds the next checkpoint (refused when not even one fits; a warning
     when the checkpoint.keep + 1 that exist during a save do not)."""
@@ -331,12 +326,13 @@ def check_disk(cfg: Config, checkpoint_bytes: int) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < checkpoint_bytes:
-        raise ConfigError(f"train.out_dir = {cfg.train.out_dir!r}: its file system has {_gib(free)} free, one "
-                          f"checkpoint of this run takes {_gib(checkpoint_bytes)}; free space or choose another "
+        raise ConfigError(f"train.out_dir = {cfg.train.out_dir!r}: its file system has {binary(free)} free, one "
+                          f"checkpoint of this run takes {binary(checkpoint_bytes)}; free space or choose another "
                           "train.out_dir")
     if free < (cfg.checkpoint.keep + 1) * checkpoint_bytes:
-        print(f"warning: train.out_dir = {cfg.train.out_dir!r}: {_gib(free)} free holds fewer than checkpoint.keep + 1 "
-              f"= {cfg.checkpoint.keep + 1} checkpoints of {_gib(checkpoint_bytes)}", file=sys.stderr)
+        print(f"warning: train.out_dir = {cfg.train.out_dir!r}: {binary(free)} free holds fewer than "
+              f"checkpoint.keep + 1 = {cfg.checkpoint.keep + 1} checkpoints of {binary(checkpoint_bytes)}",
+              file=sys.stderr)
 
 
 def available_memory() -> tuple[int, str] | None:
@@ -368,9 +364,9 @@ def check_model_size(cfg: Config) -> None:
     if weights > total:
         raise ConfigError(f"model.d_model = {m.d_model}, model.num_layers = {m.num_layers}, model.vocab_size = "
                           f"{m.vocab_size}, model.d_ff = {m.d_ff}, model.context_length = {m.context_length}: "
-                          f"{params:,.4g} parameters take {_gib(weights)} before any optimizer state or activation, "
-                          f"but {where} {_gib(per_device)}"
-                          + (f" ({jax.device_count()} devices: {_gib(total)})" if jax.device_count() > 1 else "")
+                          f"{params:,.4g} parameters take {binary(weights)} before any optimizer state or activation, "
+                          f"but {where} {binary(per_device)}"
+                          + (f" ({jax.device_count()} devices: {binary(total)})" if jax.device_count() > 1 else "")
                           + "; choose a smaller model")
 
 
@@ -390,8 +386,8 @@ def check_memory(cfg: Config, compiled, batch_unit: int) -> None:
         return
     B, fixed, temp = cfg.data.batch_size, need - m.temp, max(m.temp, 1)
     fits = int((free - fixed) / temp * B) // batch_unit * batch_unit
-    figure = (f"the compiled train step needs {_gib(need)} per device ({_gib(fixed)} parameters, optimizer state "
-              f"and batch, {_gib(m.temp)} temporaries), but {where} {_gib(free)}")
+    figure = (f"the compiled train step needs {binary(need)} per device ({binary(fixed)} parameters, optimizer state "
+              f"and batch, {binary(m.temp)} temporaries), but {where} {binary(free)}")
     if fits >= batch_unit:
         raise ConfigError(f"data.batch_size = {B}: {figure}; about {fits} fits: lower data.batch_size, raise "
                           "train.grad_accum or set compute.remat")

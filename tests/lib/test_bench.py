@@ -150,7 +150,7 @@ def scripted(monkeypatch):
     return install
 
 
-PAIR = [measure.Setting("jax", "forward"), measure.Setting("ref", "forward")]
+PAIR = [measure.BenchCase("jax", "forward"), measure.BenchCase("ref", "forward")]
 
 
 def test_rows_on_the_cpu_are_timed_in_alternating_rounds_and_compared_round_by_round(scripted):
@@ -225,11 +225,11 @@ def test_rows_timed_on_a_busy_machine_are_marked_and_their_ratio_is_not_printed(
 
 
 def test_oom_and_invalid_rows_do_not_stop_the_sweep():
-    rows = measure.run_sweep(TINY_CFG, [measure.Setting("jax", "forward")], [16], [1, 100_000, 2],
+    rows = measure.run_sweep(TINY_CFG, [measure.BenchCase("jax", "forward")], [16], [1, 100_000, 2],
                              measure.Options(warmup=1, steps=1, memory_limit_gb=0.05))
     assert [r["status"] for r in rows] == ["ok", "OOM", "ok"]
     assert "memory-limit-gb" in rows[1]["error"]
-    (row,) = measure.run_sweep(TINY_CFG, [measure.Setting("jax", "forward", "float32", "cudnn")], [16], [1],
+    (row,) = measure.run_sweep(TINY_CFG, [measure.BenchCase("jax", "forward", "float32", "cudnn")], [16], [1],
                                measure.Options(warmup=0, steps=1))
     assert row["status"] == "invalid" and "cudnn" in row["error"]
 
@@ -293,7 +293,7 @@ def test_sizes_below_one_are_one_line_errors(argv, capsys):
 
 
 def test_find_max_batch_against_the_memory_limit_estimate(monkeypatch):
-    setting = measure.Setting("jax", "forward")
+    setting = measure.BenchCase("jax", "forward")
     limit_gb = 0.0005
     # one compile per batch, the search's and the checks' alike
     monkeypatch.setattr(measure, "estimate_bytes", functools.cache(measure.estimate_bytes))

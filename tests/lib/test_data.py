@@ -259,8 +259,7 @@ def _corpus(monkeypatch, name, *remotes, files=None):
 def test_download_failure_names_url(tmp_path, monkeypatch):
     url = "http://127.0.0.1:9/TinyStoriesV2-GPT4-train.txt"  # discard port: refused at once
     _corpus(monkeypatch, "tinystories", corpora.Remote(url, "train.txt"))
-    offline = ("JAXLM_DATA at a folder that holds tinystories/; the quickstart needs no download: "
-               "python -m jaxlm.train --config experiments/configs/quickstart.toml")
+    offline = "JAXLM_DATA at a folder that holds tinystories/; the README's quickstart needs no download"
     with pytest.raises(DataError, match=f"cannot download {url}.*curl -L -o .*{offline}"):
         corpora.download("tinystories", tmp_path, timeout=2, progress=False)
     assert not (tmp_path / "tinystories" / "train.txt").exists()

@@ -193,14 +193,14 @@ SETTINGS = {"f32": ("float32", "xla", "none"), "bf16": ("bfloat16", "xla", "none
 def rows():
     """`python -m jaxlm.bench model --target h100-80gb` rows of a small model in each setting (the programs of
     tests/lib/gpu_programs.py, compiled once)."""
-    from jaxlm.bench.measure import Setting
+    from jaxlm.bench.measure import BenchCase
     from jaxlm.core.config import load_config
     from jaxlm.predict.rows import bench_row
 
     cfg, t = load_config(None, MODEL), parse_target("h100-80gb")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpu, "compile_step", programs.compile_step)
-        return {name: bench_row(Setting("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")
+        return {name: bench_row(BenchCase("jax", "train_step", d, a, r), cfg, CONTEXT, BATCH, t, "tiny")
                 for name, (d, a, r) in SETTINGS.items()}
 
 

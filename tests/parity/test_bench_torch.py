@@ -69,7 +69,7 @@ def test_sweep_both_frameworks_gives_jax_and_torch_rows_with_a_ratio(tmp_path, c
 
 
 def test_torch_rows_over_the_memory_limit_are_oom_without_running():
-    rows = measure.run_sweep(TINY_CFG, [measure.Setting("torch", "forward")], [16], [1, 100_000],
+    rows = measure.run_sweep(TINY_CFG, [measure.BenchCase("torch", "forward")], [16], [1, 100_000],
                              measure.Options(warmup=1, steps=1, memory_limit_gb=0.05, side_args={"no_compile": True}))
     assert [r["status"] for r in rows] == ["ok", "OOM"] and rows[1]["memory_source"] == "analytic estimate"
 

@@ -38,10 +38,10 @@ COMMANDS = _quick_commands()
 def needs_of(command) -> list:
     """The `extra` mark (tests.train_helpers.needs) of a registered command (jaxlm.cli.registry) that needs a pyproject
     extra the tests know how to look for; none for the others."""
-    from jaxlm.core.extras import EXTRAS
+    from jaxlm.core import extras
 
     extra = re.match(r"the '([\w-]+)' extra", command.needs)
-    known = {*EXTRAS.values(), "gpu-compile"}
+    known = {*extras.known().values(), "gpu-compile"}
     return [needs(extra.group(1))] if extra and extra.group(1) in known else []
 
 

@@ -144,7 +144,7 @@ def test_target_with_another_memory_is_refused_in_one_line(given, capsys):
     assert cli.run(memory_cli.main, ["--target", "h100-80gb", *given]) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"error: {given[0]} ")
-    assert "with --target h100-80gb the memory is the target's (84.94 GB)" in line
+    assert "with --target h100-80gb the memory is the target's (84.9 GB)" in line
 
 
 @needs_compiler

@@ -87,6 +87,7 @@ def test_a_missing_extra_is_named_in_one_line(monkeypatch):
     def missing(name):
         raise ModuleNotFoundError(f"No module named '{name}'", name=name.split(".")[0])
 
+    assert extras.known()["matplotlib"] == "plots"  # declared by the report's package (deliverables/registry.py)
     monkeypatch.setattr(extras.importlib, "import_module", missing)
     with pytest.raises(MissingExtra, match=r"^matplotlib is not installed; it comes with the 'plots' extra: "
                                            r"pip install -e '\.\[plots\]'$") as e:
@@ -125,17 +126,21 @@ def test_python_m_jaxlm_lists_the_library_and_what_the_packages_beside_it_regist
 
 
 def test_entry_points_come_from_a_checkout_else_from_the_installed_metadata(tmp_path):
+    """A checkout's pyproject.toml: its installed entry points and its checkout-only ones ([tool.jaxlm.entry-points],
+    packages run from the checkout, not installed); an absent package names no command."""
     from importlib import metadata
 
-    from jaxlm.cli import registry
+    from jaxlm.core import plugins
 
     group = "jaxlm.bench.sides"
     installed = sorted((e.name, e.value) for e in metadata.entry_points(group=group))
-    assert sorted((e.name, e.value) for e in registry.entry_points(group, tmp_path / "none.toml")) == installed
+    assert sorted((e.name, e.value) for e in plugins.entry_points(group, tmp_path / "none.toml")) == installed
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\n')
-    assert sorted((e.name, e.value) for e in registry.entry_points(group, tmp_path / "pyproject.toml")) == installed
-    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "jaxlm"\n[project.entry-points."{registry.GROUP}"]\n'
+    assert sorted((e.name, e.value) for e in plugins.entry_points(group, tmp_path / "pyproject.toml")) == installed
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "jaxlm"\n[project.entry-points."{plugins.REGISTRY}"]\n'
                                              'gone = "no_such_package.registry:COMMANDS"\n'
+                                             f'[tool.jaxlm.entry-points."{plugins.REGISTRY}"]\n'
                                              'lab = "experiments.registry:COMMANDS"\n')
-    points = registry.entry_points(registry.GROUP, tmp_path / "pyproject.toml")
-    assert [c.module for c in registry.registered(points)] == ["experiments.run"]  # the absent package: none
+    points = plugins.entry_points(plugins.REGISTRY, tmp_path / "pyproject.toml")
+    assert [ep.name for ep in points] == ["gone", "lab"]
+    assert [c.module for ep in points for c in plugins.loaded(ep) or ()] == ["experiments.run"]

@@ -3,6 +3,7 @@ upward import."""
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +129,38 @@ def test_the_package_checker_refuses_the_runner_importing_a_deliverable():
 
 def test_packages_import_only_what_sits_below_them():
     assert not (wrong := wrong_imports(import_graph())), wrong
+
+
+BESIDE = ("torchref", "parity", "experiments", "deliverables")  # what jaxlm never names: they register themselves
+NAMED = re.compile(r"(?<![\w-])(?:" + "|".join(BESIDE) + r")(?![\w-])")
+
+
+def names_beside(source: str) -> list[str]:
+    """The strings and names of `source` (docstrings and comments aside: they may say what uses the code) that name
+    a package beside jaxlm, as 'line: text'."""
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+            ast.AsyncFunctionDef)) and n.body and isinstance(n.body[0], ast.Expr)}
+    texts = [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and id(n) not in docs]
+    texts += [(n.lineno, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    texts += [(n.lineno, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
+    return [f"{line}: {text[:80]}" for line, text in texts if NAMED.search(text)]
+
+
+def test_the_name_checker_finds_the_lab_in_code_not_in_docstrings():
+    source = ('"""Used by experiments.run."""\nPACKAGES = ("jaxlm", "deliverables")\nEXTRAS = {"torchref": "torch"}\n'
+              'def f():\n    """parity reads it"""\n    return parity_check  # experiments\n')
+    assert sorted(names_beside(source)) == ["2: deliverables", "3: torchref"]
+    assert names_beside('x = "an experiments-free name"; y = "parity_check"') == []
+
+
+def test_jaxlm_names_no_package_beside_it():
+    """The packages beside jaxlm register their commands, names and extras (jaxlm.core.plugins): jaxlm's code names
+    none of them, not even as a string."""
+    found = {str(p.relative_to(REPO)): hits for p in sorted((REPO / "jaxlm").rglob("*.py"))
+             if (hits := names_beside(p.read_text()))}
+    assert not found, found
 
 
 # Within the deliverables the written report reads the plans' reports and the answers, and the answers read the

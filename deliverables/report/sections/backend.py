@@ -68,15 +68,15 @@ def annotate(sentences: list[str], cpu: bool) -> list[str]:
 
 
 def _bench_config(run: dict, row: dict):
-    from jaxlm.bench.measure import Setting
+    from jaxlm.bench.measure import BenchCase
     from jaxlm.core.config import load_config
 
     spec = run.get("spec") or {}
     overrides = [f"{k}={toml_value(v)}" for k, v in (spec.get("set") or {}).items()
                  if k.split(".")[0] in ("model", "compute")]
     cfg = load_config(None, overrides, preset=(spec.get("args") or {}).get("preset"))
-    setting = Setting(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
-                      remat=row.get("remat") or "none")
+    setting = BenchCase(mode=row["mode"], dtype=row["dtype"], attention=row.get("attention") or "xla",
+                        remat=row.get("remat") or "none")
     return setting.configs(cfg.model, row["context"])
 
 

@@ -1,0 +1,23 @@
+"""What several deliverables state: the Markdown table writer, the study models beside the presets, the course's
+device memory."""
+
+from __future__ import annotations
+
+# The course's device memory: adamwAccounting (b) asks for "the maximum batch size you can use and still fit within
+# 80GB memory".
+COURSE_MEMORY = 80e9
+
+# Models the memory studies name beside the presets (`--set` overrides): the RTX 5090 study's, 4 layers, d_model
+# 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
+STUDY_MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
+                            "model.vocab_size=50257", "model.tie_embeddings=true"]}
+
+
+def table(head: list[str], rows: list[list], align: str = "l") -> str:
+    """A Markdown table. `align` gives each column's side, 'l' or 'r', its last letter repeated for the columns
+    after it ("lr": names left, numbers right). A None cell reads '-'; a short row (a setting and its error) keeps
+    its cells."""
+    sides = (align + align[-1] * len(head))[:len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "".join("---|" if s == "l" else "---:|" for s in sides)]
+    lines += ["| " + " | ".join("-" if c is None else str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
