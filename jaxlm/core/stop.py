@@ -6,8 +6,9 @@ before the command's `main` starts (while JAX and its plugins load, where JAX's 
 and SIGTERM killed the process outright) is held until `jaxlm.cli.run` starts `main`, which then stops at once
 with one line. Once `main` runs, either signal is an `Interrupted` (a KeyboardInterrupt naming the signal),
 except that one landing in a garbage-collector callback (JAX has one) or a finaliser, where Python would print
-and drop it, is sent again 50 ms later. It unwinds the command like any exception, so locks are released and a
-half-written output is removed (or marked: `jaxlm.core.lock.new_directory`); `jaxlm.cli.run` prints one
+and drop it, or while JAX traces or Orbax reads or writes a checkpoint (their C++ calling back into Python), is
+sent again 50 ms later, until it lands where it can be raised. It unwinds the command like any exception, so locks are
+released and a half-written output is removed (or marked: `jaxlm.core.lock.new_directory`); `jaxlm.cli.run` prints one
 `interrupted:` line and exits 128 + the signal's number (130 for SIGINT, 143 for SIGTERM) without the
 interpreter's exit, which crashed (exit 139) after JAX was stopped mid-call. `noting` adds what a command
 left behind to that line.
@@ -45,12 +46,30 @@ def started_as_command() -> bool:
     return top == "jaxlm" or top is not None and top in plugins.packages()
 
 
-def _unraisable(frame) -> bool:
-    """The frame runs inside a garbage-collector callback (JAX registers one) or a finaliser, where Python prints
-    an exception and goes on ("Exception ignored in ...")."""
+# Packages whose C++ runs Python callbacks while it reads or writes a checkpoint: an exception raised in one unwinds
+# through C++ not built for it.
+NATIVE_IO = frozenset({"orbax", "tensorstore"})
+
+
+def _tracing() -> bool:
+    """JAX is tracing a function (its C++ calling back into Python: an exception raised there crashed generate,
+    exit -11). jax._src.core is private: without it, no trace is assumed."""
+    core = sys.modules.get("jax._src.core")
+    clean = getattr(core, "trace_state_clean", None)
+    return clean is not None and not clean()
+
+
+def _not_here(frame) -> bool:
+    """The frame runs where an interrupt must not be raised: while JAX traces, within a checkpoint's I/O
+    (NATIVE_IO), or inside a garbage-collector callback (JAX registers one) or a finaliser, where Python prints an
+    exception and goes on ("Exception ignored in ...")."""
+    if _tracing():
+        return True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        if str(frame.f_globals.get("__name__", "")).partition(".")[0] in NATIVE_IO:
             return True
         frame = frame.f_back
     return False
@@ -59,7 +78,7 @@ def _unraisable(frame) -> bool:
 def _deferred_interrupt(signum, frame) -> None:
     if not _state["armed"]:
         _state["pending"] = _state["pending"] or signal.Signals(signum).name
-    elif _unraisable(frame):
+    elif _not_here(frame):
         retry = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
         retry.daemon = True
         retry.start()

@@ -80,6 +80,26 @@ def test_a_ctrl_c_before_main_is_held_and_one_in_a_gc_callback_is_sent_again(mon
         stop._deferred_interrupt(signal.SIGINT, sys._getframe())
 
 
+def test_a_signal_within_jax_code_is_sent_again_until_it_lands_in_the_command(monkeypatch):
+    """While JAX traces (its C++ calling back into Python) the interrupt is not raised but sent again: raised there
+    it unwinds through C++ (generate died of SIGSEGV); back in the command's own code it is raised."""
+    import jax
+
+    monkeypatch.setattr(stop, "_state", {"armed": True, "pending": None})
+    sent = []
+    monkeypatch.setattr(stop.threading, "Timer", lambda delay, fn, args: SimpleNamespace(
+        start=lambda: sent.append((delay, args)), daemon=False))
+
+    def traced(x):
+        stop._deferred_interrupt(signal.SIGTERM, sys._getframe())  # as if SIGTERM came in mid-trace
+        return x + 1
+
+    assert int(jax.jit(traced)(1)) == 2
+    assert sent == [(stop.RETRY_S, (os.getpid(), signal.SIGTERM))]
+    with pytest.raises(stop.Interrupted):
+        stop._deferred_interrupt(signal.SIGTERM, sys._getframe())
+
+
 def _interrupt_at(args: list[str], delay: float, sig: signal.Signals = signal.SIGINT) -> subprocess.CompletedProcess:
     proc = subprocess.Popen([PY, "-m", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={k: v for k, v in env().items() if k != "JAX_PLATFORMS"})  # as a user starts it
