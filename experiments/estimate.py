@@ -1,15 +1,11 @@
 """How long a plan will take, before running it: model FLOPs at a stated throughput.
 
-A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its
-evaluations (forward passes); a bench run costs `startup` plus, per row, a compile and
-`warmup + steps` steps. FLOPs are `jaxlm.analysis.flops.step_flops` (matmuls only).
-
-The CPU constants are fitted to this project's recorded CPU plan runs (docs/results,
-a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s to
-start and compile a run; they reproduce those runs' step times within about 30 %.
-The GPU constants are stated, not measured: an H100 at 40 % of its 989 TFLOP/s
-bfloat16 peak, 2 ms per step and 30 s to start. Runs whose length depends on the
-outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
+A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its evaluations (forward passes); a
+bench run costs `startup` plus, per row, a compile and `warmup + steps` steps (FLOPs: jaxlm.analysis.flops.step_flops).
+The CPU constants are fitted to this project's recorded CPU plan runs (docs/results, a 2-core x86 CPU) and reproduce
+their step times within about 30 %; the GPU's are stated, not measured (an H100 at 40 % of its bfloat16 peak). Runs
+whose length depends on the outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not
+estimated.
 """
 
 from __future__ import annotations

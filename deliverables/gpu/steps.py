@@ -1,12 +1,8 @@
-"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py).
+"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py; sections: sections.py).
 
-Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
-section is in deliverables/gpu/sections.py, the profiler step in deliverables/gpu/profile.py. Sizes
-shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU (the float32 table
-then times the train step only, the largest-batch search stops at batch 1: compiles are what a CPU smoke
-pays for); cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with
-the layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
-bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate (compile time per layer, 15 steps
+at 40 % MFU: upper-end guesses). Under `ctx.smoke` sizes shrink to a tiny model so that the suite runs every step on
+a CPU, with cuDNN rows skipped with the reason.
 """
 
 from __future__ import annotations
@@ -132,19 +128,31 @@ def attention_fns(impl: str, window: int | None):
     return fwd, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
-    """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
+def attention_inputs(seed: int, shape: tuple, window: int | None):
+    """(bfloat16 (q, k, v), cotangent, float32 xla reference output, its gradients), the reference on the same
+    (upcast) inputs."""
     import jax
     import jax.numpy as jnp
 
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
+    args = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
+    ref_fwd, ref_bwd = attention_fns("xla", window)
+    up = tuple(x.astype(jnp.float32) for x in args)
+    return args, ct, ref_fwd(*up), ref_bwd(*up, ct)
+
+
+def attention_errors(fwd, bwd, args: tuple, ct, ref_out, ref_grads) -> dict:
+    """Relative errors of an implementation's output and (worst) gradient against the reference."""
+    return {"out_rel_err": rel_error(fwd(*args), ref_out),
+            "grad_rel_err": max(rel_error(g, r) for g, r in zip(bwd(*args, ct), ref_grads))}
+
+
+def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
+    """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
     from jaxlm.bench.measure import is_oom
 
-    keys = jax.random.split(jax.random.key(T), 4)
-    q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
-    q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    ref_fwd, ref_bwd = attention_fns("xla", window)
-    up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
-    ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
+    args, ct, ref_out, ref_grads = attention_inputs(T, shape, window)
     rows = []
     for impl in ("xla", "cudnn"):
         row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
@@ -153,12 +161,11 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
-            row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
-            row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
-            row["predicted_fwd_ms"] = predict.program_ms(fwd, (q16, k16, v16))
-            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (q16, k16, v16, ct))
+            row.update(attention_errors(fwd, bwd, args, ct, ref_out, ref_grads))
+            row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, args, ctx.warmup, ctx.steps)
+            row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (*args, ct), ctx.warmup, ctx.steps)
+            row["predicted_fwd_ms"] = predict.program_ms(fwd, args)
+            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (*args, ct))
             row["status"] = "ok"
         except Exception as e:
             row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
@@ -230,7 +237,7 @@ def table_estimate(dtype: str):
 TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none"))
 
 
-def _technique_settings(ctx: Context):
+def _technique_settings():
     from jaxlm.bench import measure
 
     return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
@@ -243,7 +250,7 @@ def run_techniques(ctx: Context) -> dict:
     names = {"tiny": TINY} if ctx.smoke else {n: ModelConfig.from_name(n) for n in ("small", "large")}
     batch = 2 if ctx.smoke else 4
     for name, cfg in names.items():
-        for s in sorted(_technique_settings(ctx), key=lambda s: _estimated(s, cfg, batch, T)):
+        for s in sorted(_technique_settings(), key=lambda s: _estimated(s, cfg, batch, T)):
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
             if s.attention == "cudnn" and not ctx.gpu:
@@ -286,7 +293,7 @@ def run_max_batch(ctx: Context) -> dict:
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = _device_bytes()
     rows = []
-    for s in _technique_settings(ctx):
+    for s in _technique_settings():
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
         if s.attention == "cudnn" and not ctx.gpu:
@@ -363,14 +370,9 @@ def run_shakespeare(ctx: Context) -> dict:
 
 def _evals(path: Path, launched: float) -> list[dict]:
     """Evaluation records of metrics.jsonl: step, validation loss, seconds since launch (data, compile included)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "eval" and "eval/loss" in rec:
-            out.append({"step": rec["step"], "val_loss": rec["eval/loss"], "seconds": rec["time"] - launched})
-    return out
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [{"step": r["step"], "val_loss": r["eval/loss"], "seconds": r["time"] - launched}
+            for r in records if r.get("kind") == "eval" and "eval/loss" in r]
 
 
 def estimate_shakespeare(smoke: bool) -> float:
