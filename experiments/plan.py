@@ -253,12 +253,9 @@ def _seeds(seeds: Any, where: str) -> list[int] | None:
 
 
 def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str] = frozenset()) -> list[RunSpec]:
-    """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis.
-
-    Seed-major order (every setting at the first seed, then the next seed), so a plan cut short
-    still compares every setting. A command whose argv names `{seed}` runs once per seed too, after
-    that seed's training runs (e.g. evaluating them); other runs (benchmarks, commands, `unseeded`
-    train runs) run once, in the first pass."""
+    """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis. Seed-major, so a plan
+    cut short still compares every setting. A command whose argv names `{seed}` runs once per seed too, after that
+    seed's training runs; other runs (benchmarks, commands, `unseeded` train runs) run once, in the first pass."""
     if not seeds:
         return runs
     out = []

@@ -34,12 +34,9 @@ METRICS: dict[str, str] = {
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a line that is not JSON (a torn last line of an interrupted writer, bytes
-    that are not UTF-8) is dropped.
-
-    A run resumed from a checkpoint appends again from the checkpoint's step: a record
-    whose step does not advance replaces the earlier records of its kind from that step on.
-    """
+    """The records of a metrics.jsonl, less lines that are not JSON (a torn last line, bytes that are not UTF-8). A
+    resumed run appends again from its checkpoint's step: a record whose step does not advance replaces the earlier
+    records of its kind from that step on."""
     records = []
     try:
         lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()

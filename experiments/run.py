@@ -94,11 +94,8 @@ def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
-    """Make the run directory; True when resuming an interrupted run of the same spec.
-
-    A directory holding another spec, or a failed attempt, is wiped: the rerun starts clean.
-    An interrupted attempt (no result.json) is kept, so a training run resumes from its checkpoint.
-    """
+    """Make the run directory; True when resuming an interrupted run of the same spec. A directory holding another
+    spec, or a failed attempt, is wiped; an interrupted one is kept, so a training run resumes from its checkpoint."""
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
     ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
@@ -162,8 +159,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         return {**result, "status": "skipped", "reason": reason, "finished_at": _now(), "wall_time_s": 0.0}
 
     result["resumed"] = prepare_dir(run_dir, spec)
-    argv = BUILDERS[spec.kind](spec, run_dir)
-    result["argv"] = argv
+    argv = result["argv"] = BUILDERS[spec.kind](spec, run_dir)
     log_path = run_dir / "output.log"
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()

@@ -286,8 +286,7 @@ def estimate_techniques(smoke: bool) -> float:
 
 def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
-    one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
-    and bisection) up to the largest batch that runs."""
+    one-step runs searched around it (jaxlm.analysis.memory.search_largest) up to the largest batch that runs."""
     from jaxlm.bench import measure
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
