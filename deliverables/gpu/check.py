@@ -112,8 +112,7 @@ def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
         seconds = time.monotonic() - t0
     finally:
         ckpt.close()
-    pairs = zip(jax.tree.leaves(state), jax.tree.leaves(restored))
-    equal = all(_bit_equal(a, b) for a, b in pairs)
+    equal = all(_bit_equal(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)))
     tokens = _greedy(restored, built.graphdef, [int(t) for t in batches[0][0][0, :16]], GENERATE_TOKENS)
     valid = len(tokens) == GENERATE_TOKENS and max(tokens) < cfg.model.vocab_size
     saved = {"check": "checkpoint", "save_restore_s": seconds, "arrays_equal": equal, "step": meta.get("step"),

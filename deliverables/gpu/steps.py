@@ -8,6 +8,7 @@ a CPU, with cuDNN rows skipped with the reason.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -77,10 +78,8 @@ class Step:
     cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
 
 
-def models(smoke: bool) -> dict[str, ModelConfig]:
-    if smoke:
-        return {"tiny": TINY}
-    return {n: ModelConfig.from_name(n) for n in ("small", "medium", "large")}
+def models(smoke: bool, names: tuple[str, ...] = ("small", "medium", "large")) -> dict[str, ModelConfig]:
+    return {"tiny": TINY} if smoke else {n: ModelConfig.from_name(n) for n in names}
 
 
 def contexts(smoke: bool) -> tuple[int, ...]:
@@ -100,8 +99,6 @@ ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    import statistics
-
     import jax
 
     from jaxlm.bench.timing import time_calls
@@ -247,9 +244,8 @@ def run_techniques(ctx: Context) -> dict:
     """Train steps at bfloat16 per technique; rows ordered by estimated memory so that the device's
     process-wide peak rises row by row (a row whose peak did not rise is marked so)."""
     rows, T = [], 32 if ctx.smoke else 1024
-    names = {"tiny": TINY} if ctx.smoke else {n: ModelConfig.from_name(n) for n in ("small", "large")}
     batch = 2 if ctx.smoke else 4
-    for name, cfg in names.items():
+    for name, cfg in models(ctx.smoke, ("small", "large")).items():
         for s in sorted(_technique_settings(), key=lambda s: _estimated(s, cfg, batch, T)):
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
@@ -347,9 +343,8 @@ def run_shakespeare(ctx: Context) -> dict:
         sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
                      "data.eval_tokens": 1024, "log.sample_tokens": 0})
     config = REPO / size.get("config", recipe["defaults"]["config"])
-    cmd = [sys.executable, "-m", "jaxlm.train", "--config", str(config)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={json.dumps(v)}"]
+    cmd = [sys.executable, "-m", "jaxlm.train", "--config", str(config),
+           *(a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}"))]
     timeout = max(ctx.deadline - time.monotonic(), 10.0)
     launched = time.time()
     try:
