@@ -10,6 +10,7 @@ estimated.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import textwrap
@@ -142,12 +143,10 @@ def list_plans() -> str:
             estimate = plan_estimate(sized, size if size in THROUGHPUT else "cpu")
             per_size.append(f"{size}: {len(sized.runs)} runs, {estimate}")
             data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
-        indent = " " * 4
+        fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent=indent,
-                                subsequent_indent=indent)]
+                  fill(" ".join(plan.description.split()), subsequent_indent=" " * 4)]
         if data:
-            lines.append(textwrap.fill("data: " + "; ".join(data), 100, initial_indent=indent,
-                                       subsequent_indent=indent + "  "))
+            lines.append(fill("data: " + "; ".join(data), subsequent_indent=" " * 6))
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)
