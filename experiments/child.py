@@ -1,8 +1,7 @@
 """A plan run's child process: wait for it (with its peak memory), pass a stop on to it, kill it.
 
-The child runs in its own session, so a terminal's Ctrl-C reaches only the runner; the runner
-passes it (and a SIGTERM: jaxlm.core.stop makes it an interrupt too) on with `stop`: SIGTERM to the
-child's process group, then it waits for the child, however long a training run's last checkpoint takes.
+The child runs in its own session, so a terminal's Ctrl-C reaches only the runner, which passes it (and a SIGTERM)
+on with `stop` and waits for the child, however long a training run's last checkpoint takes.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 
 def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
@@ -29,33 +29,31 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None
         delay = min(delay * 2, 0.2)
 
 
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the child's process group (it was started in its own session), unless it is gone."""
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
 def stop(proc: subprocess.Popen) -> int:
     """SIGTERM to the child's process group (a training run saves a checkpoint and stops) and wait for it, however
     long its save takes; a second signal to the runner kills it at once. Returns its exit code."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        return proc.wait()
-    except ProcessLookupError:
+        _signal(proc, signal.SIGTERM)
         return proc.wait()
     except KeyboardInterrupt:
         print("second signal: killing the run without waiting for its checkpoint", file=sys.stderr, flush=True)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal(proc, signal.SIGKILL)
         return proc.wait()
 
 
 def kill(proc: subprocess.Popen) -> None:
-    """Stop the child's whole process group (it was started in its own session)."""
+    """Stop the child's whole process group: SIGTERM, then SIGKILL after 20 s."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
     except (ProcessLookupError, PermissionError):
         pass
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal(proc, signal.SIGKILL)
         proc.wait()

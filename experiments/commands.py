@@ -46,41 +46,31 @@ def cli_args(args: dict) -> list[str]:
         flag = "--" + k.replace("_", "-")
         if v is True:
             out.append(flag)
-        elif v is False or v is None:
-            continue
         elif isinstance(v, list):
             out += [flag, *map(str, v)]
-        else:
+        elif v is not False and v is not None:
             out += [flag, str(v)]
     return out
 
 
+def _sets(overrides: list[str]) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
 def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config]
-    for o in train_overrides(spec, run_dir):
-        argv += ["--set", o]
-    return argv
+    return [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config, *_sets(train_overrides(spec, run_dir))]
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args)]
-    for o in bench_overrides(spec):
-        argv += ["--set", o]
-    return argv + ["--json", str(run_dir / "bench.json")]
+    return [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args), *_sets(bench_overrides(spec)),
+            "--json", str(run_dir / "bench.json")]
 
 
 def build_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    subs = {"{run_dir}": str(run_dir), "{python}": sys.executable}
-    argv = []
-    for a in spec.argv:
-        for k, v in subs.items():
-            a = a.replace(k, v)
-        argv.append(a)
+    """The run's argv with {run_dir} and {python} filled in, then its args as flags."""
+    argv = [a.replace("{run_dir}", str(run_dir)).replace("{python}", sys.executable) for a in spec.argv]
     return argv + cli_args(spec.args)
 
 
-BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {
-    "train": build_train,
-    "bench": build_bench,
-    "command": build_command,
-}
+BUILDERS: dict[str, Callable[[RunSpec, Path], list[str]]] = {"train": build_train, "bench": build_bench,
+                                                             "command": build_command}

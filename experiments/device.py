@@ -54,8 +54,7 @@ REQUIREMENTS: dict[str, tuple[Callable[[Device], bool], str]] = {
 
 def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
     """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu'."""
-    needs = spec.requires
-    reason = spec.reason
+    needs, reason = spec.requires, spec.reason
     cudnn = spec.set.get("compute.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"
     if needs is None and cudnn:
         needs, reason = "gpu", reason or "cuDNN flash attention needs an NVIDIA GPU (cuDNN)"

@@ -1,19 +1,16 @@
 """How long a plan will take, before running it: model FLOPs at a stated throughput.
 
-A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its
-evaluations (forward passes); a bench run costs `startup` plus, per row, a compile and
-`warmup + steps` steps. FLOPs are `jaxlm.analysis.flops.step_flops` (matmuls only).
-
-The CPU constants are fitted to this project's recorded CPU plan runs (docs/results,
-a 2-core x86 CPU): 200 GFLOP/s of model FLOPs plus 0.5 ms per step and about 4 s to
-start and compile a run; they reproduce those runs' step times within about 30 %.
-The GPU constants are stated, not measured: an H100 at 40 % of its 989 TFLOP/s
-bfloat16 peak, 2 ms per step and 30 s to start. Runs whose length depends on the
-outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
+A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its evaluations (forward passes); a
+bench run costs `startup` plus, per row, a compile and `warmup + steps` steps (FLOPs: jaxlm.analysis.flops.step_flops).
+The CPU constants are fitted to this project's recorded CPU plan runs (docs/results, a 2-core x86 CPU) and reproduce
+their step times within about 30 %; the GPU's are stated, not measured (an H100 at 40 % of its bfloat16 peak). Runs
+whose length depends on the outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not
+estimated.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import textwrap
@@ -146,12 +143,10 @@ def list_plans() -> str:
             estimate = plan_estimate(sized, size if size in THROUGHPUT else "cpu")
             per_size.append(f"{size}: {len(sized.runs)} runs, {estimate}")
             data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
-        indent = " " * 4
+        fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  textwrap.fill(" ".join(plan.description.split()), 100, initial_indent=indent,
-                                subsequent_indent=indent)]
+                  fill(" ".join(plan.description.split()), subsequent_indent=" " * 4)]
         if data:
-            lines.append(textwrap.fill("data: " + "; ".join(data), 100, initial_indent=indent,
-                                       subsequent_indent=indent + "  "))
+            lines.append(fill("data: " + "; ".join(data), subsequent_indent=" " * 6))
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)

@@ -1,57 +1,26 @@
-"""Experiment plans: a TOML file that lists runs, expanded into concrete `RunSpec`s.
+"""Experiment plans: a TOML file of [plan], [defaults], [sizes.SIZE], [[runs]] and [report] tables (the format:
+docs/experiments.md), expanded into concrete `RunSpec`s.
 
-A plan file has four kinds of tables (see docs/experiments.md for the full format):
-
-```toml
-[plan]                         # description, shown in the report
-description = "learning-rate sweep"
-
-[defaults]                     # fields every run starts from
-kind = "train"
-config = "experiments/configs/shakespeare_char.toml"
-set = { "train.eval_every" = 100 }
-
-[sizes.cpu]                    # merged over [defaults] for `--size cpu`
-set = { "model.d_model" = 64, "train.steps" = 200 }
-[sizes.gpu]
-config = "experiments/configs/tinystories_17m.toml"
-
-[[runs]]                       # one run, or a sweep when it has a grid
-name = "lr{optim.lr}"          # {axis} is replaced by the axis value or label
-grid = { "optim.lr" = [1e-3, 3e-3, 1.0] }
-
-[report]                       # how deliverables.report presents the plan
-x = "optim.lr"
-```
-
-Precedence, lowest first: `[defaults]`, `[sizes.SIZE]`, the run entry, the
-entry's own `sizes.SIZE` table, then the grid point. Tables merge key by key
-(`set` and `args` included); lists and scalars replace.
-
-Grid axes: a dotted key (`optim.lr`) is a `--set` override; a plain key
-(`batch`) is a bench/command argument; an axis whose values are tables
-(`{ label = "bf16", set = {...} }`) applies a bundle of fields per point.
-
-Errors raise `PlanError` naming the plan file and the offending key.
+Precedence, lowest first: `[defaults]`, `[sizes.SIZE]`, the run entry, the entry's own `sizes.SIZE` table, then the
+grid point; tables merge key by key (`set` and `args` included), lists and scalars replace. Grid axes: a dotted key
+(`optim.lr`) is a `--set` override, a plain key (`batch`) a bench/command argument, and an axis whose values are
+tables (`{ label = "bf16", set = {...} }`) applies a bundle of fields per point. Errors raise `PlanError` naming the
+plan file and the offending key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.spec import (
-    SPEC_KEYS,
-    PlanError,
-    RunSpec,
-    check_keys,
-    normalise,
-    to_spec,
-)
+from experiments.spec import SPEC_KEYS, PlanError, RunSpec, check_keys, normalise, to_spec
 from jaxlm.core.errors import ConfigError
 from jaxlm.core.typedconfig import flatten_tree, merge_trees, read_toml
 
@@ -80,8 +49,6 @@ class Plan:
         """Runs whose name equals or glob-matches one of `patterns` (all runs when none are given)."""
         if not patterns:
             return list(self.runs)
-        import fnmatch
-
         chosen = [r for r in self.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
         if not chosen:
             raise PlanError(f"{self.path}: --only {' '.join(patterns)} matches no run; "
@@ -118,10 +85,8 @@ def _grid_points(grid: Any, where: str) -> list[list[tuple[str, Any, dict]]]:
                     raise PlanError(f"{w}[{i}]: a table value needs a 'label'")
                 fields = normalise({k: x for k, x in v.items() if k != "label"}, f"{w}[{i}]")
                 options.append((axis, v["label"], fields))
-            elif "." in axis:
-                options.append((axis, v, {"set": {axis: v}}))
-            else:
-                options.append((axis, v, {"args": {axis: v}}))
+            else:  # a dotted axis is a config override, a plain one an argument
+                options.append((axis, v, {"set" if "." in axis else "args": {axis: v}}))
         axes.append(options)
     return [list(point) for point in itertools.product(*axes)]
 
@@ -185,14 +150,12 @@ def _read_with_includes(path: Path) -> dict:
 
 def _normalise_sets(data: dict) -> dict:
     """Flatten the `set` tables of [defaults] and [sizes.*] so that includes merge key by key."""
-    out = dict(data)
-    if isinstance(out.get("defaults"), dict) and isinstance(out["defaults"].get("set"), dict):
-        out["defaults"] = {**out["defaults"], "set": flatten_tree(out["defaults"]["set"])}
+    def flat(t: Any) -> Any:
+        return {**t, "set": flatten_tree(t["set"])} if isinstance(t, dict) and isinstance(t.get("set"), dict) else t
+
+    out = {**data, "defaults": flat(data["defaults"])} if "defaults" in data else dict(data)
     if isinstance(out.get("sizes"), dict):
-        out["sizes"] = {
-            k: {**v, "set": flatten_tree(v["set"])} if isinstance(v, dict) and isinstance(v.get("set"), dict) else v
-            for k, v in out["sizes"].items()
-        }
+        out["sizes"] = {k: flat(v) for k, v in out["sizes"].items()}
     return out
 
 
@@ -224,10 +187,7 @@ def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], whe
     runs = []
     for point in _grid_points(grid, where):
         labels = {axis: label for axis, label, _ in point}
-        point_fields = fields
-        for _, _, f in point:
-            point_fields = merge_trees(point_fields, f)
-        point_fields = merge_trees(point_fields, {"axes": labels})
+        point_fields = functools.reduce(merge_trees, [f for *_, f in point] + [{"axes": labels}], fields)
         name = _expand_name(entry["name"], labels, where)
         runs.append(to_spec(name, point_fields, f"{where} -> {name}"))
     return runs
@@ -275,22 +235,12 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
         if any("{seed}" in a for a in r.argv):
             raise PlanError(f"{path}: run '{r.name}': its argv names {{seed}} but the plan has no [plan].seeds")
     runs = with_seeds(runs, seeds, unseeded)
-    seen: dict[str, int] = {}
-    for r in runs:
-        seen[r.name] = seen.get(r.name, 0) + 1
-    dups = [n for n, c in seen.items() if c > 1]
+    dups = [n for n, c in Counter(r.name for r in runs).items() if c > 1]
     if dups:
         raise PlanError(f"{path}: run names are not unique: {', '.join(dups)} "
                         "(put every grid axis in the name template)")
-    return Plan(
-        name=meta.get("name", path.stem),
-        path=path,
-        size=size,
-        sizes=sizes,
-        description=meta.get("description", ""),
-        runs=tuple(runs),
-        report=report,
-    )
+    return Plan(name=meta.get("name", path.stem), path=path, size=size, sizes=sizes,
+                description=meta.get("description", ""), runs=tuple(runs), report=report)
 
 
 def _seeds(seeds: Any, where: str) -> list[int] | None:
@@ -303,12 +253,9 @@ def _seeds(seeds: Any, where: str) -> list[int] | None:
 
 
 def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str] = frozenset()) -> list[RunSpec]:
-    """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis.
-
-    Seed-major order (every setting at the first seed, then the next seed), so a plan cut short
-    still compares every setting. A command whose argv names `{seed}` runs once per seed too, after
-    that seed's training runs (e.g. evaluating them); other runs (benchmarks, commands, `unseeded`
-    train runs) run once, in the first pass."""
+    """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis. Seed-major, so a plan
+    cut short still compares every setting. A command whose argv names `{seed}` runs once per seed too, after that
+    seed's training runs; other runs (benchmarks, commands, `unseeded` train runs) run once, in the first pass."""
     if not seeds:
         return runs
     out = []

@@ -34,24 +34,18 @@ METRICS: dict[str, str] = {
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl; a line that is not JSON (a torn last line of an interrupted writer, bytes
-    that are not UTF-8) is dropped.
-
-    A run resumed from a checkpoint appends again from the checkpoint's step: a record
-    whose step does not advance replaces the earlier records of its kind from that step on.
-    """
+    """The records of a metrics.jsonl, less lines that are not JSON (a torn last line, bytes that are not UTF-8). A
+    resumed run appends again from its checkpoint's step: a record whose step does not advance replaces the earlier
+    records of its kind from that step on."""
     records = []
     try:
         lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     for line in lines:
-        line = line.strip()
-        if not line:
-            continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # also a blank line
             continue
         if not isinstance(rec, dict):
             continue
@@ -85,36 +79,28 @@ def series(records: list[dict], quantity: str) -> tuple[list[float], list[float]
 
 
 def has_nonfinite_loss(records: list[dict]) -> bool:
-    for r in records:
-        for q in ("train_loss", "eval_loss"):
-            v = lookup(r, q)
-            if v is not None and not math.isfinite(v):
-                return True
-    return False
+    losses = (lookup(r, q) for r in records for q in ("train_loss", "eval_loss"))
+    return any(v is not None and not math.isfinite(v) for v in losses)
 
 
 def summarise_train(records: list[dict]) -> dict[str, Any]:
     """Final numbers of a training run: last losses, last evaluation, median throughput, max memory."""
     out: dict[str, Any] = {}
+    values = lambda q: series(records, q)[1]
     steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
     if steps:
         out["steps"] = int(max(steps))
     for q in ("train_loss", "eval_loss", "eval_ppl", "eval_acc", "eval_tokens"):
-        _, values, _ = series(records, q)
-        if values:
-            out[q] = values[-1]
-    _, eval_losses, _ = series(records, "eval_loss")
-    finite = [v for v in eval_losses if math.isfinite(v)]
-    if finite:
+        if found := values(q):
+            out[q] = found[-1]
+    if finite := [v for v in values("eval_loss") if math.isfinite(v)]:
         out["best_eval_loss"] = min(finite)
     for q in ("tokens_per_s", "step_time"):
-        _, values, _ = series(records, q)
+        found = values(q)
         # The first logged window includes compilation: leave it out when there is more than one.
-        values = [v for v in (values[1:] if len(values) > 1 else values) if math.isfinite(v)]
-        if values:
-            out[q] = statistics.median(values)
-    _, mem, _ = series(records, "peak_memory")
-    if mem:
+        if found := [v for v in (found[1:] if len(found) > 1 else found) if math.isfinite(v)]:
+            out[q] = statistics.median(found)
+    if mem := values("peak_memory"):
         out["peak_memory"] = max(mem)
     segments = invocations(records)
     if sum(len(times) for times in segments) > 1:

@@ -23,33 +23,16 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from experiments import child
 from experiments.commands import BUILDERS, resolved_train_config
-from experiments.device import (
-    Device,
-    detect_device,
-    software_versions,
-    unmet_requirement,
-)
-from experiments.estimate import (
-    THROUGHPUT,
-    estimate_seconds,
-    format_seconds,
-    list_plans,
-    plan_estimate,
-)
+from experiments.device import Device, detect_device, software_versions, unmet_requirement
+from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, load_plan, plan_names
 from experiments.provenance import check_committed, git_info
-from experiments.results import (
-    DONE_STATUSES,
-    RESULT,
-    has_nonfinite_loss,
-    load_bench,
-    read_metrics,
-    summarise_train,
-)
+from experiments.results import DONE_STATUSES, RESULT, has_nonfinite_loss, load_bench, read_metrics, summarise_train
 from experiments.spec import RunSpec
 from jaxlm import cli
 from jaxlm.core import host, stop
@@ -60,9 +43,6 @@ from jaxlm.data.corpora import data_root
 ERROR_TAIL_LINES = 40
 # The trainer's TrainingDiverged line in a run's output: "error: loss 5.5, parameter norm nan at step 41 ...".
 DIVERGED_RE = re.compile(r"\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b")
-
-
-# --------------------------------------------------------------------------- commands per kind
 
 
 def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
@@ -114,11 +94,8 @@ def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
-    """Make the run directory; True when resuming an interrupted run of the same spec.
-
-    A directory holding another spec, or a failed attempt, is wiped: the rerun starts clean.
-    An interrupted attempt (no result.json) is kept, so a training run resumes from its checkpoint.
-    """
+    """Make the run directory; True when resuming an interrupted run of the same spec. A directory holding another
+    spec, or a failed attempt, is wiped; an interrupted one is kept, so a training run resumes from its checkpoint."""
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
     ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
@@ -133,66 +110,48 @@ def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
 def collect(spec: RunSpec, run_dir: Path) -> dict:
     """Final metrics of a finished run, by kind."""
     out: dict = {}
-    records = read_metrics(run_dir / "metrics.jsonl")
-    if records:
+    if records := read_metrics(run_dir / "metrics.jsonl"):
         out["metrics"] = summarise_train(records)
     if spec.kind == "bench":
-        rows, meta = load_bench(run_dir / "bench.json")
-        out["bench_rows"] = rows
+        out["bench_rows"], meta = load_bench(run_dir / "bench.json")
         if meta.get("max_batch"):
             out["bench_max_batch"] = meta["max_batch"]
-    if spec.kind == "train":
-        cfg_path = run_dir / "config.toml"
-        if cfg_path.is_file():  # the config the trainer actually resolved and saved
-            import tomllib
+    if spec.kind != "train":
+        return out
+    try:  # the config the trainer actually resolved and saved
+        cfg = out["config"] = tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        cfg = None
+    if cfg and "metrics" in out:
+        m = out["metrics"]
+        try:
+            from jaxlm.analysis.flops import param_counts
+            from jaxlm.core.config import ModelConfig
+            from jaxlm.core.typedconfig import from_dict
 
-            try:
-                out["config"] = tomllib.loads(cfg_path.read_text())
-            except tomllib.TOMLDecodeError:
-                pass
-        cfg = out.get("config")
-        if cfg and "metrics" in out:
-            m = out["metrics"]
-            try:
-                from jaxlm.analysis.flops import param_counts
-                from jaxlm.core.config import ModelConfig
-                from jaxlm.core.typedconfig import from_dict
-
-                counts = param_counts(from_dict(ModelConfig, cfg["model"]))
-                m["params"] = counts["total"]
-                m["params_non_embedding"] = counts["non_embedding"]
-            except Exception:  # a config this version cannot read: no parameter count, nothing else lost
-                pass
-            if "steps" in m:
-                m["tokens"] = m["steps"] * cfg["data"]["batch_size"] * cfg["model"]["context_length"]
-        data_dir = (cfg or {}).get("data", {}).get("dir")
-        data_meta = read_json(Path(data_dir) / "meta.json", default=None) if data_dir else None
-        if isinstance(data_meta, dict):  # the corpus the report's setup section describes, kept with the result
-            out["data"] = {k: data_meta.get(k) for k in ("tokenizer", "vocab_size", "tokens")}
-            out["data"]["sources"] = [Path(s.get("path", "?")).parent.name + "/" + Path(s.get("path", "?")).name
-                                      for s in (data_meta.get("sources") or {}).get("train", []) if isinstance(s, dict)]
+            counts = param_counts(from_dict(ModelConfig, cfg["model"]))
+            m["params"], m["params_non_embedding"] = counts["total"], counts["non_embedding"]
+        except Exception:  # a config this version cannot read: no parameter count, nothing else lost
+            pass
+        if "steps" in m:
+            m["tokens"] = m["steps"] * cfg["data"]["batch_size"] * cfg["model"]["context_length"]
+    data_dir = (cfg or {}).get("data", {}).get("dir")
+    data_meta = read_json(Path(data_dir) / "meta.json", default=None) if data_dir else None
+    if isinstance(data_meta, dict):  # the corpus the report's setup section describes, kept with the result
+        out["data"] = {k: data_meta.get(k) for k in ("tokenizer", "vocab_size", "tokens")}
+        out["data"]["sources"] = [Path(s.get("path", "?")).parent.name + "/" + Path(s.get("path", "?")).name
+                                  for s in (data_meta.get("sources") or {}).get("train", []) if isinstance(s, dict)]
     return out
 
 
 def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan) -> dict:
     """Run one spec to completion and return its result record (not yet written)."""
-    result = {
-        "name": spec.name,
-        "plan": plan.name,
-        "size": plan.size,
-        "kind": spec.kind,
-        "axes": spec.axes,
-        "spec": spec.to_dict(),
-        "spec_hash": spec.hash,
-        "git": git,
-        "device": device.kind,
-        "platform": device.platform,
-        "device_count": device.count,
-        "started_at": _now(),
-        "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
-                 "load_avg_1m_start": os.getloadavg()[0]},
-        "versions": software_versions(),
-    }
+    result = {"name": spec.name, "plan": plan.name, "size": plan.size, "kind": spec.kind, "axes": spec.axes,
+              "spec": spec.to_dict(), "spec_hash": spec.hash, "git": git, "device": device.kind,
+              "platform": device.platform, "device_count": device.count, "started_at": _now(),
+              "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
+                       "load_avg_1m_start": os.getloadavg()[0]},
+              "versions": software_versions()}
     if spec.kind == "train":
         result["config"] = resolved_train_config(spec, run_dir)
     reason = unmet_requirement(spec, device)
@@ -200,8 +159,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         return {**result, "status": "skipped", "reason": reason, "finished_at": _now(), "wall_time_s": 0.0}
 
     result["resumed"] = prepare_dir(run_dir, spec)
-    argv = BUILDERS[spec.kind](spec, run_dir)
-    result["argv"] = argv
+    argv = result["argv"] = BUILDERS[spec.kind](spec, run_dir)
     log_path = run_dir / "output.log"
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
@@ -273,18 +231,9 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
     plan_dir.mkdir(parents=True, exist_ok=True)
     path, cwd = plan.path.resolve(), Path.cwd().resolve()
     file = path.relative_to(cwd) if path.is_relative_to(cwd) else path
-    write_json(
-        plan_dir / "plan.json",
-        {
-            "name": plan.name,
-            "file": str(file),
-            "size": plan.size,
-            "description": plan.description,
-            "report": plan.report,
-            "device": device.kind,
-            "runs": [{"name": r.name, "kind": r.kind, "axes": r.axes} for r in plan.runs],
-        },
-    )
+    write_json(plan_dir / "plan.json", {"name": plan.name, "file": str(file), "size": plan.size,
+                                        "description": plan.description, "report": plan.report, "device": device.kind,
+                                        "runs": [{"name": r.name, "kind": r.kind, "axes": r.axes} for r in plan.runs]})
 
 
 def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False,

@@ -72,9 +72,8 @@ def check_keys(table: Any, allowed: set[str], where: str) -> dict:
     """`table` itself, once it is a table whose keys are all `allowed`; else a PlanError naming `where`."""
     if not isinstance(table, dict):
         raise PlanError(f"{where}: expected a table, got {table!r}")
-    for k in table:
-        if k not in allowed:
-            raise PlanError(f"{where}: unknown key '{k}'; valid keys: {', '.join(sorted(allowed))}")
+    if unknown := [k for k in table if k not in allowed]:
+        raise PlanError(f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(sorted(allowed))}")
     return table
 
 
@@ -113,18 +112,9 @@ def to_spec(name: str, fields: dict, where: str) -> RunSpec:
         raise PlanError(f"{where}: a command run needs 'argv'")
     if fields.get("tokens") and kind != "train":
         raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
-    return RunSpec(
-        name=name,
-        kind=kind,
-        config=fields.get("config"),
-        set=dict(fields.get("set", {})),
-        args=dict(fields.get("args", {})),
-        argv=list(fields.get("argv", [])),
-        requires=fields.get("requires"),
-        reason=fields.get("reason"),
-        tokens=int(fields["tokens"]) if fields.get("tokens") else None,
-        timeout=fields.get("timeout"),
-        env={k: str(v) for k, v in fields.get("env", {}).items()},
-        axes=dict(fields.get("axes", {})),
-        note=fields.get("note"),
-    )
+    return RunSpec(name=name, kind=kind, config=fields.get("config"), set=dict(fields.get("set", {})),
+                   args=dict(fields.get("args", {})), argv=list(fields.get("argv", [])),
+                   requires=fields.get("requires"), reason=fields.get("reason"),
+                   tokens=int(fields["tokens"]) if fields.get("tokens") else None, timeout=fields.get("timeout"),
+                   env={k: str(v) for k, v in fields.get("env", {}).items()}, axes=dict(fields.get("axes", {})),
+                   note=fields.get("note"))

@@ -40,36 +40,24 @@ STEP_SLACK = 1.5  # a step that fits stops between rows once it has run this man
 
 def steps():
     """The steps, most important first (imported on use: they load JAX)."""
-    from deliverables.gpu.profile import estimate_profile, run_profile
-    from deliverables.gpu.steps import (
-        TARGET_VAL_LOSS,
-        Step,
-        estimate_attention,
-        estimate_max_batch,
-        estimate_shakespeare,
-        estimate_techniques,
-        run_attention,
-        run_max_batch,
-        run_shakespeare,
-        run_techniques,
-        table_estimate,
-        table_run,
-    )
+    from deliverables.gpu import profile as p
+    from deliverables.gpu import steps as s
 
     return (
-        Step("profile", "Where the time goes: kernels from a profiler trace, predicted against measured per group",
-             estimate_profile, run_profile, cuts=False),
-        Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
-             estimate_techniques, run_techniques),
-        Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
-             estimate_attention, run_attention),
-        Step("max_batch", "Largest batch per technique at context 1024 (`small`)", estimate_max_batch, run_max_batch),
-        Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", table_estimate("bfloat16"),
-             table_run("bfloat16")),
-        Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {TARGET_VAL_LOSS}", estimate_shakespeare,
-             run_shakespeare, cuts=False),
-        Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", table_estimate("float32"),
-             table_run("float32")),
+        s.Step("profile", "Where the time goes: kernels from a profiler trace, predicted against measured per group",
+               p.estimate_profile, p.run_profile, cuts=False),
+        s.Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
+               s.estimate_techniques, s.run_techniques),
+        s.Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
+               s.estimate_attention, s.run_attention),
+        s.Step("max_batch", "Largest batch per technique at context 1024 (`small`)", s.estimate_max_batch,
+               s.run_max_batch),
+        s.Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", s.table_estimate("bfloat16"),
+               s.table_run("bfloat16")),
+        s.Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {s.TARGET_VAL_LOSS}",
+               s.estimate_shakespeare, s.run_shakespeare, cuts=False),
+        s.Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", s.table_estimate("float32"),
+               s.table_run("float32")),
     )
 
 
@@ -97,21 +85,14 @@ def plan(steps, budget: float, only: list[str] | None, smoke: bool, startup: flo
 def format_plan(rows, budget: float, before: tuple = (("startup", STARTUP_S, "process start, JAX import, device "
                                                                    "initialisation"),), after: tuple = ()) -> str:
     """The plan as a table: `before` (name, seconds, what), the steps, `after`; the total of what runs."""
-    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what"]
-    total = 0.0
-    for name, seconds, what in before:
-        lines.append(f"{name:12s} {seconds:13.0f}  {what}")
-        total += seconds
-    for step, est, status in rows:
-        mark = "" if status == "run" else f"  [{status}]"
-        lines.append(f"{step.name:12s} {est:13.0f}  {step.title}{mark}")
-        total += est if status == "run" else 0
-    for name, seconds, what in after:
-        lines.append(f"{name:12s} {seconds:13.0f}  {what}")
-        total += seconds
-    cut = [status for _, _, status in rows if status.startswith("cut")]
-    total = budget if cut else total
-    lines.append(f"{'total':12s} {total:13.0f}  of a {budget:.0f} s budget")
+    row = lambda name, seconds, what: f"{name:12s} {seconds:13.0f}  {what}"
+    lines = [f"{'step':12s} {'est. s (H100)':>13s}  what", *(row(*r) for r in before)]
+    lines += [row(step.name, est, step.title + ("" if status == "run" else f"  [{status}]"))
+              for step, est, status in rows]
+    ran = sum(est for _, est, status in rows if status == "run")
+    cut = any(status.startswith("cut") for _, _, status in rows)
+    total = budget if cut else sum(s for _, s, _ in before) + ran + sum(s for _, s, _ in after)
+    lines += [*(row(*r) for r in after), row("total", total, f"of a {budget:.0f} s budget")]
     return "\n".join(lines)
 
 

@@ -34,6 +34,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux2014_x86_64")
 PYTHON = (3, 12)  # the offline machine's Python (3.12.3)
 # The offline machine's interpreter, for evaluating the wheels' environment markers.
+TARGET_PIP = ("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+              *(a for p in PLATFORMS for a in ("--platform", p)))  # pip's options for that interpreter and platform
 TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
               "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
@@ -62,23 +64,21 @@ def canonical(name: str) -> str:
     return canonicalize_name(name)
 
 
+def _entries(path: Path) -> list[str]:
+    """The lines of a list file that are neither blank nor comments."""
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
 def read_manifest(path: Path = MANIFEST) -> list[Wheel]:
     out = []
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            req, file, size, sha, *rest = line.split()
-            out.append(Wheel(req, file, int(size), sha, tuple(filter(None, (rest[0] if rest else "").split(";")))))
+    for req, file, size, sha, *rest in map(str.split, _entries(path)):
+        out.append(Wheel(req, file, int(size), sha, tuple(filter(None, (rest[0] if rest else "").split(";")))))
     return out
 
 
 def read_image(path: Path = IMAGE) -> dict[str, str | None]:
     """Package name -> version (None where the image's notes give none)."""
-    out: dict[str, str | None] = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, version = line.strip().partition("==")
-            out[canonical(name)] = version or None
-    return out
+    return {canonical(name): version or None for name, _, version in (e.partition("==") for e in _entries(path))}
 
 
 def dependencies(root: Path = REPO) -> list[str]:
@@ -169,11 +169,9 @@ def _pip_install(folder: Path, site: Path, *flags: str) -> None:
 def resolves(folder: Path = FOLDER) -> str | None:
     """Why pip would not install the listed wheels on the offline machine (CPython 3.12, manylinux x86_64), or None:
     a dry run of the install `install` makes there, for that interpreter and platform, from any machine."""
-    target = ["--dry-run", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-              *[a for p in PLATFORMS for a in ("--platform", p)]]
     try:
         with tempfile.TemporaryDirectory() as site:
-            _pip_install(folder, Path(site), *target)
+            _pip_install(folder, Path(site), "--dry-run", *TARGET_PIP)
     except subprocess.CalledProcessError as e:
         return f"pip would not install .whl/ for CPython 3.12 manylinux x86_64 (exit {e.returncode})"
     return None
@@ -186,10 +184,8 @@ def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
     for w in read_manifest():
         if (folder / w.file).is_file() and sha256(folder / w.file) == w.sha256:
             continue
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               "3.12", "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)], "-d",
-               str(folder), w.requirement]
-        subprocess.run(cmd, check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", *TARGET_PIP, "-d", str(folder),
+                        w.requirement], check=True)
     root = data_root or Path(os.environ.get("JAXLM_DATA") or Path.home() / ".cache" / "jaxlm" / "data")
     if (root / CORPUS).is_file():
         (folder / "data" / CORPUS).parent.mkdir(parents=True, exist_ok=True)

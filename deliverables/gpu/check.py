@@ -1,17 +1,12 @@
 """The offline run's correctness smoke: is the GPU computing jaxlm's functions right, before anything is timed?
 
-1. attention: cuDNN and XLA attention in bfloat16, causal and with a sliding window, each against XLA attention in
-   float32 on the same (upcast) inputs: ||out - ref|| / ||ref|| <= ATTENTION_TOL["out"], and the same for the
-   gradients of q, k and v (<= ATTENTION_TOL["grad"]); bfloat16 operands land between 1e-3 and 1e-2.
-2. train: training's own step (jaxlm.training.loop.build) for TRAIN_STEPS steps of a tiny model on real text (Python's
-   bundled docs, byte-level), in bfloat16 on the GPU and in float32 on the CPU from the same initial weights and
-   batches: every step's loss within TRAIN_TOL (relative) of the float32 one, and the loss falling.
-3. checkpoint: the GPU state saved (jaxlm.training.checkpoint.Checkpointer, as training saves) and restored into
-   the train state's shardings: every array bit-equal to the one in memory; then a greedy generation (the decoding
-   Generator, KV cache) from the restored weights gives GENERATE_TOKENS byte ids.
+1. attention: cuDNN and XLA attention in bfloat16, causal and windowed, against XLA attention in float32 on the same
+   (upcast) inputs, output and q/k/v gradients within ATTENTION_TOL (bfloat16 operands land between 1e-3 and 1e-2).
+2. train: training's own step for TRAIN_STEPS steps of a tiny model on Python's bundled docs (bytes), bfloat16 on
+   the GPU against float32 on the CPU from the same weights and batches: each loss within TRAIN_TOL, and falling.
+3. checkpoint: the GPU state saved and restored bit-equal (as training does), then a greedy generation from it.
 
-Without a GPU (`--smoke`) the same code runs on the CPU: cuDNN is skipped with the reason, and the "GPU" run is a
-bfloat16 run on the CPU.
+Without a GPU (`--smoke`) the same code runs on the CPU, cuDNN skipped with the reason.
 """
 
 from __future__ import annotations
@@ -34,27 +29,17 @@ TINY = ("model.vocab_size=257", "model.context_length=64", "model.d_model=64", "
 
 def attention(gpu: bool, device: str) -> list[dict]:
     """One row per (implementation, window): errors against float32 XLA attention, and whether they pass."""
-    import jax
-    import jax.numpy as jnp
-
-    from deliverables.gpu.steps import attention_fns, rel_error
+    from deliverables.gpu.steps import attention_errors, attention_fns, attention_inputs
 
     rows = []
     for window in (None, ATTENTION_WINDOW):
-        keys = jax.random.split(jax.random.key(7), 4)
-        q, k, v, ct = (jax.random.normal(kk, ATTENTION_SHAPE, jnp.float32) for kk in keys)
-        q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
-        up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
-        ref_fwd, ref_bwd = attention_fns("xla", window)
-        ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
+        args, ct, ref_out, ref_grads = attention_inputs(7, ATTENTION_SHAPE, window)
         for impl in ("xla", "cudnn"):
             row = {"check": "attention", "implementation": impl, "window": window, "shape": list(ATTENTION_SHAPE)}
             if impl == "cudnn" and not gpu:
                 rows.append({**row, "ok": None, "reason": f"cuDNN attention needs an NVIDIA GPU; this is {device}"})
                 continue
-            fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
+            row.update(attention_errors(*attention_fns(impl, window), args, ct, ref_out, ref_grads))
             row["ok"] = row["out_rel_err"] <= ATTENTION_TOL["out"] and row["grad_rel_err"] <= ATTENTION_TOL["grad"]
             rows.append(row)
     return rows
@@ -127,8 +112,7 @@ def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
         seconds = time.monotonic() - t0
     finally:
         ckpt.close()
-    pairs = zip(jax.tree.leaves(state), jax.tree.leaves(restored))
-    equal = all(_bit_equal(a, b) for a, b in pairs)
+    equal = all(_bit_equal(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)))
     tokens = _greedy(restored, built.graphdef, [int(t) for t in batches[0][0][0, :16]], GENERATE_TOKENS)
     valid = len(tokens) == GENERATE_TOKENS and max(tokens) < cfg.model.vocab_size
     saved = {"check": "checkpoint", "save_restore_s": seconds, "arrays_equal": equal, "step": meta.get("step"),

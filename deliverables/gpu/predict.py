@@ -1,17 +1,11 @@
 """Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
 the profiler's trace.
 
-Every timed row gets the roofline (jaxlm.predict.roofline) of the program it ran: the same step lowered again
-from abstract arguments (the identical program) and compiled on this device, which JAX's persistent compilation
-cache (`enable_cache`) turns into a load of the executable the row ran, autotuned choices included. The
-profile step compares, per kernel group, the predicted time of each kernel with the time the profiler trace
-measured for it: a trace event names its kernel by the HLO instruction that launched it (`hlo_op`), the names
-the roofline's kernels carry.
-
-Rates: the device table's achieved figures (jaxlm.predict.roofline.device_rates, the one place they are
-derived: measured matmul and copy rates where a machine of this kind was measured, the datasheet at a stated share
-else); the per-group comparison checks them. Without a GPU (`--smoke`) the CPU's program is priced at H100
-rates: a check of the machinery, no prediction.
+A timed row's program is lowered again from abstract arguments and compiled, which JAX's persistent compilation cache
+(`enable_cache`) turns into a load of the executable the row ran, autotuned choices included. A trace event names
+its kernel by the HLO instruction that launched it (`hlo_op`), the names the roofline's kernels carry. Rates: the
+device table's (jaxlm.predict.roofline.device_rates); without a GPU the CPU's program is priced at H100 rates, a
+check of the machinery and no prediction.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The GPU campaign's profiler step: trace capture, its op-level summary, and predicted against measured time per
 kernel group.
 
-The summary answers from a JAX/XLA trace what the curriculum asks of Nsight Systems: the top kernels by
-time, the share of matmul kernels in a forward pass against a train step, and softmax against matmul time
-inside attention. Kernels are the device's stream events on a GPU; on a CPU, XLA's op events on its
-executor threads. A kernel counts as a matmul when its name says so (gemm, cuBLAS, CUTLASS, xmma, nvjet,
-dot; on CPU the YNNPACK fusions XLA uses for dots). Each traced step's own program is also priced by the
-roofline (deliverables.gpu.predict): per kernel group, predicted against measured milliseconds; and the train
-step's measured over predicted time per kernel group and shape class is written as a calibration file
-(CALIBRATION_FILE, jaxlm.predict.calibration) that `python -m deliverables.gpu.merge` commits for the GPU.
-
-On a GPU, XLA runs runs of kernels as CUDA graphs (command buffers), and a trace then names the graph instead of
-the instruction for each kernel inside one; the steps traced here are compiled with command buffers off
-(PROFILE_OPTIONS), so that every kernel names the instruction the roofline priced.
+The summary answers from a JAX/XLA trace what the curriculum asks of Nsight Systems: the top kernels, the matmul
+share of a forward pass against a train step, softmax against matmul inside attention. Each traced program is also
+priced by the roofline (deliverables.gpu.predict), and the train step's measured over predicted time is written as a
+calibration (CALIBRATION_FILE) that `python -m deliverables.gpu.merge` commits for the GPU. Command buffers are off
+(PROFILE_OPTIONS): inside a CUDA graph a trace names the graph, not the instruction the roofline priced.
 """
 
 from __future__ import annotations
@@ -80,14 +73,11 @@ def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
     import jax
 
     for _ in range(2):  # warm-up outside the trace
-        out = fn(*args)
-        jax.block_until_ready(out)
-        args = advance(args, out)
+        args = advance(args, jax.block_until_ready(fn(*args)))
     with jax.profiler.trace(str(trace_dir)):
         for i in range(CALLS):
             with jax.profiler.StepTraceAnnotation("step", step_num=i):
-                out = fn(*args)
-                jax.block_until_ready(out)
+                out = jax.block_until_ready(fn(*args))
             args = advance(args, out)
     return trace_file(trace_dir)
 
@@ -126,25 +116,17 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
     res = summarise(events)
     res["roofline"] = {**predict.compare(prediction, events, CALLS, module), "label": label, "compiler": options,
                        "calls": CALLS}
-    source = (f"python -m deliverables.gpu --only profile: {mode} of {res_model(ctx)}, context {context}, batch "
+    model = "the tiny smoke model" if ctx.smoke else "small"
+    source = (f"python -m deliverables.gpu --only profile: {mode} of {model}, context {context}, batch "
               f"{batch}, {compute.dtype}, on {ctx.device}")
-    res["calibration"] = predict.calibrate(prediction, events, CALLS, module, calibration_device(ctx, device),
-                                           source).as_dict()
+    # a run without a GPU calibrates nothing: its name matches no device, so no `--target` command takes it
+    name = device.name if ctx.gpu else f"no GPU ({ctx.device})"
+    res["calibration"] = predict.calibrate(prediction, events, CALLS, module, name, source).as_dict()
     res["files"] = {"trace": str(trace) if trace else None, "program": str(program)}
     return res
 
 
-def res_model(ctx: Context) -> str:
-    return "the tiny smoke model" if ctx.smoke else "small"
-
-
-def calibration_device(ctx: Context, device) -> str:
-    """The device table's name a calibration from this machine is for; a run without a GPU calibrates nothing
-    (its name matches no target, so no `--target` command takes it)."""
-    return device.name if ctx.gpu else f"no GPU ({ctx.device})"
-
-
-def profile_summary(ctx: Context) -> dict:
+def run_profile(ctx: Context) -> dict:
     """Trace a forward pass and a train step of `small` (bfloat16 on a GPU) and attention alone."""
     import jax
     import jax.numpy as jnp
@@ -166,10 +148,6 @@ def profile_summary(ctx: Context) -> dict:
     res["attention"] = summarise(read_events(_trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" /
                                                     "attention")))
     return res
-
-
-def run_profile(ctx: Context) -> dict:
-    return profile_summary(ctx)
 
 
 def estimate_profile(smoke: bool) -> float:

@@ -1,17 +1,14 @@
-"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py).
+"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py; sections: sections.py).
 
-Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate; its Markdown
-section is in deliverables/gpu/sections.py, the profiler step in deliverables/gpu/profile.py. Sizes
-shrink to a tiny model under `ctx.smoke` so that the suite runs every step on a CPU (the float32 table
-then times the train step only, the largest-batch search stops at batch 1: compiles are what a CPU smoke
-pays for); cuDNN rows are then marked skipped with the reason. Estimates: compile time per row grows with
-the layer count (the model is unrolled); run time is 15 steps at the step's model FLOPs over the H100's
-bfloat16 / float32 peak at 40 % MFU (the figures are upper-end guesses, to be replaced by a measured run).
+Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate (compile time per layer, 15 steps
+at 40 % MFU: upper-end guesses). Under `ctx.smoke` sizes shrink to a tiny model so that the suite runs every step on
+a CPU, with cuDNN rows skipped with the reason.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -81,10 +78,8 @@ class Step:
     cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
 
 
-def models(smoke: bool) -> dict[str, ModelConfig]:
-    if smoke:
-        return {"tiny": TINY}
-    return {n: ModelConfig.from_name(n) for n in ("small", "medium", "large")}
+def models(smoke: bool, names: tuple[str, ...] = ("small", "medium", "large")) -> dict[str, ModelConfig]:
+    return {"tiny": TINY} if smoke else {n: ModelConfig.from_name(n) for n in names}
 
 
 def contexts(smoke: bool) -> tuple[int, ...]:
@@ -104,8 +99,6 @@ ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    import statistics
-
     import jax
 
     from jaxlm.bench.timing import time_calls
@@ -132,19 +125,31 @@ def attention_fns(impl: str, window: int | None):
     return fwd, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
-    """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
+def attention_inputs(seed: int, shape: tuple, window: int | None):
+    """(bfloat16 (q, k, v), cotangent, float32 xla reference output, its gradients), the reference on the same
+    (upcast) inputs."""
     import jax
     import jax.numpy as jnp
 
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
+    args = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
+    ref_fwd, ref_bwd = attention_fns("xla", window)
+    up = tuple(x.astype(jnp.float32) for x in args)
+    return args, ct, ref_fwd(*up), ref_bwd(*up, ct)
+
+
+def attention_errors(fwd, bwd, args: tuple, ct, ref_out, ref_grads) -> dict:
+    """Relative errors of an implementation's output and (worst) gradient against the reference."""
+    return {"out_rel_err": rel_error(fwd(*args), ref_out),
+            "grad_rel_err": max(rel_error(g, r) for g, r in zip(bwd(*args, ct), ref_grads))}
+
+
+def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
+    """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
     from jaxlm.bench.measure import is_oom
 
-    keys = jax.random.split(jax.random.key(T), 4)
-    q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
-    q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    ref_fwd, ref_bwd = attention_fns("xla", window)
-    up = tuple(x.astype(jnp.float32) for x in (q16, k16, v16))
-    ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
+    args, ct, ref_out, ref_grads = attention_inputs(T, shape, window)
     rows = []
     for impl in ("xla", "cudnn"):
         row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
@@ -153,12 +158,11 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row["out_rel_err"] = rel_error(fwd(q16, k16, v16), ref_out)
-            row["grad_rel_err"] = max(rel_error(g, r) for g, r in zip(bwd(q16, k16, v16, ct), ref_grads))
-            row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, (q16, k16, v16), ctx.warmup, ctx.steps)
-            row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (q16, k16, v16, ct), ctx.warmup, ctx.steps)
-            row["predicted_fwd_ms"] = predict.program_ms(fwd, (q16, k16, v16))
-            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (q16, k16, v16, ct))
+            row.update(attention_errors(fwd, bwd, args, ct, ref_out, ref_grads))
+            row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, args, ctx.warmup, ctx.steps)
+            row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (*args, ct), ctx.warmup, ctx.steps)
+            row["predicted_fwd_ms"] = predict.program_ms(fwd, args)
+            row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (*args, ct))
             row["status"] = "ok"
         except Exception as e:
             row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
@@ -230,7 +234,7 @@ def table_estimate(dtype: str):
 TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none"))
 
 
-def _technique_settings(ctx: Context):
+def _technique_settings():
     from jaxlm.bench import measure
 
     return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
@@ -240,10 +244,9 @@ def run_techniques(ctx: Context) -> dict:
     """Train steps at bfloat16 per technique; rows ordered by estimated memory so that the device's
     process-wide peak rises row by row (a row whose peak did not rise is marked so)."""
     rows, T = [], 32 if ctx.smoke else 1024
-    names = {"tiny": TINY} if ctx.smoke else {n: ModelConfig.from_name(n) for n in ("small", "large")}
     batch = 2 if ctx.smoke else 4
-    for name, cfg in names.items():
-        for s in sorted(_technique_settings(ctx), key=lambda s: _estimated(s, cfg, batch, T)):
+    for name, cfg in models(ctx.smoke, ("small", "large")).items():
+        for s in sorted(_technique_settings(), key=lambda s: _estimated(s, cfg, batch, T)):
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
             if s.attention == "cudnn" and not ctx.gpu:
@@ -279,14 +282,13 @@ def estimate_techniques(smoke: bool) -> float:
 
 def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
-    one-step runs searched around it (jaxlm.analysis.memory.search_largest: the prediction first, then galloping
-    and bisection) up to the largest batch that runs."""
+    one-step runs searched around it (jaxlm.analysis.memory.search_largest) up to the largest batch that runs."""
     from jaxlm.bench import measure
 
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = _device_bytes()
     rows = []
-    for s in _technique_settings(ctx):
+    for s in _technique_settings():
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
         if s.attention == "cudnn" and not ctx.gpu:
@@ -341,9 +343,8 @@ def run_shakespeare(ctx: Context) -> dict:
         sets.update({"data.dir": str(ctx.out / "data"), "train.steps": 4, "train.eval_every": 2,
                      "data.eval_tokens": 1024, "log.sample_tokens": 0})
     config = REPO / size.get("config", recipe["defaults"]["config"])
-    cmd = [sys.executable, "-m", "jaxlm.train", "--config", str(config)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={json.dumps(v)}"]
+    cmd = [sys.executable, "-m", "jaxlm.train", "--config", str(config),
+           *(a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}"))]
     timeout = max(ctx.deadline - time.monotonic(), 10.0)
     launched = time.time()
     try:
@@ -363,14 +364,9 @@ def run_shakespeare(ctx: Context) -> dict:
 
 def _evals(path: Path, launched: float) -> list[dict]:
     """Evaluation records of metrics.jsonl: step, validation loss, seconds since launch (data, compile included)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "eval" and "eval/loss" in rec:
-            out.append({"step": rec["step"], "val_loss": rec["eval/loss"], "seconds": rec["time"] - launched})
-    return out
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [{"step": r["step"], "val_loss": r["eval/loss"], "seconds": r["time"] - launched}
+            for r in records if r.get("kind") == "eval" and "eval/loss" in r]
 
 
 def estimate_shakespeare(smoke: bool) -> float:
