@@ -158,14 +158,6 @@ def memory_section(names: list[str], root: Path) -> list[str]:
     return out
 
 
-def compiled_largest(root: Path) -> dict[str, int]:
-    """The largest batch of `small` at context 1024 on one H100 per technique, by compiling (the search stored in
-    ROOT/compiled/h100-80gb.json by `python -m deliverables.compiled_memory --only largest-batch`)."""
-    from deliverables.compiled_memory import cached_largest
-
-    return cached_largest("largest-batch", "h100-80gb", root / "compiled")
-
-
 def analytic_largest(compute: ComputeConfig) -> int:
     """The same question by jaxlm.memory's GPU-calibrated estimate at the same usable share: the cross-check."""
     usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE

@@ -8,19 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deliverables.report.bench import (
-    bench_rows,
-    bench_scaling_sentences,
-    bench_sentences,
-    bench_table,
-    max_batch_table,
-)
-from deliverables.report.compare import (
-    comparison_sentences,
-    status_sentences,
-    sweep_sentences,
-    train_table,
-)
+from deliverables.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import report_dir, shrink_png

@@ -20,7 +20,7 @@ from deliverables.report.bench import bench_rows as tagged_bench_rows
 from deliverables.report.bench import sample_std
 from deliverables.report.format import fmt
 from deliverables.report.noise import Family, judged, welch
-from deliverables.report.output import pyplot, shrink_png
+from deliverables.report.output import pyplot, save_figure
 from deliverables.report.seeds import Stats
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
@@ -74,8 +74,7 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
 
 
 def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         xs, ys, es = zip(*pts)
         ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
@@ -84,10 +83,7 @@ def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> 
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    shrink_png(path)
+    save_figure(fig, path, 80)
 
 
 def natural(label: str) -> list:
@@ -188,8 +184,7 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
     names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
     verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
-    plt = pyplot()
-    fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
+    fig, axs = pyplot().subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
     for ax, (q, title, lower) in zip(axs[0], qs):
         stats = [bars[n].get(q) for n in names]
         colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
@@ -198,10 +193,7 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
         ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
     fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    shrink_png(out / name)
+    save_figure(fig, out / name)
     lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
                                     for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
     return [f"![before and after]({name})", "",

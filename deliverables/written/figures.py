@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from deliverables.report.charts import before_after_bars, bench_rows
-from deliverables.report.output import COLOURS, pyplot, report_dir, shrink_png
+from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
 from deliverables.written import compiled_figures as gpu
 from experiments.results import load_results, read_metrics
@@ -37,13 +37,6 @@ def plan_runs(root: Path, plan: str) -> list[dict]:
     return load_results(where) if where.is_dir() else []
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    shrink_png(path)
-
-
 def _finish(*axes) -> None:
     for ax in axes:
         ax.title.set_fontsize(9)
@@ -60,7 +53,7 @@ def memory(root: Path, path: Path) -> None:
     fig, axes = pyplot().subplots(1, 2, figsize=(9.6, 3.6))
     gpu.memory_panels(axes, root)
     _finish(*axes)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def cpu_throughput(ax, root: Path) -> None:
@@ -85,7 +78,7 @@ def throughput(root: Path, path: Path) -> None:
     gpu.throughput_panel(a, root)
     cpu_throughput(b, root)
     _finish(a, b)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def techniques(root: Path, path: Path) -> None:
@@ -93,7 +86,7 @@ def techniques(root: Path, path: Path) -> None:
     fig, axes = pyplot().subplots(2, 2, figsize=(9.6, 5.2))
     gpu.technique_panels(axes.flat, root)
     _finish(*axes.flat)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _host(runs: list[dict]) -> str:
@@ -133,7 +126,7 @@ def cpu_before_after(root: Path, path: Path) -> None:
     fig.suptitle(f"{row['params'] / 1e6:.1f}M-parameter model, batch {row['batch']}, context {row['context']}, "
                  f"{_host(runs)}", fontsize=9)
     _finish(a, b)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def curves(ax, root: Path) -> None:
@@ -220,7 +213,7 @@ def training(root: Path, path: Path) -> None:
     lr_panel(axes[0][1], root)
     size_and_context(axes[1][0], axes[1][1], root)
     _finish(*axes.flat)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def draw(root: Path, out: Path) -> list[Path]:
