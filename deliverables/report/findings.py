@@ -145,10 +145,6 @@ def _worse_at_evals(var: Setting, base: Setting) -> str:
     return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
 
 
-def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    return _similar_pair(settings, variant, "baseline", ctx)
-
-
 def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
     """Within noise, or within SMALL of each other: agree; further apart: disagree."""
     if a is None or b is None:
@@ -274,10 +270,13 @@ def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = [(x, st) for x, s in _numeric(settings, "model.context_length") if (st := _loss(s)) is not None]
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
-    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
-    text = (", ".join(f"context {int(x)}: {st.text()}" for x, st in pts)
-            + f"; range {100 * (hi - lo) / lo:.1f}% of the loss")
-    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+    return _little(", ".join(f"context {int(x)}: {st.text()}" for x, st in pts), [st for _, st in pts])
+
+
+def _little(text: str, stats: list[Stats]) -> tuple[str, str]:
+    """Agree when the mean losses span at most SMALL of the lowest."""
+    lo, hi = min(st.mean for st in stats), max(st.mean for st in stats)
+    return text + f"; range {100 * (hi - lo) / lo:.1f}% of the loss", AGREE if (hi - lo) <= SMALL * lo else DISAGREE
 
 
 def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
@@ -294,9 +293,7 @@ def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = [(int(s.name.split("_r")[1]), st) for s in settings if s.name.startswith("lora_r") and (st := _loss(s))]
     if len(pts) < 2:
         return "fewer than two ranks", UNRESOLVED
-    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
-    text = ", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
-    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+    return _little(", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)), [st for _, st in pts])
 
 
 def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
@@ -338,7 +335,7 @@ CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
     "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
     "worse:nope": lambda s, c: check_worse(s, "nope", c),
     "worse:silu": lambda s, c: check_worse(s, "silu", c),
-    "similar:post_norm": lambda s, c: check_similar(s, "post_norm", c),
+    "similar:post_norm": lambda s, c: _similar_pair(s, "post_norm", "baseline", c),
     "lr_sweet_spot": check_lr,
     "lr_diverge": check_lr_diverge,
     "batch_equal_steps": check_batch_steps,
