@@ -220,13 +220,12 @@ def intro(target: Target) -> list[str]:
 
     return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
              f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
-             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
-             "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
-             f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
-             "Regenerate with "
-             f"`python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate compares "
-             "with such figures: docs/results/compiled/h100-80gb-validation.md."]
+             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. Bytes "
+             "are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits one "
+             f"{target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
+             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate "
+             f"with `python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate "
+             "compares with such figures: docs/results/compiled/h100-80gb-validation.md."]
 
 
 def write_page(argv: list[str], module: str, doc: str, all_sections, intro, section_table,

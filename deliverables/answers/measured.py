@@ -123,8 +123,7 @@ def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list
                "memory traffic are not in the FLOP count" if t < fl else
                "the feed-forward takes a larger share of the time than of the FLOPs")
         out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} "
-                   f"{bd.get('dtype')}: "
-                   f"time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
+                   f"{bd.get('dtype')}: time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
         parts = sum(v.get("forward_s") or 0 for v in c.values())
         if forward and parts:
             out.append(f"  How the parts are timed (`jaxlm.bench model --breakdown`): attention, the feed-forward "
@@ -210,8 +209,7 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took "
                    f"{ms(c['step_ms_first'])} ms, {c['step_ms_first'] / h['step_ms_median']:.1f}x the median after "
                    f"{axis(hot, 'warmup')} warm-up steps ({ms(h['step_ms_median'])} ms); the standard deviation over "
-                   f"the 10 steps was {ms(c['step_ms_std'])} ms "
-                   f"against {ms(h['step_ms_std'])} ms.")
+                   f"the 10 steps was {ms(c['step_ms_std'])} ms against {ms(h['step_ms_std'])} ms.")
     for r in warm[1:-1]:
         fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
         if fb and h and fb.get("step_ms_first"):

@@ -60,14 +60,12 @@ def learning_rate_section(root: Path) -> list[str]:
     out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
     if e["trained"] and e["broken"]:
         folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
-        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk "
-                    f"wisdom (the best rate is just below the edge of stability) {folk} here: the "
-                    "rates just under the edge still train nearly as well as the best while the next step up no longer "
-                    "learns. Where the loss becomes non-finite is a different, much higher edge. "
-                    "**The grid's limits**: "
-                    f"{len(points)} rates, so the edge is bracketed only within a factor "
-                    f"{e['broken'] / e['trained']:g}; "
-                    f"a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
+        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
+                    f"(the best rate is just below the edge of stability) {folk} here: the rates just under the edge "
+                    "still train nearly as well as the best while the next step up no longer learns. Where the loss "
+                    f"becomes non-finite is a different, much higher edge. **The grid's limits**: {len(points)} "
+                    f"rates, so the edge is bracketed only within a factor {e['broken'] / e['trained']:g}; a finer "
+                    f"grid between {e['trained']:g} and {e['broken']:g} places it.")
     return out + [""]
 
 
@@ -98,9 +96,8 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR "
-                      "--out "
-                      f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
+        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report "
+                      f"RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
     return out + [

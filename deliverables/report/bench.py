@@ -11,30 +11,17 @@ from experiments.estimate import BENCH_DEFAULTS
 
 # Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [
-    ("framework", "framework", "g"),
-    ("mode", "mode", "g"),
-    ("dtype", "dtype", "g"),
-    ("attention", "attention", "g"),
-    ("remat", "remat", "g"),
-    ("context", "context", "int"),
-    ("batch", "batch", "int"),
-    ("status", "status", "g"),
-    ("step (ms)", "step_ms", "g"),
-    ("± 95 %", "step_ms_ci95", "g"),
-    ("median (ms)", "step_ms_median", "g"),
-    ("tokens/s", "tokens_per_s", "count"),
-    ("TFLOP/s", "tflops", "g"),
-    ("MFU", "mfu", "pct"),
-    ("memory (GB)", "memory_gb", "g"),
-    ("memory from", "memory_source", "g"),
-    ("params", "params", "count"),
+    ("framework", "framework", "g"), ("mode", "mode", "g"), ("dtype", "dtype", "g"), ("attention", "attention", "g"),
+    ("remat", "remat", "g"), ("context", "context", "int"), ("batch", "batch", "int"), ("status", "status", "g"),
+    ("step (ms)", "step_ms", "g"), ("± 95 %", "step_ms_ci95", "g"), ("median (ms)", "step_ms_median", "g"),
+    ("tokens/s", "tokens_per_s", "count"), ("TFLOP/s", "tflops", "g"), ("MFU", "mfu", "pct"),
+    ("memory (GB)", "memory_gb", "g"), ("memory from", "memory_source", "g"), ("params", "params", "count"),
 ]
 # Row fields that are measurements (everything else identifies the setting).
 BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95",
-                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
-                  "memory_gb", "memory_source", "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy",
-                  "step_cpu_ms", "device", "error", "traceback", "run", "max_batch",
-                  "hlo_dots", "matmul_dtypes"}
+                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu", "memory_gb", "memory_source",
+                  "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy", "step_cpu_ms", "device",
+                  "error", "traceback", "run", "max_batch", "hlo_dots", "matmul_dtypes"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
 # What a row's memory_gb is, by its memory_source: a measured device peak, or XLA's compiled estimate.
 MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compiled memory estimate (memory_analysis)"}
@@ -52,8 +39,7 @@ def bench_rows(runs: list[dict]) -> list[dict]:
                            if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
             rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n,
-                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
-                         "compute_set": compute})
+                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n), "compute_set": compute})
     return rows
 
 
@@ -189,8 +175,7 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
                 attention = "" if k.get("attention") in (None, "xla") else " " + k["attention"]
                 remat = "" if k.get("remat") in (None, "none") else " remat=" + k["remat"]
                 out.append(f"{k.get('mode')} {k.get('dtype')}{attention}{remat}, {other} {k.get(other)}: "
-                           f"from {axis} {xs[0]} to {xs[-1]} "
-                           f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
+                           f"from {axis} {xs[0]} to {xs[-1]} ({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
     return out
 
 
@@ -251,8 +236,7 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
         worst = max(abs(e) for e in residuals)
         linear &= r2 >= 0.99
         parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per "
-                     "sequence, "
-                     f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
+                     f"sequence, batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
                      f"{100 * worst / max(ys):.1f}% of the largest figure)")
     return "; ".join(parts), "agree" if linear else "disagree"
 
@@ -271,7 +255,6 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
         parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + "
-                     f"{c:.3g} B·T², the T² "
-                     f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
-                     f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
+                     f"{c:.3g} B·T², the T² term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line "
+                     f"misses by up to {100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
     return "; ".join(parts), "agree" if faster else "disagree"

@@ -20,8 +20,7 @@ DEFINITION = ("Each run is judged against the best setting (the lowest mean fina
               "accuracy A\\*). A run *diverged* when its loss or parameters became non-finite (the trainer stops it) "
               "or it ended above ln V, the untrained model's loss. It *failed to learn* when it ended finite but more "
               f"than {LEARNED_WITHIN:g} nats above L\\* (a perplexity over {math.exp(LEARNED_WITHIN):.2f}x the "
-              "best's); "
-              "its accuracy against A\\* is shown beside. Otherwise it *trained*.")
+              "best's); its accuracy against A\\* is shown beside. Otherwise it *trained*.")
 
 
 def _metric(run: dict, key: str) -> float | None:

@@ -58,8 +58,7 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
                          _f(r.get("step_ms"), ".1f"), _f(r.get("tokens_per_s"), ".0f"), _collectives(r), _bubble(r)])
             if ref and r is not ref:
                 findings.append(f"{name}: {r['layout']} holds {share:.3f} of the replicated ({ref['layout']}) "
-                                "per-device "
-                                f"parameters + optimizer state ({r['state_mb_per_device']:.0f} vs "
+                                f"per-device parameters + optimizer state ({r['state_mb_per_device']:.0f} vs "
                                 f"{ref['state_mb_per_device']:.0f} MiB, compiled program's shardings).")
             if single and r is not single and r.get("tokens_per_s") and "bubble" not in r:
                 findings.append(f"{name}: {r['layout']} ran {r['tokens_per_s']:.0f} tokens/s against one device's "
