@@ -13,19 +13,14 @@ from pathlib import Path
 from deliverables.answers import predicted
 from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
-from deliverables.common import table
-from experiments.results import load_results
+from deliverables.answers.predicted import ms
+from deliverables.common import plan_runs, table
 from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
 
 PLAN = "benchmarking"
 GPT2_VOCAB = 50_257  # the curriculum's models' vocabulary (GPT-2's tokenizer)
-
-
-def ms(v: float) -> str:
-    """Milliseconds without exponents: 3 significant digits below 100, whole numbers above."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def load_bench_file(path: Path) -> tuple[list[dict], dict]:
@@ -155,15 +150,6 @@ def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
             and r.get("context") == predicted.SIZE_CONTEXT and r.get("batch") == predicted.SIZE_BATCH}
 
 
-def plan_runs(root: Path) -> list[dict]:
-    """The benchmarking plan's completed bench runs under ROOT (its committed records, or runs/ as the runner
-    leaves them)."""
-    for where in (root / PLAN / "records", root / PLAN):
-        if where.is_dir():
-            return [r for r in load_results(where) if r.get("status") == "ok" and r.get("bench_rows")]
-    return []
-
-
 def machine(run: dict) -> str:
     h = run.get("host") or {}
     what = h.get("cpu_model") or f"{run.get('device', '?')}"
@@ -219,7 +205,7 @@ def warmup_lines(warm: list[dict]) -> list[str]:
 
 
 def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
-    runs = plan_runs(root)
+    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
     warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
     sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
     out = ["(a) is `python -m jaxlm.bench model` (docs/benchmarks.md): it builds the model from a preset or config, "

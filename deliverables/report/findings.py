@@ -19,7 +19,7 @@ from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.format import table
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
-from deliverables.report.sections.divergence import edge, edge_sentence, outcome, reference
+from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
 from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
 from experiments.plan import format_value
 from experiments.results import read_metrics, series
@@ -158,13 +158,8 @@ def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) 
     return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name, ctx)
 
 
-def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
-    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
-                  key=lambda t: t[0])
-
-
 def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
-    pts = _numeric(settings, "optim.lr")
+    pts = rates(settings, "optim.lr")
     ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
     return pts, (min(ok, key=lambda t: t[2].mean) if ok else None), ok
 
@@ -211,7 +206,7 @@ def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, s, st) for x, s in _numeric(settings, "data.batch_size") if (st := _loss(s)) is not None]
+    pts = [(x, s, st) for x, s in rates(settings, "data.batch_size") if (st := _loss(s)) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
@@ -235,7 +230,7 @@ def roughness(s: Setting) -> float | None:
 
 
 def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, rough) for x, s in _numeric(settings, "data.batch_size") if (rough := roughness(s)) is not None]
+    pts = [(x, rough) for x, s in rates(settings, "data.batch_size") if (rough := roughness(s)) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ("training-loss jitter (std of successive logged differences, 2nd half): "
@@ -244,7 +239,7 @@ def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in _numeric(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
+    pts = [(x, st) for x, s in rates(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
@@ -267,7 +262,7 @@ def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in _numeric(settings, "model.context_length") if (st := _loss(s)) is not None]
+    pts = [(x, st) for x, s in rates(settings, "model.context_length") if (st := _loss(s)) is not None]
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
     return _little(", ".join(f"context {int(x)}: {st.text()}" for x, st in pts), [st for _, st in pts])

@@ -13,11 +13,12 @@ import math
 import sys
 from pathlib import Path
 
+from deliverables.common import plan_runs
 from deliverables.report.charts import before_after_bars, bench_rows
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
-from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
+from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
 from deliverables.written import compiled_figures as gpu
-from experiments.results import load_results, read_metrics
+from experiments.results import read_metrics
 from jaxlm import cli
 
 RESULTS, OUT = Path("docs/results"), Path("docs/report/figures")
@@ -30,11 +31,6 @@ FIGURES = {
     "fig5_training.png": "learning curves, the learning-rate sweep, model size and context length",
 }
 BEST_RUN = "batch_size", "b32"  # the best WikiText model: the batch-size study's batch 32 (its seeds)
-
-
-def plan_runs(root: Path, plan: str) -> list[dict]:
-    where = root / plan / "records"
-    return load_results(where) if where.is_dir() else []
 
 
 def _finish(*axes) -> None:
@@ -149,13 +145,8 @@ def curves(ax, root: Path) -> None:
 def lr_panel(ax, root: Path) -> None:
     """(b) every seed's final validation loss against the rate, coloured by its outcome; non-finite at ln V."""
     runs = plan_runs(root, "lr_sweep")
-    by: dict[float, list[dict]] = {}
-    for r in runs:
-        if isinstance((r.get("axes") or {}).get("optim.lr"), (int, float)):
-            by.setdefault(float(r["axes"]["optim.lr"]), []).append(r)
-    vocab = ((runs[0].get("config") or {}).get("model") or {}).get("vocab_size") if runs else None
-    untrained = math.log(vocab) if vocab else math.inf
-    e = edge(sorted(by.items()), untrained)
+    by, untrained = dict(by_rate(runs)), untrained_loss(runs)
+    e = edge(list(by.items()), untrained)
     for kind, colour in {"trained": "#3a7", "failed": "#e90", "diverged": "#c33"}.items():
         pts = [(x, (r.get("metrics") or {}).get("eval_loss")) for x, rs in by.items()
                for r, k in zip(rs, e["kinds"][x]) if k == kind]

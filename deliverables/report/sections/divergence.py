@@ -60,6 +60,21 @@ def outcome(run: dict, untrained: float, best: tuple[float, float | None]) -> tu
     return ("failed" if loss - best[0] > LEARNED_WITHIN else "trained"), how
 
 
+def by_rate(runs: list[dict], axis: str = "optim.lr") -> list[tuple[float, list[dict]]]:
+    """(rate, the runs at that rate: every seed), by rate."""
+    out: dict[float, list[dict]] = {}
+    for r in runs:
+        if isinstance(x := (r.get("axes") or {}).get(axis), (int, float)):
+            out.setdefault(float(x), []).append(r)
+    return sorted(out.items())
+
+
+def untrained_loss(runs: list[dict]) -> float:
+    """ln V of the sweep's model (the untrained model's loss), from the first run's recorded config."""
+    vocab = ((runs[0].get("config") or {}).get("model") or {}).get("vocab_size") if runs else None
+    return math.log(vocab) if vocab else math.inf
+
+
 def rates(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
     return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
                   key=lambda t: t[0])
