@@ -49,28 +49,9 @@ FINDINGS = {  # key: (plan, words of the claim, pattern)
     "batch32_loss": ("batch_size", "larger batches", r"batch 32: ([\d.]+)"),
 }
 
-REPORTS = {  # key: (plan, pattern in its generated report.md, from its records)
-    "peft_full_mib": ("peft", r"\| `pretrain` \.\.\. `full-s2` \(4 runs\) \|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "peft_r4_mib": ("peft", r"\| `lora_r4-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "peft_r64_mib": ("peft", r"\| `lora_r64-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "par_fsdp_share": ("parallelism", r"memory_small: fsdp=8 holds ([\d.]+)"),
-    "par_tp_share": ("parallelism", r"memory_small: data=2,tensor=4 holds ([\d.]+)"),
-    "par_pp_share": ("parallelism", r"memory_small: data=2,pipeline=4 holds ([\d.]+)"),
-    "par_dp_speed": ("parallelism", r"dp_on: data=8 ran \d+ tokens/s against one device's \d+ \(([\d.]+)x\)"),
-}
-for _m, _batches in ((1, "micro-batch"), (4, "micro-batches"), (8, "micro-batches")):  # the pipeline bubble, measured
-    REPORTS[f"par_bubble_m{_m}"] = ("parallelism", rf"with {_m} {_batches} lost (\d+) %")
-    REPORTS[f"par_bubble_m{_m}_gpipe"] = ("parallelism",
-                                          rf"with {_m} {_batches} lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %")
-
-
 def patterns(root: Path) -> dict[str, tuple[float, str]]:
-    out = {k: (finding(root, plan, words, pat), f"{root}/{plan}/findings.json")
-           for k, (plan, words, pat) in FINDINGS.items()}
-    for key, (plan, pattern) in REPORTS.items():
-        out[key] = (float(re.search(pattern, (root / plan / "report.md").read_text()).group(1)),
-                    f"{root}/{plan}/report.md (from its records)")
-    return out
+    return {k: (finding(root, plan, words, pat), f"{root}/{plan}/findings.json")
+            for k, (plan, words, pat) in FINDINGS.items()}
 
 
 def fits(root: Path) -> dict[str, tuple[float, str]]:
