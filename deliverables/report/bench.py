@@ -181,10 +181,8 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
 
 def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
     """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
-
-    The source (XLA:CPU's memory_analysis, a GPU-compiled plan, a device's allocator) is part of the key: one fit
-    never pools two compilers' figures. One point per axis value: two runs of the same step (the context sweep's
-    and the batch sweep's batch 4 at context 256) are one setting, their figures averaged, not two points."""
+    The source is in the key so one fit never pools two compilers' figures; two runs of one step (a context sweep's
+    batch 4 inside a batch sweep) are one point, averaged."""
     groups: dict[tuple, dict[float, list[float]]] = {}
     for r in rows:
         if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
