@@ -38,8 +38,9 @@ def bench_rows(runs: list[dict]) -> list[dict]:
         compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
                            if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n,
-                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n), "compute_set": compute})
+            tagged = {"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n, "compute_set": compute}
+            sd = sample_std(tagged)
+            rows.append({**tagged, "step_ms_ci95": None if sd is None else half_width(sd, n)})
     return rows
 
 
@@ -47,10 +48,6 @@ def sample_std(row: dict) -> float | None:
     """The sample standard deviation of the row's step times (jaxlm.bench records the n-divided one)."""
     n, sd = row.get("timed_steps") or 0, row.get("step_ms_std")
     return sd * math.sqrt(n / (n - 1)) if isinstance(sd, (int, float)) and n >= 2 else None
-
-
-def _step_ci(sd: float | None, n: int) -> float | None:
-    return half_width(sd * math.sqrt(n / (n - 1)), n) if isinstance(sd, (int, float)) and n >= 2 else None
 
 
 def step_test(row: dict, base: dict):

@@ -30,16 +30,6 @@ def bench_rows(runs: list[dict]) -> list[dict]:
     return [row for row in tagged_bench_rows(runs) if row.get("status") == "ok"]
 
 
-def memory_of(row: dict) -> tuple[float, str] | None:
-    """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
-    if isinstance(row.get("total_gb"), (int, float)):
-        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
-        return row["total_gb"], device if device.startswith("compiled for") else f"compiled for {device}"
-    if isinstance(row.get("memory_gb"), (int, float)):
-        return row["memory_gb"], str(row.get("memory_source") or "measured")
-    return None
-
-
 def line_label(row: dict, fixed: str, where: str) -> str:
     """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
     setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
@@ -92,9 +82,14 @@ def natural(label: str) -> list:
 
 
 def _memory(row: dict) -> tuple[float, float, str] | None:
-    """(GB, no interval: a plan or a peak is one exact figure, where from)."""
-    m = memory_of(row)
-    return (m[0], 0.0, m[1]) if m else None
+    """(GB, no interval: a plan or a peak is one exact figure, where from): a GPU compiler's plan (`total_gb` of a
+    --target row), else the row's memory figure."""
+    if isinstance(row.get("total_gb"), (int, float)):
+        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
+        return row["total_gb"], 0.0, device if device.startswith("compiled for") else f"compiled for {device}"
+    if isinstance(row.get("memory_gb"), (int, float)):
+        return row["memory_gb"], 0.0, str(row.get("memory_source") or "measured")
+    return None
 
 
 def _throughput(row: dict) -> tuple[float, float, str] | None:
