@@ -1,7 +1,11 @@
-"""What several deliverables state: the Markdown table writer, the study models beside the presets, the course's
-device memory."""
+"""What several deliverables state: the Markdown table writer, a plan's runs, the study models beside the presets,
+the course's device memory."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.results import load_results
 
 # The course's device memory: adamwAccounting (b) asks for "the maximum batch size you can use and still fit within
 # 80GB memory".
@@ -11,6 +15,14 @@ COURSE_MEMORY = 80e9
 # 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
 STUDY_MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
                             "model.vocab_size=50257", "model.tie_embeddings=true"]}
+
+
+def plan_runs(root: Path, plan: str) -> list[dict]:
+    """A plan's runs under ROOT: its committed records (ROOT/PLAN/records), else the runs as the runner leaves them."""
+    for where in (root / plan / "records", root / plan):
+        if where.is_dir():
+            return load_results(where)
+    return []
 
 
 def table(head: list[str], rows: list[list], align: str = "l") -> str:

@@ -155,31 +155,30 @@ def at_batch(j: dict, batch: int) -> dict:
     return {**j, "set": [f"data.batch_size={batch}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
 
 
-def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
-    """label -> compiled figures of a section's rows (one of `all_sections()`) already in OUT_DIR/TARGET.json (none
-    compiled here)."""
+def _stored(section: str, target_name: str, out_dir: Path, all_sections=sections):
+    """(target, OUT_DIR/TARGET.json's store, the section's rows), or None where nothing is stored."""
     path = Path(out_dir) / f"{target_name}.json"
     if not path.is_file():
+        return None
+    return parse_target(target_name), CompileCache(path), next(s for s in all_sections() if s.name == section).rows
+
+
+def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
+    """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here)."""
+    if not (found := _stored(section, target_name, out_dir, all_sections)):
         return {}
-    target, store = parse_target(target_name), CompileCache(path)
-    rows = next(s for s in all_sections() if s.name == section).rows
+    target, store, rows = found
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
-
-
-def cached_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, int]:
-    """label -> the largest batch that fits, of a `largest` section's rows already searched in OUT_DIR/TARGET.json."""
-    return {label: n for label, (n, _) in cached_at_largest(section, target_name, out_dir).items()}
 
 
 def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, tuple[int, dict]]:
     """label -> (the largest batch that fits, the compiled figures at that batch or {}) of a `largest` section's
     rows already searched in OUT_DIR/TARGET.json."""
-    path = Path(out_dir) / f"{target_name}.json"
-    if not path.is_file():
+    if not (found := _stored(section, target_name, out_dir)):
         return {}
-    target, store = parse_target(target_name), CompileCache(path)
+    target, store, rows = found
     out = {}
-    for label, j in next(s for s in sections() if s.name == section).rows:
+    for label, j in rows:
         found = store.stored.get(store.key({**j, "search": "largest_batch"}, target))
         if found is not None:
             n = found["largest_batch"]
@@ -221,13 +220,12 @@ def intro(target: Target) -> list[str]:
 
     return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
              f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
-             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. "
-             "Bytes are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits "
-             f"one {target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. "
-             "Regenerate with "
-             f"`python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate compares "
-             "with such figures: docs/results/compiled/h100-80gb-validation.md."]
+             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. Bytes "
+             "are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits one "
+             f"{target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
+             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate "
+             f"with `python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate "
+             "compares with such figures: docs/results/compiled/h100-80gb-validation.md."]
 
 
 def write_page(argv: list[str], module: str, doc: str, all_sections, intro, section_table,

@@ -99,10 +99,9 @@ def intro(target: Target) -> list[str]:
              f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
              "machine and `jaxlm.predict.roofline` priced each of its kernels by its shape at the device table's "
              "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
-             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). "
-             "The group columns are each kernel group's share of the predicted step; compiled GiB is the same "
-             "compile's memory per GPU. Regenerate with "
-             f"`python -m deliverables.compiled_time --target {target.name}`."]
+             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). The "
+             "group columns are each kernel group's share of the predicted step; compiled GiB is the same compile's "
+             f"memory per GPU. Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
 
 
 def shares(row: dict) -> dict[str, float]:

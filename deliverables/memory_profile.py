@@ -243,10 +243,9 @@ def page(figures: dict[str, dict], target: Target) -> str:
 def draw(figures: dict[str, dict], path: Path, target: Target) -> None:
     """Live GiB over the schedule (as a share of it), float32, a line per context; dotted where each context's
     backward and update begin; the arguments (state and batch) dashed."""
-    from deliverables.report.output import COLOURS, pyplot, shrink_png
+    from deliverables.report.output import COLOURS, pyplot, save_figure
 
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(9.6, 3.4))
     for ax, mode in zip(axes, MODES):
         values = []
         for colour, t in zip(COLOURS, CONTEXTS):
@@ -269,10 +268,7 @@ def draw(figures: dict[str, dict], path: Path, target: Target) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"`{PRESET}` {target.label.split(' (')[0]}: compiled, not a CUDA trace", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    shrink_png(path)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,14 +95,12 @@ def flops_observations() -> list[str]:
     for n in GPT2:
         s = shares(model(n), 1024)
         top = max(s, key=s.get)
-        out.append(f"- `{n}` at context 1024: the {top} takes the largest share ({100 * s[top]:.1f}%); "
-                   f"the attention core {100 * s['attention core (QKᵀ, AV)']:.1f}%, the output head "
-                   f"{100 * s['output head']:.1f}%.")
+        out.append(f"- `{n}` at context 1024: the {top} takes the largest share ({100 * s[top]:.1f}%); the attention "
+                   f"core {100 * s['attention core (QKᵀ, AV)']:.1f}%, the output head {100 * s['output head']:.1f}%.")
     small, xl = shares(model("gpt2-small"), 1024), shares(model("gpt2-xl"), 1024)
     out.append(f"- From small to XL the output head's share falls from {100 * small['output head']:.1f}% to "
-               f"{100 * xl['output head']:.1f}% and the feed-forward's rises from "
-               f"{100 * small['feed-forward']:.1f}% to "
-               f"{100 * xl['feed-forward']:.1f}%: per-layer work grows with d² while the head grows with d only.")
+               f"{100 * xl['output head']:.1f}% and the feed-forward's rises from {100 * small['feed-forward']:.1f}% "
+               f"to {100 * xl['feed-forward']:.1f}%: per-layer work grows with d² while the head grows with d only.")
     f1, f16 = (flops.forward_flops(model("gpt2-xl", t), t) for t in CONTEXTS)
     long = shares(model("gpt2-xl", 16384), 16384)
     out += [f"- `gpt2-xl` from context 1024 to 16384 (16x the tokens): one forward grows {f16.total / f1.total:.1f}x "
@@ -134,8 +132,7 @@ def memory_section(names: list[str], root: Path) -> list[str]:
            f"with P parameters, batch B and a the bytes each sequence keeps for the backward pass (jaxlm.memory's "
            f"activation model: per layer the norm output, the residual, q, k, v, the attention scores and "
            f"probabilities, the attention output, the feed-forward's hidden activations; then the float32 logits "
-           f"and their gradient). "
-           f"In bfloat16 the weights' bfloat16 copies add 2P. "
+           f"and their gradient). In bfloat16 the weights' bfloat16 copies add 2P. "
            f"Largest batch in {COURSE_MEMORY / 1e9:g} GB (the question's) = floor((memory - state) / a).", ""]
     for label, compute in SETTINGS.items():
         rows = []
@@ -156,14 +153,6 @@ def memory_section(names: list[str], root: Path) -> list[str]:
             "question's formula (the float32 copies of masked scores and the softmax's intermediates), hence a "
             "smaller batch than (b)'s answer.", ""]
     return out
-
-
-def compiled_largest(root: Path) -> dict[str, int]:
-    """The largest batch of `small` at context 1024 on one H100 per technique, by compiling (the search stored in
-    ROOT/compiled/h100-80gb.json by `python -m deliverables.compiled_memory --only largest-batch`)."""
-    from deliverables.compiled_memory import cached_largest
-
-    return cached_largest("largest-batch", "h100-80gb", root / "compiled")
 
 
 def analytic_largest(compute: ComputeConfig) -> int:

@@ -55,14 +55,12 @@ def gpt2_xl_section() -> list[str]:
     parts = activation_floats(m, t)
     rows = [[k, count(v), si(FLOAT32 * v, "B")] for k, v in parts.items()]
     return (["#### (b) GPT-2 XL", "",
-             f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, "
-             f"d_ff {m.d_ff} = 4d): "
-             "one sequence keeps", ""]
+             f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, d_ff "
+             f"{m.d_ff} = 4d): one sequence keeps", ""]
             + [table(["activation", "floats per sequence", "float32 bytes"], rows, "lr"), ""]
-            + [f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). "
-               "The largest batch "
-               f"in {COURSE_MEMORY / 1e9:g} GB: floor(({COURSE_MEMORY / 1e9:g} - {b / 1e9:.4g}) / {a / 1e9:.4g}) = "
-               f"**{max_batch(b, a, COURSE_MEMORY)}**.", ""])
+            + [f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). The "
+               f"largest batch in {COURSE_MEMORY / 1e9:g} GB: floor(({COURSE_MEMORY / 1e9:g} - {b / 1e9:.4g}) / "
+               f"{a / 1e9:.4g}) = **{max_batch(b, a, COURSE_MEMORY)}**.", ""])
 
 
 def adamw_flops_section() -> list[str]:
@@ -74,8 +72,7 @@ def adamw_flops_section() -> list[str]:
              "α_t and lr·λ depend only on the step, so they are computed once per step, not per parameter):", ""]
             + [table(["update", "operations", "FLOPs"], rows, "lr"), ""]
             + [f"Total **{total} FLOPs per parameter**, {total}P per step: "
-               f"{si(total * flops.param_counts(m)['total'], 'FLOP')} "
-               f"for `gpt2-xl`. Adam without the decoupled weight decay needs {total - flops.ADAMW_TERMS[-1][2]}, the "
-               "figure often quoted for AdamW; the decay's multiply and subtract add the rest. Next to the forward and "
-               "backward passes (about 6 FLOPs per parameter per token, so 6P x tokens per step) this is "
-               "negligible.", ""])
+               f"{si(total * flops.param_counts(m)['total'], 'FLOP')} for `gpt2-xl`. Adam without the decoupled "
+               f"weight decay needs {total - flops.ADAMW_TERMS[-1][2]}, the figure often quoted for AdamW; the "
+               "decay's multiply and subtract add the rest. Next to the forward and backward passes (about 6 "
+               "FLOPs per parameter per token, so 6P x tokens per step) this is negligible.", ""])

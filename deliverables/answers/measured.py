@@ -13,19 +13,14 @@ from pathlib import Path
 from deliverables.answers import predicted
 from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
-from deliverables.common import table
-from experiments.results import load_results
+from deliverables.answers.predicted import ms
+from deliverables.common import plan_runs, table
 from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
 
 PLAN = "benchmarking"
 GPT2_VOCAB = 50_257  # the curriculum's models' vocabulary (GPT-2's tokenizer)
-
-
-def ms(v: float) -> str:
-    """Milliseconds without exponents: 3 significant digits below 100, whole numbers above."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def load_bench_file(path: Path) -> tuple[list[dict], dict]:
@@ -123,8 +118,7 @@ def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list
                "memory traffic are not in the FLOP count" if t < fl else
                "the feed-forward takes a larger share of the time than of the FLOPs")
         out.append(f"- Feed-forward vs attention, forward, T={bd.get('context')} B={bd.get('batch')} "
-                   f"{bd.get('dtype')}: "
-                   f"time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
+                   f"{bd.get('dtype')}: time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
         parts = sum(v.get("forward_s") or 0 for v in c.values())
         if forward and parts:
             out.append(f"  How the parts are timed (`jaxlm.bench model --breakdown`): attention, the feed-forward "
@@ -154,15 +148,6 @@ def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
     rows = (campaign(root).get("bench_f32") or {}).get("rows") or []
     return {(r["model"], r["mode"]): r["step_ms"] for r in rows if r.get("status") == "ok" and r.get("step_ms")
             and r.get("context") == predicted.SIZE_CONTEXT and r.get("batch") == predicted.SIZE_BATCH}
-
-
-def plan_runs(root: Path) -> list[dict]:
-    """The benchmarking plan's completed bench runs under ROOT (its committed records, or runs/ as the runner
-    leaves them)."""
-    for where in (root / PLAN / "records", root / PLAN):
-        if where.is_dir():
-            return [r for r in load_results(where) if r.get("status") == "ok" and r.get("bench_rows")]
-    return []
 
 
 def machine(run: dict) -> str:
@@ -210,8 +195,7 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took "
                    f"{ms(c['step_ms_first'])} ms, {c['step_ms_first'] / h['step_ms_median']:.1f}x the median after "
                    f"{axis(hot, 'warmup')} warm-up steps ({ms(h['step_ms_median'])} ms); the standard deviation over "
-                   f"the 10 steps was {ms(c['step_ms_std'])} ms "
-                   f"against {ms(h['step_ms_std'])} ms.")
+                   f"the 10 steps was {ms(c['step_ms_std'])} ms against {ms(h['step_ms_std'])} ms.")
     for r in warm[1:-1]:
         fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
         if fb and h and fb.get("step_ms_first"):
@@ -221,7 +205,7 @@ def warmup_lines(warm: list[dict]) -> list[str]:
 
 
 def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
-    runs = plan_runs(root)
+    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
     warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
     sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
     out = ["(a) is `python -m jaxlm.bench model` (docs/benchmarks.md): it builds the model from a preset or config, "

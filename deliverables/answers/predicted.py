@@ -26,6 +26,7 @@ LAUNCH_MS = 1e3 * device_rates(DEVICES[TARGET]).launch_seconds  # the roofline's
 
 
 def ms(v: float) -> str:
+    """Milliseconds without exponents: 3 significant digits below 100, whole numbers above."""
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from pathlib import Path
 
-from deliverables.common import table
-from deliverables.report.sections.divergence import DEFINITION, edge, edge_sentence
-from experiments.results import load_results
+from deliverables.common import plan_runs, table
+from deliverables.report.sections.divergence import DEFINITION, by_rate, edge, edge_sentence, untrained_loss
 
 LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
 WORDS = {"trained": "trained", "failed": "failed to learn", "diverged": "diverged"}
-
-
-def lr_settings(root: Path) -> dict[float, list[dict]]:
-    """learning rate -> the runs at that rate (every seed), from ROOT/lr_sweep's records."""
-    for where in (root / LR_PLAN / "records", root / LR_PLAN):
-        if where.is_dir():
-            out: dict[float, list[dict]] = {}
-            for r in load_results(where):
-                lr = (r.get("axes") or {}).get(LR_AXIS)
-                if isinstance(lr, (int, float)):
-                    out.setdefault(float(lr), []).append(r)
-            return dict(sorted(out.items()))
-    return {}
 
 
 def mean_loss(runs: list[dict]) -> tuple[float, float] | None:
@@ -37,12 +22,12 @@ def mean_loss(runs: list[dict]) -> tuple[float, float] | None:
 
 
 def learning_rate_section(root: Path) -> list[str]:
-    settings = lr_settings(root)
+    runs = plan_runs(root, LR_PLAN)
+    points = by_rate(runs, LR_AXIS)
     out = ["### learning_rate", ""]
-    if not settings:
+    if not points:
         return out + [f"**Missing**: no `{LR_PLAN}` records under `{root}`; `python -m experiments.run {LR_PLAN}`.", ""]
-    points = sorted(settings.items())
-    e = edge(points, untrained_loss(points))
+    e = edge(points, untrained_loss(runs))
     rows = []
     for lr, runs in points:
         m = mean_loss(runs)
@@ -60,21 +45,13 @@ def learning_rate_section(root: Path) -> list[str]:
     out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
     if e["trained"] and e["broken"]:
         folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
-        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk "
-                    f"wisdom (the best rate is just below the edge of stability) {folk} here: the "
-                    "rates just under the edge still train nearly as well as the best while the next step up no longer "
-                    "learns. Where the loss becomes non-finite is a different, much higher edge. "
-                    "**The grid's limits**: "
-                    f"{len(points)} rates, so the edge is bracketed only within a factor "
-                    f"{e['broken'] / e['trained']:g}; "
-                    f"a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
+        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
+                    f"(the best rate is just below the edge of stability) {folk} here: the rates just under the edge "
+                    "still train nearly as well as the best while the next step up no longer learns. Where the loss "
+                    f"becomes non-finite is a different, much higher edge. **The grid's limits**: {len(points)} "
+                    f"rates, so the edge is bracketed only within a factor {e['broken'] / e['trained']:g}; a finer "
+                    f"grid between {e['trained']:g} and {e['broken']:g} places it.")
     return out + [""]
-
-
-def untrained_loss(points: list[tuple[float, list[dict]]]) -> float:
-    """ln V of the sweep's model (the untrained model's loss), from the first run's recorded config."""
-    vocab = ((points[0][1][0].get("config") or {}).get("model") or {}).get("vocab_size")
-    return math.log(vocab) if vocab else math.inf
 
 
 def run_page_facts(page: Path) -> dict | None:
@@ -98,9 +75,8 @@ def generate_section(page: Path, link: str) -> list[str]:
     out = ["### generate", ""]
     facts = run_page_facts(page)
     if facts is None:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report RUN_DIR "
-                      "--out "
-                      f"{page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
+        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report "
+                      f"RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
     return out + [

@@ -16,12 +16,7 @@ measured. How a plan is presented comes from its `[report]` table (saved in plan
 metrics.jsonl, bench.json) into OUT/records, so the report can be rebuilt from a clone:
 `python -m deliverables.report docs/results/PLAN/records --out docs/results/PLAN`.
 
-Modules: `format` (numbers, tables), `seeds` (settings over seeds, "within noise") and `noise`
-(intervals and tests), `compare` (per-run comparisons), `bench` (bench rows), `findings` (the
-published findings and their checks), `sections` (the one-plan sections a plan's [report] table switches on:
-`parallel`, `peft` and quantization, `tokenizer`, `divergence`, and `backend`, what a CPU run can show of
-bfloat16 and remat), `plots` and `charts`, `output` (the report's folder, matplotlib, PNGs), `build` (a plan's
-report). `run_page` writes one training run's page (`python -m deliverables.report RUN_DIR`). The written
-report's figures and claims read these reports and the curriculum's answers, so they live above both, in
+`build` writes a plan's report from the other modules (each says what it holds), `run_page` one training run's
+page. The written report's figures and claims read these reports and the answers, so they live above both, in
 `deliverables.written`. The command is `__main__`; this package exports nothing.
 """

@@ -11,30 +11,17 @@ from experiments.estimate import BENCH_DEFAULTS
 
 # Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
 BENCH_COLUMNS: list[tuple[str, str, str]] = [
-    ("framework", "framework", "g"),
-    ("mode", "mode", "g"),
-    ("dtype", "dtype", "g"),
-    ("attention", "attention", "g"),
-    ("remat", "remat", "g"),
-    ("context", "context", "int"),
-    ("batch", "batch", "int"),
-    ("status", "status", "g"),
-    ("step (ms)", "step_ms", "g"),
-    ("± 95 %", "step_ms_ci95", "g"),
-    ("median (ms)", "step_ms_median", "g"),
-    ("tokens/s", "tokens_per_s", "count"),
-    ("TFLOP/s", "tflops", "g"),
-    ("MFU", "mfu", "pct"),
-    ("memory (GB)", "memory_gb", "g"),
-    ("memory from", "memory_source", "g"),
-    ("params", "params", "count"),
+    ("framework", "framework", "g"), ("mode", "mode", "g"), ("dtype", "dtype", "g"), ("attention", "attention", "g"),
+    ("remat", "remat", "g"), ("context", "context", "int"), ("batch", "batch", "int"), ("status", "status", "g"),
+    ("step (ms)", "step_ms", "g"), ("± 95 %", "step_ms_ci95", "g"), ("median (ms)", "step_ms_median", "g"),
+    ("tokens/s", "tokens_per_s", "count"), ("TFLOP/s", "tflops", "g"), ("MFU", "mfu", "pct"),
+    ("memory (GB)", "memory_gb", "g"), ("memory from", "memory_source", "g"), ("params", "params", "count"),
 ]
 # Row fields that are measurements (everything else identifies the setting).
 BENCH_MEASURED = {"status", "compile_s", "step_ms", "step_ms_std", "step_ms_median", "timed_steps", "step_ms_ci95",
-                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu",
-                  "memory_gb", "memory_source", "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy",
-                  "step_cpu_ms", "device", "error", "traceback", "run", "max_batch",
-                  "hlo_dots", "matmul_dtypes"}
+                  "tokens_per_s", "flops_per_step", "xla_flops", "tflops", "mfu", "memory_gb", "memory_source",
+                  "estimate_gb", "speed_vs_reference", "reference", "other_cpus", "busy", "step_cpu_ms", "device",
+                  "error", "traceback", "run", "max_batch", "hlo_dots", "matmul_dtypes"}
 BENCH_COMPARED = {"memory_gb": "peak memory", "step_ms": "step time", "tokens_per_s": "throughput"}
 # What a row's memory_gb is, by its memory_source: a measured device peak, or XLA's compiled estimate.
 MEMORY_TITLES = {"memory_stats": "peak device memory", "memory_analysis": "compiled memory estimate (memory_analysis)"}
@@ -51,9 +38,9 @@ def bench_rows(runs: list[dict]) -> list[dict]:
         compute = " ".join(f"{k.split('.', 1)[1]}={v}" for k, v in sorted((spec.get("set") or {}).items())
                            if k.startswith("compute."))
         for row in r.get("bench_rows") or []:
-            rows.append({"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n,
-                         "step_ms_ci95": _step_ci(row.get("step_ms_std"), n),
-                         "compute_set": compute})
+            tagged = {"run": r["name"], "plan": r.get("plan"), **row, "timed_steps": n, "compute_set": compute}
+            sd = sample_std(tagged)
+            rows.append({**tagged, "step_ms_ci95": None if sd is None else half_width(sd, n)})
     return rows
 
 
@@ -61,10 +48,6 @@ def sample_std(row: dict) -> float | None:
     """The sample standard deviation of the row's step times (jaxlm.bench records the n-divided one)."""
     n, sd = row.get("timed_steps") or 0, row.get("step_ms_std")
     return sd * math.sqrt(n / (n - 1)) if isinstance(sd, (int, float)) and n >= 2 else None
-
-
-def _step_ci(sd: float | None, n: int) -> float | None:
-    return half_width(sd * math.sqrt(n / (n - 1)), n) if isinstance(sd, (int, float)) and n >= 2 else None
 
 
 def step_test(row: dict, base: dict):
@@ -189,17 +172,14 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
                 attention = "" if k.get("attention") in (None, "xla") else " " + k["attention"]
                 remat = "" if k.get("remat") in (None, "none") else " remat=" + k["remat"]
                 out.append(f"{k.get('mode')} {k.get('dtype')}{attention}{remat}, {other} {k.get(other)}: "
-                           f"from {axis} {xs[0]} to {xs[-1]} "
-                           f"({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
+                           f"from {axis} {xs[0]} to {xs[-1]} ({xs[-1] / xs[0]:.0f}x) " + " and ".join(parts) + ".")
     return out
 
 
 def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
     """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
-
-    The source (XLA:CPU's memory_analysis, a GPU-compiled plan, a device's allocator) is part of the key: one fit
-    never pools two compilers' figures. One point per axis value: two runs of the same step (the context sweep's
-    and the batch sweep's batch 4 at context 256) are one setting, their figures averaged, not two points."""
+    The source is in the key so one fit never pools two compilers' figures; two runs of one step (a context sweep's
+    batch 4 inside a batch sweep) are one point, averaged."""
     groups: dict[tuple, dict[float, list[float]]] = {}
     for r in rows:
         if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
@@ -251,8 +231,7 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
         worst = max(abs(e) for e in residuals)
         linear &= r2 >= 0.99
         parts.append(f"{mode} {dtype}, context {context} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')} per "
-                     "sequence, "
-                     f"batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
+                     f"sequence, batch {xs[0]:.0f}-{xs[-1]:.0f}, R² {r2:.4f} (largest deviation {fmt(worst, 'bytes')}, "
                      f"{100 * worst / max(ys):.1f}% of the largest figure)")
     return "; ".join(parts), "agree" if linear else "disagree"
 
@@ -271,7 +250,6 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
         parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + "
-                     f"{c:.3g} B·T², the T² "
-                     f"term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line misses by up to "
-                     f"{100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
+                     f"{c:.3g} B·T², the T² term {100 * share:.0f}% of the total at T={xs[-1]:.0f} (a straight line "
+                     f"misses by up to {100 * worst_line:.0f}%, the quadratic by {100 * worst:.1f}%)")
     return "; ".join(parts), "agree" if faster else "disagree"

@@ -8,22 +8,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deliverables.report.bench import (
-    bench_rows,
-    bench_scaling_sentences,
-    bench_sentences,
-    bench_table,
-    max_batch_table,
-)
-from deliverables.report.compare import (
-    comparison_sentences,
-    status_sentences,
-    sweep_sentences,
-    train_table,
-)
+from deliverables.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
-from deliverables.report.output import report_dir, shrink_png
+from deliverables.report.output import report_dir
 from deliverables.report.plots import plot_bench, plot_curves, plot_vs_axis
 from deliverables.report.sections import Plan, backend, plan_sections
 from deliverables.report.sections.peft import quantize_rows
@@ -221,9 +210,8 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of "
-                  "steps), or the paper the row names where they do not cover the topic. "
-                  "*Not resolved at this size*: the difference is within seed-to-seed noise here, or this run cannot "
-                  "measure it. "
+                  "steps), or the paper the row names where they do not cover the topic. *Not resolved at this size*: "
+                  "the difference is within seed-to-seed noise here, or this run cannot measure it. "
                   + INTERVAL_NOTE + " " + noise.note(scope="this report"), ""]
         judged_by = {"interval": "95 % t", "correction": "Holm", "comparisons": noise.size}
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
@@ -240,8 +228,6 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
               f"python -m deliverables.report runs/{name} --out docs/results/{name} --records",
               f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records",
               "```", ""]
-    for png in out.glob("*.png"):
-        shrink_png(png)
     if records:
         export_records(plan_dir, runs, out / "records")
     return atomic_write(out / "report.md", "\n".join(lines))

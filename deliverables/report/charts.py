@@ -20,7 +20,7 @@ from deliverables.report.bench import bench_rows as tagged_bench_rows
 from deliverables.report.bench import sample_std
 from deliverables.report.format import fmt
 from deliverables.report.noise import Family, judged, welch
-from deliverables.report.output import pyplot, shrink_png
+from deliverables.report.output import pyplot, save_figure
 from deliverables.report.seeds import Stats
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
@@ -28,16 +28,6 @@ SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
 def bench_rows(runs: list[dict]) -> list[dict]:
     return [row for row in tagged_bench_rows(runs) if row.get("status") == "ok"]
-
-
-def memory_of(row: dict) -> tuple[float, str] | None:
-    """(GB, where from): a GPU compiler's plan (`total_gb` of a --target row), else the row's memory figure."""
-    if isinstance(row.get("total_gb"), (int, float)):
-        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
-        return row["total_gb"], device if device.startswith("compiled for") else f"compiled for {device}"
-    if isinstance(row.get("memory_gb"), (int, float)):
-        return row["memory_gb"], str(row.get("memory_source") or "measured")
-    return None
 
 
 def line_label(row: dict, fixed: str, where: str) -> str:
@@ -74,8 +64,7 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
 
 
 def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
         xs, ys, es = zip(*pts)
         ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
@@ -84,10 +73,7 @@ def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> 
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    shrink_png(path)
+    save_figure(fig, path, 80)
 
 
 def natural(label: str) -> list:
@@ -96,9 +82,14 @@ def natural(label: str) -> list:
 
 
 def _memory(row: dict) -> tuple[float, float, str] | None:
-    """(GB, no interval: a plan or a peak is one exact figure, where from)."""
-    m = memory_of(row)
-    return (m[0], 0.0, m[1]) if m else None
+    """(GB, no interval: a plan or a peak is one exact figure, where from): a GPU compiler's plan (`total_gb` of a
+    --target row), else the row's memory figure."""
+    if isinstance(row.get("total_gb"), (int, float)):
+        device = str(row.get("device") or "a GPU").split(" (")[0]  # a target's label: "compiled for NAME (...)"
+        return row["total_gb"], 0.0, device if device.startswith("compiled for") else f"compiled for {device}"
+    if isinstance(row.get("memory_gb"), (int, float)):
+        return row["memory_gb"], 0.0, str(row.get("memory_source") or "measured")
+    return None
 
 
 def _throughput(row: dict) -> tuple[float, float, str] | None:
@@ -188,8 +179,7 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
     names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
     verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
-    plt = pyplot()
-    fig, axs = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
+    fig, axs = pyplot().subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
     for ax, (q, title, lower) in zip(axs[0], qs):
         stats = [bars[n].get(q) for n in names]
         colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
@@ -198,10 +188,7 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
         ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
     fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=110)
-    plt.close(fig)
-    shrink_png(out / name)
+    save_figure(fig, out / name)
     lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
                                     for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
     return [f"![before and after]({name})", "",

@@ -117,8 +117,7 @@ def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
             shape = ("at every step along the axis" if all((d < 0) == (l1 < l0) for d in steps)
                      else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
             out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to "
-                       f"{l1:.3f} "
-                       f"({fmt_pct(pct_change(l1, l0))}), {shape}.")
+                       f"{l1:.3f} ({fmt_pct(pct_change(l1, l0))}), {shape}.")
             a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
             if a0 is not None and a1 is not None:
                 out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")

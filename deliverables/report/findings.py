@@ -19,7 +19,7 @@ from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.format import table
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
-from deliverables.report.sections.divergence import edge, edge_sentence, outcome, reference
+from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
 from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
 from experiments.plan import format_value
 from experiments.results import read_metrics, series
@@ -145,10 +145,6 @@ def _worse_at_evals(var: Setting, base: Setting) -> str:
     return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
 
 
-def check_similar(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    return _similar_pair(settings, variant, "baseline", ctx)
-
-
 def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
     """Within noise, or within SMALL of each other: agree; further apart: disagree."""
     if a is None or b is None:
@@ -162,13 +158,8 @@ def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) 
     return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name, ctx)
 
 
-def _numeric(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
-    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
-                  key=lambda t: t[0])
-
-
 def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
-    pts = _numeric(settings, "optim.lr")
+    pts = rates(settings, "optim.lr")
     ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
     return pts, (min(ok, key=lambda t: t[2].mean) if ok else None), ok
 
@@ -215,7 +206,7 @@ def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, s, st) for x, s in _numeric(settings, "data.batch_size") if (st := _loss(s)) is not None]
+    pts = [(x, s, st) for x, s in rates(settings, "data.batch_size") if (st := _loss(s)) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
@@ -239,7 +230,7 @@ def roughness(s: Setting) -> float | None:
 
 
 def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, rough) for x, s in _numeric(settings, "data.batch_size") if (rough := roughness(s)) is not None]
+    pts = [(x, rough) for x, s in rates(settings, "data.batch_size") if (rough := roughness(s)) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ("training-loss jitter (std of successive logged differences, 2nd half): "
@@ -248,7 +239,7 @@ def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in _numeric(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
+    pts = [(x, st) for x, s in rates(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
@@ -271,13 +262,16 @@ def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in _numeric(settings, "model.context_length") if (st := _loss(s)) is not None]
+    pts = [(x, st) for x, s in rates(settings, "model.context_length") if (st := _loss(s)) is not None]
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
-    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
-    text = (", ".join(f"context {int(x)}: {st.text()}" for x, st in pts)
-            + f"; range {100 * (hi - lo) / lo:.1f}% of the loss")
-    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+    return _little(", ".join(f"context {int(x)}: {st.text()}" for x, st in pts), [st for _, st in pts])
+
+
+def _little(text: str, stats: list[Stats]) -> tuple[str, str]:
+    """Agree when the mean losses span at most SMALL of the lowest."""
+    lo, hi = min(st.mean for st in stats), max(st.mean for st in stats)
+    return text + f"; range {100 * (hi - lo) / lo:.1f}% of the loss", AGREE if (hi - lo) <= SMALL * lo else DISAGREE
 
 
 def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
@@ -294,9 +288,7 @@ def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = [(int(s.name.split("_r")[1]), st) for s in settings if s.name.startswith("lora_r") and (st := _loss(s))]
     if len(pts) < 2:
         return "fewer than two ranks", UNRESOLVED
-    lo, hi = min(st.mean for _, st in pts), max(st.mean for _, st in pts)
-    text = ", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)) + f"; range {100 * (hi - lo) / lo:.1f}% of the loss"
-    return text, AGREE if (hi - lo) <= SMALL * lo else DISAGREE
+    return _little(", ".join(f"r{r}: {st.text()}" for r, st in sorted(pts)), [st for _, st in pts])
 
 
 def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
@@ -338,7 +330,7 @@ CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
     "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
     "worse:nope": lambda s, c: check_worse(s, "nope", c),
     "worse:silu": lambda s, c: check_worse(s, "silu", c),
-    "similar:post_norm": lambda s, c: check_similar(s, "post_norm", c),
+    "similar:post_norm": lambda s, c: _similar_pair(s, "post_norm", "baseline", c),
     "lr_sweet_spot": check_lr,
     "lr_diverge": check_lr_diverge,
     "batch_equal_steps": check_batch_steps,

@@ -61,10 +61,8 @@ def fmt(v: Any, how: str = "g") -> str:
         return f"{100 * v:.1f}%"
     if how == "int":
         return str(int(v))
-    if how == "f2":
-        return f"{v:.2f}"
-    if how == "f3":
-        return f"{v:.3f}"
+    if how in ("f2", "f3"):
+        return f"{v:.{how[1]}f}"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 

@@ -28,6 +28,14 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path, dpi: int = 110, **kw) -> None:
+    """Lay out, write, close and shrink a figure: every report figure ends the same way."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, **kw)
+    pyplot().close(fig)
+    shrink_png(path)
+
+
 def shrink_png(path: Path, colours: int = 96) -> None:
     """Re-encode a plot with an adaptive palette: line plots keep their look at a third of the bytes."""
     from PIL import Image

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from deliverables.report.charts import bench_figures
 from deliverables.report.format import QUANTITIES, x_value
-from deliverables.report.output import COLOURS, pyplot
+from deliverables.report.output import COLOURS, pyplot, save_figure
 from deliverables.report.seeds import Setting, Stats, group_settings
 from experiments.plan import format_value
 from experiments.results import read_metrics, series
@@ -81,7 +81,7 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
                         ax.fill_between(xs, lo, hi, color=COLOURS[k], alpha=0.15, lw=0)
                     if not setting.ok:  # diverged: a cross where the loss was last finite, kept inside the axes
                         ax.plot(xs[-1], min(mean[-1], _top(tops[q])), "x", color=COLOURS[k], ms=10, mew=2, label=label)
-            _finish_curve_axes(row, tops, by, plt)
+            _finish_curve_axes(row, tops, by)
             ends = [line.get_xdata()[-1] for line in row[0].get_lines() if len(line.get_xdata())]
             if by == "tokens" and ends and min(ends) > 0 and max(ends) / min(ends) > 8:  # budgets 8x apart: log scale
                 for ax in row:
@@ -95,10 +95,8 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
             continue
         fig.suptitle("seed mean, band: its 95 % t-interval over seeds; x: last finite point of a diverged run",
                      fontsize=8)
-        fig.tight_layout()
         name = f"curves_by_{by}.png"
-        fig.savefig(out / name, dpi=80, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(fig, out / name, 80, bbox_inches="tight")
         written.append(name)
     return written
 
@@ -125,7 +123,7 @@ def _top(values: list[float]) -> float:
     return min(hi, lo + 3.0) + 0.05 * (hi - lo) + 1e-9
 
 
-def _finish_curve_axes(row, tops: dict, by: str, plt) -> None:
+def _finish_curve_axes(row, tops: dict, by: str) -> None:
     for ax, q, title in zip(row, ("train_loss", "eval_loss"), ("training loss", "validation loss")):
         if tops[q]:
             lo, hi = min(tops[q]), max(tops[q])
@@ -148,8 +146,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         groups.setdefault(rest, []).append((sum(xs) / len(xs), s))
     if not groups:
         return None
-    plt = pyplot()
-    fig, axs = plt.subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
+    fig, axs = pyplot().subplots(1, len(ys), figsize=(5 * len(ys), 3.8), squeeze=False)
     for ax, q in zip(axs[0], ys):
         for k, (label, pts) in enumerate(groups.items()):
             pts = sorted((a, st) for a, s in pts if (st := s.stats(q)) is not None)
@@ -165,10 +162,8 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
     if len(groups) > 1:
         axs[0][0].legend(fontsize=7)
     fig.suptitle("seed mean; error bars: its 95 % t-interval over seeds", fontsize=8)
-    fig.tight_layout()
     name = f"{x.replace('.', '_')}_vs_metrics.png"
-    fig.savefig(out / name, dpi=80)
-    plt.close(fig)
+    save_figure(fig, out / name, 80)
     return name
 
 

@@ -13,7 +13,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from deliverables.report.output import report_dir, shrink_png
+from deliverables.report.output import report_dir
 from deliverables.report.plots import plot_curves
 from experiments.results import read_metrics, summarise_train
 from jaxlm import cli
@@ -55,11 +55,7 @@ def fluency(tokens: list[int], text: str) -> list[str]:
 def sample(run_dir: Path, prompt: str | None, args: argparse.Namespace) -> tuple[list[str], str]:
     """(Markdown lines, the decoding line) for a sample from the run's latest checkpoint."""
     from jaxlm.nn.decode import Generator, SamplingParams, encode_prompt
-    from jaxlm.training.checkpoint import (
-        load_for_generation,
-        read_run_config,
-        saved_steps,
-    )
+    from jaxlm.training.checkpoint import load_for_generation, read_run_config, saved_steps
 
     model, tok = load_for_generation(run_dir)
     text_prompt = prompt if prompt is not None else read_run_config(run_dir).log.sample_prompt
@@ -112,7 +108,6 @@ def write_run_report(run_dir: Path, out: Path | None, args: argparse.Namespace) 
              "metrics.jsonl, config.toml and latest checkpoint.", ""] + run_summary(run_dir, records)
     lines += ["## Learning curves", ""]
     for png in plot_curves([{"name": run_dir.name, "_dir": str(run_dir), "status": "ok"}], out):
-        shrink_png(out / png)
         lines += [f"![{png}]({png})", ""]
     lines += ["## Sample", ""]
     try:

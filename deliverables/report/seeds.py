@@ -34,9 +34,7 @@ class Setting:
 
     @property
     def status(self) -> str:
-        counts: dict[str, int] = {}
-        for r in self.runs:
-            counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+        counts = collections.Counter(r.get("status", "?") for r in self.runs)
         return ", ".join(f"{n} {s}" for s, n in counts.items()) if len(counts) > 1 else next(iter(counts), "?")
 
     def values(self, q: str) -> list[float]:
@@ -128,9 +126,7 @@ def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Fa
     """One row per setting: seeds, status, final metrics as mean ± 95 % interval over the completed seeds."""
     axes = list(dict.fromkeys(k for s in settings for k in s.axes))
     cols = [q for q in ("params", "steps", "tokens", "train_loss", "eval_loss", "eval_ppl", "eval_acc", "tokens_per_s",
-                        "step_time",
-                        "wall_time_s")
-            if any(s.stats(q) for s in settings)]
+                        "step_time", "wall_time_s") if any(s.stats(q) for s in settings)]
     headers = (["setting", *axes, "seeds", "status", *(QUANTITIES[q][0] for q in cols)]
                + (["Δ val loss vs baseline"] if bases else []))
     rows = []
@@ -171,11 +167,6 @@ def _data(s: Setting) -> tuple[str, str]:
     return str(data.get("source")), str(data.get("dir"))
 
 
-def _most_common_data(settings: list[Setting]) -> tuple[str, str] | None:
-    counts = collections.Counter(_data(s) for s in settings)
-    return counts.most_common(1)[0][0] if counts else None
-
-
 def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> list[str]:
     """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
     out = []
@@ -193,7 +184,8 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
             extra = (f"; step time (median of each run's logged windows) {100 * (ta.mean - tb.mean) / tb.mean:+.0f}% "
                      f"({VERDICT[resolved(ta, tb, noise)]})")
         out.append(f"`{s.name}` against `{b.name}`: {compare_phrase(a, base, noise)}{extra}.")
-    same_data = _most_common_data(settings)  # losses on other validation data (peft's pre-training) do not rank
+    # Losses on other validation data (peft's pre-training) do not rank.
+    same_data = statistics.mode(map(_data, settings)) if settings else None
     ranked = sorted(((st, s) for s in settings if len(s.ok) == len(s.runs) and _data(s) == same_data
                      and (st := s.stats("eval_loss"))), key=lambda t: t[0].mean)
     if ranked:
@@ -228,8 +220,7 @@ def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> lis
         budget = statistics.fmean(r["metrics"]["tokens"] for r in a.ok if r.get("metrics", {}).get("tokens"))
         mine = Stats.of([v for r in a.ok if (v := train_loss_at_tokens(r, budget)) is not None])
         theirs = Stats.of([v for r in b.ok if (v := train_loss_at_tokens(r, budget)) is not None])
-        label = f"{x}={format_value(int(xa) if xa.is_integer() else xa)}"
-        other = f"{x}={format_value(int(xb) if xb.is_integer() else xb)}"
+        label, other = (f"{x}={format_value(int(v) if v.is_integer() else v)}" for v in (xa, xb))
         if mine is None or theirs is None:
             out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no "
                        "training loss that early.")

@@ -12,6 +12,7 @@ jaxlm.analysis (the analytic models) and the answers module.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,13 +75,6 @@ TECHNIQUES = {"float32": "f32", "bfloat16": "bf16", "bfloat16 + remat full": "bf
               "bfloat16 + cuDNN": "bf16_cudnn", "bfloat16 + cuDNN + remat full": "bf16_cudnn_remat"}
 
 
-def slope(points: list[tuple[float, float]]) -> float:
-    """The least-squares slope of (x, y) points."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-
-
 def compiled(root: Path) -> dict[str, Claim]:
     """The H100-compiled plans (GiB), the largest batches by compiling, the sweeps of `small`."""
     from deliverables.answers import accounting
@@ -112,7 +106,7 @@ def compiled(root: Path) -> dict[str, Claim]:
         pts = [(int(name.rsplit(" ", 1)[1]), r["total_bytes"] / GIB) for name, r in bat.items()
                if name.startswith(f"{label}, batch")]
         if len(pts) >= 2:
-            out[f"batch_{k}_per_seq"] = Claim(slope(pts), src)
+            out[f"batch_{k}_per_seq"] = Claim(statistics.linear_regression(*zip(*pts)).slope, src)
         whole, cut = chunk.get(f"{label}, whole logits, batch 128"), chunk.get(f"{label}, chunked, batch 128")
         if whole and cut:
             out[f"chunk_cut_{k}"] = Claim(100 * (1 - cut["total_bytes"] / whole["total_bytes"]), src)

@@ -11,20 +11,15 @@ import math
 import re
 from pathlib import Path
 
+from deliverables.common import plan_runs
 from deliverables.report.bench import fit_memory_points
 from deliverables.report.charts import before_after_bars, bench_rows
-from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
+from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
 from deliverables.report.seeds import group_settings
 from deliverables.written.claims_studies import studies
-from experiments.results import load_results
 from jaxlm.core.files import read_json
 
 RUN_PAGE = Path("docs/report/learning_curve/report.md")  # the Shakespeare recipe's page (its sample, its loss)
-
-
-def runs(root: Path, plan: str) -> list[dict]:
-    where = root / plan / "records"
-    return load_results(where) if where.is_dir() else []
 
 
 def finding(root: Path, plan: str, words: str, pattern: str) -> float:
@@ -54,33 +49,14 @@ FINDINGS = {  # key: (plan, words of the claim, pattern)
     "batch32_loss": ("batch_size", "larger batches", r"batch 32: ([\d.]+)"),
 }
 
-REPORTS = {  # key: (plan, pattern in its generated report.md, from its records)
-    "peft_full_mib": ("peft", r"\| `pretrain` \.\.\. `full-s2` \(4 runs\) \|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "peft_r4_mib": ("peft", r"\| `lora_r4-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "peft_r64_mib": ("peft", r"\| `lora_r64-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB"),
-    "par_fsdp_share": ("parallelism", r"memory_small: fsdp=8 holds ([\d.]+)"),
-    "par_tp_share": ("parallelism", r"memory_small: data=2,tensor=4 holds ([\d.]+)"),
-    "par_pp_share": ("parallelism", r"memory_small: data=2,pipeline=4 holds ([\d.]+)"),
-    "par_dp_speed": ("parallelism", r"dp_on: data=8 ran \d+ tokens/s against one device's \d+ \(([\d.]+)x\)"),
-}
-for _m, _batches in ((1, "micro-batch"), (4, "micro-batches"), (8, "micro-batches")):  # the pipeline bubble, measured
-    REPORTS[f"par_bubble_m{_m}"] = ("parallelism", rf"with {_m} {_batches} lost (\d+) %")
-    REPORTS[f"par_bubble_m{_m}_gpipe"] = ("parallelism",
-                                          rf"with {_m} {_batches} lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %")
-
-
 def patterns(root: Path) -> dict[str, tuple[float, str]]:
-    out = {k: (finding(root, plan, words, pat), f"{root}/{plan}/findings.json")
-           for k, (plan, words, pat) in FINDINGS.items()}
-    for key, (plan, pattern) in REPORTS.items():
-        out[key] = (float(re.search(pattern, (root / plan / "report.md").read_text()).group(1)),
-                    f"{root}/{plan}/report.md (from its records)")
-    return out
+    return {k: (finding(root, plan, words, pat), f"{root}/{plan}/findings.json")
+            for k, (plan, words, pat) in FINDINGS.items()}
 
 
 def fits(root: Path) -> dict[str, tuple[float, str]]:
     """Memory against context of the profiling plan, fitted per source: the T² term's share at the longest T."""
-    rows = [r for r in bench_rows(runs(root, "profiling")) if r.get("mode") == "train_step"]
+    rows = [r for r in bench_rows(plan_runs(root, "profiling")) if r.get("mode") == "train_step"]
     out = {}
     for (mode, dtype, _, source), (xs, coef, ys) in fit_memory_points(rows, "context", "batch", 2).items():
         key = "cpu" if source.startswith("XLA:CPU") else "h100" if "h100" in source else None
@@ -90,13 +66,9 @@ def fits(root: Path) -> dict[str, tuple[float, str]]:
 
 
 def lr(root: Path) -> dict[str, tuple[float, str]]:
-    by: dict[float, list[dict]] = {}
-    sweep = runs(root, "lr_sweep")
-    for r in sweep:
-        if isinstance(x := (r.get("axes") or {}).get("optim.lr"), (int, float)):
-            by.setdefault(float(x), []).append(r)
-    vocab = ((sweep[0].get("config") or {}).get("model") or {}).get("vocab_size")
-    e = edge(sorted(by.items()), math.log(vocab))
+    sweep = plan_runs(root, "lr_sweep")
+    by = dict(by_rate(sweep))
+    e = edge(list(by.items()), untrained_loss(sweep))
     src = f"{root}/lr_sweep records"
     broken_acc = [a for r in by[e["broken"]] if (a := (r.get("metrics") or {}).get("eval_acc")) is not None]
     lo, hi = e["threshold_range"]
@@ -111,9 +83,9 @@ def lr(root: Path) -> dict[str, tuple[float, str]]:
 def cpu(root: Path) -> dict[str, tuple[float, str]]:
     """The profiling plan's batch sweep measured on the CPU (tokens/s span, XLA:CPU's plan at batch 4 and 8), the
     optimizations plan's seeds and its before/after of remat."""
-    sweep = {r["batch"]: r for r in bench_rows(runs(root, "profiling")) if r.get("run") == "batch_sweep"}
+    sweep = {r["batch"]: r for r in bench_rows(plan_runs(root, "profiling")) if r.get("run") == "batch_sweep"}
     tps = [r["tokens_per_s"] / 1e3 for r in sweep.values() if r.get("tokens_per_s")]
-    plan = runs(root, "optimizations")
+    plan = plan_runs(root, "optimizations")
     opt = group_settings([r for r in plan if r.get("kind") != "bench"])
     bars = before_after_bars(plan)
     src = f"{root} records"
@@ -133,7 +105,7 @@ def _loads(found: list[dict]) -> list[float]:
 def hosts(root: Path) -> dict[str, tuple[float, str]]:
     """The 1-minute load of the host at the start and end of each plan's runs (and of the before/after runs)."""
     out = {}
-    groups = {plan.name: runs(root, plan.name) for plan in sorted(root.iterdir()) if (plan / "records").is_dir()}
+    groups = {plan.name: plan_runs(root, plan.name) for plan in sorted(root.iterdir()) if (plan / "records").is_dir()}
     groups["before_after"] = [r for r in groups.get("optimizations", []) if r["name"].startswith("before_after")]
     small = root / "benchmarking" / "small-cpu.json"  # `small` timed alone (jaxlm.bench model --json)
     groups["small_cpu"] = [(read_json(small, default=None) or {}).get("meta") or {}]
@@ -150,15 +122,15 @@ def _params(found: list[dict], name: str) -> float:
 
 def models(root: Path, page: Path = RUN_PAGE) -> dict[str, tuple[float, str]]:
     """Table 1's parameter counts, as the runs recorded them, and the Shakespeare recipe's page."""
-    profiling = next(r["params"] for r in bench_rows(runs(root, "profiling")) if r.get("params"))
-    size = runs(root, "model_size")
+    profiling = next(r["params"] for r in bench_rows(plan_runs(root, "profiling")) if r.get("params"))
+    size = plan_runs(root, "model_size")
     text = page.read_text() if page.is_file() else ""
     src = f"{root} records"
     out = {"params_profiling_k": (profiling / 1e3, src),
-           "params_wikitext_m": (_params(runs(root, "batch_size"), "b32-s0") / 1e6, src),
+           "params_wikitext_m": (_params(plan_runs(root, "batch_size"), "b32-s0") / 1e6, src),
            "params_size_xs_m": (_params(size, "xs-s0") / 1e6, src),
            "params_size_l_m": (_params(size, "l-s0") / 1e6, src),
-           "params_ablations_k": (_params(runs(root, "ablations"), "baseline-s0") / 1e3, src)}
+           "params_ablations_k": (_params(plan_runs(root, "ablations"), "baseline-s0") / 1e3, src)}
     if m := re.search(r"context \d+: ([\d,]+) parameters", text):
         out["params_recipe_k"] = (int(m.group(1).replace(",", "")) / 1e3, str(page))
     if m := re.search(r"\| final validation loss \| ([\d.]+) \|", text):
@@ -169,10 +141,10 @@ def models(root: Path, page: Path = RUN_PAGE) -> dict[str, tuple[float, str]]:
 def extras(root: Path) -> dict[str, tuple[float, str]]:
     """The study pages' numbers that are not in a report's words: parameter counts, the CPU before/after times,
     ln V of the sweep's vocabulary."""
-    abl = runs(root, "ablations")
+    abl = plan_runs(root, "ablations")
     silu, base = _params(abl, "silu-s0"), _params(abl, "baseline-s0")
-    bars = before_after_bars(runs(root, "optimizations"))
-    config = runs(root, "lr_sweep")[0].get("config") or {}
+    bars = before_after_bars(plan_runs(root, "optimizations"))
+    config = plan_runs(root, "lr_sweep")[0].get("config") or {}
     vocab, decay = (config.get("model") or {}).get("vocab_size"), (config.get("optim") or {}).get("weight_decay")
     src = f"{root} records"
     return {"abl_silu_params_k": (silu / 1e3, src), "abl_silu_fewer": (100 * (1 - silu / base), src),

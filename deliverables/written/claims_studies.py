@@ -1,6 +1,7 @@
-"""The claims of the study pages (docs/studies/*.md): each a number in a plan's generated report.md.
+"""The claims that are a number in a plan's generated report.md (the study pages', docs/studies/*.md, and the
+written report's).
 
-A study page restates a few of its report's results; each of those numbers is read back here from the report the
+A page restates a few of its report's results; each of those numbers is read back here from the report the
 records generated (`python -m deliverables.report docs/results/PLAN/records --out docs/results/PLAN`), so a page
 cannot drift from its records. `SCALE` turns a report's seconds into the page's milliseconds.
 """
@@ -73,7 +74,18 @@ STUDIES: dict[str, tuple[str, str, int]] = {  # key: (plan, pattern in report.md
     "prof_batch_b": ("profiling", r"context 256 \(XLA:CPU compiled estimate\): [\d.]+ MiB \+ ([\d.]+) MiB per", 1),
     "prof_batch_r2": ("profiling", r"per sequence, batch [\d-]+, R² ([\d.]+)", 1),
     "prof_batch_dev": ("profiling", r"R² [\d.]+ \(largest deviation [\d.]+ MiB, ([\d.]+)%", 1),
+    "peft_full_mib": ("peft", r"\| `pretrain` \.\.\. `full-s2` \(4 runs\) \|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB", 1),
+    "peft_r4_mib": ("peft", r"\| `lora_r4-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB", 1),
+    "peft_r64_mib": ("peft", r"\| `lora_r64-s0`[^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) MiB", 1),
+    "par_fsdp_share": ("parallelism", r"memory_small: fsdp=8 holds ([\d.]+)", 1),
+    "par_tp_share": ("parallelism", r"memory_small: data=2,tensor=4 holds ([\d.]+)", 1),
+    "par_pp_share": ("parallelism", r"memory_small: data=2,pipeline=4 holds ([\d.]+)", 1),
+    "par_dp_speed": ("parallelism", r"dp_on: data=8 ran \d+ tokens/s against one device's \d+ \(([\d.]+)x\)", 1),
 }
+for _m, _batches in ((1, "micro-batch"), (4, "micro-batches"), (8, "micro-batches")):  # the pipeline bubble, measured
+    STUDIES[f"par_bubble_m{_m}"] = ("parallelism", rf"with {_m} {_batches} lost (\d+) %", 1)
+    STUDIES[f"par_bubble_m{_m}_gpipe"] = ("parallelism",
+                                          rf"with {_m} {_batches} lost \d+ % [^(]*\(analytic GPipe bubble (\d+) %", 1)
 SCALE = {"bs_step_b1_ms": 1e3, "bs_step_b32_ms": 1e3}  # the report's seconds, the page's milliseconds
 
 

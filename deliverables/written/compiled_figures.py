@@ -36,14 +36,8 @@ def log2_axis(ax, which: str, ticks) -> None:
 
 
 def powers(lo: float, hi: float) -> list[float]:
-    """The powers of two from below `lo` to above `hi`: ticks of a log axis."""
-    out, v = [], 2.0 ** -4
-    while v < lo / 2:
-        v *= 2
-    while v <= hi * 2:
-        out.append(v)
-        v *= 2
-    return out
+    """The powers of two from below `lo` to above `hi` (from 1/16): ticks of a log axis."""
+    return [2.0**k for k in range(-4, 64) if lo / 2 <= 2.0**k <= hi * 2]
 
 
 def memory_panels(axes, root: Path) -> None:

@@ -13,11 +13,12 @@ import math
 import sys
 from pathlib import Path
 
+from deliverables.common import plan_runs
 from deliverables.report.charts import before_after_bars, bench_rows
-from deliverables.report.output import COLOURS, pyplot, report_dir, shrink_png
-from deliverables.report.sections.divergence import LEARNED_WITHIN, edge
+from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
+from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
 from deliverables.written import compiled_figures as gpu
-from experiments.results import load_results, read_metrics
+from experiments.results import read_metrics
 from jaxlm import cli
 
 RESULTS, OUT = Path("docs/results"), Path("docs/report/figures")
@@ -30,18 +31,6 @@ FIGURES = {
     "fig5_training.png": "learning curves, the learning-rate sweep, model size and context length",
 }
 BEST_RUN = "batch_size", "b32"  # the best WikiText model: the batch-size study's batch 32 (its seeds)
-
-
-def plan_runs(root: Path, plan: str) -> list[dict]:
-    where = root / plan / "records"
-    return load_results(where) if where.is_dir() else []
-
-
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    shrink_png(path)
 
 
 def _finish(*axes) -> None:
@@ -60,7 +49,7 @@ def memory(root: Path, path: Path) -> None:
     fig, axes = pyplot().subplots(1, 2, figsize=(9.6, 3.6))
     gpu.memory_panels(axes, root)
     _finish(*axes)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def cpu_throughput(ax, root: Path) -> None:
@@ -85,7 +74,7 @@ def throughput(root: Path, path: Path) -> None:
     gpu.throughput_panel(a, root)
     cpu_throughput(b, root)
     _finish(a, b)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def techniques(root: Path, path: Path) -> None:
@@ -93,7 +82,7 @@ def techniques(root: Path, path: Path) -> None:
     fig, axes = pyplot().subplots(2, 2, figsize=(9.6, 5.2))
     gpu.technique_panels(axes.flat, root)
     _finish(*axes.flat)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _host(runs: list[dict]) -> str:
@@ -133,7 +122,7 @@ def cpu_before_after(root: Path, path: Path) -> None:
     fig.suptitle(f"{row['params'] / 1e6:.1f}M-parameter model, batch {row['batch']}, context {row['context']}, "
                  f"{_host(runs)}", fontsize=9)
     _finish(a, b)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def curves(ax, root: Path) -> None:
@@ -156,13 +145,8 @@ def curves(ax, root: Path) -> None:
 def lr_panel(ax, root: Path) -> None:
     """(b) every seed's final validation loss against the rate, coloured by its outcome; non-finite at ln V."""
     runs = plan_runs(root, "lr_sweep")
-    by: dict[float, list[dict]] = {}
-    for r in runs:
-        if isinstance((r.get("axes") or {}).get("optim.lr"), (int, float)):
-            by.setdefault(float(r["axes"]["optim.lr"]), []).append(r)
-    vocab = ((runs[0].get("config") or {}).get("model") or {}).get("vocab_size") if runs else None
-    untrained = math.log(vocab) if vocab else math.inf
-    e = edge(sorted(by.items()), untrained)
+    by, untrained = dict(by_rate(runs)), untrained_loss(runs)
+    e = edge(list(by.items()), untrained)
     for kind, colour in {"trained": "#3a7", "failed": "#e90", "diverged": "#c33"}.items():
         pts = [(x, (r.get("metrics") or {}).get("eval_loss")) for x, rs in by.items()
                for r, k in zip(rs, e["kinds"][x]) if k == kind]
@@ -220,7 +204,7 @@ def training(root: Path, path: Path) -> None:
     lr_panel(axes[0][1], root)
     size_and_context(axes[1][0], axes[1][1], root)
     _finish(*axes.flat)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def draw(root: Path, out: Path) -> list[Path]:

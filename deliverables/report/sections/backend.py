@@ -186,13 +186,12 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
         rows.append([label, str(cfg.model.context_length), str(cfg.data.batch_size), _measured(steps), compiled, fits,
                      fmt(est, "bytes"), str(memory.largest_batch(cfg.model, cfg.model.context_length, cap, cfg.compute,
                                                                  job["mode"]))])
-    text = (f"Each CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler on a CPU-only machine "
-            f"(`python -m jaxlm.memory --target {DEVICE}`): the compiler's plan (arguments + outputs + temporaries "
-            f"- donated), **not a measurement**; *fits*: within JAX's allocator share, "
-            f"{100 * memory.DEFAULT_USABLE:.0f}% "
-            f"of its {DEVICES[DEVICE].memory_bytes / 2**30:.1f} GiB. Beside it, `python -m jaxlm.memory`'s analytic "
-            "estimate of the same step and the largest batch "
-            "it predicts. Steps with the same model, compute settings and batch share a row.")
+    text = ("Each CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler on a CPU-only machine (`python "
+            f"-m jaxlm.memory --target {DEVICE}`): the compiler's plan (arguments + outputs + temporaries - donated), "
+            f"**not a measurement**; *fits*: within JAX's allocator share, {100 * memory.DEFAULT_USABLE:.0f}% of its "
+            f"{DEVICES[DEVICE].memory_bytes / 2**30:.1f} GiB. Beside it, `python -m jaxlm.memory`'s analytic estimate "
+            "of the same step and the largest batch it predicts. Steps with the same model, compute settings and "
+            "batch share a row.")
     if missing:
         text += (" *-*: not compiled here (rebuild the report with `--compile`, which needs the `gpu-compile` extra).")
     return text + "\n\n" + table(["run", "context", "batch", "measured here", "H100 compiled", "fits",

@@ -20,8 +20,7 @@ DEFINITION = ("Each run is judged against the best setting (the lowest mean fina
               "accuracy A\\*). A run *diverged* when its loss or parameters became non-finite (the trainer stops it) "
               "or it ended above ln V, the untrained model's loss. It *failed to learn* when it ended finite but more "
               f"than {LEARNED_WITHIN:g} nats above L\\* (a perplexity over {math.exp(LEARNED_WITHIN):.2f}x the "
-              "best's); "
-              "its accuracy against A\\* is shown beside. Otherwise it *trained*.")
+              "best's); its accuracy against A\\* is shown beside. Otherwise it *trained*.")
 
 
 def _metric(run: dict, key: str) -> float | None:
@@ -59,6 +58,21 @@ def outcome(run: dict, untrained: float, best: tuple[float, float | None]) -> tu
     if acc is not None and best[1]:
         how += f", acc {100 * acc:.1f}% ({100 * acc / best[1]:.0f}% of the best's)"
     return ("failed" if loss - best[0] > LEARNED_WITHIN else "trained"), how
+
+
+def by_rate(runs: list[dict], axis: str = "optim.lr") -> list[tuple[float, list[dict]]]:
+    """(rate, the runs at that rate: every seed), by rate."""
+    out: dict[float, list[dict]] = {}
+    for r in runs:
+        if isinstance(x := (r.get("axes") or {}).get(axis), (int, float)):
+            out.setdefault(float(x), []).append(r)
+    return sorted(out.items())
+
+
+def untrained_loss(runs: list[dict]) -> float:
+    """ln V of the sweep's model (the untrained model's loss), from the first run's recorded config."""
+    vocab = ((runs[0].get("config") or {}).get("model") or {}).get("vocab_size") if runs else None
+    return math.log(vocab) if vocab else math.inf
 
 
 def rates(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:

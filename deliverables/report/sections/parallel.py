@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from deliverables.report.format import table
-from deliverables.report.output import COLOURS, pyplot
+from deliverables.report.output import COLOURS, pyplot, save_figure
 from jaxlm.core.files import read_json
 
 
@@ -58,8 +58,7 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
                          _f(r.get("step_ms"), ".1f"), _f(r.get("tokens_per_s"), ".0f"), _collectives(r), _bubble(r)])
             if ref and r is not ref:
                 findings.append(f"{name}: {r['layout']} holds {share:.3f} of the replicated ({ref['layout']}) "
-                                "per-device "
-                                f"parameters + optimizer state ({r['state_mb_per_device']:.0f} vs "
+                                f"per-device parameters + optimizer state ({r['state_mb_per_device']:.0f} vs "
                                 f"{ref['state_mb_per_device']:.0f} MiB, compiled program's shardings).")
             if single and r is not single and r.get("tokens_per_s") and "bubble" not in r:
                 findings.append(f"{name}: {r['layout']} ran {r['tokens_per_s']:.0f} tokens/s against one device's "
@@ -94,8 +93,7 @@ def plot_memory(by_run: dict[str, list[dict]], out: Path) -> str | None:
     panels = [(name, g, ref) for name, g in by_run.items() if (ref := _replicated(g)) and len(g) > 1]
     if not panels:
         return None
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (name, group, ref) in zip(axes[0], panels):
         shares = [r["state_mb_per_device"] / ref["state_mb_per_device"] for r in group]
         bars = ax.bar(range(len(group)), shares, color="#1f77b4")
@@ -107,9 +105,7 @@ def plot_memory(by_run: dict[str, list[dict]], out: Path) -> str | None:
         ax.set_ylabel(f"state per device / {ref['layout']}'s")
         ax.set_title(name, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "parallel_memory.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "parallel_memory.png")
     return "parallel_memory.png"
 
 
@@ -118,8 +114,7 @@ def plot_bubble(rows: list[dict], out: Path) -> str | None:
     timed = [r for r in rows if "bubble_measured" in r]
     if not timed:
         return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = pyplot().subplots(figsize=(5.5, 3.6))
     for i, layout in enumerate(dict.fromkeys(r["layout"] for r in timed)):
         pts = sorted((r["microbatches"], r["bubble"], r["bubble_measured"]) for r in timed if r["layout"] == layout)
         m, analytic, measured = zip(*pts)
@@ -131,7 +126,5 @@ def plot_bubble(rows: list[dict], out: Path) -> str | None:
     ax.set_ylim(bottom=min(0.0, min(r["bubble_measured"] for r in timed)))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "pipeline_bubble.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "pipeline_bubble.png")
     return "pipeline_bubble.png"

@@ -9,13 +9,7 @@ from pathlib import Path
 
 from deliverables.report.format import fmt, table
 from deliverables.report.noise import Family, paired
-from deliverables.report.seeds import (
-    SEED_SUFFIX,
-    VERDICT,
-    Stats,
-    compare_phrase,
-    group_settings,
-)
+from deliverables.report.seeds import SEED_SUFFIX, VERDICT, Stats, compare_phrase, group_settings
 from experiments.results import read_metrics
 
 MIB = 2**20

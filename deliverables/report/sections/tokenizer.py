@@ -49,9 +49,8 @@ def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
         memory = f", peak memory about {fmt(mem[0] + mem[1] * words, 'bytes')}" if mem else ""
         out.append(f"{name} ({size / 1e9:.1f} GB, vocabulary {vocab}): about {words:,.0f} distinct pre-tokens, "
                    f"{seconds / 3600:.2g} hours in one process ({per_byte * size / 3600:.2g} h pre-tokenising)"
-                   f"{memory}. "
-                   f"An extrapolation over {size / max(b):,.0f}x the largest measured text: an order of magnitude, "
-                   "not a measurement.")
+                   f"{memory}. An extrapolation over {size / max(b):,.0f}x the largest measured text: an order of "
+                   "magnitude, not a measurement.")
     return out
 
 
@@ -67,13 +66,11 @@ def training_lines(train: list[tuple[dict, dict]]) -> list[str]:
     return ["### BPE training", "",
             table(["text", "distinct pre-tokens", "pre-tokenise s", "merge s", "total s", "peak RSS", "longest token"],
                   rows), "",
-            f"One process (`num_workers=1`), vocabulary {full['vocab_size']} with `<|endoftext|>`; merge time is the "
-            "whole "
-            "training minus a separate pre-tokenisation of the same text; peak RSS is the whole Python process. "
-            f"On all {fmt(full['bytes'], 'bytes')}, merging took {share:.0f} % of the time; in the profiled training "
-            "the "
-            f"most expensive function by its own time is `{top['function']}` ({top['own_s']:.2f} s of "
-            f"{full['profiled_total_s']:.2f} s, cProfile overhead included).", "",
+            f"One process (`num_workers=1`), vocabulary {full['vocab_size']} with `<|endoftext|>`; merge time is "
+            "the whole training minus a separate pre-tokenisation of the same text; peak RSS is the whole Python "
+            f"process. On all {fmt(full['bytes'], 'bytes')}, merging took {share:.0f} % of the time; in the "
+            f"profiled training the most expensive function by its own time is `{top['function']}` "
+            f"({top['own_s']:.2f} s of {full['profiled_total_s']:.2f} s, cProfile overhead included).", "",
             *[f"- {s}" for s in extrapolation(train)], ""]
 
 
