@@ -49,6 +49,7 @@ def started_as_command() -> bool:
 # Packages whose C++ runs Python callbacks while it reads or writes a checkpoint: an exception raised in one unwinds
 # through C++ not built for it.
 NATIVE_IO = frozenset({"orbax", "tensorstore"})
+WEAKREF_FILES = ("/weakref.py", "/_weakrefset.py")  # the weak-reference callbacks Python calls as an object dies
 
 
 def _tracing() -> bool:
@@ -61,13 +62,14 @@ def _tracing() -> bool:
 
 def _not_here(frame) -> bool:
     """The frame runs where an interrupt must not be raised: while JAX traces, within a checkpoint's I/O
-    (NATIVE_IO), or inside a garbage-collector callback (JAX registers one) or a finaliser, where Python prints an
-    exception and goes on ("Exception ignored in ...")."""
+    (NATIVE_IO), or inside a garbage-collector callback (JAX registers one), a weak-reference callback or a
+    finaliser, where Python prints an exception and goes on ("Exception ignored in ...")."""
     if _tracing():
         return True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__" or frame.f_code.co_filename.endswith(
+                WEAKREF_FILES):
             return True
         if str(frame.f_globals.get("__name__", "")).partition(".")[0] in NATIVE_IO:
             return True

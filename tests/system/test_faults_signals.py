@@ -57,7 +57,8 @@ def test_a_closed_pipe_ends_every_command_quietly(commands, tmp_path):
 def test_a_ctrl_c_before_main_is_held_and_one_in_a_gc_callback_is_sent_again(monkeypatch):
     """The handler a command gets from its first import of jaxlm: held until `jaxlm.cli.run` starts main (JAX's
     plugin loader swallowed it, a KeyboardInterrupt at import printed a traceback), sent again when it lands in a
-    garbage-collector callback (printed and dropped there: the command went on), else a KeyboardInterrupt."""
+    garbage-collector or weak-reference callback (printed and dropped there: the command went on), else a
+    KeyboardInterrupt."""
     import gc
 
     monkeypatch.setattr(stop, "_state", {"armed": False, "pending": None})
@@ -76,6 +77,11 @@ def test_a_ctrl_c_before_main_is_held_and_one_in_a_gc_callback_is_sent_again(mon
     finally:
         gc.callbacks.remove(callback)
     assert sent == [(stop.RETRY_S, (os.getpid(), signal.SIGINT))]
+    in_weakref = {}  # a frame of the standard library's weakref.py (a WeakValueDictionary's `remove` callback)
+    exec(compile("def remove(): deferred(2, sys._getframe())", f"{os.path.dirname(os.__file__)}/weakref.py", "exec"),
+         {"deferred": stop._deferred_interrupt, "sys": sys}, in_weakref)
+    in_weakref["remove"]()
+    assert sent == [(stop.RETRY_S, (os.getpid(), signal.SIGINT))] * 2
     with pytest.raises(KeyboardInterrupt):
         stop._deferred_interrupt(signal.SIGINT, sys._getframe())
 
