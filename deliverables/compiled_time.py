@@ -30,6 +30,7 @@ from deliverables.compiled_memory import (
     write_page,
 )
 from jaxlm import cli
+from jaxlm.predict.roofline import PRICING_VERSION
 from jaxlm.predict.target import Target
 
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
@@ -101,7 +102,10 @@ def intro(target: Target) -> list[str]:
              "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
              "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). The "
              "group columns are each kernel group's share of the predicted step; compiled GiB is the same compile's "
-             f"memory per GPU. Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
+             f"memory per GPU. Priced by version {PRICING_VERSION} of the model "
+             "(`jaxlm.predict.roofline.PRICING_VERSION`: a stored row priced by another version is priced again, and a "
+             "`--calibration` file must match it). "
+             f"Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
 
 
 def shares(row: dict) -> dict[str, float]:
