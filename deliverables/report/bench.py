@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+from deliverables.common import table
 from deliverables.report.compare import change_phrase, describe_changes
-from deliverables.report.format import NAMES, fmt, pct_change, table
+from deliverables.report.format import NAMES, fmt, pct_change
 from deliverables.report.noise import Family, half_width, welch
 from experiments.estimate import BENCH_DEFAULTS
 

@@ -6,6 +6,7 @@ import math
 import statistics
 from typing import Any
 
+from deliverables.common import table
 from deliverables.report.format import (
     COMPARED,
     NAMES,
@@ -14,7 +15,6 @@ from deliverables.report.format import (
     fmt,
     fmt_pct,
     pct_change,
-    table,
     value,
     x_value,
     xfmt,

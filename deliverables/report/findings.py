@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from deliverables.common import table
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
-from deliverables.report.format import table
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
 from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference

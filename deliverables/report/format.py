@@ -1,11 +1,10 @@
-"""Number formatting, Markdown tables (deliverables.common.table) and the quantities a report shows."""
+"""Number formatting and the quantities a report shows (its Markdown tables: deliverables.common.table)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from deliverables.common import table  # noqa: F401 (the report's modules take it from here)
 from experiments.plan import format_value
 
 # Quantity -> (column title, formatter, lower is better?)

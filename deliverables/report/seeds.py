@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deliverables.report.format import QUANTITIES, fmt, table, value
+from deliverables.common import table
+from deliverables.report.format import QUANTITIES, fmt, value
 from deliverables.report.noise import Family, half_width, welch
 from experiments.plan import SEED_AXIS, format_value
 from experiments.results import read_metrics, series

@@ -24,6 +24,7 @@ from jaxlm.core.config import Config
 from jaxlm.core.errors import UsageError, WriteFailed
 from jaxlm.core.files import read_json, write_cause
 from jaxlm.core.lock import DirLock, new_directory
+from jaxlm.core.units import binary
 from jaxlm.data.hf_tokenizer import GENERATION_CONFIG, TOKENIZER_EXTRAS, TOKENIZER_JSON, HFTokenizer
 from jaxlm.hf import config as hf_config
 from jaxlm.hf import weights
@@ -34,10 +35,6 @@ from jaxlm.training.checkpoint import find_run_dir, imported_from, restore_for_i
 def flat(state) -> dict[str, nnx.Variable]:
     """{"layers/0/attn/q_proj/weight": variable} of an nnx.State."""
     return {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(state)}
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def hf_tensors(model, cfg: Config, dtype) -> dict[str, np.ndarray]:
@@ -124,8 +121,8 @@ def _write_export(model, cfg: Config, run_dir: Path, tokenizer, out: Path, adapt
     need = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param))) * jax.numpy.dtype(
         dtype).itemsize
     if shutil.disk_usage(out).free < need:
-        raise UsageError(f"--out {out}: its file system has {gib(shutil.disk_usage(out).free)} free, the export "
-                         f"takes about {gib(need)}; free space or choose another --out")
+        raise UsageError(f"--out {out}: its file system has {binary(shutil.disk_usage(out).free)} free, the export "
+                         f"takes about {binary(need)}; free space or choose another --out")
     generation = _tokenizer_files(run_dir, tokenizer, out)
     _write_json(out / GENERATION_CONFIG, generation)
     if adapters:

@@ -28,10 +28,11 @@ from jaxlm.core.files import atomic_write, write_cause
 from jaxlm.core.limits import host_memory
 from jaxlm.core.lock import new_directory
 from jaxlm.core.typedconfig import blame, toml_value
+from jaxlm.core.units import binary
 from jaxlm.data.hf_tokenizer import GENERATION_CONFIG, TOKENIZER_EXTRAS, TOKENIZER_JSON, HFTokenizer
 from jaxlm.hf import config as hf_config
 from jaxlm.hf import files, weights
-from jaxlm.hf.convert import flat, gib
+from jaxlm.hf.convert import flat
 from jaxlm.nn import scan
 from jaxlm.training.checkpoint import Checkpointer, write_run_files
 from jaxlm.training.step import TrainState, build_model, split_model
@@ -121,8 +122,8 @@ def check_resources(cfg: Config, plan: dict[str, files.Tensor], dtype: str, sour
     largest = max(t.nbytes + t.size * (4 + KEPT_BYTES[dtype]) for t in plan.values())
     need, have = stored + min(stored, SAVE_GB * 2**30) + ROPE_BUILD * rope + largest, host_memory()
     if have is not None and need > have[0]:
-        what = (f"importing needs about {gib(need)} of host memory ({gib(stored)} of {dtype} weights, "
-                f"{gib(rope)} of RoPE tables for {m.context_length:,} positions), but {have[1]} {gib(have[0])}")
+        what = (f"importing needs about {binary(need)} of host memory ({binary(stored)} of {dtype} weights, "
+                f"{binary(rope)} of RoPE tables for {m.context_length:,} positions), but {have[1]} {binary(have[0])}")
         if rope > stored:
             raise ConfigError(f"{context_key}: {what}; import with --set model.context_length=N, the longest context "
                               "you will use")
@@ -134,8 +135,8 @@ def check_resources(cfg: Config, plan: dict[str, files.Tensor], dtype: str, sour
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < stored + rope:
-        raise UsageError(f"--out {out}: its file system has {gib(free)} free, the imported checkpoint takes "
-                         f"{gib(stored + rope)}; free space or choose another --out")
+        raise UsageError(f"--out {out}: its file system has {binary(free)} free, the imported checkpoint takes "
+                         f"{binary(stored + rope)}; free space or choose another --out")
 
 
 def source_tokenizer(source: Path, hf: dict, vocab_size: int) -> tuple[HFTokenizer | None, dict]:

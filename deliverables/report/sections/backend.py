@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from deliverables.report.format import fmt, table
+from deliverables.common import table
+from deliverables.report.format import fmt
 from jaxlm.core.errors import UserError
 from jaxlm.core.typedconfig import to_dict, toml_value
 

@@ -11,7 +11,7 @@ import math
 import re
 import statistics
 
-from deliverables.report.format import table
+from deliverables.common import table
 from deliverables.report.seeds import Setting
 from experiments.plan import format_value
 

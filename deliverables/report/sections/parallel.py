@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deliverables.report.format import table
+from deliverables.common import table
 from deliverables.report.output import COLOURS, pyplot, save_figure
 from jaxlm.core.files import read_json
 

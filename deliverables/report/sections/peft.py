@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deliverables.report.format import fmt, table
+from deliverables.common import table
+from deliverables.report.format import fmt
 from deliverables.report.noise import Family, paired
 from deliverables.report.seeds import SEED_SUFFIX, VERDICT, Stats, compare_phrase, group_settings
 from experiments.results import read_metrics

@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from statistics import linear_regression
 
-from deliverables.report.format import fmt, table
+from deliverables.common import table
+from deliverables.report.format import fmt
 from deliverables.report.seeds import Stats
 from jaxlm.core.files import read_json
 
