@@ -14,75 +14,35 @@ import sys
 from pathlib import Path
 
 from deliverables.common import plan_runs
+from deliverables.compiled_memory import ATTENTION_DTYPES, BATCHES, CONTEXTS, cached
+from deliverables.compiled_time import stored
 from deliverables.report.charts import before_after_bars, bench_rows
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
-from deliverables.written import compiled_figures as gpu
 from experiments.results import read_metrics
 from jaxlm import cli
 
 RESULTS, OUT = Path("docs/results"), Path("docs/report/figures")
-GIB = 2**30
-FIGURES = {
-    "fig1_memory.png": "`small`'s memory compiled for an H100 against context and batch, GiB",
-    "fig2_throughput_vs_batch.png": "tokens/s against batch: predicted for an H100 (a), measured on the CPU host (b)",
-    "fig3_techniques_h100.png": "each technique's compiled memory and predicted step time on an H100",
-    "fig4_before_after_cpu.png": "the optimizations plan's before/after measured on the CPU host",
-    "fig5_training.png": "learning curves, the learning-rate sweep, model size and context length",
-}
+TARGET, GIB = "h100-80gb", 2**30
+COMPILED, PREDICTED = "compiled for H100 80 GB", "predicted for H100 80 GB"
+# The before/after of each technique on `small` (context 1024, batch 8): (label in the stored sections, short name).
+TECHNIQUES = (("float32", "float32"), ("bfloat16", "bfloat16"), ("bfloat16 + cuDNN", "+ cuDNN attention"),
+              ("bfloat16 + cuDNN + remat full", "+ cuDNN + full remat"),
+              ("float32 + remat full", "float32 + full remat"))
+CHUNK_BATCH = 128  # the chunked loss at the GPT-2 vocabulary: 4 layers, d_model 256, context 256
 BEST_RUN = "batch_size", "b32"  # the best WikiText model: the batch-size study's batch 32 (its seeds)
 
 
-def _finish(*axes) -> None:
-    for ax in axes:
-        ax.title.set_fontsize(9)
-        ax.tick_params(labelsize=8)
-        ax.xaxis.label.set_fontsize(8)
-        ax.yaxis.label.set_fontsize(8)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+def log2_axis(ax, which: str, ticks) -> None:
+    """A base-2 log axis labelled at `ticks` with plain numbers (256, 0.5), no minor labels."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
-
-def memory(root: Path, path: Path) -> None:
-    """Figure 1: `small` compiled for an H100, (a) against context, (b) against batch."""
-    fig, axes = pyplot().subplots(1, 2, figsize=(9.6, 3.6))
-    gpu.memory_panels(axes, root)
-    _finish(*axes)
-    save_figure(fig, path)
-
-
-def cpu_throughput(ax, root: Path) -> None:
-    """The profiling plan's batch sweep measured on the CPU host, 95 % intervals from its timed steps."""
-    runs = plan_runs(root, "profiling")
-    rows = sorted((r for r in bench_rows(runs) if r.get("run") == "batch_sweep" and r.get("tokens_per_s")),
-                  key=lambda r: r["batch"])
-    xs = [r["batch"] for r in rows]
-    ys = [r["tokens_per_s"] / 1e3 for r in rows]
-    es = [r["tokens_per_s"] * (r.get("step_ms_ci95") or 0) / r["step_ms"] / 1e3 for r in rows]
-    params = rows[0]["params"] / 1e3 if rows else 0
-    ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=3, color=COLOURS[0], label="float32, measured")
-    ax.set(xlabel="batch (sequences)", ylabel="thousand tokens/s (measured, CPU)", ylim=(0, None),
-           title=f"(b) {params:.0f}k-parameter model, context 256, {_host(runs)}")
-    if xs:
-        gpu.log2_axis(ax, "x", xs)
-
-
-def throughput(root: Path, path: Path) -> None:
-    """Figure 2: (a) predicted H100 tokens/s of `small` by dtype and attention, (b) the CPU host's measured."""
-    fig, (a, b) = pyplot().subplots(1, 2, figsize=(9.6, 3.4))
-    gpu.throughput_panel(a, root)
-    cpu_throughput(b, root)
-    _finish(a, b)
-    save_figure(fig, path)
-
-
-def techniques(root: Path, path: Path) -> None:
-    """Figure 3: each technique's compiled memory beside its predicted step time, and the chunked loss's."""
-    fig, axes = pyplot().subplots(2, 2, figsize=(9.6, 5.2))
-    gpu.technique_panels(axes.flat, root)
-    _finish(*axes.flat)
-    save_figure(fig, path)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=2)
+    axis.set_major_locator(FixedLocator(list(ticks)))
+    axis.set_major_formatter(lambda v, _: f"{v:g}")
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _host(runs: list[dict]) -> str:
@@ -92,7 +52,86 @@ def _host(runs: list[dict]) -> str:
     return f"{cpu}, {h.get('cpus', '?')} cores"
 
 
-def cpu_before_after(root: Path, path: Path) -> None:
+def memory(axes, root: Path) -> None:
+    """Figure 1: `small` compiled for an H100: (a) train-step and eval-step GiB against context, batch 8; (b)
+    train-step GiB against batch, context 256."""
+    ctx, bat = (cached(s, TARGET, root / "compiled") for s in ("context", "batch"))
+    a, b = axes
+    values = []
+    for colour, (label, _, _) in zip(COLOURS, ATTENTION_DTYPES):
+        for mode, style in (("train_step", "-"), ("forward", ":")):
+            pts = [(t, r["total_bytes"] / GIB) for t in CONTEXTS if (r := ctx.get(f"{mode}, {label}, context {t}"))]
+            if pts:
+                a.plot(*zip(*pts), style, marker="o", ms=3, color=colour,
+                       label=f"{label}, {'train step' if mode == 'train_step' else 'eval step'}")
+                values += [v for _, v in pts]
+        pts = [(n, r["total_bytes"] / GIB) for n in BATCHES if (r := bat.get(f"{label}, batch {n}"))]
+        if pts:
+            b.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
+            values += [v for _, v in pts]
+    a.set(xlabel="context T (tokens)", ylabel=f"GiB per GPU ({COMPILED})", title="(a) against context, batch 8")
+    b.set(xlabel="batch (sequences)", ylabel=f"GiB per GPU ({COMPILED})", title="(b) train step, context 256")
+    log2_axis(a, "x", CONTEXTS)
+    log2_axis(b, "x", BATCHES)
+    lo, hi = min(values, default=0.5), max(values, default=64)
+    for ax in axes:  # the powers of two around the values, from 1/16
+        log2_axis(ax, "y", [2.0**k for k in range(-4, 64) if lo / 2 <= 2.0**k <= hi * 2])
+
+
+def throughput(axes, root: Path) -> None:
+    """Figure 2: tokens/s of `small`'s train step against batch: (a) predicted for an H100 at context 256, a line
+    per dtype/attention; (b) the profiling plan's batch sweep measured on the CPU host, 95 % intervals."""
+    a, b = axes
+    predicted = stored("batch", TARGET, root / "compiled")
+    for colour, (label, _, _) in zip(COLOURS, ATTENTION_DTYPES):
+        pts = [(n, r["predicted_tokens_per_s"] / 1e3) for n in BATCHES if (r := predicted.get(f"{label}, batch {n}"))]
+        if pts:
+            a.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
+    a.set(xlabel="batch (sequences)", ylabel=f"thousand tokens/s ({PREDICTED})", ylim=(0, None),
+          title="(a) `small`, context 256, train step")
+    log2_axis(a, "x", BATCHES)
+    runs = plan_runs(root, "profiling")
+    rows = sorted((r for r in bench_rows(runs) if r.get("run") == "batch_sweep" and r.get("tokens_per_s")),
+                  key=lambda r: r["batch"])
+    xs = [r["batch"] for r in rows]
+    es = [r["tokens_per_s"] * (r.get("step_ms_ci95") or 0) / r["step_ms"] / 1e3 for r in rows]
+    b.errorbar(xs, [r["tokens_per_s"] / 1e3 for r in rows], yerr=es, marker="o", ms=3, capsize=3, color=COLOURS[0],
+               label="float32, measured")
+    b.set(xlabel="batch (sequences)", ylabel="thousand tokens/s (measured, CPU)", ylim=(0, None),
+          title=f"(b) {rows[0]['params'] / 1e3 if rows else 0:.0f}k-parameter model, context 256, {_host(runs)}")
+    if xs:
+        log2_axis(b, "x", xs)
+
+
+def techniques(axes, root: Path) -> None:
+    """Figure 3: each technique on `small` (context 1024, batch 8): (a) compiled GiB, (b) predicted ms; the chunked
+    loss at the GPT-2 vocabulary, batch 128: (c) compiled GiB, (d) predicted ms."""
+    mem = cached("techniques-small", TARGET, root / "compiled")
+    time = stored("techniques-small", TARGET, root / "compiled")
+    names = [(k, short) for k, short in TECHNIQUES if k in mem]
+    a, b, c, d = axes
+    ys = range(len(names))[::-1]
+    a.barh(list(ys), [mem[k]["total_bytes"] / GIB for k, _ in names], color="#4a7")
+    b.barh(list(ys), [time[k]["predicted_step_ms"] if k in time else 0 for k, _ in names], color="#47a")
+    for ax in (a, b):
+        ax.set_yticks(list(ys), [short for _, short in names] if ax is a else [])
+    a.set(xlabel=f"GiB per GPU ({COMPILED})", title="(a) `small`, context 1024, batch 8: memory")
+    b.set(xlabel=f"ms per step ({PREDICTED})", title="(b) the same steps: time")
+    chunk_mem = cached("loss-chunk", TARGET, root / "compiled")
+    chunk_time = stored("chunk", TARGET, root / "compiled")
+    kinds = [k for k in ("float32", "bfloat16") if f"{k}, whole logits, batch {CHUNK_BATCH}" in chunk_mem]
+    for ax, rows, key, unit in ((c, chunk_mem, "total_bytes", GIB), (d, chunk_time, "predicted_step_ms", 1.0)):
+        for i, (loss, colour) in enumerate((("whole logits", "#c77"), ("chunked", "#47a"))):
+            vals = [(rows.get(f"{k}, {loss}, batch {CHUNK_BATCH}") or {}).get(key, 0) / unit for k in kinds]
+            ax.barh([len(kinds) - 1 - j + 0.2 - 0.4 * i for j in range(len(kinds))], vals, height=0.4,
+                    color=colour, label=loss)
+        ax.set_yticks(range(len(kinds))[::-1], kinds if ax is c else [])
+        ax.legend(fontsize=7, loc="lower right")
+    c.set(xlabel=f"GiB per GPU ({COMPILED})", title=f"(c) 4 layers, GPT-2 vocabulary, batch {CHUNK_BATCH}: memory")
+    d.set(xlabel=f"ms per step ({PREDICTED})", title="(d) the same steps: time")
+
+
+def cpu_before_after(axes, root: Path) -> None:
     """Figure 4: the optimizations plan's before/after on the CPU host: (a) measured step time with 95 % intervals,
     coloured where the change is beyond noise (Welch, Holm over the panel); (b) XLA:CPU's compiled plan, exact."""
     from deliverables.report.noise import judged, welch
@@ -108,7 +147,7 @@ def cpu_before_after(root: Path, path: Path) -> None:
 
     verdicts, _ = judged(tests)
     row = next(r for r in bench_rows(runs) if r["run"].startswith("before_after"))
-    fig, (a, b) = pyplot().subplots(1, 2, figsize=(9.6, 3.0))
+    a, b = axes
     ys = range(len(names))[::-1]
     step = [bars[n]["step_ms"] for n in names]
     colours = ["#888"] + [("#3a7" if s.mean < base.mean else "#c33") if verdicts.get(n) else "#ccc"
@@ -119,10 +158,8 @@ def cpu_before_after(root: Path, path: Path) -> None:
     b.set(xlabel="GiB (XLA:CPU's compiled plan: exact, one figure)", title="(b) memory, XLA:CPU compiled plan")
     for ax in (a, b):
         ax.set_yticks(list(ys), names if ax is a else [])
-    fig.suptitle(f"{row['params'] / 1e6:.1f}M-parameter model, batch {row['batch']}, context {row['context']}, "
-                 f"{_host(runs)}", fontsize=9)
-    _finish(a, b)
-    save_figure(fig, path)
+    a.figure.suptitle(f"{row['params'] / 1e6:.1f}M-parameter model, batch {row['batch']}, context {row['context']}, "
+                      f"{_host(runs)}", fontsize=9)
 
 
 def curves(ax, root: Path) -> None:
@@ -131,13 +168,11 @@ def curves(ax, root: Path) -> None:
     runs = [r for r in plan_runs(root, plan) if r["name"].rsplit("-s", 1)[0] == setting]
     for colour, r in zip(COLOURS, sorted(runs, key=lambda r: r["name"])):
         recs = read_metrics(Path(r["_dir"]) / "metrics.jsonl")
-        train = [(m["step"], m["train/loss"]) for m in recs if m.get("kind") == "train" and "train/loss" in m]
-        val = [(m["step"], m["eval/loss"]) for m in recs if m.get("kind") == "eval" and "eval/loss" in m]
         seed = r["name"].rsplit("-s", 1)[1]
-        if train:
-            ax.plot(*zip(*train), color=colour, lw=1, label=f"seed {seed}, training")
-        if val:
-            ax.plot(*zip(*val), "o", color=colour, ms=4, label=f"seed {seed}, validation")
+        for kind, what, fmt, kw in (("train", "training", "-", {"lw": 1}), ("eval", "validation", "o", {"ms": 4})):
+            pts = [(m["step"], m[f"{kind}/loss"]) for m in recs if m.get("kind") == kind and f"{kind}/loss" in m]
+            if pts:
+                ax.plot(*zip(*pts), fmt, color=colour, label=f"seed {seed}, {what}", **kw)
     params = (runs[0].get("metrics") or {}).get("params", 0) / 1e6 if runs else 0
     ax.set(xlabel="step", ylabel="loss (nats)", title=f"(a) best WikiText model ({params:.1f}M, batch 32)")
 
@@ -171,46 +206,64 @@ def seed_points(runs: list[dict], x) -> list[tuple[float, float, float]]:
     return sorted(out)
 
 
-def size_and_context(b, c, root: Path) -> None:
-    """(c) validation loss against parameters (model_size); (d) against context at fixed tokens per step."""
+def training(axes, root: Path) -> None:
+    """Figure 5: (a) learning curves of the best WikiText model, (b) the rate sweep, (c) validation loss against
+    parameters (model_size), (d) against context at fixed tokens per step."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    a, b, c, d = axes
+    curves(a, root)
+    lr_panel(b, root)
     size = seed_points(plan_runs(root, "model_size"), lambda r: r["metrics"]["params"] / 1e6)
     ctx_runs = plan_runs(root, "context_length")
     ctx = seed_points(ctx_runs, lambda r: r["config"]["model"]["context_length"])
     batch = {r["config"]["model"]["context_length"]: r["config"]["data"]["batch_size"] for r in ctx_runs}
-    for ax, pts in ((b, size), (c, ctx)):
+    for ax, pts in ((c, size), (d, ctx)):
         if pts:
             ax.errorbar(*zip(*pts), marker="o", ms=4, capsize=3, color=COLOURS[0], label="seed mean, 95 % interval")
-    b.set(xscale="log", xlabel="parameters (millions)", ylabel="final validation loss (nats)",
+    c.set(xscale="log", xlabel="parameters (millions)", ylabel="final validation loss (nats)",
           title="(c) model size, 300 steps of batch 16")
     if size:
-        from matplotlib.ticker import FixedLocator, NullFormatter
-
-        b.xaxis.set_major_locator(FixedLocator([x for x, _, _ in size]))
-        b.xaxis.set_major_formatter(lambda v, _: f"{v:.2g}")
-        b.xaxis.set_minor_formatter(NullFormatter())
+        c.xaxis.set_major_locator(FixedLocator([x for x, _, _ in size]))
+        c.xaxis.set_major_formatter(lambda v, _: f"{v:.2g}")
+        c.xaxis.set_minor_formatter(NullFormatter())
     tokens = "/".join(sorted({str(t * n) for t, n in batch.items()}))
-    c.set(xlabel="context (tokens)", ylabel="final validation loss (nats)",
+    d.set(xlabel="context (tokens)", ylabel="final validation loss (nats)",
           title=f"(d) context, batch x context = {tokens} tokens per step")
     if ctx:
-        gpu.log2_axis(c, "x", [t for t, _, _ in ctx])
+        log2_axis(d, "x", [t for t, _, _ in ctx])
         for t, v, _ in ctx:
-            c.annotate(f"B={batch.get(t)}", (t, v), textcoords="offset points", xytext=(4, 6), fontsize=7)
+            d.annotate(f"B={batch.get(t)}", (t, v), textcoords="offset points", xytext=(4, 6), fontsize=7)
 
 
-def training(root: Path, path: Path) -> None:
-    """Figure 5: (a) learning curves of the best WikiText model, (b) the rate sweep, (c) size, (d) context."""
-    fig, axes = pyplot().subplots(2, 2, figsize=(9.6, 6.2))
-    curves(axes[0][0], root)
-    lr_panel(axes[0][1], root)
-    size_and_context(axes[1][0], axes[1][1], root)
-    _finish(*axes.flat)
-    save_figure(fig, path)
+FIGURES = {  # file: (what it draws, (rows, columns of panels, height in inches), the function drawing its panels)
+    "fig1_memory.png": ("`small`'s memory compiled for an H100 against context and batch, GiB", (1, 2, 3.6), memory),
+    "fig2_throughput_vs_batch.png": ("tokens/s against batch: predicted for an H100 (a), measured on the CPU host (b)",
+                                     (1, 2, 3.4), throughput),
+    "fig3_techniques_h100.png": ("each technique's compiled memory and predicted step time on an H100", (2, 2, 5.2),
+                                 techniques),
+    "fig4_before_after_cpu.png": ("the optimizations plan's before/after measured on the CPU host", (1, 2, 3.0),
+                                  cpu_before_after),
+    "fig5_training.png": ("learning curves, the learning-rate sweep, model size and context length", (2, 2, 6.2),
+                          training),
+}
 
 
 def draw(root: Path, out: Path) -> list[Path]:
+    """Every figure, each panel's fonts and grid set alike."""
     report_dir(out)
-    for name, fn in zip(FIGURES, (memory, throughput, techniques, cpu_before_after, training)):
-        fn(root, out / name)
+    for name, (_, (rows, cols, height), panels) in FIGURES.items():
+        fig, axes = pyplot().subplots(rows, cols, figsize=(9.6, height))
+        panels(list(axes.flat), root)
+        for ax in axes.flat:
+            ax.title.set_fontsize(9)
+            ax.tick_params(labelsize=8)
+            ax.xaxis.label.set_fontsize(8)
+            ax.yaxis.label.set_fontsize(8)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        save_figure(fig, out / name)
     return [out / name for name in FIGURES]
 
 
