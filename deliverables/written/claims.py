@@ -14,29 +14,31 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+from deliverables.answers import accounting, adamw
+from deliverables.answers import predicted as answers
 from deliverables.common import COURSE_MEMORY
+from deliverables.compiled_memory import cached, cached_at_largest
+from deliverables.compiled_time import stored
 from deliverables.written.claims_records import records
 from jaxlm import cli
+from jaxlm.analysis import flops, memory
+from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import read_json
 
 RESULTS = Path("docs/results")
 GIB, MIB = 2**30, 2**20
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     value: float
     source: str
 
 
 def attention_share(t: int) -> float:
     """% of one sequence's float32 train-step activations that are attention scores (jaxlm.memory, `small`)."""
-    from jaxlm.analysis import memory
-    from jaxlm.core.config import ComputeConfig, ModelConfig
-
     est = memory.estimate(ModelConfig.from_name("small", context_length=t), 1, t, ComputeConfig())
     return 100 * sum(v for k, v in est.activations.items() if k.endswith("attention scores")) / est.activation_total
 
@@ -51,15 +53,11 @@ HANDOUTS = {"target_loss": (1.45, "CS336 assignment 1"), "cs336_tokens": (32 * 2
 
 
 def analytic() -> dict[str, Claim]:
-    from deliverables.answers import accounting, adamw
-    from jaxlm.analysis import flops
-    from jaxlm.analysis.memory import DEFAULT_USABLE
-
     xl = accounting.model("gpt2-xl")
     per_seq, fixed = adamw.peak_terms(xl, 1024)
     src = "jaxlm.analysis (flops, memory) and the answers module"
     out = {k: Claim(v, f"the {where} handout") for k, (v, where) in HANDOUTS.items()}
-    return out | {"usable_share": Claim(100 * DEFAULT_USABLE, "jaxlm.analysis.memory.DEFAULT_USABLE"),
+    return out | {"usable_share": Claim(100 * memory.DEFAULT_USABLE, "jaxlm.analysis.memory.DEFAULT_USABLE"),
                   "attn_share_256": Claim(attention_share(256), src),
                   "attn_share_1024": Claim(attention_share(1024), src),
                   "xl_params": Claim(flops.param_counts(xl)["total"], src),
@@ -77,9 +75,6 @@ TECHNIQUES = {"float32": "f32", "bfloat16": "bf16", "bfloat16 + remat full": "bf
 
 def compiled(root: Path) -> dict[str, Claim]:
     """The H100-compiled plans (GiB), the largest batches by compiling, the sweeps of `small`."""
-    from deliverables.answers import accounting
-    from deliverables.compiled_memory import cached, cached_at_largest
-
     src = f"{root}/compiled/h100-80gb.json (XLA's GPU compiler, not measured)"
     got = lambda section: cached(section, "h100-80gb", root / "compiled")  # noqa: E731
     tech, ctx, bat, chunk = got("techniques-small"), got("context"), got("batch"), got("loss-chunk")
@@ -115,9 +110,6 @@ def compiled(root: Path) -> dict[str, Claim]:
 
 def predicted(root: Path) -> dict[str, Claim]:
     """Step times, tokens/s and shares predicted from the compiled programs (deliverables.compiled_time)."""
-    from deliverables.answers import predicted as answers
-    from deliverables.compiled_time import stored
-
     src = f"{root}/compiled/h100-80gb.json, predicted time"
     out = {}
     for (preset, mode), r in answers.sizes(root).items():
@@ -156,7 +148,7 @@ def recipe(root: Path) -> dict[str, Claim]:
 def claims(root: Path = RESULTS) -> dict[str, Claim]:
     root = Path(root)
     out = analytic() | compiled(root) | predicted(root) | recipe(root)
-    return out | {k: Claim(v, src) for k, (v, src) in records(root).items()}
+    return out | {k: Claim(*v) for k, v in records(root).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
