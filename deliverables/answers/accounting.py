@@ -1,8 +1,6 @@
-"""transformer_accounting and the tables behind adamwAccounting: parameters, FLOPs, memory, training days.
-
-Every number comes from `jaxlm.analysis.flops` (parameters, matmul FLOPs), `jaxlm.analysis.devices`
-(a device's memory and peak FLOP/s) and `jaxlm.analysis.memory` (the activation model), so the answers
-and the MFU and memory the benchmarks report share one convention.
+"""transformer_accounting and adamwAccounting: parameters, FLOPs, memory and training days, each from
+`jaxlm.analysis` (flops, devices, memory), so the answers share one convention with the benchmarks' MFU and memory;
+adamwAccounting's peak-memory formula and AdamW's FLOPs term by term are written out here as the question asks.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ import math
 from pathlib import Path
 
 from deliverables.common import COURSE_MEMORY, table
+from deliverables.compiled_memory import cached, cached_at_largest
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES, Device
 from jaxlm.core.config import ComputeConfig, ModelConfig
@@ -19,6 +18,7 @@ from jaxlm.core.units import count, si
 GPT2 = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONTEXTS = (1024, 16384)
 MFU = 0.5
+FLOAT32 = 4  # bytes
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
@@ -109,13 +109,75 @@ def flops_observations() -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- adamwAccounting (a)-(c)
+
+
+def activation_floats(m: ModelConfig, t: int) -> dict[str, int]:
+    """Floats one sequence of t tokens keeps for the backward pass, by the components the question lists
+    (a W1 -> SiLU -> W2 feed-forward of width d_ff)."""
+    d, h, f, v, n = m.d_model, m.num_heads, m.d_ff, m.vocab_size, m.num_layers
+    per_layer = {"RMSNorm inputs (2 per block)": 2 * t * d, "Q, K, V projections": 3 * t * d,
+                 "Q Kᵀ (scores)": h * t * t, "softmax (probabilities)": h * t * t,
+                 "weighted sum of values": t * d, "output projection": t * d,
+                 "W1 output": t * f, "SiLU output": t * f, "W2 output": t * d}
+    out = {f"{k}, x {n} blocks": n * x for k, x in per_layer.items()}
+    return out | {"final RMSNorm": t * d, "output embedding (logits)": t * v,
+                  "cross-entropy (softmax of the logits)": t * v}
+
+
+def peak_terms(m: ModelConfig, t: int) -> tuple[float, float]:
+    """(bytes per sequence a, fixed bytes b) of peak = a * batch_size + b: float32 activations, and
+    parameters + gradients + AdamW's two moments = 16 bytes per parameter."""
+    return FLOAT32 * sum(activation_floats(m, t).values()), 16 * flops.param_counts(m)["total"]
+
+
+def adamw_section() -> list[str]:
+    """(a) the peak memory of an AdamW train step by component, (b) GPT-2 XL's instance of it, (c) the FLOPs of one
+    AdamW update term by term; the training time, (d), is time_section."""
+    m = model("gpt2-xl")
+    t = m.context_length
+    a, b = peak_terms(m, t)
+    rows = [[k, count(v), si(FLOAT32 * v, "B")] for k, v in activation_floats(m, t).items()]
+    terms = [[f"`{term}`", ops, str(n)] for term, ops, n in flops.ADAMW_TERMS]
+    total = flops.ADAMW_FLOPS_PER_PARAM
+    return ["#### (a) Peak memory, by component", "",
+            "With vocabulary V, context T, n blocks, width d, h heads, d_ff = 4d and batch B, everything in float32 "
+            "(4 bytes):", "",
+            "- parameters: 4P bytes, with P = 2Vd + n(4d² + 3 d d_ff + 2d) + d (embedding and untied head, attention, "
+            "SwiGLU, two RMSNorm gains per block, the final gain);",
+            "- gradients: 4P bytes, one per parameter;",
+            "- AdamW state: 8P bytes, the first and second moments m and v;",
+            "- activations kept for the backward pass, per sequence, by component: per block the two RMSNorms' inputs "
+            "2Td, the Q, K, V projections 3Td, the scores Q Kᵀ hT², their softmax hT², the weighted sum of values Td, "
+            "the output projection Td, the W1 output T d_ff, the SiLU output T d_ff and the W2 output Td; then the "
+            "final RMSNorm Td, the logits TV and the cross-entropy's softmax TV.", "",
+            "Summed: activations = 4B [n(8Td + 2T d_ff + 2hT²) + Td + 2TV] = **4B [n(16Td + 2hT²) + Td + 2TV]** bytes "
+            "with d_ff = 4d, and **peak = 16P + 4B [n(16Td + 2hT²) + Td + 2TV]**. The hT² terms are the attention "
+            "matrices that make memory grow with the square of the context.", "",
+            "#### (b) GPT-2 XL", "",
+            f"`gpt2-xl` (V {m.vocab_size:,}, T {t}, n {m.num_layers}, d {m.d_model}, h {m.num_heads}, d_ff "
+            f"{m.d_ff} = 4d): one sequence keeps", "",
+            table(["activation", "floats per sequence", "float32 bytes"], rows, "lr"), "",
+            f"so **peak = {a / 1e9:.4g} GB · batch_size + {b / 1e9:.4g} GB** (P = {count(b // 16)}). The "
+            f"largest batch in {COURSE_MEMORY / 1e9:g} GB: floor(({COURSE_MEMORY / 1e9:g} - {b / 1e9:.4g}) / "
+            f"{a / 1e9:.4g}) = **{max_batch(b, a, COURSE_MEMORY)}**.", "",
+            "#### (c) FLOPs of one AdamW step", "",
+            "Per parameter, term by term (the square root counted as one FLOP; 1 - β, the bias-corrected "
+            "α_t and lr·λ depend only on the step, so they are computed once per step, not per parameter):", "",
+            table(["update", "operations", "FLOPs"], terms, "lr"), "",
+            f"Total **{total} FLOPs per parameter**, {total}P per step: "
+            f"{si(total * flops.param_counts(m)['total'], 'FLOP')} for `gpt2-xl`. Adam without the decoupled "
+            f"weight decay needs {total - flops.ADAMW_TERMS[-1][2]}, the figure often quoted for AdamW; the "
+            "decay's multiply and subtract add the rest. Next to the forward and backward passes (about 6 "
+            "FLOPs per parameter per token, so 6P x tokens per step) this is negligible.", ""]
+
+
 # --------------------------------------------------------------------------- memory and time
 
 
 def memory_terms(m: ModelConfig, t: int, compute: ComputeConfig) -> tuple[dict[str, float], float]:
-    """(bytes that do not depend on the batch, by part; activation bytes per sequence). The estimate is linear in B.
-    The tensor-counting model (calibration "cpu"): the curriculum's accounting, 16P of state plus what jax.grad
-    saves; the GPU compiler's own plan differs (docs/memory.md)."""
+    """(state bytes by part, activation bytes per sequence) by the tensor-counting model (calibration "cpu"), the
+    curriculum's accounting: 16P of state plus what jax.grad saves, linear in the batch (docs/memory.md)."""
     est = memory.estimate(m, 1, t, compute, backend="cpu")
     return dict(est.state), est.activation_total
 
@@ -164,8 +226,6 @@ def analytic_largest(compute: ComputeConfig) -> int:
 def compiled_largest_section(root: Path) -> list[str]:
     """The one answer to 'the largest batch of `small` at context 1024 on an H100': the compiled plan at the
     allocator's usable share; the compiled figures at that batch and the analytic model beside it."""
-    from deliverables.compiled_memory import cached, cached_at_largest
-
     got = cached_at_largest("largest-batch", "h100-80gb", root / "compiled")
     at8 = cached("largest-batch", "h100-80gb", root / "compiled")
     usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE

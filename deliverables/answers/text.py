@@ -107,7 +107,3 @@ def tokenizer_sections(root: Path) -> list[str]:
                "(trained on WikiText-2) against GPT-2's on in-domain and out-of-domain text:", ""]
             + take("Bytes per token") + ["(c) Throughput, and the Pile:", ""] + take("Encoding throughput")
             + ["(d) uint16:", ""] + take("Why uint16"))
-
-
-def text_sections(root: Path) -> list[str]:
-    return unicode1() + unicode2() + tokenizer_sections(root)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from deliverables.answers import accounting, adamw
+from deliverables.answers import accounting
 from deliverables.answers import predicted as answers
 from deliverables.common import COURSE_MEMORY
 from deliverables.compiled_memory import cached, cached_at_largest
@@ -54,7 +54,7 @@ HANDOUTS = {"target_loss": (1.45, "CS336 assignment 1"), "cs336_tokens": (32 * 2
 
 def analytic() -> dict[str, Claim]:
     xl = accounting.model("gpt2-xl")
-    per_seq, fixed = adamw.peak_terms(xl, 1024)
+    per_seq, fixed = accounting.peak_terms(xl, 1024)
     src = "jaxlm.analysis (flops, memory) and the answers module"
     out = {k: Claim(v, f"the {where} handout") for k, (v, where) in HANDOUTS.items()}
     return out | {"usable_share": Claim(100 * memory.DEFAULT_USABLE, "jaxlm.analysis.memory.DEFAULT_USABLE"),

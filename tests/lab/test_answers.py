@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from deliverables.answers import accounting as answers
-from deliverables.answers import adamw, gpu, measured, studies, text
+from deliverables.answers import gpu, measured, studies, text
 from deliverables.answers.__main__ import main
 from jaxlm import cli
 from jaxlm.analysis import flops, memory
@@ -92,17 +92,17 @@ def test_missing_bench_is_one_line(tmp_path, capsys):
 def test_adamw_activation_formula_by_hand():
     m = answers.model("gpt2-xl")
     floats = L * (16 * T * D + 2 * 25 * T * T) + T * D + 2 * T * V  # n(16Td + 2hT^2) + Td + 2TV, d_ff = 4d
-    assert sum(adamw.activation_floats(m, T).values()) == floats == 3_879_438_336
-    a, b = adamw.peak_terms(m, T)
+    assert sum(answers.activation_floats(m, T).values()) == floats == 3_879_438_336
+    a, b = answers.peak_terms(m, T)
     assert (a, b) == (4 * floats, 16 * 2_127_057_600)
     assert answers.max_batch(b, a, 80e9) == 2  # (80 - 34.03) / 15.52 = 2.96
-    assert "**peak = 15.52 GB · batch_size + 34.03 GB**" in "\n".join(adamw.gpt2_xl_section())
+    assert "**peak = 15.52 GB · batch_size + 34.03 GB**" in "\n".join(answers.adamw_section())
 
 
 def test_adamw_flops_term_by_term():
     assert [n for *_, n in flops.ADAMW_TERMS] == [3, 4, 5, 2]  # m: 2 mul + add; v: square, 2 mul, add; ...
     assert flops.ADAMW_FLOPS_PER_PARAM == 14
-    assert "Total **14 FLOPs per parameter**" in "\n".join(adamw.adamw_flops_section())
+    assert "Total **14 FLOPs per parameter**" in "\n".join(answers.adamw_section())
 
 
 # --------------------------------------------------------------------------- unicode, tokenizers, mixed precision
