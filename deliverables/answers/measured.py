@@ -223,7 +223,7 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
                 "CPU host only `small` was timed (below, measured). On a GPU: `python -m experiments.run benchmarking "
                 "--size gpu` (5 warm-up and 10 timed steps, float32), then `python -m deliverables.answers` reads its "
                 "records. Meanwhile, the H100's times predicted from its compiled program:", ""]
-    out += predicted.size_section(root, campaign_sizes(root)) + predicted.breakdown_section(root)
+    out += predicted.size_section(root, campaign_sizes(root))
     if (root / PLAN / CPU_SMALL).is_file():
         out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host: forward, backward, "
                                 "their variability, feed-forward against attention")

@@ -1,10 +1,6 @@
-"""The part-2 speed questions answered with predicted H100 figures until a GPU measures them.
-
-benchmarking_script (b), the forward/backward and feed-forward/attention split, nsys_profile (a)-(e) and
-the mixed-precision timings, from the steps compiled for an H100 on this machine and priced kernel by kernel
-(`python -m deliverables.compiled_time`, kept in ROOT/compiled/h100-80gb.json with their kernel tables):
-every figure is labelled a prediction. Measured GPU figures (the GPU campaign's ROOT/gpu/results.json)
-stand beside them, and in the answer's place, where they exist.
+"""The part-2 speed questions (benchmarking_script (b), nsys_profile, the mixed-precision timings) answered with
+predicted H100 figures until a GPU measures them: the steps compiled for an H100 and priced kernel by kernel
+(`python -m deliverables.compiled_time`, ROOT/compiled/h100-80gb.json), every figure labelled a prediction.
 """
 
 from __future__ import annotations
@@ -58,68 +54,55 @@ def matmul_share(row: dict) -> float:
 
 
 def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str]:
-    """(b) per size: the predicted eval-step forward and the train step split into its passes; `measured`:
-    (preset, "forward" | "forward_backward") -> ms on a GPU, shown beside."""
+    """(b) per size: the predicted eval-step forward and the train step split into its passes, with `measured`
+    ((preset, "forward" | "forward_backward") -> ms on a GPU) beside; then where each train step goes by part of
+    the model, feed-forward against attention, time against FLOPs."""
     rows = sizes(root)
     if not rows:
         return pending("the size table")
-    out = [f"**Predicted, not measured**: every time below is {label(rows)} (the roofline over each kernel at the "
-           "H100's achieved rates, docs/benchmarks.md \"Predicted GPU time\"), at context "
-           f"{SIZE_CONTEXT}, batch {SIZE_BATCH}, float32 (TF32 matmuls, JAX's default). *forward*: the eval step "
-           "(forward and loss); the train step's forward, backward and AdamW update are its kernels by pass.", ""]
     head = ["model", "forward (ms)", "train step (ms)", "its forward", "its backward", "its optimizer",
             "tokens/s", "MFU"] + (["measured forward (ms)", "measured fwd + bwd (ms)"] if measured else [])
-    body = []
+    body, parts = [], []
     for preset in SIZES:
         f, t = rows.get((preset, "forward")), rows.get((preset, "train_step"))
+        if t:
+            c, total = t["predicted_components"], t["predicted_step_ms"]
+            attention = sum(c.get(k, 0.0) for k in ATTENTION)
+            fl = forward_flops(model(preset), SIZE_CONTEXT)
+            shares = (c.get("feed-forward", 0), attention, c.get("output head and loss", 0), c.get("norms", 0),
+                      c.get("optimizer and clipping", 0))
+            parts.append([preset, *(pct(v / total) for v in shares), f"{c.get('feed-forward', 0) / attention:.2f}",
+                          f"{fl.ffn / fl.attention:.2f}"])
         if not (f and t):
             continue
         ph = t["predicted_phases"]
-        cells = [preset, ms(f["predicted_step_ms"]), ms(t["predicted_step_ms"]), ms(ph.get("forward", 0)),
-                 ms(ph.get("backward", 0) + ph.get("recompute", 0)), ms(ph.get("optimizer", 0)),
-                 f"{t['predicted_tokens_per_s']:,.0f}", pct(t["predicted_mfu"])]
-        if measured:
-            cells += [ms(measured[k]) if k in measured else "–" for k in ((preset, "forward"),
-                                                                          (preset, "forward_backward"))]
-        body.append(cells)
+        body.append([preset, ms(f["predicted_step_ms"]), ms(t["predicted_step_ms"]), ms(ph.get("forward", 0)),
+                     ms(ph.get("backward", 0) + ph.get("recompute", 0)), ms(ph.get("optimizer", 0)),
+                     f"{t['predicted_tokens_per_s']:,.0f}", pct(t["predicted_mfu"])]
+                    + ([ms(measured[(preset, m)]) if (preset, m) in measured else "–"
+                        for m in ("forward", "forward_backward")] if measured else []))
     ratios = [r["predicted_phases"].get("backward", 0) / r["predicted_phases"]["forward"]
               for (p, m), r in rows.items() if m == "train_step" and r["predicted_phases"].get("forward")]
-    return out + [table(head, body, "lr"), ""] + [
-        f"The predicted backward pass takes {min(ratios):.1f}x to {max(ratios):.1f}x the forward's time (the FLOP "
-        "count says 2x, two matmuls per forward matmul; the memory-bound elementwise kernels, which the FLOP count "
-        "leaves out, move the ratio either way).", ""]
-
-
-def breakdown_section(root: Path) -> list[str]:
-    """Where each size's predicted train step goes: feed-forward against attention, time against FLOPs."""
-    rows = sizes(root)
-    if not rows:
-        return []
-    body = []
-    for preset in SIZES:
-        t = rows.get((preset, "train_step"))
-        if not t:
-            continue
-        c, total = t["predicted_components"], t["predicted_step_ms"]
-        attention = sum(c.get(k, 0.0) for k in ATTENTION)
-        fl = forward_flops(model(preset), SIZE_CONTEXT)
-        body.append([preset, pct(c.get("feed-forward", 0) / total), pct(attention / total),
-                     pct(c.get("output head and loss", 0) / total), pct(c.get("norms", 0) / total),
-                     pct(c.get("optimizer and clipping", 0) / total),
-                     f"{c.get('feed-forward', 0) / attention:.2f}", f"{fl.ffn / fl.attention:.2f}"])
-    return ["#### Where the predicted train step goes, by part of the model", "",
+    return [f"**Predicted, not measured**: every time below is {label(rows)} (the roofline over each kernel at the "
+            "H100's achieved rates, docs/benchmarks.md \"Predicted GPU time\"), at context "
+            f"{SIZE_CONTEXT}, batch {SIZE_BATCH}, float32 (TF32 matmuls, JAX's default). *forward*: the eval step "
+            "(forward and loss); the train step's forward, backward and AdamW update are its kernels by pass.", "",
+            table(head, body, "lr"), "",
+            f"The predicted backward pass takes {min(ratios):.1f}x to {max(ratios):.1f}x the forward's time (the FLOP "
+            "count says 2x, two matmuls per forward matmul; the memory-bound elementwise kernels, which the FLOP count "
+            "leaves out, move the ratio either way).", "",
+            "#### Where the predicted train step goes, by part of the model", "",
             "Shares of each size's predicted train step (kernels placed by the model code they come from); the "
             "last two columns set the feed-forward's time against attention's (projections, scores, softmax) "
-            "and against their FLOP ratio:", ""] + [table(
-        ["model", "feed-forward", "attention", "output head and loss", "norms", "optimizer", "FFN/attention time",
-         "FFN/attention FLOPs"], body, "lr"), ""] + [
-        "Attention takes a larger share of the time than of the FLOPs: its softmax and mask run at memory "
-        "bandwidth over B x H x T x T scores, which the FLOP count leaves out.", ""]
+            "and against their FLOP ratio:", "",
+            table(["model", "feed-forward", "attention", "output head and loss", "norms", "optimizer",
+                   "FFN/attention time", "FFN/attention FLOPs"], parts, "lr"), "",
+            "Attention takes a larger share of the time than of the FLOPs: its softmax and mask run at memory "
+            "bandwidth over B x H x T x T scores, which the FLOP count leaves out.", ""]
 
 
-def launch_share(o: dict) -> float:
-    """The share of an op's predicted time spent launching its kernels (the roofline's fixed cost per launch)."""
-    return min(1.0, o["launches"] * LAUNCH_MS / o["predicted_ms"]) if o.get("predicted_ms") else 0.0
+def _short(o: dict) -> str:
+    return f"`{o['op'].rsplit('/', 1)[-1]}` ({o['component']}) {pct(o['share'])}"
 
 
 def _op(o: dict) -> str:
@@ -129,57 +112,44 @@ def _op(o: dict) -> str:
 
 def launch_lines(train: dict[str, dict]) -> str:
     """Where launches weigh: each launch-bound kernel group, and the op with the most launches with the share of
-    its predicted time that is the fixed cost of launching them."""
+    its predicted time that is the fixed cost of launching them (the roofline's cost per launch)."""
     out = []
     for preset, r in train.items():
         bound = [g for g in r["predicted_groups"] if g.get("bound") == "launch" and g.get("launches")]
         o = max(r["predicted_ops"], key=lambda o: o["launches"])
+        share = min(1.0, o["launches"] * LAUNCH_MS / o["predicted_ms"]) if o.get("predicted_ms") else 0.0
         out.append(f"`{preset}`: " + "".join(f"the {g['group']} group is launch-bound ({g['launches']} launches, "
                                              f"{pct(g['share'])} of the step); " for g in bound)
                    + f"`{o['op'].rsplit('/', 1)[-1]}` ({o['component']}) launches {o['launches']} kernels of "
-                   f"{1e3 * o['predicted_ms'] / o['launches']:.1f} µs on average, {pct(launch_share(o))} of its "
+                   f"{1e3 * o['predicted_ms'] / o['launches']:.1f} µs on average, {pct(share)} of its "
                    f"time the {1e3 * LAUNCH_MS:.0f} µs cost of each launch")
     return "; ".join(out)
 
 
-def nsys_rows(root: Path) -> dict[tuple[str, int, str], dict]:
-    """(preset, context, mode) -> the step compiled for the H100 with its predicted kernel table."""
-    out = {}
-    for name, r in stored("nsys", TARGET, root / "compiled").items():
-        preset, mode, context = name.split(", ")
-        out[(preset, int(context.split()[-1]), mode)] = r
-    return out
-
-
-def attention_split(row: dict, cfg, context: int) -> tuple[float, float]:
-    """(softmax and mask time / the two attention matmuls' time, their FLOP ratio) in a forward pass."""
-    comps = row["predicted_components"]
-    mm, sm = comps.get("attention matmuls", 0.0), comps.get("attention softmax and mask", 0.0)
-    flops = SOFTMAX_FLOPS * cfg.num_layers * cfg.num_heads * context**2 / forward_flops(cfg, context).attention_core
-    return (sm / mm if mm else float("nan")), flops
-
-
-def _short(o: dict) -> str:
-    return f"`{o['op'].rsplit('/', 1)[-1]}` ({o['component']}) {pct(o['share'])}"
-
-
 def nsys_table(rows: dict[tuple[str, int, str], dict]) -> list[str]:
+    """(a), (b), (d), (e) per model and context; (e) sets the softmax and mask's time against the two attention
+    matmuls' beside their FLOP ratio."""
     body = []
     for (preset, t, mode), f in sorted(rows.items()):
         s = rows.get((preset, t, "train_step"))
         if mode != "forward" or not s:
             continue
-        ratio, flops = attention_split(f, model(preset), t)
+        cfg, comps = model(preset), f["predicted_components"]
+        mm, sm = comps.get("attention matmuls", 0.0), comps.get("attention softmax and mask", 0.0)
+        flops = SOFTMAX_FLOPS * cfg.num_layers * cfg.num_heads * t**2 / forward_flops(cfg, t).attention_core
         body.append([f"{preset}, {t}", ms(f["predicted_step_ms"]), ms(s["predicted_step_ms"]),
                      _short(f["predicted_ops"][0]), _short(s["predicted_ops"][0]), pct(matmul_share(f)),
-                     pct(matmul_share(s)), f"{ratio:.2f} ({flops:.3f})"])
+                     pct(matmul_share(s)), f"{sm / mm if mm else float('nan'):.2f} ({flops:.3f})"])
     return [table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
                    "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body, "lr"), ""]
 
 
 def nsys_lines(root: Path) -> list[str]:
     """nsys_profile (a)-(e) from the predicted kernel tables of `small` and `large` along the context."""
-    rows = nsys_rows(root)
+    rows = {}  # (preset, context, mode) -> the step compiled for the H100 with its predicted kernel table
+    for name, r in stored("nsys", TARGET, root / "compiled").items():
+        preset, mode, context = name.split(", ")
+        rows[(preset, int(context.split()[-1]), mode)] = r
     if not rows:
         return pending("the kernel tables")
     longest = max(t for _, t, _ in rows)
