@@ -1,10 +1,6 @@
-"""The part-2 questions that need a GPU: memory_profiling, nsys_profile, mixed precision.
-
-Each answer uses what the records hold: `large`'s memory profile compiled for an H100 by `python -m
-deliverables.memory_profile` (ROOT/compiled/large-memory-profile.json) and the GPU campaign's results
-(ROOT/gpu/results.json, `python -m deliverables.gpu`). Where the campaign is absent it says why the question
-needs a GPU, gives the exact command, and answers with the predicted H100 figures meanwhile
-(deliverables.answers.predicted). The float16 accumulation is computed here (numpy).
+"""The part-2 questions that need a GPU: memory_profiling (from `large`'s profile compiled for an H100,
+`python -m deliverables.memory_profile`), nsys_profile and mixed precision (from the GPU campaign's
+ROOT/gpu/results.json, `python -m deliverables.gpu`, else its command and the predicted H100 figures meanwhile).
 """
 
 from __future__ import annotations
@@ -24,22 +20,11 @@ TARGET = "h100-80gb"
 PROFILE_COMMAND = f"python -m deliverables.memory_profile --target {TARGET}"
 
 
-def memory_table(rows: dict[str, dict]) -> list[str]:
-    """Peak memory (GiB per GPU) of each profiled step, by context."""
-    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in profile.MODES for d in profile.DTYPES)]
-    body = [[str(t), *(f"{r['total_bytes'] / 2**30:.2f} GiB" if (r := rows.get(profile.label(m, d, t))) else "–"
-                       for m in profile.MODES for d in profile.DTYPES)] for t in profile.CONTEXTS]
-    return [table(head, body, "lr"), ""]
-
-
 def timeline_lines(rows: dict[str, dict]) -> list[str]:
     """Where each float32 step's live bytes peak, in which phase, against its arguments and compiled total."""
     out = []
-    for mode in profile.MODES:
-        for t in profile.CONTEXTS:
-            r = rows.get(profile.label(mode, "float32", t))
-            if not r:
-                continue
+    for mode, t in ((m, t) for m in profile.MODES for t in profile.CONTEXTS):
+        if r := rows.get(profile.label(mode, "float32", t)):
             at = r["peak_position"]
             where = next((name for name, (a, b) in r["phases"].items() if a <= at <= b), "?")
             out.append(f"- {mode.replace('_', ' ')}, context {t}: {r['instructions']:,} scheduled instructions; "
@@ -67,16 +52,34 @@ def reading(rows: dict[str, dict], params: int) -> list[str]:
             "buffers are reused by the next, so its line stays within a few hundred MiB of the arguments.", ""]
 
 
-def largest_lines(rows: dict[str, dict], top: int = 5) -> list[str]:
-    out = []
+def peak_lines(rows: dict[str, dict], cfg) -> list[str]:
+    """(b) each profiled step's compiled total by context, bfloat16 against float32; (c) the largest buffers at the
+    longest context; one residual-stream activation's size beside them."""
+    gib = lambda r: f"{r['total_bytes'] / 2**30:.2f} GiB" if r else "–"
+    steps = [(m, d) for m in profile.MODES for d in profile.DTYPES]
+    body = [[str(t), *(gib(rows.get(profile.label(m, d, t))) for m, d in steps)] for t in profile.CONTEXTS]
+    out = ["(b) Peak memory, the compiled total per GPU (arguments + outputs + temporaries - donated):", "",
+           table(["context", *(f"{m.replace('_', ' ')} {d}" for m, d in steps)], body, "lr"), ""]
+    pairs = [(rows.get(profile.label(m, "bfloat16", t)), rows.get(profile.label(m, "float32", t)))
+             for m in profile.MODES for t in profile.CONTEXTS]
+    if ratios := [b["total_bytes"] / f["total_bytes"] for b, f in pairs if b and f]:
+        out += [f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
+                "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
+                "are added, so only the activations shrink; where the state dominates, the saving is small.", ""]
+    out += [f"(c) The largest buffers at context {profile.CONTEXTS[-1]}, from the compiled buffer assignment (the "
+            "step's own values, not its parameters; equal ones counted together, usually one per layer), with the "
+            "op and the source line in their metadata:", ""]
     for mode in profile.MODES:
-        lbl = profile.label(mode, "float32", profile.CONTEXTS[-1])
-        if lbl not in rows:
-            continue
-        body = [[f"{g['bytes'] / 2**20:,.1f}", f"`{g['shape']}`", str(g["count"]), f"`{g['op']}`",
-                 f"`{g['source']}`"] for g in rows[lbl]["largest"][:top]]
-        out += [f"{lbl}:", ""] + [table(["MiB each", "shape", "how many", "op (jax's name)", "source"], body, "lr"), ""]
-    return out
+        if (lbl := profile.label(mode, "float32", profile.CONTEXTS[-1])) in rows:
+            body = [[f"{g['bytes'] / 2**20:,.1f}", f"`{g['shape']}`", str(g["count"]), f"`{g['op']}`",
+                     f"`{g['source']}`"] for g in rows[lbl]["largest"][:5]]
+            head = ["MiB each", "shape", "how many", "op (jax's name)", "source"]
+            out += [f"{lbl}:", "", table(head, body, "lr"), ""]
+    resid = {t: profile.BATCH * t * cfg.d_model * 4 for t in profile.CONTEXTS}
+    return out + [f"One residual-stream activation (batch {profile.BATCH}, d_model {cfg.d_model}, float32) is "
+                  "B x T x d x 4 bytes: " + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items())
+                  + ". CS336 asks the same of its 2.7B model: its compiled peaks are on the "
+                  "[compiled memory page](results/compiled/h100-80gb-memory.md).", ""]
 
 
 def memory_profiling_section(root: Path) -> list[str]:
@@ -97,24 +100,7 @@ def memory_profiling_section(root: Path) -> list[str]:
             "instruction of the compiled schedule (from the instruction that defines it to its last use), float32, "
             "a line per context:", "",
             f"![memory timeline](results/compiled/{profile.PRESET}-memory-timeline.png)", ""]
-    out += timeline_lines(rows) + reading(rows, flops.param_counts(cfg)["total"]) + [
-        "(b) Peak memory, the compiled total per GPU (arguments + outputs + temporaries - donated):", ""]
-    out += memory_table(rows)
-    ratios = [rows[profile.label(m, "bfloat16", t)]["total_bytes"] / rows[profile.label(m, "float32", t)]["total_bytes"]
-              for m in profile.MODES for t in profile.CONTEXTS
-              if profile.label(m, "bfloat16", t) in rows and profile.label(m, "float32", t) in rows]
-    if ratios:
-        out += [f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
-                "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
-                "are added, so only the activations shrink; where the state dominates, the saving is small.", ""]
-    out += [f"(c) The largest buffers at context {profile.CONTEXTS[-1]}, from the compiled buffer assignment (the "
-            "step's own values, not its parameters; equal ones counted together, usually one per layer), with the "
-            "op and the source line in their metadata:", ""] + largest_lines(rows)
-    resid = {t: profile.BATCH * t * cfg.d_model * 4 for t in profile.CONTEXTS}
-    return out + [f"One residual-stream activation (batch {profile.BATCH}, d_model {cfg.d_model}, float32) is "
-                  "B x T x d x 4 bytes: " + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items())
-                  + ". CS336 asks the same of its 2.7B model: its compiled peaks are on the "
-                  "[compiled memory page](results/compiled/h100-80gb-memory.md).", ""]
+    return out + timeline_lines(rows) + reading(rows, flops.param_counts(cfg)["total"]) + peak_lines(rows, cfg)
 
 
 def campaign(root: Path) -> dict:
@@ -124,11 +110,10 @@ def campaign(root: Path) -> dict:
 
 
 def kernel_lines(summary: dict, what: str) -> list[str]:
-    top = summary.get("top") or []
     out = [f"- {what}: {summary.get('total_us', 0) / 1e3:.2f} ms of device time over the traced calls, "
            f"{100 * summary.get('matmul_share', 0):.0f}% in matmul kernels. Top kernels:"]
     return out + [f"  - `{k['name'][:80]}`: {100 * k['share']:.1f}%{' (matmul)' if k.get('matmul') else ''}"
-                  for k in top[:5]]
+                  for k in (summary.get("top") or [])[:5]]
 
 
 NSYS = (("(a)", "the forward pass's total time against the Python timing", "`bench_bf16` and `profile`"),
@@ -193,8 +178,8 @@ def mixed_precision_section(root: Path) -> list[str]:
             "RMSNorm, the softmax and the loss compute in float32; the gradients are float32, as the parameters are. "
             "(b) A layer norm's mean and variance are sums over d elements, and its 1/sqrt(variance) amplifies their "
             "rounding error; in float16 the square of any value above 256 overflows its maximum of 65,504. "
-            "bfloat16 has float32's range, so no "
-            "overflow, but only 8 bits of mantissa, so the norms still run in float32.", "",
+            "bfloat16 has float32's range, so no overflow, but only 8 bits of mantissa, so the norms still run in "
+            "float32.", "",
             "(c) " + ("The campaign's bench tables in both dtypes are in its report ([results/gpu/report.md]"
                       "(results/gpu/report.md)), sections bench_bf16 and bench_f32." if bench else
                       ("" if predicted else "**Pending**: ") + "bfloat16 against float32 timings are GPU figures "
