@@ -1,9 +1,5 @@
-"""benchmarking_script: forward and backward times and the effect of warm-up, from benchmark records.
-
-The warm-up answer reads the `benchmarking` plan's records (`python -m experiments.run benchmarking`, one
-`jaxlm.bench model` run per number of warm-up steps; on a GPU also the curriculum's size table); `--bench`
-adds any other `jaxlm.bench model --json` result (with `--breakdown`: feed-forward against attention time).
-"""
+"""benchmarking_script: forward and backward times and the effect of warm-up, from the `benchmarking` plan's
+records (`jaxlm.bench model` runs) and any other `jaxlm.bench model --json` result given with `--bench`."""
 
 from __future__ import annotations
 
@@ -45,14 +41,13 @@ CPU_SMALL = "small-cpu.json"
 
 
 def measured_section(bench: Path | None, title: str = "A benchmark result given with `--bench`") -> list[str]:
-    out = [f"#### {title}", ""]
     if bench is None:
         return []
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
     where = f" on {machine({'host': meta['host']})}" if isinstance(meta.get("host"), dict) else ""
-    out += [f"From `{bench}` ({len(ok)} measured rows{where}). Mean and standard deviation over the timed steps, "
-            "after warm-up.", ""]
+    out = [f"#### {title}", "", f"From `{bench}` ({len(ok)} measured rows{where}). Mean and standard deviation over "
+           "the timed steps, after warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
@@ -150,12 +145,17 @@ def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
             and r.get("context") == predicted.SIZE_CONTEXT and r.get("batch") == predicted.SIZE_BATCH}
 
 
+def loads(host: dict) -> list[float]:
+    """The 1-minute load averages a run recorded of its host: at its start, while it ran, at its end."""
+    return [host[k] for k in ("load_avg_1m_start", "load_avg_1m", "load_avg_1m_end")
+            if isinstance(host.get(k), (int, float))]
+
+
 def machine(run: dict) -> str:
     h = run.get("host") or {}
     what = h.get("cpu_model") or f"{run.get('device', '?')}"
     cores = f", {h['cpus']} cores" if h.get("cpus") else ""
-    load = [h.get(k) for k in ("load_avg_1m_start", "load_avg_1m", "load_avg_1m_end")
-            if isinstance(h.get(k), (int, float))]
+    load = loads(h)
     return what + cores + (f", load average {min(load):.1f}-{max(load):.1f}" if load else "")
 
 

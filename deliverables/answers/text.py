@@ -3,6 +3,7 @@ train_bpe_tinystories and tokenizer_experiments from the `tokenizer` plan's repo
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from pathlib import Path
 
@@ -65,22 +66,9 @@ def unicode2() -> list[str]:
 
 def report_subsections(page: Path) -> dict[str, list[str]]:
     """'### TITLE' -> its lines, inside the '## Tokenizer experiments' section of the tokenizer plan's report."""
-    if not page.is_file():
-        return {}
-    lines = page.read_text().splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln == f"## {SECTION}"), None)
-    if start is None:
-        return {}
-    out, title = {}, None
-    for ln in lines[start + 1:]:
-        if ln.startswith("## "):
-            break
-        if ln.startswith("### "):
-            title = ln[4:]
-            out[title] = []
-        elif title is not None:
-            out[title].append(ln)
-    return out
+    found = re.search(rf"^## {SECTION}\n(.*?)(?=^## |\Z)", page.read_text(), re.M | re.S) if page.is_file() else None
+    parts = re.split(r"^### (.*)\n", found.group(1), flags=re.M) if found else []
+    return {title: body.splitlines() for title, body in zip(parts[1::2], parts[2::2])}
 
 
 def tokenizer_sections(root: Path) -> list[str]:

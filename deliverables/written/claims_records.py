@@ -12,6 +12,7 @@ import math
 import re
 from pathlib import Path
 
+from deliverables.answers.measured import loads
 from deliverables.common import plan_runs
 from deliverables.report.bench import fit_memory_points
 from deliverables.report.charts import before_after_bars, bench_rows
@@ -145,11 +146,6 @@ def lr(root: Path) -> dict[str, tuple[float, str]]:
             "lr_threshold_hi": (hi, src)}
 
 
-def _loads(found: list[dict]) -> list[float]:
-    keys = ("load_avg_1m_start", "load_avg_1m", "load_avg_1m_end")
-    return [h[k] for r in found for h in [r.get("host") or {}] for k in keys if isinstance(h.get(k), (int, float))]
-
-
 def hosts(root: Path) -> dict[str, tuple[float, str]]:
     """The 1-minute load of the host at the start and end of each plan's runs (and of the before/after runs)."""
     out = {}
@@ -158,9 +154,9 @@ def hosts(root: Path) -> dict[str, tuple[float, str]]:
     small = root / "benchmarking" / "small-cpu.json"  # `small` timed alone (jaxlm.bench model --json)
     groups["small_cpu"] = [(read_json(small, default=None) or {}).get("meta") or {}]
     for name, found in groups.items():
-        if loads := _loads(found):
-            out[f"load_{name}_min"] = (min(loads), f"{root}/{name} records (host)")
-            out[f"load_{name}_max"] = (max(loads), f"{root}/{name} records (host)")
+        if load := [x for r in found for x in loads(r.get("host") or {})]:
+            out[f"load_{name}_min"] = (min(load), f"{root}/{name} records (host)")
+            out[f"load_{name}_max"] = (max(load), f"{root}/{name} records (host)")
     return out
 
 
