@@ -1,7 +1,6 @@
-"""transformer_accounting and adamwAccounting: parameters, FLOPs, memory and training days, each from
-`jaxlm.analysis` (flops, devices, memory), so the answers share one convention with the benchmarks' MFU and memory;
-adamwAccounting's peak-memory formula and AdamW's FLOPs term by term are written out here as the question asks.
-"""
+"""transformer_accounting and adamwAccounting: parameters, FLOPs, memory and training days from `jaxlm.analysis`,
+so the answers share one convention with the benchmarks' MFU and memory; adamwAccounting's own formula and AdamW's
+FLOPs term by term are written out as the question asks."""
 
 from __future__ import annotations
 
@@ -201,9 +200,9 @@ def memory_section(names: list[str], root: Path) -> list[str]:
         for n in names:
             m = model(n)
             fixed, per_seq = memory_terms(m, m.context_length, compute)
-            rows.append([f"`{n}`", str(m.context_length), si(sum(fixed.values()), "B"),
-                         f"{si(per_seq, 'B')} · B + {si(sum(fixed.values()), 'B')}",
-                         str(max_batch(sum(fixed.values()), per_seq, COURSE_MEMORY))])
+            state = sum(fixed.values())
+            rows.append([f"`{n}`", str(m.context_length), si(state, "B"), f"{si(per_seq, 'B')} · B + {si(state, 'B')}",
+                         str(max_batch(state, per_seq, COURSE_MEMORY))])
         head = ["model", "context", "state (16P, or 18P in bfloat16)", "peak memory",
                 f"largest B in {COURSE_MEMORY / 1e9:g} GB"]
         out += [f"##### {label}", "", table(head, rows, "lr"), ""]
@@ -289,10 +288,6 @@ def time_section(device: Device) -> list[str]:
            f"**On one A100 (the question's device) at its float32 peak of {si(a100[0], 'FLOP/s')} (no tensor cores), "
            f"training takes {a100[1]:,.0f} days** ({a100[1] / 365.25:.1f} years). Other devices and dtypes, for "
            "comparison:", ""]
-    rows = []
-    for kind in dict.fromkeys(("A100", device.kind)):
-        for dtype in ("float32", "bfloat16"):
-            found = training_days(kind, dtype)
-            if found is not None:
-                rows.append([kind, dtype, si(found[0], "FLOP/s"), f"{found[1]:,.1f}"])
+    rows = [[kind, dtype, si(found[0], "FLOP/s"), f"{found[1]:,.1f}"] for kind in dict.fromkeys(("A100", device.kind))
+            for dtype in ("float32", "bfloat16") if (found := training_days(kind, dtype)) is not None]
     return out + [table(["device", "dtype", "dense peak", "days"], rows, "lr"), ""]

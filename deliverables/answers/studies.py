@@ -13,14 +13,6 @@ LR_PLAN, LR_AXIS = "lr_sweep", "optim.lr"
 WORDS = {"trained": "trained", "failed": "failed to learn", "diverged": "diverged"}
 
 
-def mean_loss(runs: list[dict]) -> tuple[float, float] | None:
-    losses = [r["metrics"]["eval_loss"] for r in runs
-              if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
-    if not losses:
-        return None
-    return statistics.mean(losses), statistics.stdev(losses) if len(losses) > 1 else 0.0
-
-
 def learning_rate_section(root: Path) -> list[str]:
     runs = plan_runs(root, LR_PLAN)
     points = by_rate(runs, LR_AXIS)
@@ -30,9 +22,11 @@ def learning_rate_section(root: Path) -> list[str]:
     e = edge(points, untrained_loss(runs))
     rows = []
     for lr, runs in points:
-        m = mean_loss(runs)
+        losses = [r["metrics"]["eval_loss"] for r in runs
+                  if r.get("status") == "ok" and (r.get("metrics") or {}).get("eval_loss") is not None]
+        std = statistics.stdev(losses) if len(losses) > 1 else 0.0
         kinds = e["kinds"][lr]
-        rows.append([f"{lr:g}", str(len(runs)), f"{m[0]:.3f} ± {m[1]:.3f}" if m else "–",
+        rows.append([f"{lr:g}", str(len(runs)), f"{statistics.mean(losses):.3f} ± {std:.3f}" if losses else "–",
                      ", ".join(f"{kinds.count(k)} {WORDS[k]}" for k in WORDS if k in kinds)])
     spec = points[0][1][0].get("spec") or {}
     s = spec.get("set") or {}
