@@ -11,7 +11,6 @@ jaxlm.analysis (the analytic models) and the answers module.
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import read_json
 
 RESULTS = Path("docs/results")
-GIB, MIB = 2**30, 2**20
+GIB = 2**30
 
 
 class Claim(NamedTuple):
@@ -63,7 +62,7 @@ def analytic() -> dict[str, Claim]:
                   "xl_params": Claim(flops.param_counts(xl)["total"], src),
                   "xl_fwd_tflop": Claim(flops.forward_flops(xl, 1024).total / 1e12, src),
                   "xl_gb_per_seq": Claim(per_seq / 1e9, src), "xl_gb_fixed": Claim(fixed / 1e9, src),
-                  "xl_batch_80gb": Claim(math.floor((COURSE_MEMORY - fixed) / per_seq), src),
+                  "xl_batch_80gb": Claim(accounting.max_batch(fixed, per_seq, COURSE_MEMORY), src),
                   "xl_a100_days": Claim(accounting.training_days("a100", "float32")[1], src),
                   "params_small_m": Claim(flops.param_counts(accounting.model("small"))["total"] / 1e6, src),
                   "params_large_m": Claim(flops.param_counts(accounting.model("large"))["total"] / 1e6, src)}
