@@ -48,41 +48,29 @@ def learning_rate_section(root: Path) -> list[str]:
     return out + [""]
 
 
-def run_page_facts(page: Path) -> dict | None:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
-    RUN`)."""
-    if not page.is_file():
-        return None
-    text = page.read_text()
-    sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
-    row = lambda key: (re.search(rf"^\| {key} \| (.*?) \|$", text, re.M) or [None, None])[1]
-    if not sample:
-        return None
-    return {"decoding": sample.group(1).strip(), "sample": sample.group(2), "measures": sample.group(3).strip(),
-            "model": row("model"), "data": row("data"),
-            "params": (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1],
-            "steps": row("steps"), "val_loss": row("final validation loss"),
-            "title": text.splitlines()[0].lstrip("# ")}
-
-
 def generate_section(page: Path, link: str) -> list[str]:
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
+    RUN`), and what decides how fluent it is."""
     out = ["### generate", ""]
-    facts = run_page_facts(page)
-    if facts is None:
+    text = page.read_text() if page.is_file() else ""
+    sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
+    if not sample:
         return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report "
                       f"RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
-    tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (facts["data"] or "") else ""
-    quoted = "\n".join("> " + line if line else ">" for line in facts["sample"].splitlines())
+    row = lambda key: (re.search(rf"^\| {key} \| (.*?) \|$", text, re.M) or [None, None])[1]
+    params = (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1]
+    tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (row("data") or "") else ""
+    quoted = "\n".join("> " + line if line else ">" for line in sample.group(2).splitlines())
     return out + [
-        f"From the [{facts['title']}]({link}): model {facts['model']}; data {facts['data']}; {facts['steps']} steps, "
-        f"validation loss {facts['val_loss']}. {facts['decoding']}", "", quoted, "",
-        f"{facts['measures']}", "",
+        f"From the [{text.splitlines()[0].lstrip('# ')}]({link}): model {row('model')}; data {row('data')}; "
+        f"{row('steps')} steps, validation loss {row('final validation loss')}. {sample.group(1).strip()}", "",
+        quoted, "", sample.group(3).strip(), "",
         "**Fluency.** The text has the corpus's local form (its words, punctuation, quoting and line layout) but not "
         "its sense: phrases run into each other and no sentence carries a meaning across more than a few words. "
         "Two factors decide how good a sample is. (1) **Decoding**: the temperature sharpens (below 1) or flattens "
         "(above 1) the next-token distribution, and top-p keeps only the smallest set of tokens holding p of the "
         "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
         "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
-        f"validation loss; this one has {facts['params']} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
+        f"validation loss; this one has {params} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
         "2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
         "stories.", ""]

@@ -38,20 +38,15 @@ def unicode1() -> list[str]:
             "between the two words. It does not end the string as it would in C.", ""]
 
 
-def encoding_rows() -> list[list[str]]:
-    rows = []
-    for s in SAMPLES:
-        enc = {e: s.encode(e) for e in ("utf-8", "utf-16-le", "utf-32-le")}
-        zeros = (f"{len(b)} ({100 * b.count(0) / len(b):.0f}% zero)" for b in enc.values())
-        rows.append([f"`{s}`", str(len(s)), *zeros])
-    return rows
-
-
 def unicode2() -> list[str]:
     wrong = "héllo".encode()
+    rows = []
+    for s in SAMPLES:
+        enc = [s.encode(e) for e in ("utf-8", "utf-16-le", "utf-32-le")]
+        rows.append([f"`{s}`", str(len(s)), *(f"{len(b)} ({100 * b.count(0) / len(b):.0f}% zero)" for b in enc)])
     return ["### unicode2", "",
             "(a) Bytes per string (share of zero bytes) in each encoding:", ""]\
-        + [table(["string", "characters", "UTF-8", "UTF-16", "UTF-32"], encoding_rows(), "lr"), ""] + [
+        + [table(["string", "characters", "UTF-8", "UTF-16", "UTF-32"], rows, "lr"), ""] + [
             "UTF-8 is the shortest for text that is mostly ASCII, with no zero bytes, so a byte-level tokenizer sees "
             "shorter sequences and spends no merges on padding zeros; UTF-16 and UTF-32 spend two or four bytes on "
             "every ASCII character, and which byte order they use (and a byte-order mark) is one more thing to get "

@@ -111,7 +111,8 @@ def test_adamw_flops_term_by_term():
 def test_unicode_answers_come_from_python():
     one = "\n".join(text.unicode1())
     assert "U+0000" in one and "`'\\x00'`" in one and "has 21 characters" in one
-    assert text.encoding_rows()[0][2:] == ["23 (0% zero)", "26 (31% zero)", "52 (65% zero)"]  # 7 ASCII + 5 x 3 + 1
+    # 7 ASCII + 5 x 3 + 1 bytes in UTF-8; 2 or 4 bytes a character in UTF-16 and UTF-32
+    assert "| `hello! こんにちは!` | 13 | 23 (0% zero) | 26 (31% zero) | 52 (65% zero) |" in "\n".join(text.unicode2())
     wrong = text.decode_error("héllo".encode(), text.decode_utf8_bytes_to_str_wrong)
     assert wrong.startswith("raises UnicodeDecodeError")
     assert text.decode_error(b"\x80\x80").startswith("raises") and text.decode_error(b"hi") == "decodes to 'hi'"
