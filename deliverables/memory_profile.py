@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deliverables.compiled_memory import GIB, OUT_DIR, job, markdown_table
+from deliverables.common import table
+from deliverables.compiled_memory import GIB, OUT_DIR, job
 from jaxlm import cli
 from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core.files import read_json, write_json
@@ -49,11 +50,6 @@ def rows() -> list[tuple[str, dict]]:
     return [(label(m, d, t), job(PRESET, t, BATCH, d, mode=m)) for m in MODES for d in DTYPES for t in CONTEXTS]
 
 
-def _key(name: str) -> str:
-    """A value as the live-range dump names it: `fusion.3{}` for an array, `fusion.3{1}` for a tuple's element."""
-    return name if "{" in name else name + "{}"
-
-
 def values(assignment: str) -> dict[str, tuple[tuple[int, int], int, str, str]]:
     """value -> ((allocation, offset), bytes, shape, kind of its allocation) from a buffer-assignment dump."""
     out, alloc, kind = {}, None, ""
@@ -61,7 +57,9 @@ def values(assignment: str) -> dict[str, tuple[tuple[int, int], int, str, str]]:
         if m := _ALLOCATION.match(line):
             alloc, kind = int(m.group(1)), m.group(3) or ""
         elif (m := _VALUE.match(line)) and alloc is not None:
-            out[_key(m.group(1))] = ((alloc, int(m.group(3))), int(m.group(2)), m.group(4).split("{")[0], kind)
+            name = m.group(1)  # keyed as the live-range dump names it: `fusion.3{}`, a tuple's element `fusion.3{1}`
+            out[name if "{" in name else name + "{}"] = ((alloc, int(m.group(3))), int(m.group(2)),
+                                                          m.group(4).split("{")[0], kind)
     return out
 
 
@@ -212,31 +210,27 @@ def page(figures: dict[str, dict], target: Target) -> str:
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
 
-    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)]
-    body = [{"setting": str(t), "cells": [gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES]}
-            for t in CONTEXTS]
     out = [f"# Memory profile of `{PRESET}`, compiled for {target.description}", "",
            f"Every figure is {target.label}: the `{PRESET}` preset at batch {BATCH}, the eval step (forward and "
            "loss) and the AdamW train step, compiled by XLA's GPU compiler on a CPU-only machine. Regenerate with "
            f"`python -m deliverables.memory_profile --target {target.name}`.", "",
            "## Peak memory (GiB per GPU: arguments + outputs + temporaries - donated)", "",
-           markdown_table(head, body, lambda r: [r["setting"], *r["cells"]]), "",
+           table(["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)],
+                 [[t, *(gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES)] for t in CONTEXTS],
+                 "lr"), "",
            "## Live bytes over the compiled schedule", "",
            "The largest sum of the values live at one instruction of the scheduled program (every value from its "
            "definition to its last use), against the compiled total; the total also holds the padding the "
-           "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", ""]
-    rows = [{"setting": lbl, **r} for lbl, r in figures.items()]
-    out += [markdown_table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"], rows,
-                           lambda r: [r["setting"], f"{r['instructions']:,}", gib(r, "peak_live_bytes"),
-                                      f"{r['peak_position']:,}", gib(r)]), "", f"![timeline]({PRESET}-memory"
-                                                                                   "-timeline.png)"]
+           "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", "",
+           table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"],
+                 [[lbl, f"{r['instructions']:,}", gib(r, "peak_live_bytes"), f"{r['peak_position']:,}", gib(r)]
+                  for lbl, r in figures.items()], "lr"), "", f"![timeline]({PRESET}-memory-timeline.png)"]
     for lbl, r in figures.items():
         if "float32" in lbl:
             out += ["", f"## The largest values: {lbl}", "",
-                    markdown_table(["instruction", "MiB", "shape", "count", "op", "source"],
-                                   [{"setting": g["example"], **g} for g in r["largest"]],
-                                   lambda g: [g["setting"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`",
-                                              str(g["count"]), f"`{g['op']}`", f"`{g['source']}`"])]
+                    table(["instruction", "MiB", "shape", "count", "op", "source"],
+                          [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`",
+                            f"`{g['source']}`"] for g in r["largest"]], "lr")]
     return "\n".join(out) + "\n"
 
 
