@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.common import STUDY_MODELS, table
+from deliverables.common import table
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -45,15 +45,11 @@ def technique(label: str) -> tuple[str, str, str, int | None]:
     return parts[0], remat, "cudnn" if "cuDNN" in parts else "xla", window
 
 
-def rtx5090(loss_chunk: int = 0) -> list[str]:
-    """The RTX 5090 study's model keys and its loss chunk (0: the whole logits, the study's step)."""
-    return [*STUDY_MODELS["rtx5090"], f"compute.loss_chunk={loss_chunk}"]
-
-
-def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", extra=()) -> dict:
-    """The compile job of technique `how`; without a window or extra keys, the validation's job (and cache entry)."""
+def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", loss_chunk=None, extra=()) -> dict:
+    """The compile job of technique `how` (a preset or one of STUDY_MODELS); without a window or extra keys, the
+    validation's job (and cache entry)."""
     dtype, remat, attention, window = technique(how)
-    j = validation_job(preset, dtype, remat, attention, context, batch)
+    j = validation_job(preset, dtype, remat, attention, context, batch, loss_chunk)
     j["set"] += [*extra, *([f"model.window={window}"] if window else [])]
     return {**j, "mode": mode}
 
@@ -76,7 +72,7 @@ def sections() -> list[Section]:
         Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
                 "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
                 "embeddings, AdamW train step.",
-                [(f"{how}, batch {b}", job(None, 256, b, how, extra=rtx5090())) for b in (32, 64, 128)
+                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
                  for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
                              "bfloat16 + cuDNN + window 32", "float32 + remat full")],
                 reference="float32, batch {b}"),
@@ -84,7 +80,7 @@ def sections() -> list[Section]:
                 "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
                 "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
                 "the reduction is against float32 with the whole logits at the same batch.",
-                [(f"{how}, {loss}, batch {b}", job(None, 256, b, how, extra=rtx5090(c))) for b in (32, 64, 128)
+                [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c)) for b in (32, 64, 128)
                  for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
                  for loss, c in LOSSES],
                 reference="float32, whole logits, batch {b}"),

@@ -26,7 +26,6 @@ from deliverables.compiled_memory import (
     cached,
     job,
     markdown_table,
-    rtx5090,
     write_page,
 )
 from jaxlm import cli
@@ -56,7 +55,7 @@ def sections() -> list[Section]:
         Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
                 "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
                 "AdamW train step.",
-                [(f"{how}, batch {b}", job(None, 256, b, how, extra=rtx5090()))
+                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
                  for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
         Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
                 "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).",
@@ -75,7 +74,7 @@ def sections() -> list[Section]:
                  for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
         Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
                 "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.",
-                [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=rtx5090(c)))
+                [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
                  for d in ("float32", "bfloat16") for loss, c in LOSSES]),
     ]
 

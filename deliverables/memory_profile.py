@@ -33,7 +33,6 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 PRESET, BATCH, CONTEXTS = "large", 4, (128, 256, 512)
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
 POINTS = 400  # timeline points kept per step (each the largest live figure of its stretch of the schedule)
-DUMP = {"xla_dump_hlo_as_text": True}
 MIB = 2**20
 _PLUMBING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")  # define no work of a phase
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(?:, ([\w-]+))?")  # its kind: parameter, ...-temp
@@ -170,16 +169,16 @@ def largest(assignment: str, module: hlo.Module, top: int = 8) -> list[dict]:
 def _thin(live: list[int], points: int = POINTS) -> list[int]:
     """The largest figure of each of `points` equal stretches of the schedule (the peak survives)."""
     n = len(live)
-    if n <= points:
-        return live
-    return [max(live[i * n // points:max((i + 1) * n // points, i * n // points + 1)]) for i in range(points)]
+    return live if n <= points else [max(live[i * n // points:max((i + 1) * n // points, i * n // points + 1)])
+                                     for i in range(points)]
 
 
 def profile(j: dict, target: Target) -> dict:
     """One step compiled for `target` with the dump on: totals, the timeline, its phases and the largest values."""
     cfg, mode = job_config(j), j["mode"]
     with tempfile.TemporaryDirectory() as where:
-        compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={**DUMP, "xla_dump_to": where})
+        compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={"xla_dump_hlo_as_text": True,
+                                                                               "xla_dump_to": where})
         assignment = _dumped(Path(where), "buffer-assignment.txt")
         live_range = _dumped(Path(where), "live-range.txt")
     module = hlo.parse_module(compiled.as_text())
