@@ -98,22 +98,17 @@ def intro(target: Target) -> list[str]:
              f"Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
 
 
-def shares(row: dict) -> dict[str, float]:
-    """Each kernel group's share of the predicted step (jaxlm.predict.roofline.GROUPS)."""
-    return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
-
-
 def section_table(section: Section, rows: list[dict]) -> str:
     head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
-        s = shares(r)
+        first = [r["setting"], r.get("matmul_precision") or "-"]
+        gib = f"{r['total_bytes'] / GIB:.2f}"
         if r.get("predicted_step_ms") is None:  # a step that does not fit: its label says so
-            return [r["setting"], r.get("matmul_precision") or "-", r["predicted_label"], *["-"] * (2 + len(SHARES)),
-                    f"{r['total_bytes'] / GIB:.2f}"]
-        return [r["setting"], r.get("matmul_precision") or "-", f"{r['predicted_step_ms']:.1f}",
-                f"{r['predicted_tokens_per_s']:,.0f}", f"{100 * r['predicted_mfu']:.0f}%",
-                *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES), f"{r['total_bytes'] / GIB:.2f}"]
+            return [*first, r["predicted_label"], *["-"] * (2 + len(SHARES)), gib]
+        share = {g["group"]: g["share"] for g in r.get("predicted_groups", [])}  # of each kernel group
+        return [*first, f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
+                f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * share.get(g, 0):.0f}%" for g in SHARES), gib]
 
     return markdown_table(head, rows, cells)
 
