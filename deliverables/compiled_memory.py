@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.common import table
+from deliverables.common import table, technique
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -31,18 +31,10 @@ LOSSES = (("whole logits", 0), ("chunked", 1024))  # compute.loss_chunk, labelle
 CONTEXTS, BATCHES = (256, 512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64)  # the sweeps of `small` (figures 1 and 2)
 ATTENTION_DTYPES = (("float32", "float32", "xla"), ("bfloat16", "bfloat16", "xla"),
                     ("bfloat16 + cuDNN", "bfloat16", "cudnn"))  # (label, dtype, attention)
-# The memory techniques, alone and combined; each label names its settings (`technique`).
+# The memory techniques, alone and combined; each label names its settings (deliverables.common.technique).
 TECHNIQUES = ("float32", "bfloat16", "bfloat16 + remat full", "bfloat16 + remat dots_saveable", "bfloat16 + cuDNN",
               "bfloat16 + cuDNN + remat full", "bfloat16 + cuDNN + dots_saveable", "bfloat16 + window 256",
               "bfloat16 + cuDNN + window 256")
-
-
-def technique(label: str) -> tuple[str, str, str, int | None]:
-    """(dtype, remat, attention, window) that a technique's label names: 'bfloat16 + cuDNN + remat full'."""
-    parts = label.split(" + ")
-    remat = next((p.split()[-1] for p in parts if p.endswith(("full", "dots_saveable"))), "none")
-    window = next((int(p.split()[-1]) for p in parts if p.startswith("window ")), None)
-    return parts[0], remat, "cudnn" if "cuDNN" in parts else "xla", window
 
 
 def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", loss_chunk=None, extra=()) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deliverables.common import STUDY_MODELS, table
+from deliverables.common import STUDY_MODELS, table, technique
 from jaxlm import cli
 from jaxlm.analysis import memory
 from jaxlm.analysis.flops import param_counts
@@ -35,15 +35,23 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 # 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small, with the XLA attention
 # kernel (the kernel's effect is measured by the rows before) but three.
 _DTYPES = ("float32", "bfloat16")
-_KERNELS = (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
-_EACH = [(d, r, a) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
-_BF16 = [("bfloat16", "none", "xla"), ("bfloat16", "none", "cudnn")]
-_SOME = [("float32", "none", "xla"), ("bfloat16", "none", "xla"), ("bfloat16", "full", "xla"), _BF16[1]]
-ROWS = tuple((preset, *how, context, batch, None) for preset, context, batch, hows in (
-    ("tinystories-17M", 256, 64, _EACH), ("tinystories-17M", 512, 16, _BF16), ("small", 1024, 8, _EACH),
-    ("small", 256, 32, _SOME), ("small", 2048, 2, _BF16),
-    ("medium", 1024, 4, [*_SOME[:3], ("bfloat16", "dots_saveable", "xla"), *_BF16[1:], ("bfloat16", "full", "cudnn")]),
-    ("large", 1024, 2, _SOME)) for how in hows) + (
+_EACH = [f"{k}{r}" for k in ("float32", "bfloat16", "bfloat16 + cuDNN")
+         for r in ("", " + remat full", " + remat dots_saveable")]
+_SOME = ("float32", "bfloat16", "bfloat16 + remat full", "bfloat16 + cuDNN")
+
+
+def _at(preset: str, context: int, batch: int, *hows: str) -> list[tuple]:
+    """Rows of one model and shape, a technique's label each (deliverables.common.technique)."""
+    return [(preset, *technique(how)[:3], context, batch, None) for how in hows]
+
+
+ROWS = (
+    *_at("tinystories-17M", 256, 64, *_EACH), *_at("tinystories-17M", 512, 16, "bfloat16", "bfloat16 + cuDNN"),
+    *_at("small", 1024, 8, *_EACH), *_at("small", 256, 32, *_SOME),
+    *_at("small", 2048, 2, "bfloat16", "bfloat16 + cuDNN"),
+    *_at("medium", 1024, 4, *_SOME[:3], "bfloat16 + remat dots_saveable", "bfloat16 + cuDNN",
+         "bfloat16 + cuDNN + remat full"),
+    *_at("large", 1024, 2, *_SOME),
     *(("rtx5090", d, r, "xla", 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d in _DTYPES
       for b in (32, 64, 128)),
     *(("rtx5090", d, r, "xla", 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d in _DTYPES),

@@ -1,5 +1,6 @@
-"""deliverables.compiled_memory and compiled_time: a technique's label names its settings, and every row of both
-pages names a job the committed store holds (docs/results/compiled/h100-80gb.json; nothing compiles here)."""
+"""deliverables.compiled_memory and compiled_time: a technique's label names its settings (deliverables.common),
+and every row of both pages names a job the committed store holds (docs/results/compiled/h100-80gb.json; nothing
+compiles here)."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from deliverables import compiled_memory, compiled_time
-from deliverables.compiled_memory import job, technique
+from deliverables.common import technique
+from deliverables.compiled_memory import job
 
 STORE = Path(__file__).resolve().parents[2] / "docs/results/compiled"
 
