@@ -1,5 +1,5 @@
 """What several deliverables state: the Markdown table writer, a plan's runs, the study models beside the presets,
-the course's device memory."""
+the settings a technique's label names, the course's device memory."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ COURSE_MEMORY = 80e9
 # 256, 8 heads, d_ff 1024, GPT-2's vocabulary, tied embeddings.
 STUDY_MODELS = {"rtx5090": ["model.num_layers=4", "model.d_model=256", "model.num_heads=8", "model.d_ff=1024",
                             "model.vocab_size=50257", "model.tie_embeddings=true"]}
+
+
+def technique(label: str) -> tuple[str, str, str, int | None]:
+    """(dtype, remat, attention, window) that a technique's label names: 'bfloat16 + cuDNN + remat full'."""
+    parts = label.split(" + ")
+    remat = next((p.split()[-1] for p in parts if p.endswith(("full", "dots_saveable"))), "none")
+    window = next((int(p.split()[-1]) for p in parts if p.startswith("window ")), None)
+    return parts[0], remat, "cudnn" if "cuDNN" in parts else "xla", window
 
 
 def plan_runs(root: Path, plan: str) -> list[dict]:

@@ -14,10 +14,10 @@ what is already there.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.common import STUDY_MODELS, table
+from deliverables.common import table, technique
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -27,26 +27,21 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 
 OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
-RTX5090 = [*STUDY_MODELS["rtx5090"], "compute.loss_chunk=0"]  # the study's step: the whole logits
-GPT2_VOCAB = ["model.vocab_size=50257"]
+LOSSES = (("whole logits", 0), ("chunked", 1024))  # compute.loss_chunk, labelled
 CONTEXTS, BATCHES = (256, 512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64)  # the sweeps of `small` (figures 1 and 2)
 ATTENTION_DTYPES = (("float32", "float32", "xla"), ("bfloat16", "bfloat16", "xla"),
                     ("bfloat16 + cuDNN", "bfloat16", "cudnn"))  # (label, dtype, attention)
-# (label, dtype, remat, attention, window): the memory techniques, alone and combined.
-TECHNIQUES = [("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
-              ("bfloat16 + remat full", "bfloat16", "full", "xla", None),
-              ("bfloat16 + remat dots_saveable", "bfloat16", "dots_saveable", "xla", None),
-              ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
-              ("bfloat16 + cuDNN + remat full", "bfloat16", "full", "cudnn", None),
-              ("bfloat16 + cuDNN + dots_saveable", "bfloat16", "dots_saveable", "cudnn", None),
-              ("bfloat16 + window 256", "bfloat16", "none", "xla", 256),
-              ("bfloat16 + cuDNN + window 256", "bfloat16", "none", "cudnn", 256)]
+# The memory techniques, alone and combined; each label names its settings (deliverables.common.technique).
+TECHNIQUES = ("float32", "bfloat16", "bfloat16 + remat full", "bfloat16 + remat dots_saveable", "bfloat16 + cuDNN",
+              "bfloat16 + cuDNN + remat full", "bfloat16 + cuDNN + dots_saveable", "bfloat16 + window 256",
+              "bfloat16 + cuDNN + window 256")
 
 
-def job(preset=None, context=1024, batch=8, dtype="bfloat16", remat="none", attention="xla", window=None,
-        mode="train_step", extra=()) -> dict:
-    """A compile job; without a window or extra keys, the same job (and cache entry) as the validation's."""
-    j = validation_job(preset, dtype, remat, attention, context, batch)
+def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", loss_chunk=None, extra=()) -> dict:
+    """The compile job of technique `how` (a preset or one of STUDY_MODELS); without a window or extra keys, the
+    validation's job (and cache entry)."""
+    dtype, remat, attention, window = technique(how)
+    j = validation_job(preset, dtype, remat, attention, context, batch, loss_chunk)
     j["set"] += [*extra, *([f"model.window={window}"] if window else [])]
     return {**j, "mode": mode}
 
@@ -58,77 +53,66 @@ class Section:
     name: str
     title: str
     text: str
-    rows: list[tuple[str, dict]] = field(default_factory=list)
+    rows: list[tuple[str, dict]]
     reference: str | None = None
     largest: bool = False  # also the largest batch that fits, by compiling
 
 
 def sections() -> list[Section]:
-    rtx = Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
-                  "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
-                  "embeddings, AdamW train step.", reference="float32, batch {b}")
-    for b in (32, 64, 128):
-        for label, dtype, remat, attention, window in (
-                ("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
-                ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
-                ("bfloat16 + cuDNN + window 16", "bfloat16", "none", "cudnn", 16),
-                ("bfloat16 + cuDNN + window 32", "bfloat16", "none", "cudnn", 32),
-                ("float32 + remat full", "float32", "full", "xla", None)):
-            rtx.rows.append((f"{label}, batch {b}", job(None, 256, b, dtype, remat, attention, window, extra=RTX5090)))
-    chunk = Section("loss-chunk", "The chunked loss at the RTX 5090 study's configuration",
-                    "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
-                    "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
-                    "the reduction is against float32 with the whole logits at the same batch.",
-                    reference="float32, whole logits, batch {b}")
-    for b in (32, 64, 128):
-        for label, dtype, remat, attention in (("float32", "float32", "none", "xla"),
-                                               ("bfloat16", "bfloat16", "none", "xla"),
-                                               ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn"),
-                                               ("bfloat16 + remat full", "bfloat16", "full", "xla")):
-            for loss, c in (("whole logits", 0), ("chunked", 1024)):
-                extra = [*STUDY_MODELS["rtx5090"], f"compute.loss_chunk={c}"]
-                chunk.rows.append((f"{label}, {loss}, batch {b}", job(None, 256, b, dtype, remat, attention,
-                                                                      extra=extra)))
-    gpt2 = Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
-                   "The presets with a 50,257-token vocabulary, bfloat16, context 1024, AdamW train step.",
-                   reference="{p}, whole logits")
-    for preset, batch in (("small", 8), ("large", 2)):
-        for loss, c in (("whole logits", 0), ("chunked", 1024)):
-            gpt2.rows.append((f"{preset}, {loss}", job(preset, 1024, batch,
-                                                       extra=[*GPT2_VOCAB, f"compute.loss_chunk={c}"])))
-    out = [rtx, chunk, gpt2]
-    for preset, batch in (("small", 8), ("large", 2)):
-        s = Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
-                    f"The `{preset}` preset (vocabulary 10,000), AdamW train step.", reference="float32")
-        s.rows = [(label, job(preset, 1024, batch, d, r, a, w)) for label, d, r, a, w in TECHNIQUES]
-        out.append(s)
-    ctx = Section("context", "Memory against context length, `small`, batch 8",
-                  "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
-                  "takes bfloat16 only.")
-    ctx.rows = [(f"{mode}, {label}, context {t}", job("small", t, 8, d, attention=a, mode=mode))
-                for mode in ("train_step", "forward") for label, d, a in ATTENTION_DTYPES for t in CONTEXTS]
-    bat = Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.")
-    bat.rows = [(f"{label}, batch {b}", job("small", 256, b, d, attention=a))
-                for label, d, a in ATTENTION_DTYPES for b in BATCHES]
-    mixed = Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                    "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).")
-    mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                  for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]
-    most = Section("largest-batch", "The largest batch that fits one H100, per technique, `small`, context 1024",
-                   "By compiling: an affine guess from two batch sizes, then a search around it.", largest=True)
-    most.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in TECHNIQUES[:6]]
-    big = Section("2.7B", "The 2.7B model's memory profile, batch 4",
-                  "The `2.7B` preset (32 layers, d_model 2560, vocabulary 10,000): the forward pass (the eval "
-                  "step) and the full AdamW train step, float32 and bfloat16 (mixed precision).")
-    big.rows = [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
-                for mode in ("forward", "train_step") for d in ("float32", "bfloat16") for t in (128, 256, 512)]
-    return [*out, ctx, bat, mixed, most, big]
+    """The page's tables, in order."""
+    return [
+        Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
+                "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
+                "embeddings, AdamW train step.",
+                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
+                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
+                             "bfloat16 + cuDNN + window 32", "float32 + remat full")],
+                reference="float32, batch {b}"),
+        Section("loss-chunk", "The chunked loss at the RTX 5090 study's configuration",
+                "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
+                "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
+                "the reduction is against float32 with the whole logits at the same batch.",
+                [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c)) for b in (32, 64, 128)
+                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
+                 for loss, c in LOSSES],
+                reference="float32, whole logits, batch {b}"),
+        Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
+                "The presets with a 50,257-token vocabulary, bfloat16, context 1024, AdamW train step.",
+                [(f"{preset}, {loss}", job(preset, 1024, batch, extra=["model.vocab_size=50257",
+                                                                       f"compute.loss_chunk={c}"]))
+                 for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
+                reference="{p}, whole logits"),
+        *(Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
+                  f"The `{preset}` preset (vocabulary 10,000), AdamW train step.",
+                  [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES], reference="float32")
+          for preset, batch in (("small", 8), ("large", 2))),
+        Section("context", "Memory against context length, `small`, batch 8",
+                "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
+                "takes bfloat16 only.",
+                [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
+                 for mode in ("train_step", "forward") for how, _, _ in ATTENTION_DTYPES for t in CONTEXTS]),
+        Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.",
+                [(f"{how}, batch {b}", job("small", 256, b, how)) for how, _, _ in ATTENTION_DTYPES for b in BATCHES]),
+        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
+                "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).",
+                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
+        Section("largest-batch", "The largest batch that fits one H100, per technique, `small`, context 1024",
+                "By compiling: an affine guess from two batch sizes, then a search around it.",
+                [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
+        Section("2.7B", "The 2.7B model's memory profile, batch 4",
+                "The `2.7B` preset (32 layers, d_model 2560, vocabulary 10,000): the forward pass (the eval "
+                "step) and the full AdamW train step, float32 and bfloat16 (mixed precision).",
+                [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
+                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16") for t in (128, 256, 512)]),
+    ]
 
 
 def figures(section: Section, target: Target, store: CompileCache, compile: bool = True,
             predicted: bool = False) -> list[dict]:
     """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
     predicted time (a stored figure without one is compiled again)."""
+    log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
     rows = []
     for label, j in section.rows:
         stale = predicted and "predicted_step_ms" not in store.stored.get(store.key(j, target), {})
@@ -136,55 +120,39 @@ def figures(section: Section, target: Target, store: CompileCache, compile: bool
             rows.append({"setting": label, "error": f"not compiled yet (--only {section.name})"})
             continue
         try:
-            log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
             r = {**store.row(j, target, log=log, predicted=predicted), "setting": label}
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
-            searched = store.stored.get(store.key({**j, "search": "largest_batch"}, target), {})
-            r["largest_batch"] = store.largest(j, target) if compile else searched.get("largest_batch", "-")
-            at = at_batch(j, r["largest_batch"]) if isinstance(r["largest_batch"], int) else None
-            if at is not None and (compile or store.has(at, target)):
-                r["at_largest"] = store.row(at, target, log=log)
+            n, r["at_largest"] = largest(store, j, target, compile, log)
+            r["largest_batch"] = "-" if n is None else n
         rows.append(r)
     return rows
 
 
-def at_batch(j: dict, batch: int) -> dict:
-    """Job `j` at another batch size."""
-    return {**j, "set": [f"data.batch_size={batch}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
-
-
-def _stored(section: str, target_name: str, out_dir: Path, all_sections=sections):
-    """(target, OUT_DIR/TARGET.json's store, the section's rows), or None where nothing is stored."""
-    path = Path(out_dir) / f"{target_name}.json"
-    if not path.is_file():
-        return None
-    return parse_target(target_name), CompileCache(path), next(s for s in all_sections() if s.name == section).rows
+def largest(store: CompileCache, j: dict, target: Target, search: bool, log=None) -> tuple[int | None, dict]:
+    """(the largest batch of job `j` that fits, its figures): searched by compiling, or (search=False) as stored,
+    (None, {}) where not searched and {} where not compiled at that batch."""
+    n = store.largest(j, target) if search else store.stored.get(
+        store.key({**j, "search": "largest_batch"}, target), {}).get("largest_batch")
+    at = {**j, "set": [f"data.batch_size={n}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
+    return n, store.row(at, target, log=log) if n is not None and (search or store.has(at, target)) else {}
 
 
 def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
     """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here)."""
-    if not (found := _stored(section, target_name, out_dir, all_sections)):
-        return {}
-    target, store, rows = found
+    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
+    rows = next(s for s in all_sections() if s.name == section).rows
     return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
 
 
 def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, tuple[int, dict]]:
     """label -> (the largest batch that fits, the compiled figures at that batch or {}) of a `largest` section's
     rows already searched in OUT_DIR/TARGET.json."""
-    if not (found := _stored(section, target_name, out_dir)):
-        return {}
-    target, store, rows = found
-    out = {}
-    for label, j in rows:
-        found = store.stored.get(store.key({**j, "search": "largest_batch"}, target))
-        if found is not None:
-            n = found["largest_batch"]
-            at = at_batch(j, n)
-            out[label] = (n, store.row(at, target) if store.has(at, target) else {})
-    return out
+    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
+    rows = next(s for s in sections() if s.name == section).rows
+    found = {label: largest(store, j, target, search=False) for label, j in rows}
+    return {label: f for label, f in found.items() if f[0] is not None}
 
 
 def markdown_table(head: list[str], rows: list[dict], cells) -> str:
@@ -243,10 +211,9 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, sect
     target = parse_target(args.target)
     require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    done = [(s, figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted))
-            for s in all_sections()]
     parts = intro(target)
-    for s, rows in done:
+    for s in all_sections():
+        rows = figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted)
         parts += ["", f"## {s.title}", "", s.text, "", section_table(s, rows)]
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
     out.write_text("\n".join(parts) + "\n")

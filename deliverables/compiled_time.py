@@ -16,13 +16,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deliverables.common import STUDY_MODELS
 from deliverables.compiled_memory import (
     ATTENTION_DTYPES,
     BATCHES,
     GIB,
+    LOSSES,
     OUT_DIR,
-    RTX5090,
     Section,
     cached,
     job,
@@ -36,57 +35,48 @@ from jaxlm.predict.target import Target
 SIZES = ("small", "medium", "large", "xl", "2.7B")  # the benchmarking script's model sizes
 SIZE_CONTEXT, SIZE_BATCH = 512, 4  # its setting (experiments/plans/benchmarking.toml), float32
 NSYS_PRESETS, NSYS_CONTEXTS = ("small", "large"), (128, 256, 512, 1024)  # nsys_profile's models and contexts
-# (label, dtype, remat, attention, window): the techniques of the predicted-time table in docs/benchmarks.md.
-TECHNIQUES = (("float32", "float32", "none", "xla", None), ("bfloat16", "bfloat16", "none", "xla", None),
-              ("bfloat16 + cuDNN", "bfloat16", "none", "cudnn", None),
-              ("bfloat16 + cuDNN + window {w}", "bfloat16", "none", "cudnn", "w"),
-              ("float32 + remat full", "float32", "full", "xla", None))
-REMAT = (("bfloat16 + remat full", "bfloat16", "full", "xla", None),  # beside the techniques, for `small` only
-         ("bfloat16 + cuDNN + remat full", "bfloat16", "full", "cudnn", None))
+# The techniques of the predicted-time table in docs/benchmarks.md (labels as deliverables.compiled_memory.technique
+# reads them), with the configuration's window.
+TECHNIQUES = ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window {w}", "float32 + remat full")
+REMAT = ("bfloat16 + remat full", "bfloat16 + cuDNN + remat full")  # beside the techniques, for `small` only
 SHARES = ("matmul", "attention", "softmax/normalisation", "loss", "other elementwise", "optimizer update", "copies")
-
-
-def _techniques(window: int) -> list[tuple[str, str, str, str, int | None]]:
-    return [(label.format(w=window), d, r, a, window if w else None) for label, d, r, a, w in TECHNIQUES]
+STEPS = ("forward", "train_step")
 
 
 def sections() -> list[Section]:
-    small = Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
-                    "The AdamW train step of the `small` preset, each technique.")
-    small.rows = [(label, job("small", 1024, 8, d, r, a, w)) for label, d, r, a, w in (*_techniques(256), *REMAT)]
-    rtx = Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
-                  "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
-                  "AdamW train step.")
-    rtx.rows = [(f"{label}, batch {b}", job(None, 256, b, d, r, a, w, extra=RTX5090))
-                for b in (32, 64, 128) for label, d, r, a, w in _techniques(32)]
-    sizes = Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
-                    "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).")
-    sizes.rows = [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
-                  for preset in SIZES for mode in ("forward", "train_step")]
-    mixed = Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                    "float32 against bfloat16 compute, the eval step and the AdamW train step.")
-    mixed.rows = [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                  for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]
-    return [small, rtx, sizes, mixed, *sweeps()]
-
-
-def sweeps() -> list[Section]:
-    """Throughput against batch (the compiled memory page's batch sweep, priced), and the kernel tables of `small`
-    and `large` along the context (nsys_profile's questions) at the size table's batch."""
-    batch = Section("batch", "Throughput against batch size, `small`, context 256",
-                    "The AdamW train step; cuDNN's fused attention takes bfloat16 only.")
-    batch.rows = [(f"{label}, batch {b}", job("small", 256, b, d, attention=a))
-                  for label, d, a in ATTENTION_DTYPES for b in BATCHES]
-    nsys = Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
-                   "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).")
-    nsys.rows = [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
-                 for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in ("forward", "train_step")]
-    chunk = Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
-                    "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.")
-    chunk.rows = [(f"{d}, {loss}, batch 128", job(None, 256, 128, d, extra=[*STUDY_MODELS["rtx5090"],
-                                                                            f"compute.loss_chunk={c}"]))
-                  for d in ("float32", "bfloat16") for loss, c in (("whole logits", 0), ("chunked", 1024))]
-    return [batch, nsys, chunk]
+    """The page's tables, in order: the techniques, the sizes, mixed precision, throughput against batch (the
+    compiled memory page's batch sweep, priced), the kernel tables of `small` and `large` along the context
+    (nsys_profile's questions) at the size table's batch, the chunked loss."""
+    return [
+        Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
+                "The AdamW train step of the `small` preset, each technique.",
+                [(how, job("small", 1024, 8, how)) for how in (*(t.format(w=256) for t in TECHNIQUES),
+                                                               *REMAT)]),
+        Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
+                "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
+                "AdamW train step.",
+                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
+                 for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
+        Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
+                "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).",
+                [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
+                 for preset in SIZES for mode in STEPS]),
+        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
+                "float32 against bfloat16 compute, the eval step and the AdamW train step.",
+                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                 for mode in STEPS for d in ("float32", "bfloat16")]),
+        Section("batch", "Throughput against batch size, `small`, context 256",
+                "The AdamW train step; cuDNN's fused attention takes bfloat16 only.",
+                [(f"{how}, batch {b}", job("small", 256, b, how)) for how, _, _ in ATTENTION_DTYPES for b in BATCHES]),
+        Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
+                "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).",
+                [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
+                 for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
+        Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
+                "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.",
+                [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
+                 for d in ("float32", "bfloat16") for loss, c in LOSSES]),
+    ]
 
 
 def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, dict]:
@@ -108,22 +98,17 @@ def intro(target: Target) -> list[str]:
              f"Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
 
 
-def shares(row: dict) -> dict[str, float]:
-    """Each kernel group's share of the predicted step (jaxlm.predict.roofline.GROUPS)."""
-    return {g["group"]: g["share"] for g in row.get("predicted_groups", [])}
-
-
 def section_table(section: Section, rows: list[dict]) -> str:
     head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
-        s = shares(r)
+        first = [r["setting"], r.get("matmul_precision") or "-"]
+        gib = f"{r['total_bytes'] / GIB:.2f}"
         if r.get("predicted_step_ms") is None:  # a step that does not fit: its label says so
-            return [r["setting"], r.get("matmul_precision") or "-", r["predicted_label"], *["-"] * (2 + len(SHARES)),
-                    f"{r['total_bytes'] / GIB:.2f}"]
-        return [r["setting"], r.get("matmul_precision") or "-", f"{r['predicted_step_ms']:.1f}",
-                f"{r['predicted_tokens_per_s']:,.0f}", f"{100 * r['predicted_mfu']:.0f}%",
-                *(f"{100 * s.get(g, 0):.0f}%" for g in SHARES), f"{r['total_bytes'] / GIB:.2f}"]
+            return [*first, r["predicted_label"], *["-"] * (2 + len(SHARES)), gib]
+        share = {g["group"]: g["share"] for g in r.get("predicted_groups", [])}  # of each kernel group
+        return [*first, f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
+                f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * share.get(g, 0):.0f}%" for g in SHARES), gib]
 
     return markdown_table(head, rows, cells)
 

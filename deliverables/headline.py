@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -29,54 +30,48 @@ from jaxlm.core.files import read_json, write_json
 class Figure:
     name: str
     what: str
-    argv: tuple[str, ...]  # {python} and {out} are filled in
-    result: str  # "run:DIR" (a training run under OUT) or "json:FILE" (under OUT)
+    argv: str  # {python} and {out} are filled in; its result: the file after --json, else the run of train.out_dir
     cpu_dependent: bool  # a ratio against PyTorch, which depends on the CPU, not only on its speed
 
 
-TRAIN = ("{python}", "-m", "jaxlm.train", "--set", "log.progress=false", "--config")
+TRAIN = "{python} -m jaxlm.train --set log.progress=false --config experiments/configs"
 FIGURES = (
     Figure("quickstart", "the quickstart from a fresh directory: tokenise, 600 steps, evaluations, sample",
-           (*TRAIN, "experiments/configs/quickstart.toml", "--set", 'train.out_dir="{out}/quickstart"',
-            "--set", 'data.dir="{out}/quickstart-data"'), "run:quickstart", False),
+           f"{TRAIN}/quickstart.toml --set 'train.out_dir=\"{{out}}/quickstart\"' "
+           "--set 'data.dir=\"{out}/quickstart-data\"'", False),
     Figure("shakespeare_char", "nanoGPT's shakespeare_char CPU recipe, end to end",
-           (*TRAIN, "experiments/configs/shakespeare_char.toml", "--set", 'train.out_dir="{out}/shakespeare"'),
-           "run:shakespeare", False),
+           f"{TRAIN}/shakespeare_char.toml --set 'train.out_dir=\"{{out}}/shakespeare\"'", False),
     Figure("nanogpt_torch",
            "the same recipe as a plain PyTorch loop (torchref) beside jaxlm's train step, 200 steps each",
-           ("{python}", "-m", "jaxlm.bench", "nanogpt", "--steps", "200", "--framework", "both", "--json",
-            "{out}/nanogpt_torch.json"), "json:nanogpt_torch.json", True),
+           "{python} -m jaxlm.bench nanogpt --steps 200 --framework both --json {out}/nanogpt_torch.json", True),
     Figure("torch_compile_17m", "train step against torch.compile, tinystories-17M, T=256, B=4",
-           ("{python}", "-m", "jaxlm.bench", "model", "--preset", "tinystories-17M", "--context", "256", "--batch", "4",
-            "--mode", "train_step", "--framework", "both", "--json", "{out}/torch_compile_17m.json"),
-           "json:torch_compile_17m.json", True),
+           "{python} -m jaxlm.bench model --preset tinystories-17M --context 256 --batch 4 --mode train_step "
+           "--framework both --json {out}/torch_compile_17m.json", True),
     Figure("torch_compile_shakespeare", "train step against torch.compile, shakespeare_char size, T=64, B=12",
-           ("{python}", "-m", "jaxlm.bench", "model", "--config", "experiments/configs/shakespeare_char.toml",
-            "--batch", "12", "--mode", "train_step", "--framework", "both", "--json",
-            "{out}/torch_compile_shakespeare.json"),
-           "json:torch_compile_shakespeare.json", True),
+           "{python} -m jaxlm.bench model --config experiments/configs/shakespeare_char.toml --batch 12 --mode "
+           "train_step --framework both --json {out}/torch_compile_shakespeare.json", True),
     Figure("parity", "JAX against the PyTorch reference over 100 float32 training steps",
-           ("{python}", "-m", "parity.check", "--steps", "100", "--json", "{out}/parity.json"), "json:parity.json",
-           False),
+           "{python} -m parity.check --steps 100 --json {out}/parity.json", False),
     Figure("decode", "decoding 256 tokens with and without the KV cache, quickstart model",
-           ("{python}", "-m", "jaxlm.bench", "decode", "--config", "experiments/configs/quickstart.toml", "--json",
-            "{out}/decode.json"), "json:decode.json", False),
+           "{python} -m jaxlm.bench decode --config experiments/configs/quickstart.toml --json {out}/decode.json",
+           False),
     Figure("decode_torch", "decoding 256 tokens with the KV cache against torchref's cached loop, tinystories-17M",
-           ("{python}", "-m", "jaxlm.bench", "decode", "--preset", "tinystories-17M", "--new-tokens", "256", "--mode",
-            "cache", "--framework", "both", "--json", "{out}/decode_torch.json"), "json:decode_torch.json", True),
+           "{python} -m jaxlm.bench decode --preset tinystories-17M --new-tokens 256 --mode cache --framework both "
+           "--json {out}/decode_torch.json", True),
 )
 
 
 def command(fig: Figure, out: Path) -> list[str]:
-    return [a.replace("{python}", sys.executable).replace("{out}", str(out)) for a in fig.argv]
+    return [a.replace("{python}", sys.executable).replace("{out}", str(out)) for a in shlex.split(fig.argv)]
 
 
 def read_result(fig: Figure, out: Path):
-    """What the command reports: a run's final numbers, or the JSON file it wrote."""
-    kind, _, where = fig.result.partition(":")
-    if kind == "run":
-        return summarise_train(read_metrics(out / where / "metrics.jsonl"))
-    return read_json(out / where, default=None)
+    """What the command reports: the JSON file it wrote, or its training run's final numbers."""
+    argv = command(fig, out)
+    if "--json" in argv:
+        return read_json(argv[argv.index("--json") + 1], default=None)
+    run = next(a for a in argv if a.startswith("train.out_dir=")).partition("=")[2].strip('"')
+    return summarise_train(read_metrics(Path(run) / "metrics.jsonl"))
 
 
 def measure(fig: Figure, out: Path) -> dict:

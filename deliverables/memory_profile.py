@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deliverables.compiled_memory import GIB, OUT_DIR, job, markdown_table
+from deliverables.common import table
+from deliverables.compiled_memory import GIB, OUT_DIR, job
 from jaxlm import cli
 from jaxlm.analysis.memory import compiled_memory
 from jaxlm.core.files import read_json, write_json
@@ -32,7 +33,6 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 PRESET, BATCH, CONTEXTS = "large", 4, (128, 256, 512)
 MODES, DTYPES = ("forward", "train_step"), ("float32", "bfloat16")
 POINTS = 400  # timeline points kept per step (each the largest live figure of its stretch of the schedule)
-DUMP = {"xla_dump_hlo_as_text": True}
 MIB = 2**20
 _PLUMBING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")  # define no work of a phase
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(?:, ([\w-]+))?")  # its kind: parameter, ...-temp
@@ -49,11 +49,6 @@ def rows() -> list[tuple[str, dict]]:
     return [(label(m, d, t), job(PRESET, t, BATCH, d, mode=m)) for m in MODES for d in DTYPES for t in CONTEXTS]
 
 
-def _key(name: str) -> str:
-    """A value as the live-range dump names it: `fusion.3{}` for an array, `fusion.3{1}` for a tuple's element."""
-    return name if "{" in name else name + "{}"
-
-
 def values(assignment: str) -> dict[str, tuple[tuple[int, int], int, str, str]]:
     """value -> ((allocation, offset), bytes, shape, kind of its allocation) from a buffer-assignment dump."""
     out, alloc, kind = {}, None, ""
@@ -61,7 +56,9 @@ def values(assignment: str) -> dict[str, tuple[tuple[int, int], int, str, str]]:
         if m := _ALLOCATION.match(line):
             alloc, kind = int(m.group(1)), m.group(3) or ""
         elif (m := _VALUE.match(line)) and alloc is not None:
-            out[_key(m.group(1))] = ((alloc, int(m.group(3))), int(m.group(2)), m.group(4).split("{")[0], kind)
+            name = m.group(1)  # keyed as the live-range dump names it: `fusion.3{}`, a tuple's element `fusion.3{1}`
+            out[name if "{" in name else name + "{}"] = ((alloc, int(m.group(3))), int(m.group(2)),
+                                                          m.group(4).split("{")[0], kind)
     return out
 
 
@@ -172,16 +169,16 @@ def largest(assignment: str, module: hlo.Module, top: int = 8) -> list[dict]:
 def _thin(live: list[int], points: int = POINTS) -> list[int]:
     """The largest figure of each of `points` equal stretches of the schedule (the peak survives)."""
     n = len(live)
-    if n <= points:
-        return live
-    return [max(live[i * n // points:max((i + 1) * n // points, i * n // points + 1)]) for i in range(points)]
+    return live if n <= points else [max(live[i * n // points:max((i + 1) * n // points, i * n // points + 1)])
+                                     for i in range(points)]
 
 
 def profile(j: dict, target: Target) -> dict:
     """One step compiled for `target` with the dump on: totals, the timeline, its phases and the largest values."""
     cfg, mode = job_config(j), j["mode"]
     with tempfile.TemporaryDirectory() as where:
-        compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={**DUMP, "xla_dump_to": where})
+        compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={"xla_dump_hlo_as_text": True,
+                                                                               "xla_dump_to": where})
         assignment = _dumped(Path(where), "buffer-assignment.txt")
         live_range = _dumped(Path(where), "live-range.txt")
     module = hlo.parse_module(compiled.as_text())
@@ -212,31 +209,27 @@ def page(figures: dict[str, dict], target: Target) -> str:
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
 
-    head = ["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)]
-    body = [{"setting": str(t), "cells": [gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES]}
-            for t in CONTEXTS]
     out = [f"# Memory profile of `{PRESET}`, compiled for {target.description}", "",
            f"Every figure is {target.label}: the `{PRESET}` preset at batch {BATCH}, the eval step (forward and "
            "loss) and the AdamW train step, compiled by XLA's GPU compiler on a CPU-only machine. Regenerate with "
            f"`python -m deliverables.memory_profile --target {target.name}`.", "",
            "## Peak memory (GiB per GPU: arguments + outputs + temporaries - donated)", "",
-           markdown_table(head, body, lambda r: [r["setting"], *r["cells"]]), "",
+           table(["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)],
+                 [[t, *(gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES)] for t in CONTEXTS],
+                 "lr"), "",
            "## Live bytes over the compiled schedule", "",
            "The largest sum of the values live at one instruction of the scheduled program (every value from its "
            "definition to its last use), against the compiled total; the total also holds the padding the "
-           "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", ""]
-    rows = [{"setting": lbl, **r} for lbl, r in figures.items()]
-    out += [markdown_table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"], rows,
-                           lambda r: [r["setting"], f"{r['instructions']:,}", gib(r, "peak_live_bytes"),
-                                      f"{r['peak_position']:,}", gib(r)]), "", f"![timeline]({PRESET}-memory"
-                                                                                   "-timeline.png)"]
+           "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", "",
+           table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"],
+                 [[lbl, f"{r['instructions']:,}", gib(r, "peak_live_bytes"), f"{r['peak_position']:,}", gib(r)]
+                  for lbl, r in figures.items()], "lr"), "", f"![timeline]({PRESET}-memory-timeline.png)"]
     for lbl, r in figures.items():
         if "float32" in lbl:
             out += ["", f"## The largest values: {lbl}", "",
-                    markdown_table(["instruction", "MiB", "shape", "count", "op", "source"],
-                                   [{"setting": g["example"], **g} for g in r["largest"]],
-                                   lambda g: [g["setting"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`",
-                                              str(g["count"]), f"`{g['op']}`", f"`{g['source']}`"])]
+                    table(["instruction", "MiB", "shape", "count", "op", "source"],
+                          [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`",
+                            f"`{g['source']}`"] for g in r["largest"]], "lr")]
     return "\n".join(out) + "\n"
 
 

@@ -7,12 +7,10 @@ tables of docs/results/compiled/h100-80gb-validation.md and the fit of the estim
         # vs XLA:CPU's memory_analysis() (float32)
     python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
 
-With --target each row compiles training's own step (jaxlm.predict.compile) for the target and compares
-the estimate with the compiled total per GPU (argument + output + temp - alias). The compiled figures are
-kept in `--cache` (jaxlm.predict.store: keyed by row, target and jax version, each with the hash of
-the program it was compiled from), so the table regenerates in seconds after a change to the estimator.
-Without --target the rows are float32 steps without remat compiled for this machine's backend (XLA:CPU),
-where memory_analysis() is faithful.
+With --target each row's train step is compiled for the target and the estimate compared with the compiled total
+per GPU; the figures are kept in `--cache` (jaxlm.predict.store), so the table regenerates in seconds after a change
+to the estimator. Without --target the rows are float32 steps without remat compiled for XLA:CPU, where
+memory_analysis() is faithful.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deliverables import common
-from deliverables.common import STUDY_MODELS
+from deliverables.common import STUDY_MODELS, table, technique
 from jaxlm import cli
 from jaxlm.analysis import memory
 from jaxlm.analysis.flops import param_counts
@@ -35,12 +32,26 @@ from jaxlm.predict.target import Target, parse_target, require_compiler
 # (model, dtype, remat, attention, context, batch, loss chunk): the tinystories-17M model, small, medium and large
 # (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes (loss chunk unset: 0
 # at these vocabularies); then every remat policy with the whole logits (0) and chunked (1024 tokens) at the RTX
-# 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small.
-_KERNELS = (("float32", "xla"), ("bfloat16", "xla"), ("bfloat16", "cudnn"))
+# 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small, with the XLA attention
+# kernel (the kernel's effect is measured by the rows before) but three.
 _DTYPES = ("float32", "bfloat16")
-_TS = [("tinystories-17M", d, r, a, 256, 64) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
-_SMALL = [("small", d, r, a, 1024, 8) for d, a in _KERNELS for r in ("none", "full", "dots_saveable")]
-_CHUNKED = [  # the XLA attention kernel (the kernel's effect is measured by the rows above), but three
+_EACH = [f"{k}{r}" for k in ("float32", "bfloat16", "bfloat16 + cuDNN")
+         for r in ("", " + remat full", " + remat dots_saveable")]
+_SOME = ("float32", "bfloat16", "bfloat16 + remat full", "bfloat16 + cuDNN")
+
+
+def _at(preset: str, context: int, batch: int, *hows: str) -> list[tuple]:
+    """Rows of one model and shape, a technique's label each (deliverables.common.technique)."""
+    return [(preset, *technique(how)[:3], context, batch, None) for how in hows]
+
+
+ROWS = (
+    *_at("tinystories-17M", 256, 64, *_EACH), *_at("tinystories-17M", 512, 16, "bfloat16", "bfloat16 + cuDNN"),
+    *_at("small", 1024, 8, *_EACH), *_at("small", 256, 32, *_SOME),
+    *_at("small", 2048, 2, "bfloat16", "bfloat16 + cuDNN"),
+    *_at("medium", 1024, 4, *_SOME[:3], "bfloat16 + remat dots_saveable", "bfloat16 + cuDNN",
+         "bfloat16 + cuDNN + remat full"),
+    *_at("large", 1024, 2, *_SOME),
     *(("rtx5090", d, r, "xla", 256, b, c) for r in ("full", "offload") for c in (0, 1024) for d in _DTYPES
       for b in (32, 64, 128)),
     *(("rtx5090", d, r, "xla", 256, 64, c) for r in ("none", "dots_saveable") for c in (0, 1024) for d in _DTYPES),
@@ -48,27 +59,9 @@ _CHUNKED = [  # the XLA attention kernel (the kernel's effect is measured by the
                                                        ("none", 1024), ("dots_saveable", 1024)) for d in _DTYPES),
     *(("rtx5090", "bfloat16", "offload", "cudnn", 256, 64, c) for c in (0, 1024)),  # offload's fused-kernel term
     ("small", "bfloat16", "offload", "cudnn", 1024, 8, None),
-]
-ROWS = (*((*row, None) for row in (
-    *_TS,
-    ("tinystories-17M", "bfloat16", "none", "xla", 512, 16), ("tinystories-17M", "bfloat16", "none", "cudnn", 512, 16),
-    *_SMALL,
-    ("small", "float32", "none", "xla", 256, 32), ("small", "bfloat16", "none", "xla", 256, 32),
-    ("small", "bfloat16", "full", "xla", 256, 32), ("small", "bfloat16", "none", "cudnn", 256, 32),
-    ("small", "bfloat16", "none", "xla", 2048, 2), ("small", "bfloat16", "none", "cudnn", 2048, 2),
-    ("medium", "float32", "none", "xla", 1024, 4), ("medium", "bfloat16", "none", "xla", 1024, 4),
-    ("medium", "bfloat16", "full", "xla", 1024, 4), ("medium", "bfloat16", "dots_saveable", "xla", 1024, 4),
-    ("medium", "bfloat16", "none", "cudnn", 1024, 4), ("medium", "bfloat16", "full", "cudnn", 1024, 4),
-    ("large", "float32", "none", "xla", 1024, 2), ("large", "bfloat16", "none", "xla", 1024, 2),
-    ("large", "bfloat16", "full", "xla", 1024, 2), ("large", "bfloat16", "none", "cudnn", 1024, 2),
-)), *_CHUNKED)
+)
 FIELDS = ("preset", "dtype", "remat", "attention", "context", "batch", "loss_chunk")
 GPU_MARKS = ("<!-- gpu validation table: begin -->", "<!-- gpu validation table: end -->")
-
-
-def row_config(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
-               loss_chunk: int | None = None):
-    return job_config(validation_job(preset, dtype, remat, attention, context, batch, loss_chunk))
 
 
 def validation_job(preset: str, dtype: str, remat: str, attention: str, context: int, batch: int,
@@ -81,17 +74,11 @@ def validation_job(preset: str, dtype: str, remat: str, attention: str, context:
                     f'compute.remat="{remat}"', f'compute.attention="{attention}"', *extra], "mode": "train_step"}
 
 
-def compiled_rows(target: Target, rows=ROWS, cache: Path | None = None, log=print) -> list[dict]:
-    """The compiled figures of each validation row, from `cache` where present (and saved there as they come)."""
-    store = CompileCache(cache)
-    return [{**dict(zip(FIELDS, spec)), **store.row(validation_job(*spec), target, log)} for spec in rows]
-
-
 def with_estimates(rows: list[dict]) -> list[dict]:
     """Each row with the estimator's total and its error against the compiled total."""
     out = []
     for r in rows:
-        cfg = row_config(*(r[f] for f in FIELDS))
+        cfg = job_config(validation_job(*(r[f] for f in FIELDS)))
         est = memory.estimate(cfg.model, r["batch"], r["context"], cfg.compute, "train_step")
         out.append({**r, "estimate_bytes": est.total, "estimate_state": est.state_total,
                     "loss_chunk": chunk_tokens(cfg.compute, cfg.model.vocab_size),
@@ -99,30 +86,29 @@ def with_estimates(rows: list[dict]) -> list[dict]:
     return out
 
 
-def table(rows: list[dict]) -> str:
-    import jax
-
-    gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
-    head = ["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB", "compiled GiB",
-            "error", "compiled temp GiB", "matmuls", "cuDNN calls"]
-    text = common.table(head, [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"],
-                                r["loss_chunk"], gib(r["estimate_bytes"]), gib(r["total_bytes"]),
-                                f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]), r["matmuls"],
-                                r["cudnn_attention_calls"]] for r in rows], "llllr")
-    return f"{text}\n\n{errors(rows)} {rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}."
-
-
-def errors(rows: list[dict]) -> str:
-    """The line under a validation table: how far the estimates are from what they are checked against."""
-    errs = [abs(r["error"]) for r in rows]
-    return (f"{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, largest "
-            f"{100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%.")
+def page(head: list[str], rows: list[list], align: str, errors: list[float], where: str) -> str:
+    """A validation table and the line under it: how far the estimates are from what they are checked against."""
+    errs = [abs(e) for e in errors]
+    return (f"{table(head, rows, align)}\n\n{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, "
+            f"largest {100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%. {where}.")
 
 
 def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
-    t = parse_target(target_name)
+    """The GPU table: each row compiled for the target (from `cache` where stored, and saved there as they come)."""
+    import jax
+
+    target = parse_target(target_name)
     require_compiler()
-    text = table(with_estimates(compiled_rows(t, ROWS[:first], cache)))
+    store = CompileCache(cache)
+    rows = with_estimates([{**dict(zip(FIELDS, spec)), **store.row(validation_job(*spec), target, print)}
+                           for spec in ROWS[:first]])
+    gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
+    text = page(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
+                 "compiled GiB", "error", "compiled temp GiB", "matmuls", "cuDNN calls"],
+                [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"], r["loss_chunk"],
+                  gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]),
+                  r["matmuls"], r["cudnn_attention_calls"]] for r in rows], "llllr", [r["error"] for r in rows],
+                f"{rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}")
     if out is not None:
         write_between_markers(out, text, *GPU_MARKS)
     return text
@@ -204,15 +190,21 @@ def cpu_row(d: int, layers: int, heads: int, vocab: int, context: int, batch: in
                 estimate_bytes=est, measured_bytes=measured, error=est / measured - 1)
 
 
-def cpu_table(rows: list[dict]) -> str:
+def cpu_validate(first: int | None) -> str:
+    """The XLA:CPU table, a line of progress per row."""
     import jax
 
     mib = lambda x: f"{x / 2**20:.1f}"  # noqa: E731
-    head = ["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB", "memory_analysis MiB", "error"]
-    text = common.table(head, [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
-                                mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
-                               for r in rows], "r")
-    return f"{text}\n\n{errors(rows)} Measured with jax {jax.__version__} on {jax.devices()[0].platform}."
+    rows = []
+    for i, shape in enumerate(CPU_ROWS[:first]):
+        rows.append(r := cpu_row(*shape))
+        print(f"[{i + 1}/{len(CPU_ROWS[:first])}] {shape}: estimate {mib(r['estimate_bytes'])} MiB, "
+              f"memory_analysis {mib(r['measured_bytes'])} MiB ({100 * r['error']:+.1f}%)", flush=True)
+    return page(["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB", "memory_analysis MiB",
+                 "error"], [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
+                             mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
+                            for r in rows], "r", [r["error"] for r in rows],
+                f"Measured with jax {jax.__version__} on {jax.devices()[0].platform}")
 
 
 def main(argv: list[str]) -> int:
@@ -235,13 +227,7 @@ def main(argv: list[str]) -> int:
     elif args.target:
         print(validate(args.target, args.out, args.cache, args.rows))
     else:
-        rows = []
-        for i, shape in enumerate(CPU_ROWS[:args.rows]):
-            rows.append(cpu_row(*shape))
-            r = rows[-1]
-            print(f"[{i + 1}/{len(CPU_ROWS[:args.rows])}] {shape}: estimate {r['estimate_bytes'] / 2**20:.1f} MiB, "
-                  f"memory_analysis {r['measured_bytes'] / 2**20:.1f} MiB ({100 * r['error']:+.1f}%)", flush=True)
-        text = cpu_table(rows)
+        text = cpu_validate(args.rows)
         if args.out:
             write_between_markers(args.out, text, *CPU_MARKS)
         print(f"wrote {args.out}" if args.out else text)

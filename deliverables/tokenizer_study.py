@@ -37,15 +37,11 @@ BPE_TRAIN = "wikitext-2/test.txt"  # our BPEs for compression and speed: trained
 BPE_SIZES = (4096, 10000)
 
 
-def largest_text(fraction: float) -> str:
-    """The first `fraction` of the LARGEST files, joined by <|endoftext|> (each file a document)."""
-    text = EOT.join(corpus_file(s).read_text(encoding="utf-8") for s in LARGEST)
-    return text[: int(len(text) * fraction)]
-
-
 def train(run_dir: Path, fraction: float, vocab_size: int) -> dict:
+    """BPE training on the first `fraction` of the LARGEST files, joined by <|endoftext|> (each file a document)."""
+    text = EOT.join(corpus_file(s).read_text(encoding="utf-8") for s in LARGEST)
     path = run_dir / "text.txt"
-    path.write_text(largest_text(fraction), encoding="utf-8")
+    path.write_text(text[: int(len(text) * fraction)], encoding="utf-8")
     t0 = time.perf_counter()
     distinct = len(count_pretokens([path], [EOT], num_workers=1))
     pretokenize_s = time.perf_counter() - t0
