@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.spec import RunSpec
-from jaxlm.core.config import load_config
-from jaxlm.core.typedconfig import to_dict, toml_value
+from jaxlm.core.config import Config, load_config
+from jaxlm.core.typedconfig import toml_value
 
 
 def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
@@ -21,8 +21,8 @@ def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
     return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
 
 
-def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
-    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
+def train_config(spec: RunSpec, run_dir: Path = Path("runs")) -> Config:
+    return load_config(spec.config, train_overrides(spec, run_dir))
 
 
 def bench_overrides(spec: RunSpec) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from experiments.commands import bench_overrides, train_overrides
+from experiments.commands import bench_overrides, train_config
 from experiments.device import Device, unmet_requirement
 from experiments.plan import Plan, load_plan, plan_names
 from experiments.spec import RunSpec
@@ -86,7 +86,7 @@ def estimate_seconds(spec: RunSpec, platform: str) -> float | None:
     """One run's estimated wall time on `platform` (cpu | gpu), or None where it cannot be told."""
     tp = THROUGHPUT.get(platform, THROUGHPUT["cpu"])
     if spec.kind == "train":
-        return train_seconds(load_config(spec.config, train_overrides(spec, Path("runs"))), tp)
+        return train_seconds(train_config(spec), tp)
     if spec.kind == "bench":
         return bench_seconds(spec.args, bench_overrides(spec), tp)
     return None
@@ -119,7 +119,7 @@ def data_setting(plan: Plan) -> str | None:
     spec = next((r for r in plan.runs if r.kind == "train"), None)
     if spec is None:
         return None
-    d = load_config(spec.config, train_overrides(spec, Path("runs"))).data
+    d = train_config(spec).data
     val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
     return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
 

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from experiments import child
-from experiments.commands import BUILDERS, resolved_train_config
+from experiments.commands import BUILDERS, train_config
 from experiments.device import Device, check_committed, detect_device, git_info, software_versions, unmet_requirement
 from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, load_plan, plan_names
@@ -33,7 +33,7 @@ from jaxlm.core.config import ModelConfig
 from jaxlm.core.errors import CorpusMissing, UserError
 from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
-from jaxlm.core.typedconfig import from_dict
+from jaxlm.core.typedconfig import from_dict, to_dict
 from jaxlm.data.corpora import data_root, resolve_sources
 from jaxlm.data.prepare import META
 
@@ -50,9 +50,9 @@ def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
         if spec.kind != "train":
             continue
         try:
-            data = resolved_train_config(spec, plan_dir / spec.name)["data"]
-            if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
-                resolve_sources([*data["source"], *data.get("val_source", [])])
+            data = train_config(spec, plan_dir / spec.name).data
+            if not (Path(data.dir) / META).is_file():  # not tokenised yet: its sources must exist
+                resolve_sources([*data.source, *data.val_source])
         except CorpusMissing as e:
             if not dry_run:
                 raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
@@ -60,9 +60,6 @@ def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
         except UserError as e:
             raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
     return missing
-
-
-# --------------------------------------------------------------------------- one run
 
 
 def _tail(path: Path, start: int) -> str:
@@ -81,9 +78,7 @@ def _now() -> str:
 
 def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
     r = read_json(run_dir / RESULT, default=None)
-    if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash:
-        return r
-    return None
+    return r if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash else None
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
@@ -142,7 +137,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
                        "load_avg_1m_start": os.getloadavg()[0]},
               "versions": software_versions()}
     if spec.kind == "train":
-        result["config"] = resolved_train_config(spec, run_dir)
+        result["config"] = to_dict(train_config(spec, run_dir))
     if reason := unmet_requirement(spec, device):
         return {**result, "status": "skipped", "reason": reason, "finished_at": _now(), "wall_time_s": 0.0}
 
@@ -188,9 +183,6 @@ def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -
     if rc != 0:
         return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
     return {"status": "ok"}
-
-
-# --------------------------------------------------------------------------- the plan
 
 
 def headline(result: dict) -> str:
