@@ -31,13 +31,13 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
     """`sig` to the child's process group (it was started in its own session), unless it is gone."""
-    with suppress(ProcessLookupError):
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
 def stop(proc: subprocess.Popen) -> int:
-    """SIGTERM to the child's process group (a training run saves a checkpoint and stops) and wait for it, however
-    long its save takes; a second signal to the runner kills it at once. Returns its exit code."""
+    """SIGTERM to the child (a training run saves a checkpoint and stops) and wait for it, however long its save
+    takes; a second signal to the runner kills it at once. Returns its exit code."""
     try:
         _signal(proc, signal.SIGTERM)
         return proc.wait()
@@ -49,11 +49,9 @@ def stop(proc: subprocess.Popen) -> int:
 
 def kill(proc: subprocess.Popen) -> None:
     """Stop the child's whole process group: SIGTERM, then SIGKILL after 20 s."""
+    _signal(proc, signal.SIGTERM)
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
-    except (ProcessLookupError, PermissionError):
-        pass
     except subprocess.TimeoutExpired:
         _signal(proc, signal.SIGKILL)
         proc.wait()

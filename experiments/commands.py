@@ -8,16 +8,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.spec import RunSpec
-from jaxlm.core.config import load_config
-from jaxlm.core.typedconfig import to_dict, toml_value
-
-TRAIN_MODULE = "jaxlm.train"
-BENCH_MODULE = "jaxlm.bench"
-
-
-def steps_for_tokens(tokens: int, batch_size: int, context_length: int) -> int:
-    """Optimizer steps that consume (about) `tokens` tokens at this batch shape."""
-    return max(1, math.ceil(tokens / (batch_size * context_length)))
+from jaxlm.core.config import Config, load_config
+from jaxlm.core.typedconfig import toml_value
 
 
 def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
@@ -25,12 +17,12 @@ def train_overrides(spec: RunSpec, run_dir: Path) -> list[str]:
     overrides = {**spec.set, "train.out_dir": str(run_dir)}
     if spec.tokens:
         cfg = load_config(spec.config, [f"{k}={toml_value(v)}" for k, v in overrides.items()])
-        overrides["train.steps"] = steps_for_tokens(spec.tokens, cfg.data.batch_size, cfg.model.context_length)
+        overrides["train.steps"] = max(1, math.ceil(spec.tokens / (cfg.data.batch_size * cfg.model.context_length)))
     return [f"{k}={toml_value(v)}" for k, v in overrides.items()]
 
 
-def resolved_train_config(spec: RunSpec, run_dir: Path) -> dict:
-    return to_dict(load_config(spec.config, train_overrides(spec, run_dir)))
+def train_config(spec: RunSpec, run_dir: Path = Path("runs")) -> Config:
+    return load_config(spec.config, train_overrides(spec, run_dir))
 
 
 def bench_overrides(spec: RunSpec) -> list[str]:
@@ -58,11 +50,11 @@ def _sets(overrides: list[str]) -> list[str]:
 
 
 def build_train(spec: RunSpec, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", TRAIN_MODULE, "--config", spec.config, *_sets(train_overrides(spec, run_dir))]
+    return [sys.executable, "-m", "jaxlm.train", "--config", spec.config, *_sets(train_overrides(spec, run_dir))]
 
 
 def build_bench(spec: RunSpec, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", BENCH_MODULE, "model", *cli_args(spec.args), *_sets(bench_overrides(spec)),
+    return [sys.executable, "-m", "jaxlm.bench", "model", *cli_args(spec.args), *_sets(bench_overrides(spec)),
             "--json", str(run_dir / "bench.json")]
 
 

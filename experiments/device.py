@@ -1,4 +1,5 @@
-"""The device a plan runs on, and whether a run's requirements are met there."""
+"""What a record names about where it ran (the device, the software, the git commit of the code), and whether a
+run's requirements are met on the device."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 import platform
 import subprocess
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable
+from pathlib import Path
 
 from experiments.spec import RunSpec
+from jaxlm.core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -32,35 +35,45 @@ def detect_device() -> Device:
     return Device(platform, "cpu" if platform == "cpu" else kind, count)
 
 
-SOFTWARE = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch")
-
-
 def software_versions() -> dict[str, str]:
     """Python and the installed versions of the packages results depend on (absent ones left out)."""
     found = {"python": platform.python_version()}
-    for name in SOFTWARE:
-        try:
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "torch"):
+        with suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return found
 
 
-# Requirement name -> (is it met on this device?, default reason when not).
-REQUIREMENTS: dict[str, tuple[Callable[[Device], bool], str]] = {
-    "gpu": (lambda d: d.platform == "gpu", "needs an NVIDIA GPU"),
-}
+def git_info(root: Path | None = None) -> dict:
+    """The commit of the tree at `root` (default: here) and whether it differs from it: modified tracked
+    files or untracked files git does not ignore (a new plan or module changes what runs)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=root).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = git("status", "--porcelain").splitlines()  # "XY path": two status letters, a space, the path
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed),
+            "changed": [c[3:] for c in changed[:5]]}
+
+
+def check_committed(git: dict) -> None:
+    """Final records come only from a committed tree, so each names the code that produced it."""
+    if git["commit"] is None:
+        raise UsageError(f"{Path.cwd()}: not a git checkout, so the records could not name their code; run from the "
+                         "repository, or pass --draft to record draft runs")
+    if git["dirty"]:
+        more = ", ..." if len(git["changed"]) == 5 else ""
+        raise UsageError(f"{Path.cwd()}: uncommitted changes ({', '.join(git['changed'])}{more}): commit them so "
+                         "every record names the code that produced it, or pass --draft to record draft runs")
 
 
 def unmet_requirement(spec: RunSpec, device: Device) -> str | None:
-    """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu'."""
-    needs, reason = spec.requires, spec.reason
+    """Why the run cannot happen on this device, or None. cuDNN attention implies 'gpu', the only requirement."""
     cudnn = spec.set.get("compute.attention") == "cudnn" or str(spec.args.get("attention", "")) == "cudnn"
-    if needs is None and cudnn:
-        needs, reason = "gpu", reason or "cuDNN flash attention needs an NVIDIA GPU (cuDNN)"
-    if needs is None:
+    if device.platform == "gpu" or not (spec.requires or cudnn):
         return None
-    met, default_reason = REQUIREMENTS[needs]
-    if met(device):
-        return None
-    return f"{reason or default_reason}; this device is {device.kind} ({device.platform})"
+    reason = spec.reason or ("needs an NVIDIA GPU" if spec.requires else
+                             "cuDNN flash attention needs an NVIDIA GPU (cuDNN)")
+    return f"{reason}; this device is {device.kind} ({device.platform})"

@@ -1,11 +1,9 @@
-"""How long a plan will take, before running it: model FLOPs at a stated throughput.
+"""How long a plan will take, before running it: model FLOPs (jaxlm.analysis.flops.step_flops) at a stated throughput.
 
-A train run costs `startup + steps * (overhead + step FLOPs / throughput)` plus its evaluations (forward passes); a
-bench run costs `startup` plus, per row, a compile and `warmup + steps` steps (FLOPs: jaxlm.analysis.flops.step_flops).
-The CPU constants are fitted to this project's recorded CPU plan runs (docs/results, a 2-core x86 CPU) and reproduce
-their step times within about 30 %; the GPU's are stated, not measured (an H100 at 40 % of its bfloat16 peak). Runs
-whose length depends on the outcome (`--find-max-batch`), compile-only `--target` runs and `command` runs are not
-estimated.
+A train run costs start-up plus its steps and evaluations, a bench run start-up plus, per row, a compile and its warm-up
+and timed steps. The CPU constants are fitted to this project's recorded CPU plan runs (docs/results, a 2-core x86
+CPU) within about 30 %; the GPU's are stated, not measured. Runs whose length depends on the outcome
+(`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from experiments.commands import bench_overrides, train_overrides
+from experiments.commands import bench_overrides, train_config
 from experiments.device import Device, unmet_requirement
 from experiments.plan import Plan, load_plan, plan_names
 from experiments.spec import RunSpec
@@ -38,6 +36,9 @@ class Throughput:
     row_compile_s: float  # each further bench row compiles its own step
     source: str
 
+    def step_s(self, flops: float) -> float:
+        return self.step_overhead_s + flops / self.flops_per_s
+
 
 THROUGHPUT = {
     "cpu": Throughput(200e9, 0.5e-3, 4.0, 2.0, "fitted to recorded runs on a 2-core x86 CPU"),
@@ -47,26 +48,17 @@ THROUGHPUT = {
 BENCH_DEFAULTS = {"batch": 4, "mode": "forward", "warmup": 5, "steps": 10}  # jaxlm.bench model's own defaults
 
 
-def _step_s(tp: Throughput, flops: float) -> float:
-    return tp.step_overhead_s + flops / tp.flops_per_s
-
-
 def train_seconds(cfg: Config, tp: Throughput) -> float:
     m, b, t = cfg.model, cfg.data.batch_size, cfg.model.context_length
-    train = cfg.train.steps * _step_s(tp, step_flops(m, b, t, "train_step"))
-    eb = cfg.data.batch_size // cfg.train.grad_accum
-    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * math.ceil(math.ceil(_eval_tokens(cfg) / t) / eb)
-    return tp.startup_s + train + evals * _step_s(tp, step_flops(m, eb, t, "forward"))
-
-
-def _eval_tokens(cfg: Config) -> int:
-    """data.eval_tokens; for 0 (the whole split) the prepared val.bin's length, else the default."""
-    if cfg.data.eval_tokens:
-        return cfg.data.eval_tokens
+    eval_tokens = cfg.data.eval_tokens
     val = Path(cfg.data.dir) / "val.bin"
-    if not val.is_file():
-        return DataConfig.eval_tokens
-    return val.stat().st_size // np.dtype(read_meta(cfg.data.dir)["dtype"]).itemsize
+    if not eval_tokens:  # the whole split: the prepared val.bin's length, else the default
+        eval_tokens = (val.stat().st_size // np.dtype(read_meta(cfg.data.dir)["dtype"]).itemsize if val.is_file()
+                       else DataConfig.eval_tokens)
+    eb = cfg.data.batch_size // cfg.train.grad_accum
+    evals = math.ceil(cfg.train.steps / cfg.train.eval_every) * math.ceil(math.ceil(eval_tokens / t) / eb)
+    train = cfg.train.steps * tp.step_s(step_flops(m, b, t, "train_step"))
+    return tp.startup_s + train + evals * tp.step_s(step_flops(m, eb, t, "forward"))
 
 
 def _values(args: dict, key: str, default) -> list:
@@ -86,7 +78,7 @@ def bench_seconds(args: dict, overrides: list[str], tp: Throughput) -> float | N
     rows = itertools.product(_values(args, "context", cfg.model.context_length),
                              _values(args, "batch", BENCH_DEFAULTS["batch"]),
                              _values(args, "mode", BENCH_DEFAULTS["mode"]))
-    per_variant = sum(tp.row_compile_s + steps * _step_s(tp, step_flops(cfg.model, b, t, mode)) for t, b, mode in rows)
+    per_variant = sum(tp.row_compile_s + steps * tp.step_s(step_flops(cfg.model, b, t, mode)) for t, b, mode in rows)
     return tp.startup_s + variants * per_variant
 
 
@@ -94,7 +86,7 @@ def estimate_seconds(spec: RunSpec, platform: str) -> float | None:
     """One run's estimated wall time on `platform` (cpu | gpu), or None where it cannot be told."""
     tp = THROUGHPUT.get(platform, THROUGHPUT["cpu"])
     if spec.kind == "train":
-        return train_seconds(load_config(spec.config, train_overrides(spec, Path("runs"))), tp)
+        return train_seconds(train_config(spec), tp)
     if spec.kind == "bench":
         return bench_seconds(spec.args, bench_overrides(spec), tp)
     return None
@@ -127,7 +119,7 @@ def data_setting(plan: Plan) -> str | None:
     spec = next((r for r in plan.runs if r.kind == "train"), None)
     if spec is None:
         return None
-    d = load_config(spec.config, train_overrides(spec, Path("runs"))).data
+    d = train_config(spec).data
     val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
     return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
 

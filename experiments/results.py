@@ -1,9 +1,7 @@
 """Reading what runs leave behind: metrics.jsonl, bench JSON, result.json.
 
-Shared by the runner (which condenses a finished run into result.json) and the
-report (which reads result.json and the learning curves). The few quantities the
-report needs are read from the metric names the trainer logs (`METRICS`; the names are
-`jaxlm.training.loop`'s, written by `jaxlm.training.tracking`).
+The runner condenses a finished run into result.json; the report reads result.json and the learning curves. A
+quantity is read from the metric the trainer logs (`METRICS`: `jaxlm.training.loop`'s names).
 """
 
 from __future__ import annotations
@@ -33,6 +31,10 @@ METRICS: dict[str, str] = {
 }
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl, less lines that are not JSON (a torn last line, bytes that are not UTF-8). A
     resumed run appends again from its checkpoint's step: a record whose step does not advance replaces the earlier
@@ -57,30 +59,25 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def lookup(record: dict, quantity: str) -> float | None:
-    """The record's number for `quantity` (a `METRICS` key, or a metric name), None where it has none."""
-    v = record.get(METRICS.get(quantity, quantity))
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def series(records: list[dict], quantity: str) -> tuple[list[float], list[float], list[float]]:
-    """(steps, values, seconds since the first record) of every record carrying `quantity`."""
+    """(steps, values, seconds since the first record) of every record carrying `quantity` (a `METRICS` key, or a
+    metric name)."""
     t0 = next((r["time"] for r in records if isinstance(r.get("time"), (int, float))), None)
     steps, values, times = [], [], []
     for r in records:
-        v = lookup(r, quantity)
-        if v is None or not isinstance(r.get("step"), (int, float)):
+        v = r.get(METRICS.get(quantity, quantity))
+        if not _number(v) or not isinstance(r.get("step"), (int, float)):
             continue
         steps.append(float(r["step"]))
-        values.append(v)
+        values.append(float(v))
         t = r.get("time")
         times.append(float(t) - t0 if isinstance(t, (int, float)) and t0 is not None else float("nan"))
     return steps, values, times
 
 
 def has_nonfinite_loss(records: list[dict]) -> bool:
-    losses = (lookup(r, q) for r in records for q in ("train_loss", "eval_loss"))
-    return any(v is not None and not math.isfinite(v) for v in losses)
+    losses = (r.get(METRICS[q]) for r in records for q in ("train_loss", "eval_loss"))
+    return any(_number(v) and not math.isfinite(v) for v in losses)
 
 
 def summarise_train(records: list[dict]) -> dict[str, Any]:
@@ -102,25 +99,19 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
             out[q] = statistics.median(found)
     if mem := values("peak_memory"):
         out["peak_memory"] = max(mem)
-    segments = invocations(records)
-    if sum(len(times) for times in segments) > 1:
-        out["logged_time_s"] = sum(max(times) - min(times) for times in segments if times)
-    changes = [(r["step"], r["changed"]) for r in records if r.get("kind") == "start" and r.get("changed")]
-    if changes:
-        out["config_changes"] = changes
-    return out
-
-
-def invocations(records: list[dict]) -> list[list[float]]:
-    """The rows' times, one list per invocation of the trainer (each begins at a "start" row): the wall time of a
-    run resumed hours later counts its invocations, not the gap between them."""
+    # The rows' times per invocation of the trainer (each begins at a "start" row): the wall time of a run resumed
+    # hours later counts its invocations, not the gap between them.
     segments: list[list[float]] = [[]]
     for r in records:
         if r.get("kind") == "start" and segments[-1]:
             segments.append([])
         if isinstance(r.get("time"), (int, float)):
             segments[-1].append(r["time"])
-    return segments
+    if sum(len(times) for times in segments) > 1:
+        out["logged_time_s"] = sum(max(times) - min(times) for times in segments if times)
+    if changes := [(r["step"], r["changed"]) for r in records if r.get("kind") == "start" and r.get("changed")]:
+        out["config_changes"] = changes
+    return out
 
 
 def load_bench(path: Path) -> tuple[list[dict], dict]:
@@ -136,14 +127,12 @@ def load_bench(path: Path) -> tuple[list[dict], dict]:
 
 def load_results(plan_dir: Path) -> list[dict]:
     """Every run's result.json under a plan directory, in the plan's order when plan.json lists it."""
-    plan_dir = Path(plan_dir)
     found = {}
-    for p in sorted(plan_dir.glob(f"*/{RESULT}")):
+    for p in sorted(Path(plan_dir).glob(f"*/{RESULT}")):
         r = read_json(p, default=None)
         if isinstance(r, dict):
             r["_dir"] = str(p.parent)
             found[r.get("name", p.parent.name)] = r
-    meta = read_json(plan_dir / "plan.json", default=None) or {}
-    order = [r["name"] for r in meta.get("runs", [])]
-    ordered = [found.pop(n) for n in order if n in found]
+    meta = read_json(Path(plan_dir) / "plan.json", default=None) or {}
+    ordered = [found.pop(r["name"]) for r in meta.get("runs", []) if r["name"] in found]
     return ordered + [found[n] for n in sorted(found)]

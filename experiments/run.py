@@ -1,15 +1,7 @@
 """Run an experiment plan: `python -m experiments.run PLAN [--only NAME ...] [--dry-run] [--size cpu|gpu]`.
 
-Runs execute one after another, each in `runs/PLAN/NAME/` (its config, logs,
-checkpoints, metrics and the child's output.log). A run is complete when its
-`result.json` exists (written atomically, last) with status ok, diverged or
-skipped and the same spec hash; complete runs are skipped, so an interrupted
-plan resumes where it stopped (and an interrupted training run resumes from its
-own checkpoint). A failed run is recorded with the tail of its output and the
-plan goes on; it is retried the next time the plan runs. Ctrl-C or SIGTERM to the runner
-is passed on to the run in progress (a training run saves a checkpoint and stops), waited
-for, and recorded as interrupted (status "interrupted", resumed by the next invocation); a
-second signal kills the run at once.
+Each run executes in `runs/PLAN/NAME/`; its `result.json`, written last, marks it complete, so a plan resumes where it
+stopped. How runs are recorded, retried and interrupted: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -24,21 +16,26 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 from experiments import child
-from experiments.commands import BUILDERS, resolved_train_config
-from experiments.device import Device, detect_device, software_versions, unmet_requirement
+from experiments.commands import BUILDERS, train_config
+from experiments.device import Device, check_committed, detect_device, git_info, software_versions, unmet_requirement
 from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, load_plan, plan_names
-from experiments.provenance import check_committed, git_info
 from experiments.results import DONE_STATUSES, RESULT, has_nonfinite_loss, load_bench, read_metrics, summarise_train
 from experiments.spec import RunSpec
 from jaxlm import cli
+from jaxlm.analysis.flops import param_counts
 from jaxlm.core import host, stop
+from jaxlm.core.config import ModelConfig
+from jaxlm.core.errors import CorpusMissing, UserError
 from jaxlm.core.files import read_json, write_json
 from jaxlm.core.lock import DirLock
-from jaxlm.data.corpora import data_root
+from jaxlm.core.typedconfig import from_dict, to_dict
+from jaxlm.data.corpora import data_root, resolve_sources
+from jaxlm.data.prepare import META
 
 ERROR_TAIL_LINES = 40
 # The trainer's TrainingDiverged line in a run's output: "error: loss 5.5, parameter norm nan at step 41 ...".
@@ -48,18 +45,14 @@ DIVERGED_RE = re.compile(r"\bloss -?(nan|inf)\b|parameter norm -?(nan|inf)\b")
 def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
     """Resolve every train run's config and data now, so a bad override or a missing corpus fails
     before hours of runs, naming the run. A dry run only previews: it returns the missing corpora instead."""
-    from jaxlm.core.errors import CorpusMissing, UserError
-    from jaxlm.data.corpora import resolve_sources
-    from jaxlm.data.prepare import META
-
     missing: list[str] = []
     for spec in plan.runs:
         if spec.kind != "train":
             continue
         try:
-            data = resolved_train_config(spec, plan_dir / spec.name)["data"]
-            if not (Path(data["dir"]) / META).is_file():  # not tokenised yet: its sources must exist
-                resolve_sources([*data["source"], *data.get("val_source", [])])
+            data = train_config(spec, plan_dir / spec.name).data
+            if not (Path(data.dir) / META).is_file():  # not tokenised yet: its sources must exist
+                resolve_sources([*data.source, *data.val_source])
         except CorpusMissing as e:
             if not dry_run:
                 raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
@@ -69,15 +62,12 @@ def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
     return missing
 
 
-# --------------------------------------------------------------------------- one run
-
-
-def _tail(path: Path, start: int = 0, n: int = ERROR_TAIL_LINES) -> str:
-    """The last `n` lines written to `path` after byte offset `start` (this attempt's output)."""
+def _tail(path: Path, start: int) -> str:
+    """The last ERROR_TAIL_LINES lines written to `path` after byte offset `start` (this attempt's output)."""
     try:
         with open(path, "rb") as f:
             f.seek(start)
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-ERROR_TAIL_LINES:])
     except OSError:
         return ""
 
@@ -88,9 +78,7 @@ def _now() -> str:
 
 def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
     r = read_json(run_dir / RESULT, default=None)
-    if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash:
-        return r
-    return None
+    return r if isinstance(r, dict) and r.get("status") in DONE_STATUSES and r.get("spec_hash") == spec.hash else None
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
@@ -108,7 +96,7 @@ def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
 
 
 def collect(spec: RunSpec, run_dir: Path) -> dict:
-    """Final metrics of a finished run, by kind."""
+    """Final metrics of a finished run, by kind; a train run's also its saved config, size and corpus."""
     out: dict = {}
     if records := read_metrics(run_dir / "metrics.jsonl"):
         out["metrics"] = summarise_train(records)
@@ -121,26 +109,22 @@ def collect(spec: RunSpec, run_dir: Path) -> dict:
     try:  # the config the trainer actually resolved and saved
         cfg = out["config"] = tomllib.loads((run_dir / "config.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
-        cfg = None
-    if cfg and "metrics" in out:
-        m = out["metrics"]
+        return out
+    if m := out.get("metrics"):
         try:
-            from jaxlm.analysis.flops import param_counts
-            from jaxlm.core.config import ModelConfig
-            from jaxlm.core.typedconfig import from_dict
-
             counts = param_counts(from_dict(ModelConfig, cfg["model"]))
             m["params"], m["params_non_embedding"] = counts["total"], counts["non_embedding"]
         except Exception:  # a config this version cannot read: no parameter count, nothing else lost
             pass
         if "steps" in m:
             m["tokens"] = m["steps"] * cfg["data"]["batch_size"] * cfg["model"]["context_length"]
-    data_dir = (cfg or {}).get("data", {}).get("dir")
+    data_dir = cfg.get("data", {}).get("dir")
     data_meta = read_json(Path(data_dir) / "meta.json", default=None) if data_dir else None
     if isinstance(data_meta, dict):  # the corpus the report's setup section describes, kept with the result
         out["data"] = {k: data_meta.get(k) for k in ("tokenizer", "vocab_size", "tokens")}
-        out["data"]["sources"] = [Path(s.get("path", "?")).parent.name + "/" + Path(s.get("path", "?")).name
-                                  for s in (data_meta.get("sources") or {}).get("train", []) if isinstance(s, dict)]
+        sources = (data_meta.get("sources") or {}).get("train", [])
+        train = [Path(s.get("path", "?")) for s in sources if isinstance(s, dict)]
+        out["data"]["sources"] = [f"{p.parent.name}/{p.name}" for p in train]
     return out
 
 
@@ -153,25 +137,22 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
                        "load_avg_1m_start": os.getloadavg()[0]},
               "versions": software_versions()}
     if spec.kind == "train":
-        result["config"] = resolved_train_config(spec, run_dir)
-    reason = unmet_requirement(spec, device)
-    if reason:
+        result["config"] = to_dict(train_config(spec, run_dir))
+    if reason := unmet_requirement(spec, device):
         return {**result, "status": "skipped", "reason": reason, "finished_at": _now(), "wall_time_s": 0.0}
 
     result["resumed"] = prepare_dir(run_dir, spec)
     argv = result["argv"] = BUILDERS[spec.kind](spec, run_dir)
-    log_path = run_dir / "output.log"
-    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    with open(log_path, "ab") as log:
+    with open(run_dir / "output.log", "ab") as log:
         log.write(f"\n$ {shlex.join(argv)}\n".encode())
         log.flush()
         start = log.tell()
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        max_rss = None
+        max_rss, timed_out = None, False
         try:
             rc, max_rss = child.wait(proc, spec.timeout)
-            timed_out = False
         except subprocess.TimeoutExpired:
             child.kill(proc)
             rc, timed_out = proc.returncode, True
@@ -184,30 +165,24 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         except BaseException:  # the runner failing: take the child down with it
             child.kill(proc)
             raise
-    wall = time.perf_counter() - t0
-
     result.update(collect(spec, run_dir))
-    result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": wall, "max_rss_bytes": max_rss})
+    result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": time.perf_counter() - t0,
+                   "max_rss_bytes": max_rss})
     result["host"]["load_avg_1m_end"] = os.getloadavg()[0]  # other work on the machine skews timings
-    return {**result, **outcome(spec, run_dir, rc, timed_out, _tail(log_path, start))}
+    return {**result, **outcome(spec, run_dir, rc, timed_out, _tail(run_dir / "output.log", start))}
 
 
 def outcome(spec: RunSpec, run_dir: Path, rc: int, timed_out: bool, tail: str) -> dict:
     """The status of a finished child (failed, diverged or ok), with the reason and its output's tail."""
     if timed_out:
         return {"status": "failed", "reason": f"timed out after {spec.timeout:g} s", "error_tail": tail}
-    records_bad = has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl"))
-    if spec.kind != "bench" and (records_bad or (rc != 0 and DIVERGED_RE.search(tail))):
-        said = DIVERGED_RE.search(tail)
-        line = (tail[tail.rfind("\n", 0, said.start()) + 1 :].splitlines()[0][:300] if said
-                else "the loss became NaN/inf")
-        return {"status": "diverged", "reason": line, "error_tail": tail if rc else None}
+    said = next((line for line in tail.splitlines() if DIVERGED_RE.search(line)), None)
+    if spec.kind != "bench" and (has_nonfinite_loss(read_metrics(run_dir / "metrics.jsonl")) or (rc != 0 and said)):
+        reason = said[:300] if said else "the loss became NaN/inf"
+        return {"status": "diverged", "reason": reason, "error_tail": tail if rc else None}
     if rc != 0:
         return {"status": "failed", "reason": f"exit code {rc}", "error_tail": tail}
     return {"status": "ok"}
-
-
-# --------------------------------------------------------------------------- the plan
 
 
 def headline(result: dict) -> str:
@@ -221,7 +196,7 @@ def headline(result: dict) -> str:
             parts.append(f"{label} {m[key]:{fmt}}")
     if result.get("bench_rows"):
         parts.append(f"{len(result['bench_rows'])} bench rows")
-    if result.get("reason") and result["status"] != "ok":
+    if result.get("reason") and status != "ok":
         parts.append(f"({result['reason']})")
     return ", ".join(parts)
 
@@ -259,41 +234,44 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
         return _run_all(plan, plan_dir, runs, device, dry_run, git)
 
 
+def _preview(spec: RunSpec, run_dir: Path, device: Device) -> str:
+    """A dry run's line about one run: its estimated time and command, or why it would be skipped."""
+    if reason := unmet_requirement(spec, device):
+        return f"): would skip: {reason}"
+    seconds = estimate_seconds(spec, device.platform)
+    estimate = f"~{format_seconds(seconds)}" if seconds is not None else "time unknown"
+    return f", {estimate}): {shlex.join(BUILDERS[spec.kind](spec, run_dir))}"
+
+
 def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool,
              git: dict) -> dict[str, int]:
     """Each run in turn (or its command, with dry_run); returns a count per status."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
-        prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind})"
-        done = is_complete(run_dir, spec)
-        if done:
-            counts["complete"] = counts.get("complete", 0) + 1
-            print(f"{prefix}: already {done['status']}, skipped", flush=True)
-            continue
-        if dry_run:
-            reason = unmet_requirement(spec, device)
-            seconds = None if reason else estimate_seconds(spec, device.platform)
-            estimate = "" if reason else f", ~{format_seconds(seconds)}" if seconds is not None else ", time unknown"
-            what = f"would skip: {reason}" if reason else shlex.join(BUILDERS[spec.kind](spec, run_dir))
-            print(f"{prefix[:-1]}{estimate}): {what}", flush=True)
-            counts["pending"] = counts.get("pending", 0) + 1
-            continue
-        print(f"{prefix} ...", flush=True)
-        result = execute(spec, run_dir, device, git, plan)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / RESULT, result)  # last: its presence marks the run complete
-        counts[result["status"]] = counts.get(result["status"], 0) + 1
-        print(f"{prefix}: {headline(result)}", flush=True)
-        if result["status"] == "failed" and result.get("error_tail"):
-            print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
+        prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind}"
+        if done := is_complete(run_dir, spec):
+            counts["complete"] += 1
+            print(f"{prefix}): already {done['status']}, skipped", flush=True)
+        elif dry_run:
+            counts["pending"] += 1
+            print(prefix + _preview(spec, run_dir, device), flush=True)
+        else:
+            print(f"{prefix}) ...", flush=True)
+            result = execute(spec, run_dir, device, git, plan)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json(run_dir / RESULT, result)  # last: its presence marks the run complete
+            counts[result["status"]] += 1
+            print(f"{prefix}): {headline(result)}", flush=True)
+            if result["status"] == "failed" and result.get("error_tail"):
+                print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
     print("done: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
     if dry_run:
         pending = [s for s in runs if not is_complete(plan_dir / s.name, s)]
         source = THROUGHPUT.get(device.platform, THROUGHPUT["cpu"]).source
         print(f"estimated time: {plan_estimate(dataclasses.replace(plan, runs=tuple(pending)), device.platform)} "
               f"on {device.platform} ({source}; see experiments/estimate.py)", flush=True)
-    return counts
+    return dict(counts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,9 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         device = detect_device()
         size = args.size
-        if size is None:
-            first = load_plan(args.plan)
-            size = "gpu" if device.platform == "gpu" and "gpu" in first.sizes else None
+        if size is None and device.platform == "gpu" and "gpu" in load_plan(args.plan).sizes:
+            size = "gpu"
         plan = load_plan(args.plan, size)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt as e:

@@ -1,11 +1,8 @@
-"""One run of a plan (`RunSpec`), the fields a plan may give it, and their checks.
-
-The plan format (experiments/plan.py) builds every run from these fields; the runner
-(experiments/run.py), the commands (experiments/commands.py) and the estimates read them.
-"""
+"""One run of a plan (`RunSpec`): its fields, which are also the keys a plan may give a run, and their checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -20,24 +17,7 @@ class PlanError(ConfigError):
 
 
 KINDS = ("train", "bench", "command")
-# What each kind needs, and which requirement names the runner knows (see device.REQUIREMENTS).
-REQUIREMENT_NAMES = ("gpu",)
-
-# Fields of a run entry. `grid`, `sizes`, `only_sizes` and `name` are structural; the rest describe the run.
-SPEC_KEYS = {
-    "kind",  # train | bench | command
-    "config",  # train: base config TOML
-    "set",  # train / bench: dotted config overrides (`--set section.key=value`)
-    "args",  # bench / command: CLI arguments {flag: value}
-    "argv",  # command: the program and its arguments; {run_dir} and {python} are substituted, {seed} runs it per seed
-    "requires",  # "gpu": skipped (with the reason recorded) where no GPU is present
-    "reason",  # why the requirement exists, shown when skipped
-    "tokens",  # train: token budget; sets train.steps = round(tokens / (batch_size * context_length))
-    "timeout",  # seconds before the run is stopped and recorded as failed
-    "env",  # extra environment variables
-    "axes",  # explicit {axis: value} labels for the report (grid runs get them automatically)
-    "note",  # free text carried into result.json
-}
+REQUIREMENT_NAMES = ("gpu",)  # a run that `requires` one is skipped, its reason recorded, on a device without it
 
 
 @dataclass(frozen=True)
@@ -45,27 +25,31 @@ class RunSpec:
     """One concrete run: what to execute and how the report should label it."""
 
     name: str
-    kind: str
-    config: str | None = None
-    set: dict[str, Any] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)
-    argv: list[str] = field(default_factory=list)
-    requires: str | None = None
-    reason: str | None = None
-    tokens: int | None = None
-    timeout: float | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    axes: dict[str, Any] = field(default_factory=dict)
-    note: str | None = None
+    kind: str  # train | bench | command
+    config: str | None = None  # train: base config TOML
+    set: dict[str, Any] = field(default_factory=dict)  # train / bench: dotted `--set section.key=value` overrides
+    args: dict[str, Any] = field(default_factory=dict)  # bench / command: CLI arguments {flag: value}
+    argv: list[str] = field(default_factory=list)  # command: {run_dir} and {python} substituted, {seed} per seed
+    requires: str | None = None  # one of REQUIREMENT_NAMES
+    reason: str | None = None  # why the requirement exists, shown when skipped
+    tokens: int | None = None  # train: token budget, turned into train.steps
+    timeout: float | None = None  # seconds before the run is stopped and recorded as failed
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    axes: dict[str, Any] = field(default_factory=dict)  # {axis: value} labels for the report (grid runs get them)
+    note: str | None = None  # free text carried into result.json
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return dataclasses.asdict(self)
 
     @property
     def hash(self) -> str:
         """Identifies what the run computes: a changed spec means old results are stale."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("note", "timeout", "reason")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# The keys of a run entry that describe the run (`grid`, `sizes`, `only_sizes`, `seeded`, `name` are structural).
+SPEC_KEYS = {f.name for f in dataclasses.fields(RunSpec)} - {"name"}
 
 
 def check_keys(table: Any, allowed: set[str], where: str) -> dict:
@@ -87,10 +71,9 @@ def normalise(entry: dict, where: str) -> dict:
     for key in ("args", "env", "axes"):
         if key in out and not isinstance(out[key], dict):
             raise PlanError(f"{where}.{key}: expected a table, got {out[key]!r}")
-    if "kind" in out and out["kind"] not in KINDS:
-        raise PlanError(f"{where}.kind: {out['kind']!r} is not one of {', '.join(KINDS)}")
-    if "requires" in out and out["requires"] not in REQUIREMENT_NAMES:
-        raise PlanError(f"{where}.requires: {out['requires']!r} is not one of {', '.join(REQUIREMENT_NAMES)}")
+    for key, allowed in (("kind", KINDS), ("requires", REQUIREMENT_NAMES)):
+        if key in out and out[key] not in allowed:
+            raise PlanError(f"{where}.{key}: {out[key]!r} is not one of {', '.join(allowed)}")
     if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
         raise PlanError(f"{where}.argv: expected a list of strings")
     for key in ("tokens", "timeout"):
@@ -112,9 +95,8 @@ def to_spec(name: str, fields: dict, where: str) -> RunSpec:
         raise PlanError(f"{where}: a command run needs 'argv'")
     if fields.get("tokens") and kind != "train":
         raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
-    return RunSpec(name=name, kind=kind, config=fields.get("config"), set=dict(fields.get("set", {})),
-                   args=dict(fields.get("args", {})), argv=list(fields.get("argv", [])),
-                   requires=fields.get("requires"), reason=fields.get("reason"),
-                   tokens=int(fields["tokens"]) if fields.get("tokens") else None, timeout=fields.get("timeout"),
-                   env={k: str(v) for k, v in fields.get("env", {}).items()}, axes=dict(fields.get("axes", {})),
-                   note=fields.get("note"))
+    given = {k: fields[k] for k in SPEC_KEYS if k in fields}
+    if "tokens" in given:
+        given["tokens"] = int(given["tokens"])
+    given["env"] = {k: str(v) for k, v in given.get("env", {}).items()}
+    return RunSpec(name=name, **given)
