@@ -45,19 +45,19 @@ def steps():
 
     return (
         s.Step("profile", "Where the time goes: kernels from a profiler trace, predicted against measured per group",
-               p.estimate_profile, p.run_profile, cuts=False),
+               p.run_profile, 50.0, 8.0, cuts=False),
         s.Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
-               s.estimate_techniques, s.run_techniques),
+               s.run_techniques, s.techniques_seconds(), 6.0),
         s.Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
-               s.estimate_attention, s.run_attention),
-        s.Step("max_batch", "Largest batch per technique at context 1024 (`small`)", s.estimate_max_batch,
-               s.run_max_batch),
-        s.Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", s.table_estimate("bfloat16"),
-               s.table_run("bfloat16")),
+               s.run_attention, s.ATTENTION_SECONDS, 4.0),
+        s.Step("max_batch", "Largest batch per technique at context 1024 (`small`)", s.run_max_batch,
+               s.max_batch_seconds(), 8.0),
+        s.Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", s.table_run("bfloat16"),
+               s.table_seconds("bfloat16"), 10.0),
         s.Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {s.TARGET_VAL_LOSS}",
-               s.estimate_shakespeare, s.run_shakespeare, cuts=False),
-        s.Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", s.table_estimate("float32"),
-               s.table_run("float32")),
+               s.run_shakespeare, 120.0, 30.0, cuts=False),
+        s.Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", s.table_run("float32"),
+               s.table_seconds("float32"), 10.0),
     )
 
 
@@ -144,7 +144,7 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     out.mkdir(parents=True, exist_ok=True)
     deadline = deadline if deadline is not None else time.monotonic() + args.budget - startup
     rows = plan(steps(), args.budget, args.only, args.smoke, startup)
-    ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch_dir=scratch)
+    ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch=scratch)
     enable_cache(ctx.scratch / "xla_cache")
     meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device, "jax": jax.__version__,
             "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke, **(meta or {})}

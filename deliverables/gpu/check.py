@@ -29,17 +29,17 @@ TINY = ("model.vocab_size=257", "model.context_length=64", "model.d_model=64", "
 
 def attention(gpu: bool, device: str) -> list[dict]:
     """One row per (implementation, window): errors against float32 XLA attention, and whether they pass."""
-    from deliverables.gpu.steps import attention_errors, attention_fns, attention_inputs
+    from deliverables.gpu.steps import NO_CUDNN, attention_fns, attention_inputs
 
     rows = []
     for window in (None, ATTENTION_WINDOW):
-        args, ct, ref_out, ref_grads = attention_inputs(7, ATTENTION_SHAPE, window)
+        _, _, errors = attention_inputs(7, ATTENTION_SHAPE, window)
         for impl in ("xla", "cudnn"):
             row = {"check": "attention", "implementation": impl, "window": window, "shape": list(ATTENTION_SHAPE)}
             if impl == "cudnn" and not gpu:
-                rows.append({**row, "ok": None, "reason": f"cuDNN attention needs an NVIDIA GPU; this is {device}"})
+                rows.append({**row, "ok": None, "reason": NO_CUDNN.format(device)})
                 continue
-            row.update(attention_errors(*attention_fns(impl, window), args, ct, ref_out, ref_grads))
+            row.update(errors(*attention_fns(impl, window)))
             row["ok"] = row["out_rel_err"] <= ATTENTION_TOL["out"] and row["grad_rel_err"] <= ATTENTION_TOL["grad"]
             rows.append(row)
     return rows
@@ -81,18 +81,12 @@ def _bit_equal(a, b) -> bool:
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
-def _greedy(state, graphdef, prompt: list[int], tokens: int) -> list[int]:
-    from jaxlm.nn.decode import Generator, SamplingParams
-
-    gen = Generator(state.model(graphdef))
-    return [int(t) for t in gen.generate([prompt], tokens, SamplingParams(temperature=0.0)).tokens[0]]
-
-
 def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
     """The bfloat16 run against the float32 CPU reference, then save / restore / generate of its state."""
     import jax
 
     from jaxlm.core.config import load_config
+    from jaxlm.nn.decode import Generator, SamplingParams
     from jaxlm.training.checkpoint import Checkpointer
 
     cfg = load_config(None, [*TINY, "compute.dtype=bfloat16", f"train.out_dir={scratch / 'check_run'}"])
@@ -113,7 +107,9 @@ def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
     finally:
         ckpt.close()
     equal = all(_bit_equal(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)))
-    tokens = _greedy(restored, built.graphdef, [int(t) for t in batches[0][0][0, :16]], GENERATE_TOKENS)
+    prompt = [int(t) for t in batches[0][0][0, :16]]
+    greedy = Generator(restored.model(built.graphdef)).generate([prompt], GENERATE_TOKENS, SamplingParams(0.0))
+    tokens = [int(t) for t in greedy.tokens[0]]
     valid = len(tokens) == GENERATE_TOKENS and max(tokens) < cfg.model.vocab_size
     saved = {"check": "checkpoint", "save_restore_s": seconds, "arrays_equal": equal, "step": meta.get("step"),
              "generated": tokens, "ok": bool(equal and valid)}

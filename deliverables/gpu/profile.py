@@ -148,7 +148,3 @@ def run_profile(ctx: Context) -> dict:
     res["attention"] = summarise(read_events(_trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" /
                                                     "attention")))
     return res
-
-
-def estimate_profile(smoke: bool) -> float:
-    return 8.0 if smoke else 50.0
