@@ -179,13 +179,17 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     return failed
 
 
+def in_report(out: Path) -> bool:
+    """Whether `out` lies in the committed GPU report, which only a full run on a GPU (or merge) writes."""
+    return any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
+
+
 def output_dir(args) -> Path:
     """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
     tiny-model figures are no GPU results and stay out of that report."""
     if args.smoke:
         out = Path(args.out) if args.out else SMOKE_OUT
-        report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
-        cli.check_option(not report, "--out", args.out,
+        cli.check_option(not in_report(out), "--out", args.out,
                          f"a --smoke run's tiny-model figures never go into {DEFAULT_OUT}/; give another --out")
         return out
     import jax

@@ -163,13 +163,6 @@ def copy_out(out: Path) -> list[str]:
     return copied
 
 
-def format_plan(budget: float, only: list[str] | None, smoke: bool) -> str:
-    from deliverables.gpu import campaign
-
-    rows = campaign.plan(campaign.steps(), campaign_budget(budget), only, smoke, startup=0.0)
-    return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "offline.json and the copies to $OUT"),))
-
-
 def _phase(record: dict, name: str, out: Path, fn):
     """Run one phase, timing it into the record; offline.json (and $OUT) written after it."""
     t0 = time.monotonic()
@@ -183,14 +176,6 @@ def _phase(record: dict, name: str, out: Path, fn):
 def _write(record: dict, out: Path) -> None:
     atomic_write(out / "offline.json", json.dumps(record, indent=1, default=str))
     record["copied_to_out"] = copy_out(out)
-
-
-def use_gpu() -> None:
-    """JAX on CUDA (and the CPU, for the float32 reference), whatever was chosen at import: an error at the first
-    device query when CUDA does not start, rather than a quiet fall back to the CPU."""
-    os.environ["JAX_PLATFORMS"] = "cuda,cpu"  # the subprocesses too
-    if "jax" in sys.modules:  # jaxlm.core.platform.prepare() imported it (no NVIDIA driver file seen)
-        sys.modules["jax"].config.update("jax_platforms", "cuda,cpu")
 
 
 def run(args, out: Path) -> int:
@@ -209,8 +194,10 @@ def run(args, out: Path) -> int:
         raise UsageError(f"{PROG}: installing the carried wheels failed: {record['install']['error']}")
     if record["install"].get("problem"):  # the smoke's dry run of the install: said now, and fails the call at its end
         print(f"warning: install: {record['install']['problem']}", file=sys.stderr, flush=True)
-    if not args.smoke:
-        use_gpu()
+    if not args.smoke:  # CUDA (and the CPU's float32 reference), here and in subprocesses: no quiet CPU fall back
+        os.environ["JAX_PLATFORMS"] = "cuda,cpu"
+        if "jax" in sys.modules:  # jaxlm.core.platform.prepare() imported it (no NVIDIA driver file seen)
+            sys.modules["jax"].config.update("jax_platforms", "cuda,cpu")
     found, stop = _phase(record, "startup", out, lambda: preflight(args.smoke))
     record["preflight"] = found
     if stop is not None:
@@ -231,18 +218,13 @@ def run(args, out: Path) -> int:
     record["seconds"] = time.monotonic() - t0
     _write(record, out)
     print(summary(record, out))
-    campaign.check_failures(PROG, failures(record, failed), out)
-    return 0
-
-
-def failures(record: dict, failed_steps: dict[str, str]) -> dict[str, str]:
-    """What of the call failed (what -> why): the install's dry run, the correctness checks, the steps."""
-    out = {"install": record["install"]["problem"]} if record["install"].get("problem") else {}
+    failures = {"install": record["install"]["problem"]} if record["install"].get("problem") else {}
     bad = [r for r in record["checks"]["rows"] if r["ok"] is False]
     if bad:
-        out["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
-                                  for r in bad) + " failed (offline.json)"
-    return {**out, **{f"step {name}": why for name, why in failed_steps.items()}}
+        failures["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
+                                       for r in bad) + " failed (offline.json)"
+    campaign.check_failures(PROG, {**failures, **{f"step {name}": why for name, why in failed.items()}}, out)
+    return 0
 
 
 def summary(record: dict, out: Path) -> str:
@@ -268,12 +250,11 @@ def summary(record: dict, out: Path) -> str:
 def output_dir(args) -> Path:
     """runs/gpu_offline/ (runs/gpu_offline_smoke/ with --smoke) unless --out says; never the committed report, which
     `python -m deliverables.gpu.merge` fills from what the machine brought back."""
-    from deliverables.gpu.campaign import DEFAULT_OUT, REPO
+    from deliverables.gpu.campaign import DEFAULT_OUT, in_report
 
     out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
-    report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
-    cli.check_option(not report, "--out", args.out, f"the offline run writes its own folder, not {DEFAULT_OUT}/ "
-                     "(python -m deliverables.gpu.merge takes its results there)")
+    cli.check_option(not in_report(out), "--out", args.out, f"the offline run writes its own folder, not "
+                     f"{DEFAULT_OUT}/ (python -m deliverables.gpu.merge takes its results there)")
     return out
 
 
@@ -291,11 +272,13 @@ def main(argv: list[str]) -> int:
                         help="where the carried wheels are installed")
     args = parser.parse_args(argv)
     args.argv = argv
-    from deliverables.gpu.campaign import check_only
+    from deliverables.gpu import campaign
 
-    check_only(args.only)
+    campaign.check_only(args.only)
     if args.dry_run:
-        print(format_plan(args.budget, args.only, args.smoke))
+        rows = campaign.plan(campaign.steps(), campaign_budget(args.budget), args.only, args.smoke, startup=0.0)
+        finish = (("finish", FINISH_S, "offline.json and the copies to $OUT"),)
+        print(campaign.format_plan(rows, args.budget, PHASES, finish))
         return 0
     return run(args, output_dir(args))
 
