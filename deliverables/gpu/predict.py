@@ -44,22 +44,17 @@ def target():
     import jax
 
     from jaxlm.analysis.devices import DEVICES, find
-
-    kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
-    device = find(kind) if kind else None
-    if device is None:
-        device = DEVICES[NO_GPU_TARGET]
-        return device, f"this machine's program priced at {device.description} rates ({_rates(device)}): no prediction"
-    return device, f"predicted from the compiled program for {device.description} at {_rates(device)}; not measured"
-
-
-def _rates(device) -> str:
     from jaxlm.predict.roofline import device_rates
 
+    kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
+    found = find(kind) if kind else None
+    device = found or DEVICES[NO_GPU_TARGET]
     r = device_rates(device)
-    return (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "
-            f"{r.memory_bandwidth / 1e12:.1f} TB/s, "
-            f"{r.launch_seconds * 1e6:.0f} us per kernel launch")
+    rates = (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "
+             f"{r.memory_bandwidth / 1e12:.1f} TB/s, {r.launch_seconds * 1e6:.0f} us per kernel launch")
+    if found is None:
+        return device, f"this machine's program priced at {device.description} rates ({rates}): no prediction"
+    return device, f"predicted from the compiled program for {device.description} at {rates}; not measured"
 
 
 def compiled_text(jitted, args) -> tuple[str, float]:

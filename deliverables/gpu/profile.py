@@ -28,12 +28,6 @@ CALLS = 3  # traced calls per program
 PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 
 
-def trace_file(trace_dir: Path) -> Path | None:
-    """The newest trace JAX's profiler wrote under trace_dir."""
-    files = sorted(trace_dir.glob("plugins/profile/*/*.trace.json.gz"))
-    return files[-1] if files else None
-
-
 def read_events(path: Path | None) -> list[Event]:
     """The device's work in a trace: the GPU's stream kernels (copies included), or on a CPU the XLA ops (events
     that name their HLO instruction) on its executor threads."""
@@ -69,7 +63,7 @@ def summarise(events: list[Event]) -> dict:
 
 
 def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
-    """CALLS calls of `fn` traced (after two outside the trace); the trace's file."""
+    """CALLS calls of `fn` traced (after two outside the trace); the newest trace file under trace_dir."""
     import jax
 
     for _ in range(2):  # warm-up outside the trace
@@ -79,7 +73,8 @@ def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
             with jax.profiler.StepTraceAnnotation("step", step_num=i):
                 out = jax.block_until_ready(fn(*args))
             args = advance(args, out)
-    return trace_file(trace_dir)
+    files = sorted(trace_dir.glob("plugins/profile/*/*.trace.json.gz"))
+    return files[-1] if files else None
 
 
 def _compile(step, gpu: bool) -> tuple[object, str]:

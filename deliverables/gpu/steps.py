@@ -205,7 +205,13 @@ def table_run(dtype: str):
                 if ctx.out_of_time():
                     return {"rows": rows, "cut": "the budget ran out"}
                 rows += _sweep(ctx, name, cfg, settings, T, 2 if ctx.smoke else 4)
-        _plots(ctx, rows, f"bench_{dtype}")
+        from deliverables.report.charts import bench_figures
+
+        try:
+            (ctx.out / f"bench_{dtype}").mkdir(parents=True, exist_ok=True)
+            bench_figures(rows, ctx.out / f"bench_{dtype}")
+        except Exception as e:  # a missing plotting extra must not cost the table
+            print(f"warning: no plots for bench_{dtype}: {e}", file=sys.stderr)
         return {"rows": rows}
 
     return run
@@ -333,12 +339,3 @@ def run_shakespeare(ctx: Context) -> dict:
     return {"rows": evals, "status": status, "wall_s": wall, "target": TARGET_VAL_LOSS,
             "reached": hit, "command": " ".join(["python", *cmd[1:]])}
 
-
-def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from deliverables.report.charts import bench_figures
-
-    try:
-        (ctx.out / prefix).mkdir(parents=True, exist_ok=True)
-        bench_figures(rows, ctx.out / prefix)
-    except Exception as e:  # a missing plotting extra must not cost the table
-        print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)
