@@ -25,6 +25,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MANIFEST, IMAGE = HERE / "wheels.txt", HERE / "image.txt"
@@ -51,17 +54,11 @@ class Wheel:
 
     @property
     def name(self) -> str:
-        return canonical(self.requirement.split("==")[0])
+        return canonicalize_name(self.requirement.split("==")[0])
 
     @property
     def version(self) -> str:
         return self.requirement.split("==")[1]
-
-
-def canonical(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return canonicalize_name(name)
 
 
 def _entries(path: Path) -> list[str]:
@@ -70,15 +67,14 @@ def _entries(path: Path) -> list[str]:
 
 
 def read_manifest(path: Path = MANIFEST) -> list[Wheel]:
-    out = []
-    for req, file, size, sha, *rest in map(str.split, _entries(path)):
-        out.append(Wheel(req, file, int(size), sha, tuple(filter(None, (rest[0] if rest else "").split(";")))))
-    return out
+    return [Wheel(req, file, int(size), sha, tuple(filter(None, ";".join(rest).split(";"))))
+            for req, file, size, sha, *rest in map(str.split, _entries(path))]
 
 
 def read_image(path: Path = IMAGE) -> dict[str, str | None]:
     """Package name -> version (None where the image's notes give none)."""
-    return {canonical(name): version or None for name, _, version in (e.partition("==") for e in _entries(path))}
+    pairs = (e.partition("==") for e in _entries(path))
+    return {canonicalize_name(name): version or None for name, _, version in pairs}
 
 
 def dependencies(root: Path = REPO) -> list[str]:
@@ -89,21 +85,17 @@ def dependencies(root: Path = REPO) -> list[str]:
 def normalise(text: str) -> str | None:
     """A requirement as wheels.txt records it ("name[extras]specifier"), or None when its marker leaves it out
     on the offline machine (another platform, an extra)."""
-    from packaging.requirements import Requirement
-
     req = Requirement(text)
     if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
         return None
     extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-    return f"{canonical(req.name)}{extras}{req.specifier}"
+    return f"{canonicalize_name(req.name)}{extras}{req.specifier}"
 
 
 def _unmet(text: str, available: dict[str, str | None], where: str) -> str | None:
     """Why requirement `text` is not met by `available` (name -> version or None), or None when it is."""
-    from packaging.requirements import Requirement
-
     req = Requirement(text)
-    name = canonical(req.name)
+    name = canonicalize_name(req.name)
     if name not in available:
         return f"{where} needs {text}: neither on the image (image.txt) nor carried (wheels.txt)"
     version = available[name]
