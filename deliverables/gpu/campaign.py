@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -138,14 +137,16 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
     import jax
 
-    from deliverables.gpu.predict import enable_cache
     from deliverables.gpu.steps import Context
 
     out.mkdir(parents=True, exist_ok=True)
     deadline = deadline if deadline is not None else time.monotonic() + args.budget - startup
     rows = plan(steps(), args.budget, args.only, args.smoke, startup)
     ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch=scratch)
-    enable_cache(ctx.scratch / "xla_cache")
+    # every program cached: a row's program compiled again for its prediction is then loaded, not recompiled
+    jax.config.update("jax_compilation_cache_dir", str(ctx.scratch / "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device, "jax": jax.__version__,
             "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke, **(meta or {})}
     results, notes, failed = _earlier(out, args.smoke), {}, {}
@@ -239,7 +240,3 @@ def main(argv: list[str]) -> int:
     out = output_dir(args)
     check_failures(PROG, {f"step {name}": why for name, why in run(args, out).items()}, out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main))

@@ -1,11 +1,10 @@
 """Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
 the profiler's trace.
 
-A timed row's program is lowered again from abstract arguments and compiled, which JAX's persistent compilation cache
-(`enable_cache`) turns into a load of the executable the row ran, autotuned choices included. A trace event names
-its kernel by the HLO instruction that launched it (`hlo_op`), the names the roofline's kernels carry. Rates: the
-device table's (jaxlm.predict.roofline.device_rates); without a GPU the CPU's program is priced at H100 rates, a
-check of the machinery and no prediction.
+A timed row's program is compiled again from abstract arguments: JAX's persistent compilation cache (the campaign
+turns it on) loads the executable the row ran, autotuned choices included. A trace event names its kernel by the HLO
+instruction that launched it (`hlo_op`), as the roofline's kernels are named. Without a GPU the CPU's program is
+priced at H100 rates: a check of the machinery, no prediction.
 """
 
 from __future__ import annotations
@@ -27,16 +26,6 @@ class Event(NamedTuple):
     us: float
     hlo_op: str  # the HLO instruction that launched it ("" when the trace does not say)
     module: str  # the HLO module ("jit_train_step"; "" when the trace does not say)
-
-
-def enable_cache(directory) -> None:
-    """JAX's persistent compilation cache in `directory`, for every program: a row's program compiled again for
-    its prediction is then loaded, not recompiled."""
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def target():
@@ -84,23 +73,6 @@ def _text(compiled) -> str:
         return ""
 
 
-def step_program(mode: str, model_cfg, compute, batch: int, context: int) -> tuple[str, float]:
-    """The optimised program of the benchmark's step (jaxlm.bench's own builder), lowered from abstract
-    arguments: nothing is allocated, and the program is the one the timed row compiled."""
-    import jax
-
-    from jaxlm.bench import steps
-
-    built = {}
-
-    def abstract_args():
-        built["step"] = steps.build_step(mode, model_cfg, compute, batch, context)
-        return built["step"].args
-
-    args = jax.eval_shape(abstract_args)
-    return compiled_text(built["step"].jitted, args)
-
-
 def figures(prediction, tokens: int, model_flops: float | None, dtype: str, device, label: str) -> dict:
     """The predicted keys of a row: step time, tokens/s and MFU (model FLOPs over the dense peak of `dtype`, the
     peak the row's measured MFU uses: for float32 the CUDA cores', which TF32 matmuls can exceed)."""
@@ -113,13 +85,24 @@ def figures(prediction, tokens: int, model_flops: float | None, dtype: str, devi
 
 def for_row(row: dict, model_cfg, compute) -> dict:
     """The predicted keys for a timed benchmark row (nothing for a row that did not run), and
-    `measured_over_predicted`; a failure is a `prediction_error`, never a lost row."""
+    `measured_over_predicted`; a failure is a `prediction_error`, never a lost row. The program is the benchmark's
+    step (jaxlm.bench's own builder) lowered from abstract arguments: nothing is allocated."""
     if row.get("status") != "ok" or not row.get("step_ms"):
         return {}
+    import jax
+
+    from jaxlm.bench import steps
     from jaxlm.predict.roofline import device_rates, predict
 
+    built = {}
+
+    def abstract_args():
+        built["step"] = steps.build_step(row["mode"], model_cfg, compute, row["batch"], row["context"])
+        return built["step"].args
+
     try:
-        text, seconds = step_program(row["mode"], model_cfg, compute, row["batch"], row["context"])
+        args = jax.eval_shape(abstract_args)
+        text, seconds = compiled_text(built["step"].jitted, args)
         device, label = target()
         out = figures(predict(text, device_rates(device)), row["batch"] * row["context"], row.get("flops_per_step"),
                       row["dtype"], device, label)
