@@ -14,6 +14,7 @@ Its functions use the standard library and `packaging` only: they run before jax
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -187,19 +188,45 @@ def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
     return file_problems(read_manifest(), folder)
 
 
-def install(folder: Path, site: Path) -> dict:
-    """pip-install the listed wheels (no index, no dependencies) into `site`, put it first on sys.path and on
-    PYTHONPATH (for the subprocesses), and the repository after it (jaxlm itself, from its sources)."""
+def installed(name: str) -> str | None:
+    """The version of `name` installed here, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install(folder: Path, site: Path, smoke: bool) -> dict:
+    """The offline run's first phase: pip-install the listed wheels (no index, no dependencies) into `site`, put it
+    first on sys.path and on PYTHONPATH (for the subprocesses), the repository after it (jaxlm itself, from its
+    sources); with `smoke` under another Python than 3.12, a dry run of that install for 3.12 instead."""
     wheels = read_manifest()
-    problems = file_problems(wheels, folder)
-    if problems:
-        raise RuntimeError(problems[0])
+    if not any((folder / w.file).is_file() for w in wheels):
+        missing = [w.requirement for w in wheels if installed(w.name) is None]
+        if missing:
+            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
+                             "python -m deliverables.gpu.carry download where pip reaches PyPI, and carry .whl"}
+        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
     t0 = time.monotonic()
-    _pip_install(folder, site)
+    try:
+        problems = file_problems(wheels, folder)
+        if smoke and sys.version_info[:2] != PYTHON:  # wheels this interpreter cannot take
+            return {"simulated": "pip install --dry-run for CPython 3.12 manylinux x86_64; packages from this "
+                                 "environment", "problem": (problems or [resolves(folder)])[0],
+                    "seconds": time.monotonic() - t0}
+        if problems:
+            return {"error": problems[0]}
+        _pip_install(folder, site)
+    except subprocess.CalledProcessError as e:  # its command is a page of wheel paths: pip's own output says why
+        return {"error": f"pip install into {site} exited {e.returncode} (its output is above)"}
+    except OSError as e:
+        return {"error": str(e).strip()}
     for path in (str(REPO), str(site)):
         if path not in sys.path:
             sys.path.insert(0, path)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), str(REPO), os.environ.get("PYTHONPATH"))))
+    if (folder / "data" / CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
+        os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
     return {"seconds": time.monotonic() - t0, "site": str(site), "wheels": [w.requirement for w in wheels],
             "bytes": sum(w.size for w in wheels)}
 

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,39 +63,6 @@ def campaign_budget(budget: float) -> float:
     return budget - sum(s for _, s, _ in PHASES) - FINISH_S
 
 
-def install(args) -> dict:
-    """Phase 1: the carried wheels (a dry run of their install with --smoke under another Python than 3.12)."""
-    folder = Path(args.carry)
-    wheels = carry.read_manifest()
-    if not any((folder / w.file).is_file() for w in wheels):
-        missing = [w.requirement for w in wheels if _version(w.name) is None]
-        if missing:
-            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
-                             "python -m deliverables.gpu.carry download where pip reaches PyPI, and carry .whl"}
-        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
-    if args.smoke and sys.version_info[:2] != carry.PYTHON:  # wheels this interpreter cannot take
-        t0 = time.monotonic()
-        problem = carry.file_problems(wheels, folder) or [carry.resolves(folder)]
-        return {"simulated": "pip install --dry-run for CPython 3.12 manylinux x86_64; packages from this environment",
-                "problem": problem[0], "seconds": time.monotonic() - t0}
-    try:
-        done = carry.install(folder, Path(args.site))
-    except subprocess.CalledProcessError as e:  # its command is a page of wheel paths: pip's own output says why
-        return {"error": f"pip install into {args.site} exited {e.returncode} (its output is above)"}
-    except (RuntimeError, OSError) as e:
-        return {"error": str(e).strip()}
-    if (folder / "data" / carry.CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
-        os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
-    return done
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def requirement_problems() -> list[str]:
     """pyproject.toml's dependencies that the installed versions do not meet."""
     from packaging.requirements import Requirement
@@ -105,7 +70,7 @@ def requirement_problems() -> list[str]:
     out = []
     for text in carry.dependencies():
         req = Requirement(text)
-        have = _version(req.name)
+        have = carry.installed(req.name)
         if have is None:
             out.append(f"{req.name}: not installed ({text})")
         elif not req.specifier.contains(have, prereleases=True):
@@ -115,7 +80,7 @@ def requirement_problems() -> list[str]:
 
 def preflight(smoke: bool) -> tuple[dict, str | None]:
     """Phase 2: (what was found, the reason to stop or None)."""
-    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := _version(n))},
+    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := carry.installed(n))},
              "requirements": requirement_problems(), "imports": {}}
     versions = found["versions"]
     for name in ("jax", *(n for n in VERSIONS if n.startswith("jax-cuda"))):  # one jaxlib release for all of them
@@ -189,7 +154,8 @@ def run(args, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join([PROG, *args.argv]), "smoke": args.smoke, "budget_s": args.budget,
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": {}}
-    record["install"] = _phase(record, "install", out, lambda: install(args))
+    record["install"] = _phase(record, "install", out,
+                               lambda: carry.install(Path(args.carry), Path(args.site), args.smoke))
     if record["install"].get("error"):
         raise UsageError(f"{PROG}: installing the carried wheels failed: {record['install']['error']}")
     if record["install"].get("problem"):  # the smoke's dry run of the install: said now, and fails the call at its end
