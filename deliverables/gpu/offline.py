@@ -63,25 +63,19 @@ def campaign_budget(budget: float) -> float:
     return budget - sum(s for _, s, _ in PHASES) - FINISH_S
 
 
-def requirement_problems() -> list[str]:
-    """pyproject.toml's dependencies that the installed versions do not meet."""
+def preflight(smoke: bool) -> tuple[dict, str | None]:
+    """Phase 2: (what was found, the reason to stop or None)."""
     from packaging.requirements import Requirement
 
-    out = []
-    for text in carry.dependencies():
+    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := carry.installed(n))},
+             "requirements": [], "imports": {}}
+    for text in carry.dependencies():  # pyproject.toml's dependencies that the installed versions do not meet
         req = Requirement(text)
         have = carry.installed(req.name)
         if have is None:
-            out.append(f"{req.name}: not installed ({text})")
+            found["requirements"].append(f"{req.name}: not installed ({text})")
         elif not req.specifier.contains(have, prereleases=True):
-            out.append(f"{req.name} {have} does not meet {text}")
-    return out
-
-
-def preflight(smoke: bool) -> tuple[dict, str | None]:
-    """Phase 2: (what was found, the reason to stop or None)."""
-    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := carry.installed(n))},
-             "requirements": requirement_problems(), "imports": {}}
+            found["requirements"].append(f"{req.name} {have} does not meet {text}")
     versions = found["versions"]
     for name in ("jax", *(n for n in VERSIONS if n.startswith("jax-cuda"))):  # one jaxlib release for all of them
         if name in versions and versions[name] != versions.get("jaxlib"):
