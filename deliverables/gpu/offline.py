@@ -207,17 +207,6 @@ def summary(record: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
-def output_dir(args) -> Path:
-    """runs/gpu_offline/ (runs/gpu_offline_smoke/ with --smoke) unless --out says; never the committed report, which
-    `python -m deliverables.gpu.merge` fills from what the machine brought back."""
-    from deliverables.gpu.campaign import DEFAULT_OUT, in_report
-
-    out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
-    cli.check_option(not in_report(out), "--out", args.out, f"the offline run writes its own folder, not "
-                     f"{DEFAULT_OUT}/ (python -m deliverables.gpu.merge takes its results there)")
-    return out
-
-
 def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(command="deliverables.gpu.offline", prog=PROG, description=__doc__,
                                 formatter_class=cli.HelpFormatter)
@@ -240,7 +229,10 @@ def main(argv: list[str]) -> int:
         finish = (("finish", FINISH_S, "offline.json and the copies to $OUT"),)
         print(campaign.format_plan(rows, args.budget, PHASES, finish))
         return 0
-    return run(args, output_dir(args))
+    out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT  # never the committed report: merge fills it
+    cli.check_option(not campaign.in_report(out), "--out", args.out, f"the offline run writes its own folder, not "
+                     f"{campaign.DEFAULT_OUT}/ (python -m deliverables.gpu.merge takes its results there)")
+    return run(args, out)
 
 
 if __name__ == "__main__":
