@@ -15,6 +15,12 @@ import warnings
 from collections import Counter
 from typing import NamedTuple
 
+import jax
+
+from jaxlm.analysis.devices import DEVICES, find
+from jaxlm.predict import calibration
+from jaxlm.predict.roofline import GROUPS, device_rates, predict
+
 NO_GPU_TARGET = "h100-80gb"
 TOP = 12
 
@@ -30,11 +36,6 @@ class Event(NamedTuple):
 
 def target():
     """(device row, label): this GPU's row of the device table, or the H100's on a machine without one."""
-    import jax
-
-    from jaxlm.analysis.devices import DEVICES, find
-    from jaxlm.predict.roofline import device_rates
-
     kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
     found = find(kind) if kind else None
     device = found or DEVICES[NO_GPU_TARGET]
@@ -49,8 +50,6 @@ def target():
 def compiled_text(jitted, args) -> tuple[str, float]:
     """(optimised HLO text, seconds) of `jitted` compiled for `args` (arrays or ShapeDtypeStructs). An executable
     loaded from the compilation cache without its program text is compiled again, the cache off."""
-    import jax
-
     t0 = time.perf_counter()
     cached = jax.config.jax_enable_compilation_cache
     try:
@@ -89,10 +88,7 @@ def for_row(row: dict, model_cfg, compute) -> dict:
     step (jaxlm.bench's own builder) lowered from abstract arguments: nothing is allocated."""
     if row.get("status") != "ok" or not row.get("step_ms"):
         return {}
-    import jax
-
     from jaxlm.bench import steps
-    from jaxlm.predict.roofline import device_rates, predict
 
     built = {}
 
@@ -113,8 +109,6 @@ def for_row(row: dict, model_cfg, compute) -> dict:
 
 def program_ms(jitted, args) -> float | None:
     """Predicted milliseconds of one call of `jitted` on `args` (the attention kernels' rows)."""
-    from jaxlm.predict.roofline import device_rates, predict
-
     try:
         text, _ = compiled_text(jitted, args)
         return 1e3 * predict(text, device_rates(target()[0])).seconds if text else None
@@ -160,8 +154,6 @@ def _matched(prediction, events: list[Event], module: str) -> tuple[Counter, Cou
 def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
     """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
     the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
-    from jaxlm.predict.roofline import GROUPS
-
     kernels = {k.name: k for k in prediction.kernels}
     per_kernel, unmatched = _matched(prediction, events, module)
     measured = Counter()
@@ -190,7 +182,5 @@ def compare(prediction, events: list[Event], calls: int, module: str = "") -> di
 def calibrate(prediction, events: list[Event], calls: int, module: str, device: str, source: str):
     """A calibration (jaxlm.predict.calibration) fitted on a trace: each matched kernel's measured time per call
     over its (uncalibrated) prediction, per kernel group and shape class."""
-    from jaxlm.predict import calibration
-
     per_kernel, _ = _matched(prediction, events, module)
     return calibration.fit(prediction, {n: us / 1e6 / calls for n, us in per_kernel.items()}, device, source)

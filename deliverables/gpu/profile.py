@@ -16,10 +16,16 @@ import json
 import re
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 from deliverables.gpu import predict
 from deliverables.gpu.predict import Event
 from deliverables.gpu.steps import TINY, Context, attention_fns
+from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import write_json
+from jaxlm.predict.roofline import device_rates
+from jaxlm.predict.roofline import predict as roofline
 
 CALIBRATION_FILE = "calibration.json"
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
@@ -64,8 +70,6 @@ def summarise(events: list[Event]) -> dict:
 
 def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
     """CALLS calls of `fn` traced (after two outside the trace); the newest trace file under trace_dir."""
-    import jax
-
     for _ in range(2):  # warm-up outside the trace
         args = advance(args, jax.block_until_ready(fn(*args)))
     with jax.profiler.trace(str(trace_dir)):
@@ -94,8 +98,6 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
     """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
     the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
     from jaxlm.bench import steps
-    from jaxlm.predict.roofline import device_rates
-    from jaxlm.predict.roofline import predict as roofline
 
     step = steps.build_step(mode, cfg, compute, batch, context)
     compiled, options = _compile(step, ctx.gpu)
@@ -123,11 +125,6 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
 
 def run_profile(ctx: Context) -> dict:
     """Trace a forward pass and a train step of `small` (bfloat16 on a GPU) and attention alone."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxlm.core.config import ComputeConfig, ModelConfig
-
     cfg, T, B = (TINY, 32, 2) if ctx.smoke else (ModelConfig.from_name("small"), 1024, 4)
     compute = ComputeConfig(dtype="bfloat16" if ctx.gpu else "float32")
     res = {"model": "tiny" if ctx.smoke else "small", "context": T, "batch": B, "dtype": compute.dtype}

@@ -16,10 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+
 from deliverables.gpu import predict
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
+from jaxlm.bench import measure
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ModelConfig
+from jaxlm.nn.attention import attention
 
 H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
@@ -44,8 +50,6 @@ class Context:
     gpu: bool = field(init=False)
 
     def __post_init__(self):
-        import jax
-
         from jaxlm.bench.steps import device_kind
 
         self.warmup, self.steps = (1, 2) if self.smoke else (5, 10)
@@ -95,21 +99,12 @@ ATTENTION_SECONDS = len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 sh
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    import jax
-
-    from jaxlm.bench.timing import time_calls
-
     seconds = time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds
     return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
 def attention_fns(impl: str, window: int | None):
     """(forward, gradient of q, k, v for a cotangent), both jitted."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxlm.nn.attention import attention
-
     fwd = jax.jit(lambda q, k, v: attention(q, k, v, implementation=impl, causal=True, window=window))
     loss = lambda q, k, v, ct: jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
     return fwd, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
@@ -118,9 +113,6 @@ def attention_fns(impl: str, window: int | None):
 def attention_inputs(seed: int, shape: tuple, window: int | None):
     """(bfloat16 (q, k, v), cotangent, errors(fwd, bwd)): the relative errors of an implementation's output and
     (worst) gradient against float32 xla attention on the same (upcast) inputs."""
-    import jax
-    import jax.numpy as jnp
-
     keys = jax.random.split(jax.random.key(seed), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
     args = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
@@ -141,8 +133,6 @@ def attention_inputs(seed: int, shape: tuple, window: int | None):
 
 def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
     """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
-    from jaxlm.bench.measure import is_oom
-
     args, ct, errors = attention_inputs(T, shape, window)
     rows = []
     for impl in ("xla", "cudnn"):
@@ -159,7 +149,8 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
             row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (*args, ct))
             row["status"] = "ok"
         except Exception as e:
-            row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
+            row.update(status="OOM" if measure.is_oom(e) else "error",
+                       reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
         rows.append(row)
     return rows
 
@@ -181,8 +172,6 @@ def run_attention(ctx: Context) -> dict:
 
 def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
     """jaxlm.bench's rows (one per setting), each with jaxlm.memory's estimate and the roofline's prediction."""
-    from jaxlm.bench import measure
-
     opts = measure.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
     rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
     for s, r in zip(settings, rows):
@@ -195,8 +184,6 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
 
 def table_run(dtype: str):
     def run(ctx: Context) -> dict:
-        from jaxlm.bench import measure
-
         modes = ("train_step",) if ctx.smoke and dtype == "float32" else flops.MODES
         settings = [measure.BenchCase(mode=m, dtype=dtype) for m in modes]
         rows = []
@@ -226,8 +213,6 @@ TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudn
 
 
 def _technique_settings():
-    from jaxlm.bench import measure
-
     return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
 
 
@@ -266,10 +251,6 @@ def techniques_seconds() -> float:
 def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
     one-step runs searched around it (jaxlm.analysis.memory.search_largest) up to the largest batch that runs."""
-    import jax
-
-    from jaxlm.bench import measure
-
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
     rows = []
