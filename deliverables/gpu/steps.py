@@ -209,11 +209,8 @@ def table_seconds(dtype: str) -> float:
                for T in contexts(False) for m in flops.MODES)
 
 
-TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none"))
-
-
-def _technique_settings():
-    return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+TECHNIQUES = tuple(measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r)
+                   for a, r in (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none")))
 
 
 def run_techniques(ctx: Context) -> dict:
@@ -222,7 +219,7 @@ def run_techniques(ctx: Context) -> dict:
     rows, T = [], 32 if ctx.smoke else 1024
     batch = 2 if ctx.smoke else 4
     for name, cfg in models(ctx.smoke, ("small", "large")).items():
-        for s in sorted(_technique_settings(), key=lambda s: _estimated(s, cfg, batch, T)):
+        for s in sorted(TECHNIQUES, key=lambda s: _estimated(s, cfg, batch, T)):
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
             if ctx.no_cudnn(s.attention):
@@ -244,8 +241,8 @@ def _estimated(setting, cfg: ModelConfig, batch: int, context: int) -> float:
 
 
 def techniques_seconds() -> float:
-    return sum(row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
-               + PREDICT_S for n in ("small", "large") for _, r in TECHNIQUES)
+    return sum(row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024)
+               * (1.3 if s.remat != "none" else 1) + PREDICT_S for n in ("small", "large") for s in TECHNIQUES)
 
 
 def run_max_batch(ctx: Context) -> dict:
@@ -254,7 +251,7 @@ def run_max_batch(ctx: Context) -> dict:
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
     capacity = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
     rows = []
-    for s in _technique_settings():
+    for s in TECHNIQUES:
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
         if ctx.no_cudnn(s.attention):
