@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -45,19 +44,19 @@ def steps():
 
     return (
         s.Step("profile", "Where the time goes: kernels from a profiler trace, predicted against measured per group",
-               p.estimate_profile, p.run_profile, cuts=False),
+               p.run_profile, 50.0, 8.0, cuts=False),
         s.Step("techniques", "Techniques at context 1024: remat none / full / dots_saveable, cuDNN attention",
-               s.estimate_techniques, s.run_techniques),
+               s.run_techniques, s.techniques_seconds(), 6.0),
         s.Step("attention", "cuDNN vs XLA attention: parity to float32 and speed, forward and backward",
-               s.estimate_attention, s.run_attention),
-        s.Step("max_batch", "Largest batch per technique at context 1024 (`small`)", s.estimate_max_batch,
-               s.run_max_batch),
-        s.Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", s.table_estimate("bfloat16"),
-               s.table_run("bfloat16")),
+               s.run_attention, s.ATTENTION_SECONDS, 4.0),
+        s.Step("max_batch", "Largest batch per technique at context 1024 (`small`)", s.run_max_batch,
+               s.max_batch_seconds(), 8.0),
+        s.Step("bench_bf16", "The curriculum bench table, bfloat16 (XLA attention)", s.table_run("bfloat16"),
+               s.table_seconds("bfloat16"), 10.0),
         s.Step("shakespeare", f"Shakespeare GPU recipe: time to validation loss {s.TARGET_VAL_LOSS}",
-               s.estimate_shakespeare, s.run_shakespeare, cuts=False),
-        s.Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", s.table_estimate("float32"),
-               s.table_run("float32")),
+               s.run_shakespeare, 120.0, 30.0, cuts=False),
+        s.Step("bench_f32", "The curriculum bench table, float32 (XLA attention)", s.table_run("float32"),
+               s.table_seconds("float32"), 10.0),
     )
 
 
@@ -138,14 +137,16 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
     import jax
 
-    from deliverables.gpu.predict import enable_cache
     from deliverables.gpu.steps import Context
 
     out.mkdir(parents=True, exist_ok=True)
     deadline = deadline if deadline is not None else time.monotonic() + args.budget - startup
     rows = plan(steps(), args.budget, args.only, args.smoke, startup)
-    ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch_dir=scratch)
-    enable_cache(ctx.scratch / "xla_cache")
+    ctx = Context(out=out, smoke=args.smoke, deadline=deadline, scratch=scratch)
+    # every program cached: a row's program compiled again for its prediction is then loaded, not recompiled
+    jax.config.update("jax_compilation_cache_dir", str(ctx.scratch / "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     meta = {"command": f"{PROG} " + " ".join(args.argv), "device": ctx.device, "jax": jax.__version__,
             "steps": ctx.steps, "warmup": ctx.warmup, "smoke": args.smoke, **(meta or {})}
     results, notes, failed = _earlier(out, args.smoke), {}, {}
@@ -179,13 +180,17 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
     return failed
 
 
+def in_report(out: Path) -> bool:
+    """Whether `out` lies in the committed GPU report, which only a full run on a GPU (or merge) writes."""
+    return any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
+
+
 def output_dir(args) -> Path:
     """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
     tiny-model figures are no GPU results and stay out of that report."""
     if args.smoke:
         out = Path(args.out) if args.out else SMOKE_OUT
-        report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
-        cli.check_option(not report, "--out", args.out,
+        cli.check_option(not in_report(out), "--out", args.out,
                          f"a --smoke run's tiny-model figures never go into {DEFAULT_OUT}/; give another --out")
         return out
     import jax
@@ -235,7 +240,3 @@ def main(argv: list[str]) -> int:
     out = output_dir(args)
     check_failures(PROG, {f"step {name}": why for name, why in run(args, out).items()}, out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli.run(main))

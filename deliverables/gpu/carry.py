@@ -14,6 +14,7 @@ Its functions use the standard library and `packaging` only: they run before jax
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -24,6 +25,9 @@ import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -51,17 +55,11 @@ class Wheel:
 
     @property
     def name(self) -> str:
-        return canonical(self.requirement.split("==")[0])
+        return canonicalize_name(self.requirement.split("==")[0])
 
     @property
     def version(self) -> str:
         return self.requirement.split("==")[1]
-
-
-def canonical(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return canonicalize_name(name)
 
 
 def _entries(path: Path) -> list[str]:
@@ -70,15 +68,14 @@ def _entries(path: Path) -> list[str]:
 
 
 def read_manifest(path: Path = MANIFEST) -> list[Wheel]:
-    out = []
-    for req, file, size, sha, *rest in map(str.split, _entries(path)):
-        out.append(Wheel(req, file, int(size), sha, tuple(filter(None, (rest[0] if rest else "").split(";")))))
-    return out
+    return [Wheel(req, file, int(size), sha, tuple(filter(None, ";".join(rest).split(";"))))
+            for req, file, size, sha, *rest in map(str.split, _entries(path))]
 
 
 def read_image(path: Path = IMAGE) -> dict[str, str | None]:
     """Package name -> version (None where the image's notes give none)."""
-    return {canonical(name): version or None for name, _, version in (e.partition("==") for e in _entries(path))}
+    pairs = (e.partition("==") for e in _entries(path))
+    return {canonicalize_name(name): version or None for name, _, version in pairs}
 
 
 def dependencies(root: Path = REPO) -> list[str]:
@@ -89,21 +86,17 @@ def dependencies(root: Path = REPO) -> list[str]:
 def normalise(text: str) -> str | None:
     """A requirement as wheels.txt records it ("name[extras]specifier"), or None when its marker leaves it out
     on the offline machine (another platform, an extra)."""
-    from packaging.requirements import Requirement
-
     req = Requirement(text)
     if req.marker is not None and not req.marker.evaluate(TARGET_ENV):
         return None
     extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-    return f"{canonical(req.name)}{extras}{req.specifier}"
+    return f"{canonicalize_name(req.name)}{extras}{req.specifier}"
 
 
 def _unmet(text: str, available: dict[str, str | None], where: str) -> str | None:
     """Why requirement `text` is not met by `available` (name -> version or None), or None when it is."""
-    from packaging.requirements import Requirement
-
     req = Requirement(text)
-    name = canonical(req.name)
+    name = canonicalize_name(req.name)
     if name not in available:
         return f"{where} needs {text}: neither on the image (image.txt) nor carried (wheels.txt)"
     version = available[name]
@@ -195,19 +188,45 @@ def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
     return file_problems(read_manifest(), folder)
 
 
-def install(folder: Path, site: Path) -> dict:
-    """pip-install the listed wheels (no index, no dependencies) into `site`, put it first on sys.path and on
-    PYTHONPATH (for the subprocesses), and the repository after it (jaxlm itself, from its sources)."""
+def installed(name: str) -> str | None:
+    """The version of `name` installed here, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install(folder: Path, site: Path, smoke: bool) -> dict:
+    """The offline run's first phase: pip-install the listed wheels (no index, no dependencies) into `site`, put it
+    first on sys.path and on PYTHONPATH (for the subprocesses), the repository after it (jaxlm itself, from its
+    sources); with `smoke` under another Python than 3.12, a dry run of that install for 3.12 instead."""
     wheels = read_manifest()
-    problems = file_problems(wheels, folder)
-    if problems:
-        raise RuntimeError(problems[0])
+    if not any((folder / w.file).is_file() for w in wheels):
+        missing = [w.requirement for w in wheels if installed(w.name) is None]
+        if missing:
+            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
+                             "python -m deliverables.gpu.carry download where pip reaches PyPI, and carry .whl"}
+        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
     t0 = time.monotonic()
-    _pip_install(folder, site)
+    try:
+        problems = file_problems(wheels, folder)
+        if smoke and sys.version_info[:2] != PYTHON:  # wheels this interpreter cannot take
+            return {"simulated": "pip install --dry-run for CPython 3.12 manylinux x86_64; packages from this "
+                                 "environment", "problem": (problems or [resolves(folder)])[0],
+                    "seconds": time.monotonic() - t0}
+        if problems:
+            return {"error": problems[0]}
+        _pip_install(folder, site)
+    except subprocess.CalledProcessError as e:  # its command is a page of wheel paths: pip's own output says why
+        return {"error": f"pip install into {site} exited {e.returncode} (its output is above)"}
+    except OSError as e:
+        return {"error": str(e).strip()}
     for path in (str(REPO), str(site)):
         if path not in sys.path:
             sys.path.insert(0, path)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(site), str(REPO), os.environ.get("PYTHONPATH"))))
+    if (folder / "data" / CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
+        os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
     return {"seconds": time.monotonic() - t0, "site": str(site), "wheels": [w.requirement for w in wheels],
             "bytes": sum(w.size for w in wheels)}
 

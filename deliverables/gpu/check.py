@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from pydoc_data.topics import topics
 
+import jax
 import numpy as np
+
+from deliverables.gpu.steps import NO_CUDNN, attention_fns, attention_inputs
+from jaxlm.core import sharding
+from jaxlm.core.config import load_config
+from jaxlm.nn.decode import Generator, SamplingParams
+from jaxlm.training.checkpoint import Checkpointer
+from jaxlm.training.loop import build
 
 ATTENTION_TOL = {"out": 1e-2, "grad": 2e-2}
 ATTENTION_SHAPE = (2, 256, 4, 64)  # (batch, context, heads, head_dim)
@@ -29,17 +38,15 @@ TINY = ("model.vocab_size=257", "model.context_length=64", "model.d_model=64", "
 
 def attention(gpu: bool, device: str) -> list[dict]:
     """One row per (implementation, window): errors against float32 XLA attention, and whether they pass."""
-    from deliverables.gpu.steps import attention_errors, attention_fns, attention_inputs
-
     rows = []
     for window in (None, ATTENTION_WINDOW):
-        args, ct, ref_out, ref_grads = attention_inputs(7, ATTENTION_SHAPE, window)
+        _, _, errors = attention_inputs(7, ATTENTION_SHAPE, window)
         for impl in ("xla", "cudnn"):
             row = {"check": "attention", "implementation": impl, "window": window, "shape": list(ATTENTION_SHAPE)}
             if impl == "cudnn" and not gpu:
-                rows.append({**row, "ok": None, "reason": f"cuDNN attention needs an NVIDIA GPU; this is {device}"})
+                rows.append({**row, "ok": None, "reason": NO_CUDNN.format(device)})
                 continue
-            row.update(attention_errors(*attention_fns(impl, window), args, ct, ref_out, ref_grads))
+            row.update(errors(*attention_fns(impl, window)))
             row["ok"] = row["out_rel_err"] <= ATTENTION_TOL["out"] and row["grad_rel_err"] <= ATTENTION_TOL["grad"]
             rows.append(row)
     return rows
@@ -47,8 +54,6 @@ def attention(gpu: bool, device: str) -> list[dict]:
 
 def text_batches(batch: int, context: int, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """`steps` (inputs, targets) pairs of (batch, context) byte ids from Python's bundled docs, in order."""
-    from pydoc_data.topics import topics
-
     ids = np.frombuffer("".join(topics[k] for k in sorted(topics)).encode(), dtype=np.uint8).astype(np.int32)
     n = context + 1
     rows = ids[: steps * batch * n].reshape(steps, batch, n)
@@ -57,11 +62,6 @@ def text_batches(batch: int, context: int, steps: int) -> list[tuple[np.ndarray,
 
 def _run(cfg, devices, batches):
     """(losses, final state, built) of training's step on `devices` from the config's initial weights."""
-    import jax
-
-    from jaxlm.core import sharding
-    from jaxlm.training.loop import build
-
     mesh = sharding.make_mesh(devices=devices, cfg=cfg.parallel)
     built = build(cfg, mesh)
     state = jax.jit(built.make_state, out_shardings=built.shardings)(None)
@@ -74,27 +74,13 @@ def _run(cfg, devices, batches):
 
 
 def _bit_equal(a, b) -> bool:
-    import jax
-
     if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
         a, b = jax.random.key_data(a), jax.random.key_data(b)
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
 
 
-def _greedy(state, graphdef, prompt: list[int], tokens: int) -> list[int]:
-    from jaxlm.nn.decode import Generator, SamplingParams
-
-    gen = Generator(state.model(graphdef))
-    return [int(t) for t in gen.generate([prompt], tokens, SamplingParams(temperature=0.0)).tokens[0]]
-
-
 def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
     """The bfloat16 run against the float32 CPU reference, then save / restore / generate of its state."""
-    import jax
-
-    from jaxlm.core.config import load_config
-    from jaxlm.training.checkpoint import Checkpointer
-
     cfg = load_config(None, [*TINY, "compute.dtype=bfloat16", f"train.out_dir={scratch / 'check_run'}"])
     ref_cfg = load_config(None, [*TINY, "compute.dtype=float32"])
     batches = text_batches(cfg.data.batch_size, cfg.model.context_length, TRAIN_STEPS)
@@ -113,7 +99,9 @@ def train_and_checkpoint(scratch: Path, gpu: bool) -> list[dict]:
     finally:
         ckpt.close()
     equal = all(_bit_equal(a, b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)))
-    tokens = _greedy(restored, built.graphdef, [int(t) for t in batches[0][0][0, :16]], GENERATE_TOKENS)
+    prompt = [int(t) for t in batches[0][0][0, :16]]
+    greedy = Generator(restored.model(built.graphdef)).generate([prompt], GENERATE_TOKENS, SamplingParams(0.0))
+    tokens = [int(t) for t in greedy.tokens[0]]
     valid = len(tokens) == GENERATE_TOKENS and max(tokens) < cfg.model.vocab_size
     saved = {"check": "checkpoint", "save_restore_s": seconds, "arrays_equal": equal, "step": meta.get("step"),
              "generated": tokens, "ok": bool(equal and valid)}

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,58 +63,19 @@ def campaign_budget(budget: float) -> float:
     return budget - sum(s for _, s, _ in PHASES) - FINISH_S
 
 
-def install(args) -> dict:
-    """Phase 1: the carried wheels (a dry run of their install with --smoke under another Python than 3.12)."""
-    folder = Path(args.carry)
-    wheels = carry.read_manifest()
-    if not any((folder / w.file).is_file() for w in wheels):
-        missing = [w.requirement for w in wheels if _version(w.name) is None]
-        if missing:
-            return {"error": f"no wheels in {folder} and {', '.join(missing)} not installed: run "
-                             "python -m deliverables.gpu.carry download where pip reaches PyPI, and carry .whl"}
-        return {"skipped": f"no wheels in {folder}: every carried package is installed here already"}
-    if args.smoke and sys.version_info[:2] != carry.PYTHON:  # wheels this interpreter cannot take
-        t0 = time.monotonic()
-        problem = carry.file_problems(wheels, folder) or [carry.resolves(folder)]
-        return {"simulated": "pip install --dry-run for CPython 3.12 manylinux x86_64; packages from this environment",
-                "problem": problem[0], "seconds": time.monotonic() - t0}
-    try:
-        done = carry.install(folder, Path(args.site))
-    except subprocess.CalledProcessError as e:  # its command is a page of wheel paths: pip's own output says why
-        return {"error": f"pip install into {args.site} exited {e.returncode} (its output is above)"}
-    except (RuntimeError, OSError) as e:
-        return {"error": str(e).strip()}
-    if (folder / "data" / carry.CORPUS).is_file() and not os.environ.get("JAXLM_DATA"):
-        os.environ["JAXLM_DATA"] = str((folder / "data").resolve())  # the shakespeare step's corpus
-    return done
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def requirement_problems() -> list[str]:
-    """pyproject.toml's dependencies that the installed versions do not meet."""
-    from packaging.requirements import Requirement
-
-    out = []
-    for text in carry.dependencies():
-        req = Requirement(text)
-        have = _version(req.name)
-        if have is None:
-            out.append(f"{req.name}: not installed ({text})")
-        elif not req.specifier.contains(have, prereleases=True):
-            out.append(f"{req.name} {have} does not meet {text}")
-    return out
-
-
 def preflight(smoke: bool) -> tuple[dict, str | None]:
     """Phase 2: (what was found, the reason to stop or None)."""
-    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := _version(n))},
-             "requirements": requirement_problems(), "imports": {}}
+    from packaging.requirements import Requirement
+
+    found = {"python": sys.version.split()[0], "versions": {n: v for n in VERSIONS if (v := carry.installed(n))},
+             "requirements": [], "imports": {}}
+    for text in carry.dependencies():  # pyproject.toml's dependencies that the installed versions do not meet
+        req = Requirement(text)
+        have = carry.installed(req.name)
+        if have is None:
+            found["requirements"].append(f"{req.name}: not installed ({text})")
+        elif not req.specifier.contains(have, prereleases=True):
+            found["requirements"].append(f"{req.name} {have} does not meet {text}")
     versions = found["versions"]
     for name in ("jax", *(n for n in VERSIONS if n.startswith("jax-cuda"))):  # one jaxlib release for all of them
         if name in versions and versions[name] != versions.get("jaxlib"):
@@ -163,13 +122,6 @@ def copy_out(out: Path) -> list[str]:
     return copied
 
 
-def format_plan(budget: float, only: list[str] | None, smoke: bool) -> str:
-    from deliverables.gpu import campaign
-
-    rows = campaign.plan(campaign.steps(), campaign_budget(budget), only, smoke, startup=0.0)
-    return campaign.format_plan(rows, budget, PHASES, (("finish", FINISH_S, "offline.json and the copies to $OUT"),))
-
-
 def _phase(record: dict, name: str, out: Path, fn):
     """Run one phase, timing it into the record; offline.json (and $OUT) written after it."""
     t0 = time.monotonic()
@@ -185,14 +137,6 @@ def _write(record: dict, out: Path) -> None:
     record["copied_to_out"] = copy_out(out)
 
 
-def use_gpu() -> None:
-    """JAX on CUDA (and the CPU, for the float32 reference), whatever was chosen at import: an error at the first
-    device query when CUDA does not start, rather than a quiet fall back to the CPU."""
-    os.environ["JAX_PLATFORMS"] = "cuda,cpu"  # the subprocesses too
-    if "jax" in sys.modules:  # jaxlm.core.platform.prepare() imported it (no NVIDIA driver file seen)
-        sys.modules["jax"].config.update("jax_platforms", "cuda,cpu")
-
-
 def run(args, out: Path) -> int:
     from deliverables.gpu import campaign
 
@@ -204,13 +148,16 @@ def run(args, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join([PROG, *args.argv]), "smoke": args.smoke, "budget_s": args.budget,
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "phases": {}}
-    record["install"] = _phase(record, "install", out, lambda: install(args))
+    record["install"] = _phase(record, "install", out,
+                               lambda: carry.install(Path(args.carry), Path(args.site), args.smoke))
     if record["install"].get("error"):
         raise UsageError(f"{PROG}: installing the carried wheels failed: {record['install']['error']}")
     if record["install"].get("problem"):  # the smoke's dry run of the install: said now, and fails the call at its end
         print(f"warning: install: {record['install']['problem']}", file=sys.stderr, flush=True)
-    if not args.smoke:
-        use_gpu()
+    if not args.smoke:  # CUDA (and the CPU's float32 reference), here and in subprocesses: no quiet CPU fall back
+        os.environ["JAX_PLATFORMS"] = "cuda,cpu"
+        if "jax" in sys.modules:  # jaxlm.core.platform.prepare() imported it (no NVIDIA driver file seen)
+            sys.modules["jax"].config.update("jax_platforms", "cuda,cpu")
     found, stop = _phase(record, "startup", out, lambda: preflight(args.smoke))
     record["preflight"] = found
     if stop is not None:
@@ -231,18 +178,13 @@ def run(args, out: Path) -> int:
     record["seconds"] = time.monotonic() - t0
     _write(record, out)
     print(summary(record, out))
-    campaign.check_failures(PROG, failures(record, failed), out)
-    return 0
-
-
-def failures(record: dict, failed_steps: dict[str, str]) -> dict[str, str]:
-    """What of the call failed (what -> why): the install's dry run, the correctness checks, the steps."""
-    out = {"install": record["install"]["problem"]} if record["install"].get("problem") else {}
+    failures = {"install": record["install"]["problem"]} if record["install"].get("problem") else {}
     bad = [r for r in record["checks"]["rows"] if r["ok"] is False]
     if bad:
-        out["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
-                                  for r in bad) + " failed (offline.json)"
-    return {**out, **{f"step {name}": why for name, why in failed_steps.items()}}
+        failures["checks"] = ", ".join(" ".join(str(r[k]) for k in ("check", "implementation", "window") if r.get(k))
+                                       for r in bad) + " failed (offline.json)"
+    campaign.check_failures(PROG, {**failures, **{f"step {name}": why for name, why in failed.items()}}, out)
+    return 0
 
 
 def summary(record: dict, out: Path) -> str:
@@ -265,18 +207,6 @@ def summary(record: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
-def output_dir(args) -> Path:
-    """runs/gpu_offline/ (runs/gpu_offline_smoke/ with --smoke) unless --out says; never the committed report, which
-    `python -m deliverables.gpu.merge` fills from what the machine brought back."""
-    from deliverables.gpu.campaign import DEFAULT_OUT, REPO
-
-    out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT
-    report = any(out.resolve().is_relative_to(d) for d in (DEFAULT_OUT.resolve(), REPO / DEFAULT_OUT))
-    cli.check_option(not report, "--out", args.out, f"the offline run writes its own folder, not {DEFAULT_OUT}/ "
-                     "(python -m deliverables.gpu.merge takes its results there)")
-    return out
-
-
 def main(argv: list[str]) -> int:
     parser = cli.ArgumentParser(command="deliverables.gpu.offline", prog=PROG, description=__doc__,
                                 formatter_class=cli.HelpFormatter)
@@ -291,13 +221,18 @@ def main(argv: list[str]) -> int:
                         help="where the carried wheels are installed")
     args = parser.parse_args(argv)
     args.argv = argv
-    from deliverables.gpu.campaign import check_only
+    from deliverables.gpu import campaign
 
-    check_only(args.only)
+    campaign.check_only(args.only)
     if args.dry_run:
-        print(format_plan(args.budget, args.only, args.smoke))
+        rows = campaign.plan(campaign.steps(), campaign_budget(args.budget), args.only, args.smoke, startup=0.0)
+        finish = (("finish", FINISH_S, "offline.json and the copies to $OUT"),)
+        print(campaign.format_plan(rows, args.budget, PHASES, finish))
         return 0
-    return run(args, output_dir(args))
+    out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT  # never the committed report: merge fills it
+    cli.check_option(not campaign.in_report(out), "--out", args.out, f"the offline run writes its own folder, not "
+                     f"{campaign.DEFAULT_OUT}/ (python -m deliverables.gpu.merge takes its results there)")
+    return run(args, out)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
 the profiler's trace.
 
-A timed row's program is lowered again from abstract arguments and compiled, which JAX's persistent compilation cache
-(`enable_cache`) turns into a load of the executable the row ran, autotuned choices included. A trace event names
-its kernel by the HLO instruction that launched it (`hlo_op`), the names the roofline's kernels carry. Rates: the
-device table's (jaxlm.predict.roofline.device_rates); without a GPU the CPU's program is priced at H100 rates, a
-check of the machinery and no prediction.
+A timed row's program is compiled again from abstract arguments: JAX's persistent compilation cache (the campaign
+turns it on) loads the executable the row ran, autotuned choices included. A trace event names its kernel by the HLO
+instruction that launched it (`hlo_op`), as the roofline's kernels are named. Without a GPU the CPU's program is
+priced at H100 rates: a check of the machinery, no prediction.
 """
 
 from __future__ import annotations
@@ -15,6 +14,12 @@ import time
 import warnings
 from collections import Counter
 from typing import NamedTuple
+
+import jax
+
+from jaxlm.analysis.devices import DEVICES, find
+from jaxlm.predict import calibration
+from jaxlm.predict.roofline import GROUPS, device_rates, predict
 
 NO_GPU_TARGET = "h100-80gb"
 TOP = 12
@@ -29,44 +34,22 @@ class Event(NamedTuple):
     module: str  # the HLO module ("jit_train_step"; "" when the trace does not say)
 
 
-def enable_cache(directory) -> None:
-    """JAX's persistent compilation cache in `directory`, for every program: a row's program compiled again for
-    its prediction is then loaded, not recompiled."""
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-
-
 def target():
     """(device row, label): this GPU's row of the device table, or the H100's on a machine without one."""
-    import jax
-
-    from jaxlm.analysis.devices import DEVICES, find
-
     kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
-    device = find(kind) if kind else None
-    if device is None:
-        device = DEVICES[NO_GPU_TARGET]
-        return device, f"this machine's program priced at {device.description} rates ({_rates(device)}): no prediction"
-    return device, f"predicted from the compiled program for {device.description} at {_rates(device)}; not measured"
-
-
-def _rates(device) -> str:
-    from jaxlm.predict.roofline import device_rates
-
+    found = find(kind) if kind else None
+    device = found or DEVICES[NO_GPU_TARGET]
     r = device_rates(device)
-    return (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "
-            f"{r.memory_bandwidth / 1e12:.1f} TB/s, "
-            f"{r.launch_seconds * 1e6:.0f} us per kernel launch")
+    rates = (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "
+             f"{r.memory_bandwidth / 1e12:.1f} TB/s, {r.launch_seconds * 1e6:.0f} us per kernel launch")
+    if found is None:
+        return device, f"this machine's program priced at {device.description} rates ({rates}): no prediction"
+    return device, f"predicted from the compiled program for {device.description} at {rates}; not measured"
 
 
 def compiled_text(jitted, args) -> tuple[str, float]:
     """(optimised HLO text, seconds) of `jitted` compiled for `args` (arrays or ShapeDtypeStructs). An executable
     loaded from the compilation cache without its program text is compiled again, the cache off."""
-    import jax
-
     t0 = time.perf_counter()
     cached = jax.config.jax_enable_compilation_cache
     try:
@@ -89,23 +72,6 @@ def _text(compiled) -> str:
         return ""
 
 
-def step_program(mode: str, model_cfg, compute, batch: int, context: int) -> tuple[str, float]:
-    """The optimised program of the benchmark's step (jaxlm.bench's own builder), lowered from abstract
-    arguments: nothing is allocated, and the program is the one the timed row compiled."""
-    import jax
-
-    from jaxlm.bench import steps
-
-    built = {}
-
-    def abstract_args():
-        built["step"] = steps.build_step(mode, model_cfg, compute, batch, context)
-        return built["step"].args
-
-    args = jax.eval_shape(abstract_args)
-    return compiled_text(built["step"].jitted, args)
-
-
 def figures(prediction, tokens: int, model_flops: float | None, dtype: str, device, label: str) -> dict:
     """The predicted keys of a row: step time, tokens/s and MFU (model FLOPs over the dense peak of `dtype`, the
     peak the row's measured MFU uses: for float32 the CUDA cores', which TF32 matmuls can exceed)."""
@@ -118,13 +84,21 @@ def figures(prediction, tokens: int, model_flops: float | None, dtype: str, devi
 
 def for_row(row: dict, model_cfg, compute) -> dict:
     """The predicted keys for a timed benchmark row (nothing for a row that did not run), and
-    `measured_over_predicted`; a failure is a `prediction_error`, never a lost row."""
+    `measured_over_predicted`; a failure is a `prediction_error`, never a lost row. The program is the benchmark's
+    step (jaxlm.bench's own builder) lowered from abstract arguments: nothing is allocated."""
     if row.get("status") != "ok" or not row.get("step_ms"):
         return {}
-    from jaxlm.predict.roofline import device_rates, predict
+    from jaxlm.bench import steps
+
+    built = {}
+
+    def abstract_args():
+        built["step"] = steps.build_step(row["mode"], model_cfg, compute, row["batch"], row["context"])
+        return built["step"].args
 
     try:
-        text, seconds = step_program(row["mode"], model_cfg, compute, row["batch"], row["context"])
+        args = jax.eval_shape(abstract_args)
+        text, seconds = compiled_text(built["step"].jitted, args)
         device, label = target()
         out = figures(predict(text, device_rates(device)), row["batch"] * row["context"], row.get("flops_per_step"),
                       row["dtype"], device, label)
@@ -135,8 +109,6 @@ def for_row(row: dict, model_cfg, compute) -> dict:
 
 def program_ms(jitted, args) -> float | None:
     """Predicted milliseconds of one call of `jitted` on `args` (the attention kernels' rows)."""
-    from jaxlm.predict.roofline import device_rates, predict
-
     try:
         text, _ = compiled_text(jitted, args)
         return 1e3 * predict(text, device_rates(target()[0])).seconds if text else None
@@ -182,8 +154,6 @@ def _matched(prediction, events: list[Event], module: str) -> tuple[Counter, Cou
 def compare(prediction, events: list[Event], calls: int, module: str = "") -> dict:
     """Per kernel group: predicted against measured milliseconds per call of the program, measured / predicted,
     the overall error, and how much of the trace's kernel time was matched to the program's kernels."""
-    from jaxlm.predict.roofline import GROUPS
-
     kernels = {k.name: k for k in prediction.kernels}
     per_kernel, unmatched = _matched(prediction, events, module)
     measured = Counter()
@@ -212,7 +182,5 @@ def compare(prediction, events: list[Event], calls: int, module: str = "") -> di
 def calibrate(prediction, events: list[Event], calls: int, module: str, device: str, source: str):
     """A calibration (jaxlm.predict.calibration) fitted on a trace: each matched kernel's measured time per call
     over its (uncalibrated) prediction, per kernel group and shape class."""
-    from jaxlm.predict import calibration
-
     per_kernel, _ = _matched(prediction, events, module)
     return calibration.fit(prediction, {n: us / 1e6 / calls for n, us in per_kernel.items()}, device, source)

@@ -16,22 +16,22 @@ import json
 import re
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 from deliverables.gpu import predict
 from deliverables.gpu.predict import Event
 from deliverables.gpu.steps import TINY, Context, attention_fns
+from jaxlm.core.config import ComputeConfig, ModelConfig
 from jaxlm.core.files import write_json
+from jaxlm.predict.roofline import device_rates
+from jaxlm.predict.roofline import predict as roofline
 
 CALIBRATION_FILE = "calibration.json"
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10
 CALLS = 3  # traced calls per program
 PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
-
-
-def trace_file(trace_dir: Path) -> Path | None:
-    """The newest trace JAX's profiler wrote under trace_dir."""
-    files = sorted(trace_dir.glob("plugins/profile/*/*.trace.json.gz"))
-    return files[-1] if files else None
 
 
 def read_events(path: Path | None) -> list[Event]:
@@ -69,9 +69,7 @@ def summarise(events: list[Event]) -> dict:
 
 
 def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
-    """CALLS calls of `fn` traced (after two outside the trace); the trace's file."""
-    import jax
-
+    """CALLS calls of `fn` traced (after two outside the trace); the newest trace file under trace_dir."""
     for _ in range(2):  # warm-up outside the trace
         args = advance(args, jax.block_until_ready(fn(*args)))
     with jax.profiler.trace(str(trace_dir)):
@@ -79,7 +77,8 @@ def _trace(fn, args, advance, trace_dir: Path) -> Path | None:
             with jax.profiler.StepTraceAnnotation("step", step_num=i):
                 out = jax.block_until_ready(fn(*args))
             args = advance(args, out)
-    return trace_file(trace_dir)
+    files = sorted(trace_dir.glob("plugins/profile/*/*.trace.json.gz"))
+    return files[-1] if files else None
 
 
 def _compile(step, gpu: bool) -> tuple[object, str]:
@@ -99,8 +98,6 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
     """One mode of the benchmark's step traced: the op-level summary and, per kernel group, its roofline against
     the trace. The trace and the optimised program text stay in the scratch folder (their paths: `files`)."""
     from jaxlm.bench import steps
-    from jaxlm.predict.roofline import device_rates
-    from jaxlm.predict.roofline import predict as roofline
 
     step = steps.build_step(mode, cfg, compute, batch, context)
     compiled, options = _compile(step, ctx.gpu)
@@ -128,11 +125,6 @@ def traced_program(ctx: Context, mode: str, cfg, compute, batch: int, context: i
 
 def run_profile(ctx: Context) -> dict:
     """Trace a forward pass and a train step of `small` (bfloat16 on a GPU) and attention alone."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxlm.core.config import ComputeConfig, ModelConfig
-
     cfg, T, B = (TINY, 32, 2) if ctx.smoke else (ModelConfig.from_name("small"), 1024, 4)
     compute = ComputeConfig(dtype="bfloat16" if ctx.gpu else "float32")
     res = {"model": "tiny" if ctx.smoke else "small", "context": T, "batch": B, "dtype": compute.dtype}
@@ -148,7 +140,3 @@ def run_profile(ctx: Context) -> dict:
     res["attention"] = summarise(read_events(_trace(fwd, (q, k, v), lambda a, o: a, ctx.scratch / "traces" /
                                                     "attention")))
     return res
-
-
-def estimate_profile(smoke: bool) -> float:
-    return 8.0 if smoke else 50.0

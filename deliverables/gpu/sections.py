@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from deliverables.common import table
 
-# --------------------------------------------------------------------------- Markdown
-
 
 def _f(x, fmt: str = ".3g"):
     return None if x is None else format(x, fmt)
@@ -19,11 +17,15 @@ def _pm(mean, std):
     return None if mean is None else f"{mean:.3g} +- {std or 0:.2g}"
 
 
+def _status(r: dict, why: str = "reason", cut: int | None = None) -> str:
+    return r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get(why) or '')[:cut]}"
+
+
 def _attention(res: dict) -> str:
     rows = [[r["context"], r["window"] or "none", r["batch"], r["implementation"], _f(r.get("out_rel_err"), ".2e"),
              _f(r.get("grad_rel_err"), ".2e"), _pm(r.get("fwd_ms"), r.get("fwd_ms_std")), _f(r.get("predicted_fwd_ms")),
              _pm(r.get("fwd_bwd_ms"), r.get("fwd_bwd_ms_std")), _f(r.get("predicted_fwd_bwd_ms")),
-             r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
+             _status(r)] for r in res["rows"]]
     return ("bfloat16 inputs, compared by ||out - ref|| / ||ref|| with the float32 xla attention on the same "
             f"inputs; {res.get('tokens_per_call', '?')} tokens per call (batch = tokens / context), "
             f"{res.get('heads', '?')} heads of {res.get('head_dim', '?')}. Predicted: the roofline of the compiled "
@@ -34,7 +36,7 @@ def _attention(res: dict) -> str:
 
 def _bench(res: dict) -> str:
     rows = [[r["model"], r["mode"], r.get("attention"), r.get("remat"), r["context"], r.get("batch"),
-             r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('error') or '')[:80]}",
+             _status(r, "error", 80),
              _pm(r.get("step_ms"), r.get("step_ms_std")), _f(r.get("predicted_step_ms")),
              _f(r.get("measured_over_predicted"), ".2f"), _f(r.get("tokens_per_s"), ",.0f"),
              _f(r.get("predicted_tokens_per_s"), ",.0f"), _pct(r.get("mfu")), _pct(r.get("predicted_mfu")),
@@ -51,7 +53,7 @@ def _bench(res: dict) -> str:
 
 def _max_batch(res: dict) -> str:
     rows = [[r["attention"], r["remat"], r["context"], r.get("predicted"), r.get("probed"), r.get("largest_ok"),
-             r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"] for r in res["rows"]]
+             _status(r)] for r in res["rows"]]
     return ("Predicted: jaxlm.memory's largest batch for the device's memory; then one-step runs searched around "
             "it (the prediction first, then galloping and bisection) up to the largest batch that runs.\n\n"
             + table(["attention", "remat", "context", "predicted", "batches run", "largest that ran", "status"], rows))

@@ -12,14 +12,20 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import jax
+import jax.numpy as jnp
 
 from deliverables.gpu import predict
 from jaxlm.analysis import flops, memory
 from jaxlm.analysis.devices import DEVICES
+from jaxlm.bench import measure
+from jaxlm.bench.timing import time_calls
 from jaxlm.core.config import ModelConfig
+from jaxlm.nn.attention import attention
 
 H100 = DEVICES["h100-80gb"].peak_flops
 MFU_GUESS = 0.4
@@ -27,55 +33,48 @@ COMPILE_S_PER_LAYER = {"forward": 0.10, "forward_backward": 0.25, "train_step": 
 PREDICT_S = 1.5  # a timed row's prediction: its program lowered again and loaded from the compilation cache
 TARGET_VAL_LOSS = 1.47
 TINY = ModelConfig(vocab_size=257, context_length=64, d_model=64, num_layers=2, num_heads=4)
-_NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
+NO_CUDNN = "cuDNN attention needs an NVIDIA GPU; this is {}"
 
 
 @dataclass
 class Context:
+    """What a step runs with: where it writes, at which size, until when."""
+
     out: Path
     smoke: bool
     deadline: float  # time.monotonic() after which long steps stop between rows
-    scratch_dir: Path | None = None  # bulky outputs; default: `scratch`
+    scratch: Path | None = None  # bulky outputs (traces, runs, the compilation cache), not the committed report
+    warmup: int = field(init=False)
+    steps: int = field(init=False)
+    device: str = field(init=False)
+    gpu: bool = field(init=False)
 
-    @property
-    def warmup(self) -> int:
-        return 1 if self.smoke else 5
-
-    @property
-    def steps(self) -> int:
-        return 2 if self.smoke else 10
-
-    @property
-    def device(self) -> str:
+    def __post_init__(self):
         from jaxlm.bench.steps import device_kind
 
-        return device_kind()
-
-    @property
-    def gpu(self) -> bool:
-        import jax
-
-        return jax.devices()[0].platform == "gpu"
-
-    @property
-    def scratch(self) -> Path:
-        """Where bulky outputs go (traces, the training run and its checkpoint, the compilation cache): not the
-        committed report."""
-        if self.scratch_dir is not None:
-            return self.scratch_dir
-        return self.out if self.smoke else Path("runs/gpu_campaign")
+        self.warmup, self.steps = (1, 2) if self.smoke else (5, 10)
+        self.device, self.gpu = device_kind(), jax.devices()[0].platform == "gpu"
+        self.scratch = self.scratch or (self.out if self.smoke else Path("runs/gpu_campaign"))
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
+
+    def no_cudnn(self, attention: str) -> str | None:
+        """Why a row of `attention` cannot run here, or None."""
+        return NO_CUDNN.format(self.device) if attention == "cudnn" and not self.gpu else None
 
 
 @dataclass(frozen=True)
 class Step:
     name: str
     title: str
-    estimate: Callable[[bool], float]  # smoke -> estimated seconds on an H100
     run: Callable[[Context], dict]
+    seconds: float  # estimated on an H100
+    smoke_seconds: float
     cuts: bool = True  # stops between rows at its deadline, keeping the rows done (a partial run is worth having)
+
+    def estimate(self, smoke: bool) -> float:
+        return self.smoke_seconds if smoke else self.seconds
 
 
 def models(smoke: bool, names: tuple[str, ...] = ("small", "medium", "large")) -> dict[str, ModelConfig]:
@@ -86,7 +85,7 @@ def contexts(smoke: bool) -> tuple[int, ...]:
     return (32,) if smoke else (128, 256, 512, 1024)
 
 
-def _row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: int) -> float:
+def row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: int) -> float:
     run = 15 * flops.step_flops(cfg, batch, context, mode) / (H100[dtype] * MFU_GUESS)
     return 1.0 + COMPILE_S_PER_LAYER[mode] * cfg.num_layers + run
 
@@ -95,77 +94,63 @@ def _row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: i
 
 ATTN_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
+ATTENTION_SECONDS = len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
 
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
     """Mean and std milliseconds of `fn(*args)` (jaxlm.bench's timing loop)."""
-    import jax
-
-    from jaxlm.bench.timing import time_calls
-
     seconds = time_calls(lambda: fn(*args), steps, warmup=warmup, wait=jax.block_until_ready).seconds
     return 1e3 * statistics.fmean(seconds), 1e3 * statistics.pstdev(seconds)
 
 
-def rel_error(a, b) -> float:
-    import jax.numpy as jnp
-
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
-
-
 def attention_fns(impl: str, window: int | None):
-    import jax
-    import jax.numpy as jnp
-
-    from jaxlm.nn.attention import attention
-
+    """(forward, gradient of q, k, v for a cotangent), both jitted."""
     fwd = jax.jit(lambda q, k, v: attention(q, k, v, implementation=impl, causal=True, window=window))
     loss = lambda q, k, v, ct: jnp.sum(fwd(q, k, v).astype(jnp.float32) * ct)
     return fwd, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
 def attention_inputs(seed: int, shape: tuple, window: int | None):
-    """(bfloat16 (q, k, v), cotangent, float32 xla reference output, its gradients), the reference on the same
-    (upcast) inputs."""
-    import jax
-    import jax.numpy as jnp
-
+    """(bfloat16 (q, k, v), cotangent, errors(fwd, bwd)): the relative errors of an implementation's output and
+    (worst) gradient against float32 xla attention on the same (upcast) inputs."""
     keys = jax.random.split(jax.random.key(seed), 4)
     q, k, v, ct = (jax.random.normal(kk, shape, jnp.float32) for kk in keys)
     args = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
     ref_fwd, ref_bwd = attention_fns("xla", window)
     up = tuple(x.astype(jnp.float32) for x in args)
-    return args, ct, ref_fwd(*up), ref_bwd(*up, ct)
+    ref_out, ref_grads = ref_fwd(*up), ref_bwd(*up, ct)
 
+    def rel_error(a, b) -> float:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
-def attention_errors(fwd, bwd, args: tuple, ct, ref_out, ref_grads) -> dict:
-    """Relative errors of an implementation's output and (worst) gradient against the reference."""
-    return {"out_rel_err": rel_error(fwd(*args), ref_out),
-            "grad_rel_err": max(rel_error(g, r) for g, r in zip(bwd(*args, ct), ref_grads))}
+    def errors(fwd, bwd) -> dict:
+        return {"out_rel_err": rel_error(fwd(*args), ref_out),
+                "grad_rel_err": max(rel_error(g, r) for g, r in zip(bwd(*args, ct), ref_grads))}
+
+    return args, ct, errors
 
 
 def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> list[dict]:
     """xla and cudnn at bfloat16 against the float32 xla reference on the same (upcast) inputs."""
-    from jaxlm.bench.measure import is_oom
-
-    args, ct, ref_out, ref_grads = attention_inputs(T, shape, window)
+    args, ct, errors = attention_inputs(T, shape, window)
     rows = []
     for impl in ("xla", "cudnn"):
         row = dict(context=T, window=window, batch=shape[0], implementation=impl, dtype="bfloat16")
-        if impl == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
+        if ctx.no_cudnn(impl):
+            rows.append({**row, "status": "skipped", "reason": ctx.no_cudnn(impl)})
             continue
         try:
             fwd, bwd = attention_fns(impl, window)
-            row.update(attention_errors(fwd, bwd, args, ct, ref_out, ref_grads))
+            row.update(errors(fwd, bwd))
             row["fwd_ms"], row["fwd_ms_std"] = _timed(fwd, args, ctx.warmup, ctx.steps)
             row["fwd_bwd_ms"], row["fwd_bwd_ms_std"] = _timed(bwd, (*args, ct), ctx.warmup, ctx.steps)
             row["predicted_fwd_ms"] = predict.program_ms(fwd, args)
             row["predicted_fwd_bwd_ms"] = predict.program_ms(bwd, (*args, ct))
             row["status"] = "ok"
         except Exception as e:
-            row.update(status="OOM" if is_oom(e) else "error", reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
+            row.update(status="OOM" if measure.is_oom(e) else "error",
+                       reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
         rows.append(row)
     return rows
 
@@ -183,21 +168,15 @@ def run_attention(ctx: Context) -> dict:
     return {"rows": rows, "tokens_per_call": tokens, "heads": heads, "head_dim": hd}
 
 
-def estimate_attention(smoke: bool) -> float:
-    return 4.0 if smoke else len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
-
-
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
 
 def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, batch: int) -> list[dict]:
-    from jaxlm.bench import measure
-
+    """jaxlm.bench's rows (one per setting), each with jaxlm.memory's estimate and the roofline's prediction."""
     opts = measure.Options(warmup=ctx.warmup, steps=ctx.steps, model_name=name)
     rows = measure.run_sweep(cfg, settings, [context], [batch], opts)
-    for r in rows:
+    for s, r in zip(settings, rows):
         if r.get("status") == "ok" or r.get("estimate_gb") is not None:
-            cfg_r, compute = measure.BenchCase(mode=r["mode"], dtype=r["dtype"], attention=r["attention"],
-                                          remat=r["remat"]).configs(cfg, context)
+            cfg_r, compute = s.configs(cfg, context)
             r["jaxlm_memory_estimate_gb"] = memory.estimate(cfg_r, batch, context, compute, r["mode"]).total / 1e9
             r.update(predict.for_row(r, cfg_r, compute))
     return rows
@@ -205,8 +184,6 @@ def _sweep(ctx: Context, name: str, cfg: ModelConfig, settings, context: int, ba
 
 def table_run(dtype: str):
     def run(ctx: Context) -> dict:
-        from jaxlm.bench import measure
-
         modes = ("train_step",) if ctx.smoke and dtype == "float32" else flops.MODES
         settings = [measure.BenchCase(mode=m, dtype=dtype) for m in modes]
         rows = []
@@ -215,29 +192,25 @@ def table_run(dtype: str):
                 if ctx.out_of_time():
                     return {"rows": rows, "cut": "the budget ran out"}
                 rows += _sweep(ctx, name, cfg, settings, T, 2 if ctx.smoke else 4)
-        _plots(ctx, rows, f"bench_{dtype}")
+        from deliverables.report.charts import bench_figures
+
+        try:
+            (ctx.out / f"bench_{dtype}").mkdir(parents=True, exist_ok=True)
+            bench_figures(rows, ctx.out / f"bench_{dtype}")
+        except Exception as e:  # a missing plotting extra must not cost the table
+            print(f"warning: no plots for bench_{dtype}: {e}", file=sys.stderr)
         return {"rows": rows}
 
     return run
 
 
-def table_estimate(dtype: str):
-    def est(smoke: bool) -> float:
-        if smoke:
-            return 10.0
-        return sum(_row_seconds(cfg, m, dtype, 4, T) + PREDICT_S for cfg in models(False).values()
-                   for T in contexts(False) for m in flops.MODES)
-
-    return est
+def table_seconds(dtype: str) -> float:
+    return sum(row_seconds(cfg, m, dtype, 4, T) + PREDICT_S for cfg in models(False).values()
+               for T in contexts(False) for m in flops.MODES)
 
 
-TECHNIQUES = (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none"))
-
-
-def _technique_settings():
-    from jaxlm.bench import measure
-
-    return [measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r) for a, r in TECHNIQUES]
+TECHNIQUES = tuple(measure.BenchCase(mode="train_step", dtype="bfloat16", attention=a, remat=r)
+                   for a, r in (("xla", "none"), ("xla", "full"), ("xla", "dots_saveable"), ("cudnn", "none")))
 
 
 def run_techniques(ctx: Context) -> dict:
@@ -246,16 +219,19 @@ def run_techniques(ctx: Context) -> dict:
     rows, T = [], 32 if ctx.smoke else 1024
     batch = 2 if ctx.smoke else 4
     for name, cfg in models(ctx.smoke, ("small", "large")).items():
-        for s in sorted(_technique_settings(), key=lambda s: _estimated(s, cfg, batch, T)):
+        for s in sorted(TECHNIQUES, key=lambda s: _estimated(s, cfg, batch, T)):
             if ctx.out_of_time():
                 return {"rows": rows, "cut": "the budget ran out"}
-            if s.attention == "cudnn" and not ctx.gpu:
+            if ctx.no_cudnn(s.attention):
                 rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention,
-                             "remat": s.remat, "context": T, "status": "skipped",
-                             "error": _NO_CUDNN.format(ctx.device)})
+                             "remat": s.remat, "context": T, "status": "skipped", "error": ctx.no_cudnn(s.attention)})
                 continue
             rows += _sweep(ctx, name, cfg, [s], T, batch)
-    _mark_stale_peaks(rows)
+    best = 0.0  # the device's peak is process-wide: a row whose peak did not rise says so
+    for r in rows:
+        peak = r.get("memory_gb") if r.get("memory_source") == "memory_stats" else None
+        if peak is not None:
+            r["peak_is_this_row"], best = peak > best, max(best, peak)
     return {"rows": rows}
 
 
@@ -264,35 +240,22 @@ def _estimated(setting, cfg: ModelConfig, batch: int, context: int) -> float:
     return memory.estimate(model, batch, context, compute).total
 
 
-def _mark_stale_peaks(rows: list[dict]) -> None:
-    best = 0.0
-    for r in rows:
-        peak = r.get("memory_gb") if r.get("memory_source") == "memory_stats" else None
-        if peak is not None:
-            r["peak_is_this_row"] = peak > best
-            best = max(best, peak)
-
-
-def estimate_techniques(smoke: bool) -> float:
-    if smoke:
-        return 6.0
-    return sum(_row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024) * (1.3 if r != "none" else 1)
-               + PREDICT_S for n in ("small", "large") for _, r in TECHNIQUES)
+def techniques_seconds() -> float:
+    return sum(row_seconds(ModelConfig.from_name(n), "train_step", "bfloat16", 4, 1024)
+               * (1.3 if s.remat != "none" else 1) + PREDICT_S for n in ("small", "large") for s in TECHNIQUES)
 
 
 def run_max_batch(ctx: Context) -> dict:
     """Largest batch per technique at context 1024 (`small`): jaxlm.memory's prediction for this device, then
     one-step runs searched around it (jaxlm.analysis.memory.search_largest) up to the largest batch that runs."""
-    from jaxlm.bench import measure
-
     cfg, T = (TINY, 32) if ctx.smoke else (ModelConfig.from_name("small"), 1024)
-    capacity = _device_bytes()
+    capacity = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
     rows = []
-    for s in _technique_settings():
+    for s in TECHNIQUES:
         model, compute = s.configs(cfg, T)
         row = {"attention": s.attention, "remat": s.remat, "context": T}
-        if s.attention == "cudnn" and not ctx.gpu:
-            rows.append({**row, "status": "skipped", "reason": _NO_CUDNN.format(ctx.device)})
+        if ctx.no_cudnn(s.attention):
+            rows.append({**row, "status": "skipped", "reason": ctx.no_cudnn(s.attention)})
             continue
         predicted = memory.largest_batch(model, T, capacity * memory.DEFAULT_USABLE, compute) if capacity else None
         fits, probed = measure.batch_fits(s, cfg, T, measure.Options(warmup=0, steps=1, model_name="small")), []
@@ -312,18 +275,8 @@ def run_max_batch(ctx: Context) -> dict:
     return {"rows": rows, "device_bytes": capacity}
 
 
-def _device_bytes() -> float | None:
-    import jax
-
-    try:
-        stats = jax.local_devices()[0].memory_stats() or {}
-    except Exception:
-        return None
-    return stats.get("bytes_limit")
-
-
-def estimate_max_batch(smoke: bool) -> float:
-    return 8.0 if smoke else 4 * 4 * _row_seconds(ModelConfig.from_name("small"), "train_step", "bfloat16", 32, 1024)
+def max_batch_seconds() -> float:
+    return 4 * 4 * row_seconds(ModelConfig.from_name("small"), "train_step", "bfloat16", 32, 1024)
 
 
 # --------------------------------------------------------------------------- 6. shakespeare (5. profile: profile.py)
@@ -356,30 +309,11 @@ def run_shakespeare(ctx: Context) -> dict:
             raise RuntimeError(f"python -m jaxlm.train exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
         status = "ok"
     wall = time.time() - launched
-    evals = _evals(run_dir / "metrics.jsonl", launched)
+    metrics = run_dir / "metrics.jsonl"  # evaluations: seconds since launch, data and compilation included
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    evals = [{"step": r["step"], "val_loss": r["eval/loss"], "seconds": r["time"] - launched}
+             for r in records if r.get("kind") == "eval" and "eval/loss" in r]
     hit = next((e for e in evals if e["val_loss"] <= TARGET_VAL_LOSS), None)
     return {"rows": evals, "status": status, "wall_s": wall, "target": TARGET_VAL_LOSS,
             "reached": hit, "command": " ".join(["python", *cmd[1:]])}
 
-
-def _evals(path: Path, launched: float) -> list[dict]:
-    """Evaluation records of metrics.jsonl: step, validation loss, seconds since launch (data, compile included)."""
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [{"step": r["step"], "val_loss": r["eval/loss"], "seconds": r["time"] - launched}
-            for r in records if r.get("kind") == "eval" and "eval/loss" in r]
-
-
-def estimate_shakespeare(smoke: bool) -> float:
-    return 30.0 if smoke else 120.0
-
-
-# --------------------------------------------------------------------------- plots
-
-def _plots(ctx: Context, rows: list[dict], prefix: str) -> None:
-    from deliverables.report.charts import bench_figures
-
-    try:
-        (ctx.out / prefix).mkdir(parents=True, exist_ok=True)
-        bench_figures(rows, ctx.out / prefix)
-    except Exception as e:  # a missing plotting extra must not cost the table
-        print(f"warning: no plots for {prefix}: {e}", file=sys.stderr)

@@ -87,7 +87,7 @@ def test_a_smoke_with_a_missing_wheel_and_a_failed_step_says_both_and_exits_1(tm
     from deliverables.gpu import check
 
     missing = "/x/.whl/qwix-0.1.6-py3-none-any.whl: missing (python -m deliverables.gpu.carry download)"
-    monkeypatch.setattr(offline, "install", lambda args: {"simulated": "dry run", "problem": missing, "seconds": 0.0})
+    monkeypatch.setattr(carry, "install", lambda *a: {"simulated": "dry run", "problem": missing, "seconds": 0.0})
     monkeypatch.setattr(offline, "preflight", lambda smoke: ({"devices": {"platform": "cpu", "kind": "cpu"}}, None))
     monkeypatch.setattr(check, "run_checks", lambda *a: {"rows": [{"check": "train", "ok": True}], "ok": True})
     monkeypatch.setattr(campaign, "run", lambda *a, **kw: {"shakespeare": "RuntimeError: exited 2"})
@@ -116,12 +116,12 @@ def test_the_shakespeare_step_reads_the_repository_from_anywhere_and_fails_as_a_
 
 
 def test_without_wheels_the_install_says_what_to_carry(tmp_path, monkeypatch):
-    args = argparse.Namespace(carry=str(tmp_path), smoke=False, site=str(tmp_path / "site"))
-    assert offline.install(args) == {"skipped": f"no wheels in {tmp_path}: every carried package is installed here "
-                                             "already"}
-    monkeypatch.setattr(offline, "_version", lambda name: None if name == "grain" else "1.0")
-    assert offline.install(args)["error"] == (f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m "
-                                           "deliverables.gpu.carry download where pip reaches PyPI, and carry .whl")
+    assert carry.install(tmp_path, tmp_path / "site", False) == {
+        "skipped": f"no wheels in {tmp_path}: every carried package is installed here already"}
+    monkeypatch.setattr(carry, "installed", lambda name: None if name == "grain" else "1.0")
+    assert carry.install(tmp_path, tmp_path / "site", False)["error"] == (
+        f"no wheels in {tmp_path} and grain==0.2.18 not installed: run python -m deliverables.gpu.carry download "
+        "where pip reaches PyPI, and carry .whl")
 
 
 @pytest.mark.parametrize("out", ["docs/results/gpu", "docs/results/gpu/smoke", str(campaign.REPO / "docs/results/gpu")])
