@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 from typing import Any, Callable
 
 from deliverables.common import table
@@ -14,9 +13,8 @@ from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
 from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
-from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
+from deliverables.report.seeds import Setting, Stats, baseline_of, logged, resolved
 from experiments.plan import format_value
-from experiments.results import read_metrics, series
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
 SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
@@ -205,7 +203,7 @@ def roughness(s: Setting) -> float | None:
     """Mean over seeds of the std of successive differences of the logged training loss, second half of the run."""
     vals = []
     for r in s.ok:
-        _, v, _ = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), "train_loss")
+        _, v, _ = logged(r, "train_loss")
         tail = v[len(v) // 2 :]
         diffs = [b - a for a, b in zip(tail, tail[1:])]
         if len(diffs) > 1:

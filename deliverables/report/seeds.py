@@ -200,13 +200,20 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
     return out
 
 
-def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
-    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside
-    them)."""
+def logged(run: dict, q: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, values, times) of `q` in the run's metrics.jsonl."""
+    return series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), q)
+
+
+def tokens_per_step(run: dict) -> int:
     cfg = run.get("config") or {}
-    per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
-    steps, vals, _ = series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), "train_loss")
-    pts = [(s * per_step, v) for s, v in zip(steps, vals) if math.isfinite(v)]
+    return (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
+
+
+def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
+    """The run's logged training loss at `tokens` tokens seen, interpolated between logs (None outside them)."""
+    steps, vals, _ = logged(run, "train_loss")
+    pts = [(s * tokens_per_step(run), v) for s, v in zip(steps, vals) if math.isfinite(v)]
     for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
         if t0 <= tokens <= t1:
             return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0) if t1 > t0 else v0
