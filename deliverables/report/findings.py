@@ -96,9 +96,7 @@ def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, 
     worse_at = _worse_at_evals(var, base)
     if worse_at:
         text += f"; above the baseline at {worse_at} evaluations (seed means)"
-    if not beyond:
-        return text + extra, UNRESOLVED
-    return text + extra, AGREE if a.mean > b.mean else DISAGREE
+    return text + extra, AGREE if beyond and a.mean > b.mean else DISAGREE if beyond else UNRESOLVED
 
 
 def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
@@ -284,9 +282,7 @@ def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
-    if not beyond:
-        return text, UNRESOLVED
-    return text, AGREE if a.mean < b.mean else DISAGREE
+    return text, AGREE if beyond and a.mean < b.mean else DISAGREE if beyond else UNRESOLVED
 
 
 def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
