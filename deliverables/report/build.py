@@ -9,11 +9,12 @@ from pathlib import Path
 
 from deliverables.report import seeds
 from deliverables.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from deliverables.report.charts import bench_figures
 from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import report_dir
-from deliverables.report.plots import plot_bench, plot_curves, plot_vs_axis
+from deliverables.report.plots import plot_curves, plot_vs_axis
 from deliverables.report.sections import Plan, backend, plan_sections
 from deliverables.report.sections.divergence import untrained_loss
 from deliverables.report.sections.peft import quantize_rows
@@ -137,12 +138,13 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     mb = max_batch_table(runs)
     if mb:
         lines += ["Largest batch that fits (jaxlm.bench model --find-max-batch):", "", mb, ""]
-    pngs, note = plot_bench(brows, out)
-    if note:
-        lines += [f"({note})", ""]
-    for p in pngs:
-        lines += [f"![{p}]({p})", ""]
-    return lines
+    try:
+        pngs = bench_figures(brows, out)
+    except ImportError as e:  # the plots extra
+        return lines + [f"(bench plots unavailable ({e}))", ""]
+    except Exception as e:  # a plotting failure must not lose the tables
+        return lines + [f"(bench plots failed: {type(e).__name__}: {e})", ""]
+    return lines + [line for p in pngs for line in (f"![{p}]({p})", "")]
 
 
 def sentences_for(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family) -> list[str]:

@@ -1,11 +1,10 @@
-"""Plots: learning curves, final metrics against an axis, and the benchmark rows' figures."""
+"""Plots of training runs: learning curves and final metrics against an axis."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from deliverables.report.charts import bench_figures
 from deliverables.report.format import QUANTITIES, x_value
 from deliverables.report.output import COLOURS, pyplot, save_figure
 from deliverables.report.seeds import Setting, Stats, group_settings, logged, tokens_per_step
@@ -159,14 +158,3 @@ AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size 
                "model.context_length": "context length (tokens)", "params": "parameters"}
 UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)",
          "eval_acc": " (next-token top-1)"}
-
-
-def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
-    """The benchmark rows' memory and throughput figures (`charts.bench_figures`); (PNG names, a note if it
-    could not run)."""
-    try:
-        return bench_figures(rows, out), None
-    except ImportError as e:  # the plots extra
-        return [], f"bench plots unavailable ({e})"
-    except Exception as e:  # a plotting failure must not lose the tables
-        return [], f"bench plots failed: {type(e).__name__}: {e}"
