@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop.noting(lambda: f"{out}: {left}; run the same command again"):
         if bench:
             return print_bench_figures(source, out)
-        elif run_page.is_run_dir(source):
+        if run_page.is_run_dir(source):
             path = run_page.write_run_report(source, out, args)
         else:
             path = write_report(source, out, args.records, args.compile)

@@ -6,7 +6,7 @@ import math
 
 from deliverables.common import table
 from deliverables.report.compare import change_phrase, describe_changes
-from deliverables.report.format import NAMES, fmt, pct_change
+from deliverables.report.format import fmt, pct_change
 from deliverables.report.noise import Family, half_width, welch
 from experiments.estimate import BENCH_DEFAULTS
 
@@ -92,32 +92,35 @@ def bench_value(row: dict, q: str):
     return row.get(q)
 
 
+def _setting(row: dict, *skip: str) -> tuple:
+    """The fields that identify a row's setting (not its measurements, nor `skip`), sorted."""
+    return tuple(sorted((k, str(v)) for k, v in row.items()
+                        if k not in BENCH_MEASURED and k not in skip and not isinstance(v, (list, dict))))
+
+
+def _change(row: dict, base: dict, q: str) -> float | None:
+    a, b = bench_value(row, q), bench_value(base, q)
+    return pct_change(float(a), float(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+
 def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str]:
     """Compare bench rows that differ only in the baseline field (e.g. dtype), metric by metric; a timing
     change says in how many row pairs it is beyond noise (Welch's test on the timed steps, in `noise`)."""
     ok = [r for r in rows if r.get("status") == "ok"]
     out = []
     for field, base in baseline.items():
-        def key(r):
-            return tuple(sorted((k, str(v)) for k, v in r.items()
-                                if k not in BENCH_MEASURED and k != field and not isinstance(v, (list, dict))))
-
-        bases = {key(r): r for r in ok if str(r.get(field)) == str(base)}
-        by_label: dict[str, list] = {}
+        bases = {_setting(r, field): r for r in ok if str(r.get(field)) == str(base)}
+        by_label: dict[tuple, list] = {}
         for r in ok:
-            if field in r and str(r[field]) != str(base) and key(r) in bases:
-                by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[key(r)]))
+            if field in r and str(r[field]) != str(base) and _setting(r, field) in bases:
+                by_label.setdefault((str(r[field]), r.get("mode")), []).append((r, bases[_setting(r, field)]))
         for (label, mode), pairs in by_label.items():
             phrases = []
             sources = {r.get("memory_source") for pair in pairs for r in pair}
             for q, title in BENCH_COMPARED.items():
                 single = q == "memory_gb" and len(sources) == 1
-                NAMES[q] = MEMORY_TITLES.get(next(iter(sources)), title) if single else title
-                changes = [(p, "") for r, b in pairs
-                           if isinstance(bench_value(r, q), (int, float))
-                           and isinstance(bench_value(b, q), (int, float))
-                           and (p := pct_change(float(bench_value(r, q)), float(bench_value(b, q)))) is not None]
-                phrase = change_phrase(q, changes)
+                name = MEMORY_TITLES.get(next(iter(sources)), title) if single else title
+                phrase = change_phrase(name, [p for r, b in pairs if (p := _change(r, b, q)) is not None])
                 if phrase and q in ("step_ms", "tokens_per_s"):
                     phrase += _timing_noise(pairs, noise)
                 phrases.append(phrase)
@@ -151,10 +154,7 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
     for axis, other in (("context", "batch"), ("batch", "context")):
         groups: dict[tuple, dict] = {}
         for r in ok:
-            key = tuple((k, str(v)) for k, v in sorted(r.items())
-                        if k not in BENCH_MEASURED and k not in (axis, "params", "flops_per_step", "compiled")
-                        and not isinstance(v, (list, dict)))
-            groups.setdefault(key, {})[r[axis]] = r
+            groups.setdefault(_setting(r, axis, "params", "flops_per_step", "compiled"), {})[r[axis]] = r
         for key, by_x in groups.items():
             if len(by_x) < 3:
                 continue

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from deliverables.report import seeds
 from deliverables.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
+from deliverables.report.charts import bench_figures
 from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import report_dir
-from deliverables.report.plots import plot_bench, plot_curves, plot_vs_axis
+from deliverables.report.plots import plot_curves, plot_vs_axis
 from deliverables.report.sections import Plan, backend, plan_sections
+from deliverables.report.sections.divergence import untrained_loss
 from deliverables.report.sections.peft import quantize_rows
-from deliverables.report.seeds import (
-    baseline_of,
-    equal_token_sentences,
-    group_settings,
-    is_seeded,
-    seed_sentences,
-    settings_table,
-)
 from experiments.plan import format_value
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
@@ -107,15 +101,13 @@ def _provenance(runs: list[dict]) -> str:
 
 
 def context(runs: list[dict], brows: list[dict]) -> dict:
-    """What the findings' checks need beyond the settings: bench rows and the untrained model's loss (ln V)."""
-    vocab = next(((r.get("config") or {}).get("model", {}).get("vocab_size") for r in runs if r.get("config")), None)
-    return {"bench_rows": brows, "untrained_loss": math.log(vocab) if vocab else math.inf,
+    """What the findings' checks need beyond the settings: bench rows, ln V, the quantisation rows."""
+    return {"bench_rows": brows, "untrained_loss": untrained_loss([r for r in runs if r.get("config")]),
             "quantize_rows": quantize_rows(runs)}
 
 
 def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
-    """The runs table (`runs_table`: the seeded settings' table, judged with the Measured sentences in `noise`) and
-    plots."""
+    """The runs table (`runs_table`: the seeded settings' table, judged in `noise`) and plots."""
     baseline = cfg.get("baseline", {})
     lines = ["## Runs", ""]
     if runs_table is not None:
@@ -146,25 +138,25 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     mb = max_batch_table(runs)
     if mb:
         lines += ["Largest batch that fits (jaxlm.bench model --find-max-batch):", "", mb, ""]
-    pngs, note = plot_bench(brows, out)
-    if note:
-        lines += [f"({note})", ""]
-    for p in pngs:
-        lines += [f"![{p}]({p})", ""]
-    return lines
+    try:
+        pngs = bench_figures(brows, out)
+    except ImportError as e:  # the plots extra
+        return lines + [f"(bench plots unavailable ({e}))", ""]
+    except Exception as e:  # a plotting failure must not lose the tables
+        return lines + [f"(bench plots failed: {type(e).__name__}: {e})", ""]
+    return lines + [line for p in pngs for line in (f"![{p}]({p})", "")]
 
 
-def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], cfg: dict, noise: Family) -> list[str]:
-    out = status_sentences(runs)
-    if is_seeded(train_runs):
-        settings = group_settings(train_runs)
-        out += seed_sentences(settings, baseline_of(settings, cfg.get("baseline", {})), noise)
+def sentences_for(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family) -> list[str]:
+    cfg, out = plan.cfg, status_sentences(plan.runs)
+    if seeds.is_seeded(train_runs):
+        out += seeds.seed_sentences(plan.settings, seeds.baseline_of(plan.settings, cfg.get("baseline", {})), noise)
         if cfg.get("equal_tokens") and cfg.get("x"):
-            out += equal_token_sentences(settings, cfg["x"], noise)
+            out += seeds.equal_token_sentences(plan.settings, cfg["x"], noise)
     else:
         out += comparison_sentences(train_runs, cfg.get("baseline", {})) + sweep_sentences(train_runs, cfg.get("x"))
     out += bench_sentences(brows, cfg.get("bench_baseline", {}), noise) + bench_scaling_sentences(brows)
-    for r in runs:
+    for r in plan.runs:
         for f in r.get("bench_max_batch") or []:
             limit = ((r.get("spec") or {}).get("args") or {}).get("memory_limit_gb")
             within = f"within an estimated {limit:g} GB" if limit else "before running out of device memory"
@@ -174,21 +166,19 @@ def sentences_for(runs: list[dict], train_runs: list[dict], brows: list[dict], c
 
 
 def measured_parts(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family):
-    """(sentences, the one-plan sections' lines, the seeded runs table or None): every comparison in them is one
-    Holm family."""
+    """(sentences, the one-plan sections' lines, the seeded runs table or None), judged in one Holm family."""
     section_findings, section_lines = plan_sections(replace(plan, noise=noise))
     table = None
-    if is_seeded(train_runs):
-        settings = group_settings(train_runs)
-        table = settings_table(settings, baseline_of(settings, plan.cfg.get("baseline", {})), noise)
-    sentences = backend.annotate(sentences_for(plan.runs, train_runs, brows, plan.cfg, noise),
-                                 backend.is_cpu(plan.runs))
+    if seeds.is_seeded(train_runs):
+        bases = seeds.baseline_of(plan.settings, plan.cfg.get("baseline", {}))
+        table = seeds.settings_table(plan.settings, bases, noise)
+    sentences = backend.annotate(sentences_for(plan, train_runs, brows, noise), backend.is_cpu(plan.runs))
     return sentences + section_findings, section_lines, table
 
 
 def write_report(plan_dir: Path, out: Path | None = None, records: bool = False, compile: bool = False) -> Path:
-    """The report in OUT/report.md (with its plots and findings.json); `records` also copies the runs' records to
-    OUT/records; `compile` compiles for an H100 the CPU-measured steps whose figures are not in the cache yet."""
+    """The report in OUT/report.md (with its plots and findings.json), the runs' records in OUT/records with
+    `records`; `compile` compiles for an H100 the CPU-measured steps whose figures are not in the cache yet."""
     plan_dir = Path(plan_dir)
     out = Path(out) if out else plan_dir / "report"
     runs = load_results(plan_dir)
@@ -201,10 +191,9 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
     brows = bench_rows(runs)
 
     lines = header(meta, runs, plan_dir)
-    settings, ctx = group_settings(train_runs), context(train_runs, brows)
+    settings, ctx = seeds.group_settings(train_runs), context(train_runs, brows)
     plan = Plan(runs, settings, cfg, ctx, out, Family())
-    # One Holm family for the whole report: a comparison made in the findings table and again under Measured gets
-    # one verdict.
+    # One Holm family for the whole report: a comparison in the findings table and under Measured gets one verdict.
     (rows, (measured, section_lines, runs_table)), noise = judged(lambda noise: (
         findings_rows(name, settings, {**ctx, "noise": noise}), measured_parts(plan, train_runs, brows, noise)))
     if rows:

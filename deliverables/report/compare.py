@@ -1,4 +1,4 @@
-"""Per-run comparisons: each run against its baseline run, sweep sentences and the per-run table."""
+"""Per-run comparisons (plans without seeds): each run against its baseline run, sweep sentences, the runs table."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from deliverables.report.format import (
     x_value,
     xfmt,
 )
+from deliverables.report.seeds import matched
 from experiments.plan import format_value
 
 
@@ -26,30 +27,25 @@ def _mixed(v) -> tuple:
     """Sort key for axis values that mix numbers and strings."""
     return (isinstance(v, str), v)
 
+
+def _axes(run: dict) -> dict:
+    return run.get("axes", {})
+
+
 def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
     """label on `axis` -> [(run, its baseline run)], matching on every other axis."""
-    def rest(r):
-        return tuple(sorted((k, format_value(v)) for k, v in r.get("axes", {}).items() if k != axis))
-
-    bases = {rest(r): r for r in runs
-             if axis in r.get("axes", {}) and format_value(r["axes"][axis]) == format_value(base_label)}
     pairs: dict[Any, list] = {}
-    for r in runs:
-        label = r.get("axes", {}).get(axis)
-        if label is None or format_value(label) == format_value(base_label) or rest(r) not in bases:
-            continue
-        pairs.setdefault(label, []).append((r, bases[rest(r)]))
+    for r, b in matched(runs, _axes, axis, base_label):
+        pairs.setdefault(r["axes"][axis], []).append((r, b))
     return pairs
 
 
-def change_phrase(quantity: str, changes: list[tuple[float, str]]) -> str | None:
-    """'cut peak memory by 43% (median of 3, -45% to -40%)' from [(percent change, where), ...]."""
+def change_phrase(name: str, changes: list[float]) -> str | None:
+    """'cut peak memory by 43% (median of 3, -45% to -40%)' from the percent changes of `name`."""
     if not changes:
         return None
-    ps = [p for p, _ in changes]
-    med = statistics.median(ps)
-    name = NAMES.get(quantity, quantity)
-    spread = "" if len(ps) == 1 else f" (median of {len(ps)}, {min(ps):+.0f}% to {max(ps):+.0f}%)"
+    med = statistics.median(changes)
+    spread = "" if len(changes) == 1 else f" (median of {len(changes)}, {min(changes):+.0f}% to {max(changes):+.0f}%)"
     if abs(med) < 0.5:
         return f"left {name} unchanged{spread}"
     return f"{'raised' if med > 0 else 'cut'} {name} by {abs(med):.0f}%{spread}"
@@ -67,10 +63,8 @@ def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
     out = []
     for axis, base_label in baseline.items():
         for label, pairs in baseline_pairs(runs, axis, base_label).items():
-            phrases = []
-            for q in COMPARED:
-                changes = [(p, "") for r, b in pairs if (p := pct_change(value(r, q), value(b, q))) is not None]
-                phrases.append(change_phrase(q, changes))
+            phrases = [change_phrase(NAMES[q], [p for r, b in pairs if (p := pct_change(value(r, q), value(b, q)))
+                                                is not None]) for q in COMPARED]
             others: dict[str, set] = {}
             for r, _ in pairs:
                 for k, v in r["axes"].items():
@@ -127,11 +121,8 @@ def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
 def train_table(runs: list[dict], baseline: dict) -> str:
     axes = list(dict.fromkeys(k for r in runs for k in r.get("axes", {})))
     cols = [q for q in QUANTITIES if any(value(r, q) is not None for r in runs)]
-    base_of: dict[str, dict] = {}
-    for axis, label in baseline.items():
-        for _, pairs in baseline_pairs([r for r in runs if r.get("status") == "ok"], axis, label).items():
-            for r, b in pairs:
-                base_of[r["name"]] = b
+    ok = [r for r in runs if r.get("status") == "ok"]
+    base_of = {r["name"]: b for axis, label in baseline.items() for r, b in matched(ok, _axes, axis, label)}
     deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory", "max_rss_bytes") if q in cols] if base_of else []
     headers = ["run", *axes, "status", *(QUANTITIES[q][0] for q in cols), *(f"Δ {QUANTITIES[q][0]}" for q in deltas)]
     rows = []

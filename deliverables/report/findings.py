@@ -1,83 +1,63 @@
-"""The curriculum's published findings, and what a plan's runs say about each.
-
-`FINDINGS` is the one table of what the seed reports (student reports on this curriculum:
-TinyStories / WikiText-103 on a GPU) found; each row names the check that reads the plan's
-runs and returns what jaxlm measured and a verdict: agree, disagree, or not resolved at
-this size (the difference is within seed-to-seed noise, or the plan cannot measure it).
-Every test of one table is judged together: `ctx["noise"]` is its `noise.Family` (Holm).
-"""
+"""The curriculum's published findings and what a plan's runs say about each: a check per finding returns what
+jaxlm measured and a verdict (agree, disagree, or not resolved at this size: within seed-to-seed noise, or not
+measurable here). Every test of one report is judged together: `ctx["noise"]` is its `noise.Family` (Holm)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from deliverables.common import table
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
 from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
-from deliverables.report.seeds import Setting, Stats, baseline_of, resolved
+from deliverables.report.seeds import Setting, Stats, baseline_of, logged, resolved
 from experiments.plan import format_value
-from experiments.results import read_metrics, series
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
 SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
 
-
-@dataclass(frozen=True)
-class Finding:
-    plan: str
-    claim: str  # the finding, in a few words
-    seen: str  # what the seed reports saw
-    check: str  # the function in CHECKS that tests it
-
-
-FINDINGS: tuple[Finding, ...] = (
-    Finding("ablations", "removing RMSNorm hurts",
-            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; "
-            "lower rates stabilise it but stay worse",
-            "worse:no_norm"),
-    Finding("ablations", "post-norm trains about as well as pre-norm",
-            "about the same loss (slightly lower in one report)", "similar:post_norm"),
-    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
-    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
-            "worse:silu"),
-    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
-            "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
-    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
-            "10-100x higher diverges, early in training", "lr_diverge"),
-    Finding("batch_size", "at equal steps, larger batches reach lower loss",
-            "lower loss with larger batches at equal steps", "batch_equal_steps"),
-    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
-    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
-    Finding("model_size", "at a short budget bigger models are not better yet",
-            "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
-    Finding("context_length", "context length changes loss little", "little change in loss across context lengths",
-            "context_little"),
-    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
-    Finding("profiling", "peak memory grows faster than linearly with context",
-            "faster than linear in context (attention matrices)", "memory_context"),
-    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            "mixed_precision"),
-    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            "mixed_precision"),
-    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
-            "by design: the backward recomputes the same forward", "similar:remat"),
-    # Fine-tuning and quantisation: the methods' own papers, as the curriculum's reports do not cover them.
-    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
-            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
-    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
-    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
-            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
-    Finding("quantization", "int8 weight PTQ is about lossless",
-            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)",
-            "ptq8_lossless"),
-    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
-            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
+# (plan, the finding in a few words, what the seed reports saw, its check in CHECKS). The seed reports: student
+# reports on this curriculum (TinyStories / WikiText-103, GPU); for fine-tuning and quantisation, the methods' papers.
+FINDINGS: tuple[tuple[str, str, str, str], ...] = (
+    ("ablations", "removing RMSNorm hurts",
+     "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates stabilise it "
+     "but stay worse", "worse:no_norm"),
+    ("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)",
+     "similar:post_norm"),
+    ("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
+    ("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
+    ("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
+     "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
+    ("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training",
+     "lr_diverge"),
+    ("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps",
+     "batch_equal_steps"),
+    ("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
+    ("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
+    ("model_size", "at a short budget bigger models are not better yet",
+     "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
+    ("context_length", "context length changes loss little", "little change in loss across context lengths",
+     "context_little"),
+    ("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
+    ("profiling", "peak memory grows faster than linearly with context",
+     "faster than linear in context (attention matrices)", "memory_context"),
+    ("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
+    ("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+     "mixed_precision"),
+    ("optimizations", "rematerialisation changes memory and time, not the loss",
+     "by design: the backward recomputes the same forward", "similar:remat"),
+    ("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
+     "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
+    ("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
+    ("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
+     "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
+    ("quantization", "int8 weight PTQ is about lossless",
+     "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)", "ptq8_lossless"),
+    ("quantization", "QAT recovers what 4-bit PTQ loses",
+     "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
 )
 
 
@@ -89,6 +69,11 @@ def _loss(s: Setting | None) -> Stats | None:
     return s.stats("eval_loss") if s else None
 
 
+def _along(settings: list[Setting], axis: str, of: Callable) -> list[tuple[float, Any]]:
+    """(value on `axis`, `of(setting)`) of the settings along `axis` that `of` gives a value for."""
+    return [(x, v) for x, s in rates(settings, axis) if (v := of(s)) is not None]
+
+
 def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
     """The comparison's text and whether it is beyond noise (None: one seed)."""
     verdict = resolved(a, b, noise)
@@ -98,10 +83,8 @@ def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tupl
 
 
 def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree).
-
-    The verdict is at the plan's baseline settings; the same variant at other settings (another
-    learning rate) is reported beside it against the baseline at those settings."""
+    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree), at the
+    plan's baseline settings; at other settings (another rate) it is reported beside, against the baseline there."""
     base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
     a, b = _loss(var), _loss(base)
     extra = _elsewhere(settings, variant, ctx["noise"])
@@ -113,9 +96,7 @@ def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, 
     worse_at = _worse_at_evals(var, base)
     if worse_at:
         text += f"; above the baseline at {worse_at} evaluations (seed means)"
-    if not beyond:
-        return text + extra, UNRESOLVED
-    return text + extra, AGREE if a.mean > b.mean else DISAGREE
+    return text + extra, AGREE if beyond and a.mean > b.mean else DISAGREE if beyond else UNRESOLVED
 
 
 def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
@@ -181,8 +162,8 @@ def check_lr(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    """Every rate 10-100x the best stopped training (failed to learn or diverged, by `divergence.DEFINITION`, relative
-    to the best setting): agree; the text says where the loss itself first turns non-finite."""
+    """Every rate 10-100x the best stopped training (by `divergence.DEFINITION`): agree; the text says where the loss
+    itself first turns non-finite."""
     pts, best, _ = _best_lr(settings)
     if best is None:
         return "no completed rate", UNRESOLVED
@@ -206,14 +187,13 @@ def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, s, st) for x, s in rates(settings, "data.batch_size") if (st := _loss(s)) is not None]
+    pts = _along(settings, "data.batch_size", _loss)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
-    text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, _, st in pts)
-    steps = [resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:])]
-    if all(steps):
+    text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, st in pts)
+    if all([resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:])]):
         return text, AGREE
-    falling = all(b.mean < a.mean for (_, _, a), (_, _, b) in zip(pts, pts[1:]))
+    falling = all(b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:]))
     return text + ("" if falling else " (not monotone)"), UNRESOLVED if falling else DISAGREE
 
 
@@ -221,7 +201,7 @@ def roughness(s: Setting) -> float | None:
     """Mean over seeds of the std of successive differences of the logged training loss, second half of the run."""
     vals = []
     for r in s.ok:
-        _, v, _ = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), "train_loss")
+        _, v, _ = logged(r, "train_loss")
         tail = v[len(v) // 2 :]
         diffs = [b - a for a, b in zip(tail, tail[1:])]
         if len(diffs) > 1:
@@ -230,7 +210,7 @@ def roughness(s: Setting) -> float | None:
 
 
 def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, rough) for x, s in rates(settings, "data.batch_size") if (rough := roughness(s)) is not None]
+    pts = _along(settings, "data.batch_size", roughness)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ("training-loss jitter (std of successive logged differences, 2nd half): "
@@ -239,7 +219,7 @@ def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in rates(settings, "data.batch_size") if (st := s.stats("step_time")) is not None]
+    pts = _along(settings, "data.batch_size", lambda s: s.stats("step_time"))
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
@@ -262,7 +242,7 @@ def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = [(x, st) for x, s in rates(settings, "model.context_length") if (st := _loss(s)) is not None]
+    pts = _along(settings, "model.context_length", _loss)
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
     return _little(", ".join(f"context {int(x)}: {st.text()}" for x, st in pts), [st for _, st in pts])
@@ -302,9 +282,7 @@ def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
-    if not beyond:
-        return text, UNRESOLVED
-    return text, AGREE if a.mean < b.mean else DISAGREE
+    return text, AGREE if beyond and a.mean < b.mean else DISAGREE if beyond else UNRESOLVED
 
 
 def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -348,11 +326,10 @@ def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
     """[{claim, seen, measured, verdict}] for the plan's findings. ctx: bench_rows, untrained_loss, noise
     (the table's `Family`)."""
     rows = []
-    for f in FINDINGS:
-        if f.plan != plan:
-            continue
-        measured, verdict = CHECKS[f.check](settings, ctx)
-        rows.append({"claim": f.claim, "seen": f.seen, "measured": measured, "verdict": verdict})
+    for name, claim, seen, check in FINDINGS:
+        if name == plan:
+            measured, verdict = CHECKS[check](settings, ctx)
+            rows.append({"claim": claim, "seen": seen, "measured": measured, "verdict": verdict})
     return rows
 
 

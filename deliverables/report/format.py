@@ -32,9 +32,10 @@ NAMES = {
     "tokens_per_s": "throughput",
     "wall_time_s": "total time",
     "eval_ppl": "validation perplexity",
-    "eval_loss": "validation loss",
-    "eval_acc": "validation accuracy",
 }
+
+
+SCALES = {"count": (("G", 1e9), ("M", 1e6), ("k", 1e3)), "bytes": ((" GiB", 2**30), (" MiB", 2**20), (" KiB", 2**10))}
 
 
 def fmt(v: Any, how: str = "g") -> str:
@@ -44,16 +45,11 @@ def fmt(v: Any, how: str = "g") -> str:
         return v
     if isinstance(v, float) and math.isinf(v):
         return "inf"
-    if how == "count":
-        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if how in ("count", "bytes"):
+        for unit, scale in SCALES[how]:
             if abs(v) >= scale:
                 return f"{v / scale:.3g}{unit}"
-        return f"{v:.3g}"
-    if how == "bytes":
-        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(v) >= scale:
-                return f"{v / scale:.3g} {unit}"
-        return f"{v:.0f} B"
+        return f"{v:.3g}" if how == "count" else f"{v:.0f} B"
     if how == "sec":
         return f"{v * 1000:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
     if how == "pct":

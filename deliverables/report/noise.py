@@ -1,16 +1,13 @@
-"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests, and Holm's correction.
-
-A report compares many settings at once, so a difference is *beyond noise* only when its test
-still rejects at 5 % after Holm's step-down correction over every comparison of the same table
-(`Family`). scipy (a dependency of jax) supplies the t-distribution.
-"""
+"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests (scipy), and Holm's correction: a report
+compares many settings at once, so a difference is *beyond noise* only when its test still rejects at 5 % after
+Holm's step-down correction over every comparison of the same report (`Family`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 from scipy import stats as _scipy_stats
 
@@ -29,38 +26,36 @@ def half_width(std: float, n: int) -> float | None:
     return t_quantile(0.5 + LEVEL / 2, n - 1) * std / math.sqrt(n) if n >= 2 else None
 
 
-@dataclass(frozen=True)
-class Test:
+class Test(NamedTuple):
     """A two-sided test of a difference: the difference, its p-value (None: one value per side)."""
 
     diff: float
     p: float | None
 
 
-def _t_test(diff: float, se: float, df: float) -> Test:
-    if se == 0:
-        return Test(diff, 1.0 if diff == 0 else 0.0)
-    return Test(diff, float(2 * _scipy_stats.t.sf(abs(diff) / se, df)))
+def _no_spread(diff: float) -> Test:
+    """A difference between values that do not vary: certain (p 0) unless it is 0 (p 1); scipy would give NaN."""
+    return Test(diff, 1.0 if diff == 0 else 0.0)
 
 
 def welch(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> Test:
-    """Welch's unequal-variance t-test of mean_a - mean_b (Welch-Satterthwaite degrees of freedom)."""
-    d = mean_a - mean_b
+    """Welch's unequal-variance t-test of mean_a - mean_b (sample standard deviations)."""
     if n_a < 2 or n_b < 2:
-        return Test(d, None)
-    va, vb = std_a**2 / n_a, std_b**2 / n_b
-    if va + vb == 0:
-        return _t_test(d, 0.0, 1)
-    df = (va + vb) ** 2 / (va**2 / (n_a - 1) + vb**2 / (n_b - 1))
-    return _t_test(d, math.sqrt(va + vb), df)
+        return Test(mean_a - mean_b, None)
+    if std_a == std_b == 0:
+        return _no_spread(mean_a - mean_b)
+    t = _scipy_stats.ttest_ind_from_stats(mean_a, std_a, n_a, mean_b, std_b, n_b, equal_var=False)
+    return Test(mean_a - mean_b, float(t.pvalue))
 
 
 def paired(diffs: list[float]) -> Test:
     """One-sample t-test of paired differences (seed by seed) against 0."""
     if len(diffs) < 2:
         return Test(diffs[0] if diffs else math.nan, None)
-    n = len(diffs)
-    return _t_test(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(n), n - 1)
+    mean = statistics.fmean(diffs)
+    if statistics.stdev(diffs) == 0:
+        return _no_spread(mean)
+    return Test(mean, float(_scipy_stats.ttest_1samp(diffs, 0).pvalue))
 
 
 def holm(pvalues: list[float]) -> list[float]:

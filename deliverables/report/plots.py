@@ -1,16 +1,14 @@
-"""Plots: learning curves, final metrics against an axis, and the benchmark rows' figures."""
+"""Plots of training runs: learning curves and final metrics against an axis."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from deliverables.report.charts import bench_figures
 from deliverables.report.format import QUANTITIES, x_value
 from deliverables.report.output import COLOURS, pyplot, save_figure
-from deliverables.report.seeds import Setting, Stats, group_settings
+from deliverables.report.seeds import Setting, Stats, group_settings, logged, tokens_per_step
 from experiments.plan import format_value
-from experiments.results import read_metrics, series
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 MAX_LINES = 8  # lines per panel; more settings make more panel rows
@@ -19,31 +17,20 @@ X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)
 
 
 def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only
-    (one run: the interval is the point).
-
-    x is the step, the tokens seen (millions: step x batch x context) or the mean wall time."""
+    """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only;
+    x is the step, the tokens seen (millions) or the mean wall time."""
     per_run = []
     for r in runs:
-        steps, vals, times = series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)
-        cfg = r.get("config") or {}
-        tokens_per_step = ((cfg.get("data", {}).get("batch_size") or 0)
-                           * (cfg.get("model", {}).get("context_length") or 0))
-        per_run.append({s: (v, t, s * tokens_per_step / 1e6) for s, v, t in zip(steps, vals, times)
+        steps, vals, times = logged(r, q)
+        per_run.append({s: (v, t, s * tokens_per_step(r) / 1e6) for s, v, t in zip(steps, vals, times)
                         if math.isfinite(v)})
-    common = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
-    xs, mean, lo, hi = [], [], [], []
-    for s in common:
-        vals = [d[s][0] for d in per_run]
-        x = {"step": s, "time": sum(d[s][1] for d in per_run) / len(per_run),
-             "tokens": sum(d[s][2] for d in per_run) / len(per_run)}[by]
+    out = []
+    for s in sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []:
+        x = s if by == "step" else sum(d[s][1 if by == "time" else 2] for d in per_run) / len(per_run)
         if math.isfinite(x):
-            st = Stats.of(vals)
-            xs.append(x)
-            mean.append(st.mean)
-            lo.append(st.mean - (st.ci or 0.0))
-            hi.append(st.mean + (st.ci or 0.0))
-    return xs, mean, lo, hi
+            st = Stats.of([d[s][0] for d in per_run])
+            out.append((x, st.mean, st.mean - (st.ci or 0.0), st.mean + (st.ci or 0.0)))
+    return tuple(list(c) for c in zip(*out)) if out else ([], [], [], [])
 
 
 def _curve_runs(setting: Setting) -> tuple[list[dict], str]:
@@ -109,7 +96,7 @@ def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
         vals = []
         for s in settings:
             for r in s.ok:
-                v = [x for x in series(read_metrics(Path(r["_dir"]) / "metrics.jsonl"), q)[1] if math.isfinite(x)]
+                v = [x for x in logged(r, q)[1] if math.isfinite(x)]
                 vals += v[len(v) // 10 :] if len(v) >= 10 else v
         out[q] = vals
     return out
@@ -171,14 +158,3 @@ AXIS_TITLES = {"optim.lr": "peak learning rate", "data.batch_size": "batch size 
                "model.context_length": "context length (tokens)", "params": "parameters"}
 UNITS = {"eval_loss": " (nats per token)", "train_loss": " (nats per token)", "tokens_per_s": " (training)",
          "eval_acc": " (next-token top-1)"}
-
-
-def plot_bench(rows: list[dict], out: Path) -> tuple[list[str], str | None]:
-    """The benchmark rows' memory and throughput figures (`charts.bench_figures`); (PNG names, a note if it
-    could not run)."""
-    try:
-        return bench_figures(rows, out), None
-    except ImportError as e:  # the plots extra
-        return [], f"bench plots unavailable ({e})"
-    except Exception as e:  # a plotting failure must not lose the tables
-        return [], f"bench plots failed: {type(e).__name__}: {e}"

@@ -10,7 +10,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from deliverables.common import table
 from deliverables.report.format import QUANTITIES, fmt, value
@@ -108,19 +108,20 @@ def compare_phrase(a: Stats, b: Stats, noise: Family, what: str = "validation lo
     return f"{what} {a.text(digits)} against {b.text(digits)} ({pct}, {VERDICT[resolved(a, b, noise)]})"
 
 
+def matched(items: list, axes: Callable[[Any], dict], axis: str, label: Any) -> list[tuple[Any, Any]]:
+    """(item, its baseline) for each item with another value on `axis`; the baseline has `label` there and the
+    item's value on every other axis."""
+    def rest(i) -> tuple:
+        return tuple(sorted((k, format_value(v)) for k, v in axes(i).items() if k != axis))
+
+    bases = {rest(i): i for i in items if format_value(axes(i).get(axis)) == format_value(label)}
+    return [(i, bases[rest(i)]) for i in items if axes(i).get(axis) is not None
+            and format_value(axes(i)[axis]) != format_value(label) and rest(i) in bases]
+
+
 def baseline_of(settings: list[Setting], baseline: dict) -> dict[str, Setting]:
     """setting name -> the baseline setting it is compared with (same value on every other axis)."""
-    out = {}
-    for axis, label in baseline.items():
-        def rest(s: Setting) -> tuple:
-            return tuple(sorted((k, format_value(v)) for k, v in s.axes.items() if k != axis))
-
-        bases = {rest(s): s for s in settings if format_value(s.axes.get(axis)) == format_value(label)}
-        for s in settings:
-            b = bases.get(rest(s))
-            if axis in s.axes and b is not None and b is not s:
-                out[s.name] = b
-    return out
+    return {s.name: b for axis, label in baseline.items() for s, b in matched(settings, lambda s: s.axes, axis, label)}
 
 
 def settings_table(settings: list[Setting], bases: dict[str, Setting], noise: Family) -> str:
@@ -199,13 +200,20 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
     return out
 
 
-def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
-    """The run's logged training loss at `tokens` tokens seen, interpolated linearly between logs (None outside
-    them)."""
+def logged(run: dict, q: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, values, times) of `q` in the run's metrics.jsonl."""
+    return series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), q)
+
+
+def tokens_per_step(run: dict) -> int:
     cfg = run.get("config") or {}
-    per_step = (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
-    steps, vals, _ = series(read_metrics(Path(run["_dir"]) / "metrics.jsonl"), "train_loss")
-    pts = [(s * per_step, v) for s, v in zip(steps, vals) if math.isfinite(v)]
+    return (cfg.get("data", {}).get("batch_size") or 0) * (cfg.get("model", {}).get("context_length") or 0)
+
+
+def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
+    """The run's logged training loss at `tokens` tokens seen, interpolated between logs (None outside them)."""
+    steps, vals, _ = logged(run, "train_loss")
+    pts = [(s * tokens_per_step(run), v) for s, v in zip(steps, vals) if math.isfinite(v)]
     for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
         if t0 <= tokens <= t1:
             return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0) if t1 > t0 else v0

@@ -34,6 +34,16 @@ def test_seed_statistics_by_hand():
     assert resolved(Stats.of([2.5]), a, alone) is None
     assert compare_phrase(worse, a, alone) == ("validation loss 2.300 ± 0.248 against 2.000 ± 0.248 "
                                                "(+15.0%, beyond noise)")
+    # p-values: Welch t = 3.674 on 4 df -> 0.0213; unequal spreads (sd 0.1, n 3 vs sd 0.3, n 5): Welch-Satterthwaite
+    # df = (0.01/3 + 0.09/5)^2 / ((0.01/3)^2/2 + (0.09/5)^2/4) = 5.258, t = 0.3 / sqrt(0.01/3 + 0.09/5) = 2.054
+    # -> 0.0924;
+    # paired differences 0.1, 0.2, 0.3: t = 0.2 / (0.1 / sqrt(3)) = 3.464 on 2 df -> 0.0742; no spread: p 0, or 1 at 0
+    from deliverables.report.noise import paired, welch
+
+    assert welch(2.3, 0.1, 3, 2.0, 0.1, 3).p == pytest.approx(0.02131, abs=1e-5)
+    assert welch(2.3, 0.1, 3, 2.0, 0.3, 5).p == pytest.approx(0.09240, abs=1e-5)
+    assert paired([0.1, 0.2, 0.3]).p == pytest.approx(0.07418, abs=1e-5)
+    assert (paired([0.2, 0.2]).p, welch(2.0, 0.0, 3, 2.0, 0.0, 3).p, paired([0.1]).p) == (0.0, 1.0, None)
     # Holm over p = 0.01, 0.04, 0.03: 3 x 0.01 = 0.03, then max(0.03, 2 x 0.03) = 0.06, then max(0.06, 1 x 0.04) = 0.06
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     # worse vs a: p between 0.05 and 0.02 (2.776 < 3.674 < 3.747, the 0.99 quantile on 4 df); with two more

@@ -1,10 +1,5 @@
-"""The one-plan report sections: a study whose plan sets `[report] NAME = true` gets section NAME's tables
-(parallel, peft, quantization, tokenizer, divergence); `backend` says what a CPU run can show of bfloat16 and remat
-for every plan's rows.
-
-Every section takes the same `Plan` (its runs, seeded settings, [report] table, context, output folder and the
-Holm family its comparisons join) and returns (findings sentences, Markdown lines); `build` places them all at
-one spot of the plan's report.
+"""The one-plan report sections: a plan whose `[report]` sets NAME = true gets section NAME (peft, quantization,
+tokenizer, parallel, divergence), each a (findings sentences, Markdown lines) pair; `backend` runs for every CPU plan.
 """
 
 from __future__ import annotations
@@ -28,11 +23,7 @@ class Plan:
     cfg: dict  # the plan's [report] table
     ctx: dict  # build.context: bench rows, the untrained model's loss
     out: Path
-    noise: Family
-
-
-def _divergence(p: Plan) -> tuple[list[str], list[str]]:
-    return [], divergence_section(p.settings, p.cfg["x"], p.ctx["untrained_loss"]) if p.cfg.get("x") else []
+    noise: Family  # the Holm family the sections' comparisons join
 
 
 SECTIONS: dict[str, Callable[[Plan], tuple[list[str], list[str]]]] = {
@@ -40,7 +31,8 @@ SECTIONS: dict[str, Callable[[Plan], tuple[list[str], list[str]]]] = {
     "quantization": lambda p: quantization(p.runs, p.noise),
     "tokenizer": lambda p: tokenizer(p.runs),
     "parallel": lambda p: parallel(p.runs, p.out),
-    "divergence": _divergence,
+    "divergence": lambda p: ([], divergence_section(p.settings, p.cfg["x"], p.ctx["untrained_loss"])
+                             if p.cfg.get("x") else []),
 }
 
 

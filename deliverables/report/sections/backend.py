@@ -1,10 +1,7 @@
-"""What the backend behind a plan's rows can show, said with evidence recorded in the run itself, and each
-CPU-measured step compiled for an 80 GB H100 by XLA's GPU compiler (labelled as its plan), the estimate beside it.
-
-XLA's CPU backend is faithful for float32 results, not for memory or speed of bfloat16 and remat: its
-compiled bfloat16 matmuls produce float32, and whether remat's recomputation survives compilation is
-read from the compiled step (jaxlm.bench records the matmul count, their output dtypes and XLA's FLOPs).
-"""
+"""What a CPU backend can show of a plan's rows, from evidence recorded in the runs, and each CPU-measured step
+compiled for an 80 GB H100 by XLA's GPU compiler (labelled as its plan), the estimate beside it. XLA:CPU is faithful
+for float32 results, not for bfloat16's or remat's memory or speed: its bfloat16 matmuls produce float32, and
+whether remat's recomputation survives compilation is read from the compiled step (jaxlm.bench records it)."""
 
 from __future__ import annotations
 
@@ -81,18 +78,13 @@ def _bench_config(run: dict, row: dict):
     return setting.configs(cfg.model, row["context"])
 
 
-def _sets(part: str, keys: dict) -> list[str]:
-    return [f"{part}.{k}={toml_value(v)}" for k, v in sorted(keys.items())]
-
-
 def _job(model, compute, batch: int, mode: str, config: dict | None = None) -> dict:
-    """The step as a compile job (jaxlm.predict.store's form): every model and compute key it ran with,
-    and a training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
+    """The step as a compile job (jaxlm.predict.store's form): every model and compute key it ran with, and a
+    training run's LoRA or QAT settings where it had them (`config`: its recorded config)."""
     config = config or {}
-    sets = _sets("model", to_dict(model)) + _sets("compute", to_dict(compute))
-    if (config.get("lora") or {}).get("rank"):
-        sets += _sets("lora", config["lora"])
-    sets += _sets("qat", config.get("qat") or {})
+    parts = {"model": to_dict(model), "compute": to_dict(compute),
+             "lora": config["lora"] if (config.get("lora") or {}).get("rank") else {}, "qat": config.get("qat") or {}}
+    sets = [f"{part}.{k}={toml_value(v)}" for part, keys in parts.items() for k, v in sorted(keys.items())]
     return {"preset": None, "set": [*sets, f"data.batch_size={batch}"], "mode": mode}
 
 

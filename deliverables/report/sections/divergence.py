@@ -80,16 +80,6 @@ def rates(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
                   key=lambda t: t[0])
 
 
-def gaps(points: list[tuple[float, list[dict]]], best: tuple[float, float | None]) -> dict[float, list[float]]:
-    """rate -> each completed seed's final loss above L*."""
-    out = {}
-    for x, runs in points:
-        losses = [v for r in runs if (v := _metric(r, "eval_loss")) is not None]
-        if losses:
-            out[x] = [v - best[0] for v in losses]
-    return out
-
-
 def edge(points: list[tuple[float, list[dict]]], untrained: float) -> dict:
     """Where the sweep goes from every seed training to no seed training: {best, trained, broken, nonfinite,
     best_loss, threshold_range}; `trained`/`broken` are None when the grid does not bracket the edge.
@@ -103,7 +93,8 @@ def edge(points: list[tuple[float, list[dict]]], untrained: float) -> dict:
     trained = max((x for x in above if broken is None or x < broken), default=best_x)
     trained = trained if all(k == "trained" for k in kinds[trained]) else None
     nonfinite = next((x for x, _ in points if kinds[x] and all(k == "diverged" for k in kinds[x])), None)
-    g = gaps(points, best)
+    gaps = {x: [v - best[0] for r in runs if (v := _metric(r, "eval_loss")) is not None] for x, runs in points}
+    g = {x: v for x, v in gaps.items() if v}  # rate -> each completed seed's final loss above L*
     below = max((v for x in g if best_x <= x <= (trained or best_x) for v in g[x]), default=0.0)
     return {"best": best_x, "best_loss": best[0], "best_acc": best[1], "trained": trained, "broken": broken,
             "nonfinite": nonfinite, "kinds": kinds, "threshold_range": (below, min(g.get(broken) or [math.inf]))}

@@ -21,13 +21,8 @@ def parallel_rows(runs: list[dict]) -> list[dict]:
 
 def _replicated(rows: list[dict]) -> dict | None:
     """The row whose train state is whole on every device: one device, or data parallelism only."""
-    return next((r for r in rows if r["layout"] == "1 device" or set(_axes(r)) == {"data"}), None)
-
-
-def _axes(row: dict) -> dict[str, int]:
-    if row["layout"] == "1 device":
-        return {}
-    return {k: int(v) for k, v in (p.split("=") for p in row["layout"].split(","))}
+    return next((r for r in rows if r["layout"] == "1 device"
+                 or {axis.split("=")[0] for axis in r["layout"].split(",")} == {"data"}), None)
 
 
 def _f(v: float | None, spec: str) -> str:

@@ -57,10 +57,8 @@ def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
 
 def training_lines(train: list[tuple[dict, dict]]) -> list[str]:
     rows = [[fmt(t["bytes"], "bytes"), f"{t['distinct_pretokens']:,}", f"{t['pretokenize_s']:.2f}",
-             f"{t['merge_s']:.2f}",
-             f"{t['total_s']:.2f}", fmt(r.get("max_rss_bytes"), "bytes"),
-             f"`{t['longest_token']!r}` ({t['longest_token_bytes']} B)"]
-            for r, t in train]
+             f"{t['merge_s']:.2f}", f"{t['total_s']:.2f}", fmt(r.get("max_rss_bytes"), "bytes"),
+             f"`{t['longest_token']!r}` ({t['longest_token_bytes']} B)"] for r, t in train]
     full = train[-1][1]
     top = full["profile_top"][0]
     share = 100 * full["merge_s"] / full["total_s"]
