@@ -72,7 +72,9 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
             enable_async_checkpointing=True, create=True,
-            cleanup_tmp_directories=True,  # what a killed save left behind
+            # What a killed save left behind. Not in a new directory: orbax lists it in a background thread that
+            # only a save waits for, and an import interrupted before its save removes the directory under it.
+            cleanup_tmp_directories=self.dir.is_dir(),
             # Directories made in save() itself: made in the background, a failure left orbax's other
             # threads waiting 5 minutes for it, and the process hanging at exit.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
