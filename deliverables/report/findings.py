@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from deliverables.common import table
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
@@ -19,45 +19,58 @@ from experiments.plan import format_value
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
 SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
 
-# (plan, the finding in a few words, what the seed reports saw, its check in CHECKS). The seed reports: student
-# reports on this curriculum (TinyStories / WikiText-103, GPU); for fine-tuning and quantisation, the methods' papers.
-FINDINGS: tuple[tuple[str, str, str, str], ...] = (
-    ("ablations", "removing RMSNorm hurts",
-     "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates stabilise it "
-     "but stay worse", "worse:no_norm"),
-    ("ablations", "post-norm trains about as well as pre-norm", "about the same loss (slightly lower in one report)",
-     "similar:post_norm"),
-    ("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
-    ("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training", "worse:silu"),
-    ("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
-     "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
-    ("lr_sweep", "rates 10-100x above the best diverge, visibly early", "10-100x higher diverges, early in training",
-     "lr_diverge"),
-    ("batch_size", "at equal steps, larger batches reach lower loss", "lower loss with larger batches at equal steps",
-     "batch_equal_steps"),
-    ("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
-    ("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
-    ("model_size", "at a short budget bigger models are not better yet",
-     "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
-    ("context_length", "context length changes loss little", "little change in loss across context lengths",
-     "context_little"),
-    ("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
-    ("profiling", "peak memory grows faster than linearly with context",
-     "faster than linear in context (attention matrices)", "memory_context"),
-    ("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU", "mixed_precision"),
-    ("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-     "mixed_precision"),
-    ("optimizations", "rematerialisation changes memory and time, not the loss",
-     "by design: the backward recomputes the same forward", "similar:remat"),
-    ("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
-     "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
-    ("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same", "lora_ranks"),
-    ("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
-     "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
-    ("quantization", "int8 weight PTQ is about lossless",
-     "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)", "ptq8_lossless"),
-    ("quantization", "QAT recovers what 4-bit PTQ loses",
-     "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
+
+class Finding(NamedTuple):
+    """The seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU); for fine-tuning and
+    quantisation, the methods' papers."""
+
+    plan: str
+    claim: str  # the finding, in a few words
+    seen: str  # what the seed reports saw
+    check: str  # its check in CHECKS
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("ablations", "removing RMSNorm hurts",
+            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates "
+            "stabilise it but stay worse", "worse:no_norm"),
+    Finding("ablations", "post-norm trains about as well as pre-norm",
+            "about the same loss (slightly lower in one report)", "similar:post_norm"),
+    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
+    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
+            "worse:silu"),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
+            "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
+    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
+            "10-100x higher diverges, early in training", "lr_diverge"),
+    Finding("batch_size", "at equal steps, larger batches reach lower loss",
+            "lower loss with larger batches at equal steps", "batch_equal_steps"),
+    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
+    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
+    Finding("model_size", "at a short budget bigger models are not better yet",
+            "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
+    Finding("context_length", "context length changes loss little",
+            "little change in loss across context lengths", "context_little"),
+    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
+    Finding("profiling", "peak memory grows faster than linearly with context",
+            "faster than linear in context (attention matrices)", "memory_context"),
+    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            "mixed_precision"),
+    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
+            "by design: the backward recomputes the same forward", "similar:remat"),
+    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
+            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
+    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same",
+            "lora_ranks"),
+    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
+            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
+    Finding("quantization", "int8 weight PTQ is about lossless",
+            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)",
+            "ptq8_lossless"),
+    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
+            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
 )
 
 
