@@ -119,7 +119,7 @@ def collect(spec: RunSpec, run_dir: Path) -> dict:
         if "steps" in m:
             m["tokens"] = m["steps"] * cfg["data"]["batch_size"] * cfg["model"]["context_length"]
     data_dir = cfg.get("data", {}).get("dir")
-    data_meta = read_json(Path(data_dir) / "meta.json", default=None) if data_dir else None
+    data_meta = read_json(Path(data_dir) / META, default=None) if data_dir else None
     if isinstance(data_meta, dict):  # the corpus the report's setup section describes, kept with the result
         out["data"] = {k: data_meta.get(k) for k in ("tokenizer", "vocab_size", "tokens")}
         sources = (data_meta.get("sources") or {}).get("train", [])
