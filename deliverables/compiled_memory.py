@@ -29,8 +29,7 @@ OUT_DIR = Path("docs/results/compiled")
 GIB = 2**30
 LOSSES = (("whole logits", 0), ("chunked", 1024))  # compute.loss_chunk, labelled
 CONTEXTS, BATCHES = (256, 512, 1024, 2048), (1, 2, 4, 8, 16, 32, 64)  # the sweeps of `small` (figures 1 and 2)
-ATTENTION_DTYPES = (("float32", "float32", "xla"), ("bfloat16", "bfloat16", "xla"),
-                    ("bfloat16 + cuDNN", "bfloat16", "cudnn"))  # (label, dtype, attention)
+SWEPT = ("float32", "bfloat16", "bfloat16 + cuDNN")  # the techniques the context and batch sweeps draw as lines
 # The memory techniques, alone and combined; each label names its settings (deliverables.common.technique).
 TECHNIQUES = ("float32", "bfloat16", "bfloat16 + remat full", "bfloat16 + remat dots_saveable", "bfloat16 + cuDNN",
               "bfloat16 + cuDNN + remat full", "bfloat16 + cuDNN + dots_saveable", "bfloat16 + window 256",
@@ -90,9 +89,9 @@ def sections() -> list[Section]:
                 "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
                 "takes bfloat16 only.",
                 [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
-                 for mode in ("train_step", "forward") for how, _, _ in ATTENTION_DTYPES for t in CONTEXTS]),
+                 for mode in ("train_step", "forward") for how in SWEPT for t in CONTEXTS]),
         Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how, _, _ in ATTENTION_DTYPES for b in BATCHES]),
+                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
         Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
                 "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).",
                 [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))

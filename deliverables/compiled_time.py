@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 from deliverables.compiled_memory import (
-    ATTENTION_DTYPES,
     BATCHES,
     GIB,
     LOSSES,
     OUT_DIR,
+    SWEPT,
     Section,
     cached,
     job,
@@ -67,7 +67,7 @@ def sections() -> list[Section]:
                  for mode in STEPS for d in ("float32", "bfloat16")]),
         Section("batch", "Throughput against batch size, `small`, context 256",
                 "The AdamW train step; cuDNN's fused attention takes bfloat16 only.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how, _, _ in ATTENTION_DTYPES for b in BATCHES]),
+                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
         Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
                 "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).",
                 [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))

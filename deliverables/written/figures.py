@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from deliverables.common import plan_runs
-from deliverables.compiled_memory import ATTENTION_DTYPES, BATCHES, CONTEXTS, cached
+from deliverables.compiled_memory import BATCHES, CONTEXTS, SWEPT, cached
 from deliverables.compiled_time import stored
 from deliverables.report.charts import before_after_bars, bench_rows
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
@@ -58,7 +58,7 @@ def memory(axes, root: Path) -> None:
     ctx, bat = (cached(s, TARGET, root / "compiled") for s in ("context", "batch"))
     a, b = axes
     values = []
-    for colour, (label, _, _) in zip(COLOURS, ATTENTION_DTYPES):
+    for colour, label in zip(COLOURS, SWEPT):
         for mode, style in (("train_step", "-"), ("forward", ":")):
             pts = [(t, r["total_bytes"] / GIB) for t in CONTEXTS if (r := ctx.get(f"{mode}, {label}, context {t}"))]
             if pts:
@@ -83,7 +83,7 @@ def throughput(axes, root: Path) -> None:
     per dtype/attention; (b) the profiling plan's batch sweep measured on the CPU host, 95 % intervals."""
     a, b = axes
     predicted = stored("batch", TARGET, root / "compiled")
-    for colour, (label, _, _) in zip(COLOURS, ATTENTION_DTYPES):
+    for colour, label in zip(COLOURS, SWEPT):
         pts = [(n, r["predicted_tokens_per_s"] / 1e3) for n in BATCHES if (r := predicted.get(f"{label}, batch {n}"))]
         if pts:
             a.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
