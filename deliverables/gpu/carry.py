@@ -1,15 +1,6 @@
-"""What the offline GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
-
-    python -m deliverables.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
-    python -m deliverables.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
-
-The offline machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
-those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
-`pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.offline). One version of each:
-two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
-Its functions use the standard library and `packaging` only: they run before jaxlm's dependencies are installed
-(the command itself, `main`, goes through jaxlm's error boundary).
-"""
+"""`python -m deliverables.gpu.carry download|check`: the wheels and the corpus the offline GPU run carries in `.whl/`
+(docs/gpu.md). The functions use the standard library and `packaging` only: the offline run calls `install` before
+jaxlm's dependencies are there."""
 
 from __future__ import annotations
 

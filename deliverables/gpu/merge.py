@@ -1,15 +1,5 @@
-"""Take what an offline GPU run brought back into the committed GPU report (docs/gpu.md).
-
-    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the offline run's $OUT
-
-DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
-jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
-offline.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
-optimised program go to profile/ (its predictions can be recomputed as the roofline improves). The profile
-step's calibration file becomes the GPU's committed calibration (DEVICE.json in
-jaxlm.predict.calibration.CALIBRATIONS), which every later `--target DEVICE` prediction applies. A smoke run's
-results are refused: tiny-model figures are no GPU results.
-"""
+"""`python -m deliverables.gpu.merge DIR`: an offline GPU run's results into the committed GPU report, its calibration
+into the GPU's committed calibration (docs/gpu.md)."""
 
 from __future__ import annotations
 

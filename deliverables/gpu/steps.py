@@ -1,9 +1,5 @@
-"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py; sections: sections.py).
-
-Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate (compile time per layer, 15 steps
-at 40 % MFU: upper-end guesses). Under `ctx.smoke` sizes shrink to a tiny model so that the suite runs every step on
-a CPU, with cuDNN rows skipped with the reason.
-"""
+"""The GPU campaign's measuring steps: each `run(ctx) -> dict` (JSON-safe, with "rows") and an H100 time estimate
+(compile time per layer, 15 steps at 40 % MFU: upper-end guesses); under `ctx.smoke` a tiny model, on a CPU."""
 
 from __future__ import annotations
 
