@@ -13,7 +13,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks 
 
 from jaxlm import cli  # noqa: E402
 from jaxlm.core.errors import UsageError, UserError  # noqa: E402
-from jaxlm.core.files import atomic_write  # noqa: E402
+from jaxlm.core.files import atomic_write, read_json  # noqa: E402
 
 PROG = "python -m deliverables.gpu"
 DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on a GPU only
@@ -113,20 +113,15 @@ def write_report(out: Path, results: dict, rows, meta: dict, notes: dict | None 
 
 def _earlier(out: Path, smoke: bool) -> dict:
     """Step results of an earlier call into the same --out (kept unless rerun, so calls accumulate)."""
-    try:
-        data = json.loads((out / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    data = read_json(out / "results.json", default=None)
     same = isinstance(data, dict) and data.get("meta", {}).get("smoke") == smoke
     return dict(data.get("steps", {})) if same else {}
 
 
 def run(args, out: Path, deadline: float | None = None, scratch: Path | None = None,
         after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
-    """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
-    Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
-    each step (and its report) is written. `meta`: more of results.json's "meta" (the offline run's checks).
-    Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
+    """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`),
+    each started only if it fits the time then left; `after_step()` after each. The failed steps (name -> error)."""
     import jax
 
     from deliverables.gpu.steps import Context
@@ -178,8 +173,7 @@ def in_report(out: Path) -> bool:
 
 
 def output_dir(args) -> Path:
-    """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
-    tiny-model figures are no GPU results and stay out of that report."""
+    """Where this call writes: a full run the committed GPU report, so it needs a GPU; a smoke run anywhere else."""
     if args.smoke:
         out = Path(args.out) if args.out else SMOKE_OUT
         cli.check_option(not in_report(out), "--out", args.out,

@@ -161,22 +161,23 @@ def resolves(folder: Path = FOLDER) -> str | None:
     return None
 
 
-def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
+def download(folder: Path = FOLDER) -> None:
     """The wheels of wheels.txt into `folder` (pip download for the offline machine's platform), the corpus into
-    folder/data; returns the problems `file_problems` finds afterwards."""
+    folder/data."""
+    from jaxlm.data.corpora import data_root
+
     folder.mkdir(parents=True, exist_ok=True)
     for w in read_manifest():
         if (folder / w.file).is_file() and sha256(folder / w.file) == w.sha256:
             continue
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", *TARGET_PIP, "-d", str(folder),
                         w.requirement], check=True)
-    root = data_root or Path(os.environ.get("JAXLM_DATA") or Path.home() / ".cache" / "jaxlm" / "data")
+    root = data_root()
     if (root / CORPUS).is_file():
         (folder / "data" / CORPUS).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / CORPUS, folder / "data" / CORPUS)
     else:
         print(f"warning: {root / CORPUS} not found: the shakespeare step will have no corpus there", file=sys.stderr)
-    return file_problems(read_manifest(), folder)
 
 
 def installed(name: str) -> str | None:
@@ -229,15 +230,12 @@ def main(argv: list[str]) -> int:
                                 formatter_class=cli.HelpFormatter)
     parser.add_argument("what", choices=("download", "check"), help="download the wheels and the corpus into .whl/, "
                         "or check wheels.txt and .whl/")
-    download_too = parser.parse_args(argv).what == "download"
+    if parser.parse_args(argv).what == "download":
+        download()
     wheels = read_manifest()
     problems = coverage_problems(wheels, read_image(), dependencies())
-    if download_too:
-        problems += download()
-    elif FOLDER.is_dir():
-        problems += file_problems(wheels, FOLDER)
-    if FOLDER.is_dir() and not problems:
-        problems += [p for p in [resolves(FOLDER)] if p]
+    if FOLDER.is_dir():
+        problems += file_problems(wheels, FOLDER) or [p for p in [resolves(FOLDER)] if p]  # pip's dry run last
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     size = sum(w.size for w in wheels) / 2**20

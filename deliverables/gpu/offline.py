@@ -18,7 +18,7 @@ from deliverables.gpu import carry  # noqa: E402
 from jaxlm import cli  # noqa: E402
 from jaxlm.core import platform  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
-from jaxlm.core.files import atomic_write  # noqa: E402
+from jaxlm.core.files import atomic_write, read_json  # noqa: E402
 
 PROG = "python3 -m deliverables.gpu.offline"
 OUT, SMOKE_OUT = Path("runs/gpu_offline"), Path("runs/gpu_offline_smoke")
@@ -166,11 +166,7 @@ def summary(record: dict, out: Path) -> str:
         status = {True: "pass", False: "FAIL", None: "skipped"}[r["ok"]]
         what = {k: r[k] for k in ("implementation", "window", "max_rel_diff", "arrays_equal", "reason") if k in r}
         lines.append(f"check {r['check']:10s} {status:7s} {what}")
-    try:
-        steps = json.loads((out / "results.json").read_text())["steps"]
-    except (OSError, ValueError):
-        steps = {}
-    for name, res in steps.items():
+    for name, res in read_json(out / "results.json", default={}).get("steps", {}).items():
         state = "failed" if "error" in res else "cut" if res.get("cut") else "done"
         lines.append(f"step  {name:12s} {state:7s} {res.get('seconds', 0):6.0f} s")
     lines.append(f"total {record['seconds']:.0f} s of {record['budget_s']:.0f}; wrote {out}; "
