@@ -1,18 +1,5 @@
-"""One command for a GPU: every GPU figure the curriculum asks for, inside one call of --budget seconds.
-
-    python -m deliverables.gpu --dry-run          # the steps, their estimated H100 seconds, exit 0 (any machine)
-    python -m deliverables.gpu                    # on a GPU only: writes docs/results/gpu/
-    python -m deliverables.gpu --smoke [--out DIR]  # every step at a tiny size, any machine (default runs/gpu_smoke)
-
-Steps run most important first; each writes its JSON (`STEP.json`) and the whole `report.md` as soon as it
-ends, so a call cut off by its time limit keeps everything before. A step whose estimate no longer fits the
-remaining `--budget` is deferred with that reason, or, when it stops between rows, run cut at the budget;
-`--only NAME` runs chosen steps (e.g. the deferred ones in a second call, whose results join the first's in the
-same --out). Timing: mean +- std over 10 steps after 5 warm-up steps (jaxlm.bench), beside the roofline's
-prediction for the same program (deliverables/gpu/predict.py); memory: the device's peak from its memory stats,
-next to jaxlm.memory's estimate. Without a GPU only --dry-run and --smoke run, and a smoke run never writes into
-docs/results/gpu/: its tiny-model figures are no GPU results.
-"""
+"""The GPU campaign, every GPU figure the curriculum asks for within a time budget: its plan, runner and command
+(docs/gpu.md), which `python -m deliverables.gpu.offline` shares."""
 
 from __future__ import annotations
 
@@ -26,13 +13,14 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # device peaks 
 
 from jaxlm import cli  # noqa: E402
 from jaxlm.core.errors import UsageError, UserError  # noqa: E402
-from jaxlm.core.files import atomic_write  # noqa: E402
+from jaxlm.core.files import atomic_write, read_json  # noqa: E402
 
 PROG = "python -m deliverables.gpu"
 DEFAULT_OUT = Path("docs/results/gpu")  # the committed GPU report: full runs on a GPU only
 SMOKE_OUT = Path("runs/gpu_smoke")
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_S = 25.0  # process start, JAX import and device initialisation on a fresh machine
+STARTUP = (("startup", STARTUP_S, "process start, JAX import, device initialisation"),)  # the call's phase before
 MIN_PARTIAL_S = 30.0  # the least a step that stops between rows is started with
 STEP_SLACK = 1.5  # a step that fits stops between rows once it has run this many times its estimate
 
@@ -81,18 +69,22 @@ def plan(steps, budget: float, only: list[str] | None, smoke: bool, startup: flo
     return out
 
 
-def format_plan(rows, budget: float, before: tuple = (("startup", STARTUP_S, "process start, JAX import, device "
-                                                                   "initialisation"),), after: tuple = ()) -> str:
-    """The plan as a table: `before` (name, seconds, what), the steps, `after`; the total of what runs."""
+def format_plan(rows, budget: float, before: tuple = STARTUP, after: tuple = ()) -> str:
+    """The plan as a table: the phases `before` (name, seconds, what), the steps, `after`; the total of what runs."""
     row = lambda name, seconds, what: f"{name:12s} {seconds:13.0f}  {what}"
     lines = [f"{'step':12s} {'est. s (H100)':>13s}  what", *(row(*r) for r in before)]
     lines += [row(step.name, est, step.title + ("" if status == "run" else f"  [{status}]"))
               for step, est, status in rows]
     ran = sum(est for _, est, status in rows if status == "run")
     cut = any(status.startswith("cut") for _, _, status in rows)
-    total = budget if cut else sum(s for _, s, _ in before) + ran + sum(s for _, s, _ in after)
+    total = budget if cut else overhead(before, after) + ran
     lines += [*(row(*r) for r in after), row("total", total, f"of a {budget:.0f} s budget")]
     return "\n".join(lines)
+
+
+def overhead(*phases: tuple) -> float:
+    """The seconds of a call's phases besides its steps ((name, seconds, what) each)."""
+    return sum(seconds for group in phases for _, seconds, _ in group)
 
 
 def write_report(out: Path, results: dict, rows, meta: dict, notes: dict | None = None) -> None:
@@ -121,20 +113,15 @@ def write_report(out: Path, results: dict, rows, meta: dict, notes: dict | None 
 
 def _earlier(out: Path, smoke: bool) -> dict:
     """Step results of an earlier call into the same --out (kept unless rerun, so calls accumulate)."""
-    try:
-        data = json.loads((out / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    data = read_json(out / "results.json", default=None)
     same = isinstance(data, dict) and data.get("meta", {}).get("smoke") == smoke
     return dict(data.get("steps", {})) if same else {}
 
 
 def run(args, out: Path, deadline: float | None = None, scratch: Path | None = None,
         after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
-    """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`).
-    Whether a step starts is decided again when its turn comes, on the time then left; `after_step()` runs after
-    each step (and its report) is written. `meta`: more of results.json's "meta" (the offline run's checks).
-    Returns the steps of this call that failed (name -> error); the others' results are written all the same."""
+    """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`),
+    each started only if it fits the time then left; `after_step()` after each. The failed steps (name -> error)."""
     import jax
 
     from deliverables.gpu.steps import Context
@@ -186,8 +173,7 @@ def in_report(out: Path) -> bool:
 
 
 def output_dir(args) -> Path:
-    """Where this call writes. A full run fills the committed GPU report, so it needs a GPU; a smoke run's
-    tiny-model figures are no GPU results and stay out of that report."""
+    """Where this call writes: a full run the committed GPU report, so it needs a GPU; a smoke run anywhere else."""
     if args.smoke:
         out = Path(args.out) if args.out else SMOKE_OUT
         cli.check_option(not in_report(out), "--out", args.out,
@@ -214,28 +200,37 @@ def check_failures(prog: str, failures: dict[str, str], out: Path) -> None:
         raise CallFailed(f"{prog}: {len(failures)} part(s) failed: {said}; the rest's results are in {out}")
 
 
-def check_only(only: list[str] | None) -> None:
-    """--only names known steps, or the call stops in one line."""
+def arguments(prog: str, doc: str, budget: float, out: str) -> cli.ArgumentParser:
+    """The options of both campaign commands (this one and deliverables.gpu.offline); `out`: the default --out."""
+    parser = cli.ArgumentParser(command=prog.split()[-1], prog=prog, description=doc,
+                                formatter_class=cli.HelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds and exit")
+    parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
+    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=budget,
+                        help="seconds the whole call may take; steps that would not fit are deferred")
+    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
+    parser.add_argument("--out", help=f"where report.md, results.json and STEP.json go (default: {out})")
+    return parser
+
+
+def parse(parser, argv: list[str], before: tuple = STARTUP, after: tuple = ()):
+    """The arguments (--only checked), or None once --dry-run has printed the plan (`before`, `after`: the call's
+    phases around the steps)."""
+    args = parser.parse_args(argv)
+    args.argv = argv
     names = [s.name for s in steps()]
-    unknown = [n for n in only or [] if n not in names]
+    unknown = [n for n in args.only or [] if n not in names]
     cli.check_option(not unknown, "--only", " ".join(unknown), f"unknown step; known: {', '.join(names)}")
+    if not args.dry_run:
+        return args
+    rows = plan(steps(), args.budget, args.only, args.smoke, overhead(before, after))
+    print(format_plan(rows, args.budget, before, after))
+    return None
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(command="deliverables.gpu", description=__doc__,
-                                formatter_class=cli.HelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="list the steps with estimated seconds and exit")
-    parser.add_argument("--smoke", action="store_true", help="every step at a tiny size (runs on a CPU)")
-    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=540.0,
-                        help="seconds the whole call may take; steps that would not fit are deferred")
-    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
-    parser.add_argument("--out", help=f"where report.md, results.json and STEP.json go (default: {DEFAULT_OUT}, "
-                        f"with --smoke {SMOKE_OUT})")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    check_only(args.only)
-    if args.dry_run:
-        print(format_plan(plan(steps(), args.budget, args.only, args.smoke), args.budget))
+    args = parse(arguments(PROG, __doc__, 540.0, f"{DEFAULT_OUT}, with --smoke {SMOKE_OUT}"), argv)
+    if args is None:
         return 0
     out = output_dir(args)
     check_failures(PROG, {f"step {name}": why for name, why in run(args, out).items()}, out)

@@ -1,15 +1,6 @@
-"""What the offline GPU run carries (`.whl/`): the wheels jaxlm needs beyond the machine's image, and the corpus.
-
-    python -m deliverables.gpu.carry download   # here: the wheels of wheels.txt into .whl/, the corpus into .whl/data/
-    python -m deliverables.gpu.carry check      # wheels.txt against pyproject.toml and image.txt; .whl/ against it
-
-The offline machine has no network: every dependency in pyproject.toml that its image (image.txt) lacks, and whatever
-those need that it lacks too, travels as a CPython 3.12 manylinux x86_64 wheel, installed there with
-`pip install --no-index --no-deps --target` (`install`, called by deliverables.gpu.offline). One version of each:
-two stop the install. The `shakespeare` step's corpus travels in .whl/data/ (no data root there).
-Its functions use the standard library and `packaging` only: they run before jaxlm's dependencies are installed
-(the command itself, `main`, goes through jaxlm's error boundary).
-"""
+"""`python -m deliverables.gpu.carry download|check`: the wheels and the corpus the offline GPU run carries in `.whl/`
+(docs/gpu.md). The functions use the standard library and `packaging` only: the offline run calls `install` before
+jaxlm's dependencies are there."""
 
 from __future__ import annotations
 
@@ -170,22 +161,23 @@ def resolves(folder: Path = FOLDER) -> str | None:
     return None
 
 
-def download(folder: Path = FOLDER, data_root: Path | None = None) -> list[str]:
+def download(folder: Path = FOLDER) -> None:
     """The wheels of wheels.txt into `folder` (pip download for the offline machine's platform), the corpus into
-    folder/data; returns the problems `file_problems` finds afterwards."""
+    folder/data."""
+    from jaxlm.data.corpora import data_root
+
     folder.mkdir(parents=True, exist_ok=True)
     for w in read_manifest():
         if (folder / w.file).is_file() and sha256(folder / w.file) == w.sha256:
             continue
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", *TARGET_PIP, "-d", str(folder),
                         w.requirement], check=True)
-    root = data_root or Path(os.environ.get("JAXLM_DATA") or Path.home() / ".cache" / "jaxlm" / "data")
+    root = data_root()
     if (root / CORPUS).is_file():
         (folder / "data" / CORPUS).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / CORPUS, folder / "data" / CORPUS)
     else:
         print(f"warning: {root / CORPUS} not found: the shakespeare step will have no corpus there", file=sys.stderr)
-    return file_problems(read_manifest(), folder)
 
 
 def installed(name: str) -> str | None:
@@ -238,15 +230,12 @@ def main(argv: list[str]) -> int:
                                 formatter_class=cli.HelpFormatter)
     parser.add_argument("what", choices=("download", "check"), help="download the wheels and the corpus into .whl/, "
                         "or check wheels.txt and .whl/")
-    download_too = parser.parse_args(argv).what == "download"
+    if parser.parse_args(argv).what == "download":
+        download()
     wheels = read_manifest()
     problems = coverage_problems(wheels, read_image(), dependencies())
-    if download_too:
-        problems += download()
-    elif FOLDER.is_dir():
-        problems += file_problems(wheels, FOLDER)
-    if FOLDER.is_dir() and not problems:
-        problems += [p for p in [resolves(FOLDER)] if p]
+    if FOLDER.is_dir():
+        problems += file_problems(wheels, FOLDER) or [p for p in [resolves(FOLDER)] if p]  # pip's dry run last
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     size = sum(w.size for w in wheels) / 2**20

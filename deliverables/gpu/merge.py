@@ -1,19 +1,8 @@
-"""Take what an offline GPU run brought back into the committed GPU report (docs/gpu.md).
-
-    python -m deliverables.gpu.merge DIR [--into docs/results/gpu]   # DIR: the files of the offline run's $OUT
-
-DIR's results.json joins the report's results.json: a step it holds replaces the report's, stamped with the device,
-jax version and start of the call that measured it; the others stay. report.md is written again from the whole,
-offline.json (install, versions, checks, phase times) goes beside it, and the profiled train step's trace and
-optimised program go to profile/ (its predictions can be recomputed as the roofline improves). The profile
-step's calibration file becomes the GPU's committed calibration (DEVICE.json in
-jaxlm.predict.calibration.CALIBRATIONS), which every later `--target DEVICE` prediction applies. A smoke run's
-results are refused: tiny-model figures are no GPU results.
-"""
+"""`python -m deliverables.gpu.merge DIR`: an offline GPU run's results into the committed GPU report, its calibration
+into the GPU's committed calibration (docs/gpu.md)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +12,7 @@ from deliverables.gpu.profile import CALIBRATION_FILE
 from jaxlm import cli
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.core.errors import DataError, UsageError
+from jaxlm.core.files import read_json
 from jaxlm.predict.calibration import CALIBRATIONS, load, save
 
 PROG = "python -m deliverables.gpu.merge"
@@ -30,15 +20,10 @@ PROFILE_FILES = ("profile_train_step.trace.json.gz", "profile_train_step.hlo.txt
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror}); give the folder the offline run's files came back "
-                        "to") from None
-    except ValueError as e:
-        raise DataError(f"{path}: not JSON ({e})") from None
+    data = read_json(path, default=None)
     if not isinstance(data, dict) or not isinstance(data.get("steps"), dict) or "meta" not in data:
-        raise DataError(f"{path}: not a GPU campaign's results.json (no meta and steps)")
+        raise DataError(f"{path}: missing, or not a GPU campaign's results.json (no meta and steps); give the folder "
+                        "the offline run's files came back to")
     return data
 
 
@@ -48,7 +33,7 @@ def merge(source: Path, into: Path, calibrations: Path = CALIBRATIONS) -> list[s
     new = _read(source / "results.json")
     if new["meta"].get("smoke"):
         raise UsageError(f"{source / 'results.json'}: a --smoke run's tiny-model figures never go into {into}/")
-    record = json.loads((source / "offline.json").read_text()) if (source / "offline.json").is_file() else {}
+    record = read_json(source / "offline.json", default={})
     stamp = {"device": new["meta"].get("device"), "jax": new["meta"].get("jax"), "started": record.get("started")}
     old = _read(into / "results.json")["steps"] if (into / "results.json").is_file() else {}
     steps = {**old, **{name: {**res, "measured_by": stamp} for name, res in new["steps"].items()}}

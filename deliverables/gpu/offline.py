@@ -1,30 +1,8 @@
-"""The GPU campaign on an offline GPU machine as it is: one command (docs/gpu.md).
-
-    python3 -m deliverables.gpu.offline              # there: install, check, measure, within --budget seconds
-    python3 -m deliverables.gpu.offline --dry-run    # the plan and its estimated seconds (any machine)
-    python3 -m deliverables.gpu.offline --smoke      # all of it at tiny sizes, any machine (runs/gpu_offline_smoke/)
-
-In order, within --budget (default 480 s, eight minutes of the machine's ten-minute call):
-1. install: the wheels of deliverables/gpu/wheels.txt from .whl/ into a folder put first on the import path (pip,
-   no index, no dependencies), jaxlm from this tree (deliverables.gpu.carry); with --smoke under another Python than
-   the offline machine's 3.12, a dry run of that install for its Python and platform, the packages coming from this
-   environment;
-2. preflight: Python, JAX, its CUDA plugin and the libraries' versions against pyproject.toml, every import jaxlm
-   needs (`import flax, jax` first), the GPU; a failure here stops the call in one line;
-3. checks: the correctness smoke (deliverables/gpu/check.py: attention, bf16 training against float32 on the CPU,
-   save / restore / generate), recorded pass or fail; the campaign runs either way;
-4. the campaign's steps (deliverables/gpu/campaign.py) that fit the time left, most important first.
-Without --smoke the call stops before installing anything where no NVIDIA driver is seen. It ends with exit 1 and
-one line naming each part that failed (the smoke's dry run of the install, a check, a step), after writing all.
-Everything goes into one folder (--out, default runs/gpu_offline/): report.md, results.json, STEP.json, offline.json
-(phases, versions, checks) and scratch/ (traces, programs, checkpoints, the compilation cache). With $OUT set (the
-device tool's result folder) the summary files (OUT_FILES, the profiled train step's trace and program) are copied
-there after every phase; `python -m deliverables.gpu.merge DIR` then takes them into docs/results/gpu/.
-"""
+"""`python3 -m deliverables.gpu.offline`: the GPU campaign on an offline GPU machine as it is: install the carried
+wheels, check the GPU computes right, measure (docs/gpu.md)."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -40,16 +18,16 @@ from deliverables.gpu import carry  # noqa: E402
 from jaxlm import cli  # noqa: E402
 from jaxlm.core import platform  # noqa: E402
 from jaxlm.core.errors import UsageError  # noqa: E402
-from jaxlm.core.files import atomic_write  # noqa: E402
+from jaxlm.core.files import atomic_write, read_json  # noqa: E402
 
 PROG = "python3 -m deliverables.gpu.offline"
 OUT, SMOKE_OUT = Path("runs/gpu_offline"), Path("runs/gpu_offline_smoke")
 BUDGET_S = 480.0
-# Phases before the campaign, with their estimated seconds on the offline machine.
+# The phases before the campaign's steps and after them, with their estimated seconds on the offline machine.
 PHASES = (("install", 10.0, "the carried wheels into a folder first on the path, jaxlm from this tree"),
           ("startup", 20.0, "JAX import, CUDA initialisation, versions and imports checked"),
           ("checks", 45.0, "correctness: attention, bf16 training against float32 on the CPU, checkpoint, generate"))
-FINISH_S = 5.0  # offline.json and the copies to $OUT
+FINISH = (("finish", 5.0, "offline.json and the copies to $OUT"),)
 OUT_FILES = ("offline.json", "report.md", "results.json", "calibration.json")
 OUT_LIMIT = 16 * 2**20  # bytes per file the device tool brings back
 VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax",
@@ -57,10 +35,6 @@ VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12
 # `import flax, jax` first (flax 0.12.9 fails with jax >= 0.11.2), then everything jaxlm and the campaign import.
 IMPORTS = ("jax", "flax", "optax", "orbax.checkpoint", "grain", "qwix", "tomli_w", "tiktoken", "tensorboard",
            "jaxlm.training.loop", "jaxlm.nn.quant", "jaxlm.bench.measure", "deliverables.gpu.campaign")
-
-
-def campaign_budget(budget: float) -> float:
-    return budget - sum(s for _, s, _ in PHASES) - FINISH_S
 
 
 def preflight(smoke: bool) -> tuple[dict, str | None]:
@@ -141,7 +115,7 @@ def run(args, out: Path) -> int:
     from deliverables.gpu import campaign
 
     t0 = time.monotonic()
-    deadline = t0 + args.budget - FINISH_S
+    deadline = t0 + args.budget - campaign.overhead(FINISH)
     if not args.smoke and not platform.has_nvidia_driver():  # before installing anything
         raise UsageError(f"{PROG}: no GPU here (no NVIDIA driver: {platform.NVIDIA_DRIVER} is absent); run it on "
                          "the GPU machine, or use --dry-run (the plan) or --smoke (all of it at tiny sizes, anywhere)")
@@ -169,12 +143,9 @@ def run(args, out: Path) -> int:
 
     scratch = out / "scratch"
     record["checks"] = _phase(record, "checks", out, lambda: run_checks(scratch, gpu, found["devices"]["kind"]))
-    steps = argparse.Namespace(budget=campaign_budget(args.budget), only=args.only, smoke=args.smoke,
-                               argv=args.argv)
     meta = {"command": record["command"], "checks": record["checks"], "preflight": found, "install": record["install"]}
-    failed = _phase(record, "campaign", out, lambda: campaign.run(steps, out, deadline=deadline, scratch=scratch,
-                                                                 after_step=lambda: copy_out(out), startup=0.0,
-                                                                 meta=meta))
+    failed = _phase(record, "campaign", out, lambda: campaign.run(
+        args, out, deadline, scratch, lambda: copy_out(out), campaign.overhead(PHASES, FINISH), meta))
     record["seconds"] = time.monotonic() - t0
     _write(record, out)
     print(summary(record, out))
@@ -195,11 +166,7 @@ def summary(record: dict, out: Path) -> str:
         status = {True: "pass", False: "FAIL", None: "skipped"}[r["ok"]]
         what = {k: r[k] for k in ("implementation", "window", "max_rel_diff", "arrays_equal", "reason") if k in r}
         lines.append(f"check {r['check']:10s} {status:7s} {what}")
-    try:
-        steps = json.loads((out / "results.json").read_text())["steps"]
-    except (OSError, ValueError):
-        steps = {}
-    for name, res in steps.items():
+    for name, res in read_json(out / "results.json", default={}).get("steps", {}).items():
         state = "failed" if "error" in res else "cut" if res.get("cut") else "done"
         lines.append(f"step  {name:12s} {state:7s} {res.get('seconds', 0):6.0f} s")
     lines.append(f"total {record['seconds']:.0f} s of {record['budget_s']:.0f}; wrote {out}; "
@@ -208,26 +175,14 @@ def summary(record: dict, out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.ArgumentParser(command="deliverables.gpu.offline", prog=PROG, description=__doc__,
-                                formatter_class=cli.HelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated seconds and exit")
-    parser.add_argument("--smoke", action="store_true", help="all of it at tiny sizes (runs on a CPU)")
-    parser.add_argument("--budget", type=cli.bounded(float, 0, open_low=True), default=BUDGET_S,
-                        help="seconds the whole call may take, install and checks included")
-    parser.add_argument("--only", nargs="+", metavar="STEP", help="run only these campaign steps")
-    parser.add_argument("--out", help=f"the folder it writes (default {OUT}, with --smoke {SMOKE_OUT})")
+    from deliverables.gpu import campaign
+
+    parser = campaign.arguments(PROG, __doc__, BUDGET_S, f"{OUT}, with --smoke {SMOKE_OUT}")
     parser.add_argument("--carry", default=str(carry.FOLDER), help="the folder of carried wheels (default: .whl)")
     parser.add_argument("--site", default=str(Path(tempfile.gettempdir()) / "jaxlm-site"),
                         help="where the carried wheels are installed")
-    args = parser.parse_args(argv)
-    args.argv = argv
-    from deliverables.gpu import campaign
-
-    campaign.check_only(args.only)
-    if args.dry_run:
-        rows = campaign.plan(campaign.steps(), campaign_budget(args.budget), args.only, args.smoke, startup=0.0)
-        finish = (("finish", FINISH_S, "offline.json and the copies to $OUT"),)
-        print(campaign.format_plan(rows, args.budget, PHASES, finish))
+    args = campaign.parse(parser, argv, PHASES, FINISH)
+    if args is None:
         return 0
     out = Path(args.out) if args.out else SMOKE_OUT if args.smoke else OUT  # never the committed report: merge fills it
     cli.check_option(not campaign.in_report(out), "--out", args.out, f"the offline run writes its own folder, not "

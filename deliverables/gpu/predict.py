@@ -1,11 +1,5 @@
 """Predictions beside the GPU campaign's measurements: each timed row's roofline, and each kernel group's against
-the profiler's trace.
-
-A timed row's program is compiled again from abstract arguments: JAX's persistent compilation cache (the campaign
-turns it on) loads the executable the row ran, autotuned choices included. A trace event names its kernel by the HLO
-instruction that launched it (`hlo_op`), as the roofline's kernels are named. Without a GPU the CPU's program is
-priced at H100 rates: a check of the machinery, no prediction.
-"""
+the profiler's trace (a trace event names its kernel by the HLO instruction that launched it, as the roofline does)."""
 
 from __future__ import annotations
 

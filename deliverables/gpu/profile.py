@@ -1,12 +1,5 @@
-"""The GPU campaign's profiler step: trace capture, its op-level summary, and predicted against measured time per
-kernel group.
-
-The summary answers from a JAX/XLA trace what the curriculum asks of Nsight Systems: the top kernels, the matmul
-share of a forward pass against a train step, softmax against matmul inside attention. Each traced program is also
-priced by the roofline (deliverables.gpu.predict), and the train step's measured over predicted time is written as a
-calibration (CALIBRATION_FILE) that `python -m deliverables.gpu.merge` commits for the GPU. Command buffers are off
-(PROFILE_OPTIONS): inside a CUDA graph a trace names the graph, not the instruction the roofline priced.
-"""
+"""The GPU campaign's `profile` step: a profiler trace's top kernels (what the curriculum asks of Nsight Systems), and
+per kernel group the roofline's prediction against the trace; the train step's calibration (CALIBRATION_FILE)."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ CALIBRATION_FILE = "calibration.json"
 MATMUL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|\bdot|dot_|matmul|ynn", re.IGNORECASE)
 TOP = 10
 CALLS = 3  # traced calls per program
-PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+PROFILE_OPTIONS = {"xla_gpu_enable_command_buffer": ""}  # in a CUDA graph a trace names the graph, not its kernels
 
 
 def read_events(path: Path | None) -> list[Event]:

@@ -1,9 +1,5 @@
-"""The GPU campaign's measuring steps (their order: `steps()` in deliverables/gpu/campaign.py; sections: sections.py).
-
-Each step is `run(ctx) -> dict` (JSON-safe, with "rows") plus an H100 time estimate (compile time per layer, 15 steps
-at 40 % MFU: upper-end guesses). Under `ctx.smoke` sizes shrink to a tiny model so that the suite runs every step on
-a CPU, with cuDNN rows skipped with the reason.
-"""
+"""The GPU campaign's measuring steps: each `run(ctx) -> dict` (JSON-safe, with "rows") and an H100 time estimate
+(compile time per layer, 15 steps at 40 % MFU: upper-end guesses); under `ctx.smoke` a tiny model, on a CPU."""
 
 from __future__ import annotations
 
@@ -85,6 +81,16 @@ def contexts(smoke: bool) -> tuple[int, ...]:
     return (32,) if smoke else (128, 256, 512, 1024)
 
 
+def _rows(ctx: Context, cases, rows_of) -> dict:
+    """{"rows": the rows of each case (`rows_of(*case)`, a list)}, with "cut" when the deadline came first."""
+    rows = []
+    for case in cases:
+        if ctx.out_of_time():
+            return {"rows": rows, "cut": "the budget ran out"}
+        rows += rows_of(*case)
+    return {"rows": rows}
+
+
 def row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: int) -> float:
     run = 15 * flops.step_flops(cfg, batch, context, mode) / (H100[dtype] * MFU_GUESS)
     return 1.0 + COMPILE_S_PER_LAYER[mode] * cfg.num_layers + run
@@ -159,13 +165,9 @@ def run_attention(ctx: Context) -> dict:
     ctxs = (32,) if ctx.smoke else ATTN_CONTEXTS
     window, tokens = (16, 128) if ctx.smoke else (ATTN_WINDOW, ATTN_TOKENS)
     heads, hd = (2, 16) if ctx.smoke else (ATTN_HEADS, ATTN_HEAD_DIM)
-    rows = []
-    for T in ctxs:
-        for w in (None, window):
-            if ctx.out_of_time():
-                return {"rows": rows, "cut": "the budget ran out"}
-            rows += _attention_case(ctx, T, w, (max(tokens // T, 1), T, heads, hd))
-    return {"rows": rows, "tokens_per_call": tokens, "heads": heads, "head_dim": hd}
+    cases = [(T, w, (max(tokens // T, 1), T, heads, hd)) for T in ctxs for w in (None, window)]
+    res = _rows(ctx, cases, lambda *case: _attention_case(ctx, *case))
+    return res if "cut" in res else {**res, "tokens_per_call": tokens, "heads": heads, "head_dim": hd}
 
 
 # --------------------------------------------------------------------------- 2-3. bench table and techniques
@@ -186,20 +188,18 @@ def table_run(dtype: str):
     def run(ctx: Context) -> dict:
         modes = ("train_step",) if ctx.smoke and dtype == "float32" else flops.MODES
         settings = [measure.BenchCase(mode=m, dtype=dtype) for m in modes]
-        rows = []
-        for name, cfg in models(ctx.smoke).items():
-            for T in contexts(ctx.smoke):
-                if ctx.out_of_time():
-                    return {"rows": rows, "cut": "the budget ran out"}
-                rows += _sweep(ctx, name, cfg, settings, T, 2 if ctx.smoke else 4)
+        cases = [(name, cfg, T) for name, cfg in models(ctx.smoke).items() for T in contexts(ctx.smoke)]
+        res = _rows(ctx, cases, lambda name, cfg, T: _sweep(ctx, name, cfg, settings, T, 2 if ctx.smoke else 4))
+        if "cut" in res:
+            return res
         from deliverables.report.charts import bench_figures
 
         try:
             (ctx.out / f"bench_{dtype}").mkdir(parents=True, exist_ok=True)
-            bench_figures(rows, ctx.out / f"bench_{dtype}")
+            bench_figures(res["rows"], ctx.out / f"bench_{dtype}")
         except Exception as e:  # a missing plotting extra must not cost the table
             print(f"warning: no plots for bench_{dtype}: {e}", file=sys.stderr)
-        return {"rows": rows}
+        return res
 
     return run
 
@@ -216,23 +216,22 @@ TECHNIQUES = tuple(measure.BenchCase(mode="train_step", dtype="bfloat16", attent
 def run_techniques(ctx: Context) -> dict:
     """Train steps at bfloat16 per technique; rows ordered by estimated memory so that the device's
     process-wide peak rises row by row (a row whose peak did not rise is marked so)."""
-    rows, T = [], 32 if ctx.smoke else 1024
-    batch = 2 if ctx.smoke else 4
-    for name, cfg in models(ctx.smoke, ("small", "large")).items():
-        for s in sorted(TECHNIQUES, key=lambda s: _estimated(s, cfg, batch, T)):
-            if ctx.out_of_time():
-                return {"rows": rows, "cut": "the budget ran out"}
-            if ctx.no_cudnn(s.attention):
-                rows.append({"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention,
-                             "remat": s.remat, "context": T, "status": "skipped", "error": ctx.no_cudnn(s.attention)})
-                continue
-            rows += _sweep(ctx, name, cfg, [s], T, batch)
-    best = 0.0  # the device's peak is process-wide: a row whose peak did not rise says so
-    for r in rows:
+    T, batch = (32, 2) if ctx.smoke else (1024, 4)
+
+    def rows_of(name: str, cfg: ModelConfig, s) -> list[dict]:
+        if ctx.no_cudnn(s.attention):
+            return [{"model": name, "mode": s.mode, "dtype": s.dtype, "attention": s.attention, "remat": s.remat,
+                     "context": T, "status": "skipped", "error": ctx.no_cudnn(s.attention)}]
+        return _sweep(ctx, name, cfg, [s], T, batch)
+
+    cases = [(name, cfg, s) for name, cfg in models(ctx.smoke, ("small", "large")).items()
+             for s in sorted(TECHNIQUES, key=lambda s: _estimated(s, cfg, batch, T))]
+    res, best = _rows(ctx, cases, rows_of), 0.0  # the device's peak is process-wide: rows say whether theirs rose
+    for r in res["rows"]:
         peak = r.get("memory_gb") if r.get("memory_source") == "memory_stats" else None
         if peak is not None:
             r["peak_is_this_row"], best = peak > best, max(best, peak)
-    return {"rows": rows}
+    return res
 
 
 def _estimated(setting, cfg: ModelConfig, batch: int, context: int) -> float:
