@@ -76,15 +76,12 @@ class Stats:
 
 
 def group_settings(runs: list[dict]) -> list[Setting]:
-    """Runs grouped by their axes without the seed, in first-seen order."""
-    out: dict[tuple, Setting] = {}
+    """Runs grouped by name without the seed suffix (-sN), in first-seen order: a run without seeds is its own."""
+    out: dict[str, Setting] = {}
     for r in runs:
-        axes = {k: v for k, v in (r.get("axes") or {}).items() if k != SEED_AXIS}
-        key = tuple(sorted((k, format_value(v)) for k, v in axes.items()))
-        if key not in out:
-            name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"]
-            out[key] = Setting(name, axes)
-        out[key].runs.append(r)
+        axes = r.get("axes") or {}
+        name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in axes else r["name"]
+        out.setdefault(name, Setting(name, {k: v for k, v in axes.items() if k != SEED_AXIS})).runs.append(r)
     return list(out.values())
 
 
