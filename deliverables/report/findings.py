@@ -1,6 +1,5 @@
-"""The curriculum's published findings and what a plan's runs say about each: a check per finding returns what
-jaxlm measured and a verdict (agree, disagree, or not resolved at this size: within seed-to-seed noise, or not
-measurable here). Every test of one report is judged together: `ctx["noise"]` is its `noise.Family` (Holm)."""
+"""The curriculum's published findings and a check per finding: what jaxlm measured and a verdict (docs/experiments.md,
+*Reports*). Every test of one report is judged together: `ctx["noise"]` is its `noise.Family` (Holm)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
 from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
-from deliverables.report.seeds import Setting, Stats, baseline_of, logged, resolved
+from deliverables.report.seeds import SHORT, Setting, Stats, baseline_of, logged, resolved
 from experiments.plan import format_value
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
@@ -90,45 +89,46 @@ def _along(settings: list[Setting], axis: str, of: Callable) -> list[tuple[float
 def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
     """The comparison's text and whether it is beyond noise (None: one seed)."""
     verdict = resolved(a, b, noise)
-    said = {None: "one seed", True: "beyond noise", False: "within noise"}[verdict]
     change = 100 * (a.mean - b.mean) / b.mean
-    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {said})", verdict
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {SHORT[verdict]})", verdict
+
+
+def _directed(beyond: bool | None, holds: bool) -> str:
+    """Agree when a difference beyond noise goes the finding's way, disagree when it goes the other."""
+    return AGREE if beyond and holds else DISAGREE if beyond else UNRESOLVED
 
 
 def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree), at the
-    plan's baseline settings; at other settings (another rate) it is reported beside, against the baseline there."""
+    """The variant's mean validation loss against the baseline's at the plan's baseline settings; at its other
+    settings (another rate) it is reported beside, against the baseline there."""
     base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
-    a, b = _loss(var), _loss(base)
     extra = _elsewhere(settings, variant, ctx["noise"])
     if var and not var.ok:
         return f"{variant}: {var.status}{extra}", AGREE
+    a, b = _loss(var), _loss(base)
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, variant, "baseline", ctx["noise"])
     worse_at = _worse_at_evals(var, base)
-    if worse_at:
-        text += f"; above the baseline at {worse_at} evaluations (seed means)"
-    return text + extra, AGREE if beyond and a.mean > b.mean else DISAGREE if beyond else UNRESOLVED
+    text += f"; above the baseline at {worse_at} evaluations (seed means)" if worse_at else ""
+    return text + extra, _directed(beyond, a.mean > b.mean)
 
 
 def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
     """'; at optim.lr=0.01: val loss ...' for the variant's other settings, each against the baseline there."""
-    bases = baseline_of(settings, {"variant": "baseline"})
-    out = []
+    bases, out = baseline_of(settings, {"variant": "baseline"}), ""
     for s in settings:
         if s.axes.get("variant") != variant or s.name == variant or s.name not in bases:
             continue
-        where = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant")
-        a, b = _loss(s), _loss(bases[s.name])
-        if a is None or b is None:
-            diverged = sum(r.get("status") == "diverged" for r in s.runs)
-            base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
-            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div
-                       else f"at {where}: not complete")
+        where, base = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant"), bases[s.name]
+        a, b = _loss(s), _loss(base)
+        if a is not None and b is not None:
+            out += f"; at {where}: " + _versus(a, b, variant, "baseline", noise)[0]
+        elif any(r.get("status") == "diverged" for r in s.runs + base.runs):
+            out += f"; at {where}: {variant} {s.status}, baseline {base.status}"
         else:
-            out.append(f"at {where}: " + _versus(a, b, variant, "baseline", noise)[0])
-    return "".join(f"; {o}" for o in out)
+            out += f"; at {where}: not complete"
+    return out
 
 
 def _worse_at_evals(var: Setting, base: Setting) -> str:
@@ -199,15 +199,22 @@ def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     return edge_sentence(e) + " " + "; ".join(parts), verdict
 
 
+def _moves(pts: list[tuple[float, Stats]], down: bool, noise: Family) -> str:
+    """Agree when every step along `pts` goes down (else up) beyond noise, not resolved when it only goes that way."""
+    steps = [(a, b) for (_, a), (_, b) in zip(pts, pts[1:])]
+    beyond = [resolved(b, a, noise) for a, b in steps]
+    if not all((a.mean - b.mean if down else b.mean - a.mean) > 0 for a, b in steps):
+        return DISAGREE
+    return AGREE if all(beyond) else UNRESOLVED
+
+
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = _along(settings, "data.batch_size", _loss)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
+    verdict = _moves(pts, True, ctx["noise"])
     text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, st in pts)
-    if all([resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:])]):
-        return text, AGREE
-    falling = all(b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:]))
-    return text + ("" if falling else " (not monotone)"), UNRESOLVED if falling else DISAGREE
+    return text + (" (not monotone)" if verdict == DISAGREE else ""), verdict
 
 
 def roughness(s: Setting) -> float | None:
@@ -236,10 +243,7 @@ def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
-    beyond = [resolved(b, a, ctx["noise"]) for (_, a), (_, b) in zip(pts, pts[1:])]
-    if not all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])):
-        return text, DISAGREE
-    return text, AGREE if all(beyond) else UNRESOLVED
+    return text, _moves(pts, False, ctx["noise"])
 
 
 def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -271,10 +275,8 @@ def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
     """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
     gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
            and r.get("memory_source") == "memory_stats"]
-    if not gpu:
-        return ("left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor "
-                "its speed is the GPU's"), UNRESOLVED
-    return "see the mixed-precision sentences above", UNRESOLVED
+    return ("see the mixed-precision sentences above" if gpu else "left to the GPU campaign: on CPU, XLA computes "
+            "bfloat16 through float32, so neither its memory nor its speed is the GPU's"), UNRESOLVED
 
 
 def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -295,7 +297,7 @@ def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
-    return text, AGREE if beyond and a.mean < b.mean else DISAGREE if beyond else UNRESOLVED
+    return text, _directed(beyond, a.mean < b.mean)
 
 
 def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:

@@ -1,6 +1,5 @@
-"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests (scipy), and Holm's correction: a report
-compares many settings at once, so a difference is *beyond noise* only when its test still rejects at 5 % after
-Holm's step-down correction over every comparison of the same report (`Family`)."""
+"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests (scipy), Holm's correction over every
+comparison of one report (`Family`)."""
 
 from __future__ import annotations
 
@@ -72,10 +71,8 @@ def holm(pvalues: list[float]) -> list[float]:
 
 @dataclass
 class Family:
-    """The comparisons of one table (or list of sentences), judged together.
-
-    Built in two passes by `judged`: the first records every test in call order, the second
-    answers each from its Holm-adjusted p-value over the whole family."""
+    """The comparisons of one report, judged together: `judged` records every test in call order, then answers
+    each from its Holm-adjusted p-value over the whole family."""
 
     adjusted: list[float] | None = None
     tests: list[Test] = field(default_factory=list)

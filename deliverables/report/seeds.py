@@ -1,6 +1,4 @@
-"""Settings over seeds: a plan with `seeds` runs each setting several times; the report gives each
-setting's mean with its 95 % t-interval and calls a difference "beyond noise" when Welch's t-test,
-Holm-corrected over the comparisons of its table (`deliverables.report.noise`), rejects at 5 %."""
+"""Settings over seeds: each setting's mean ± its 95 % t-interval, differences judged by `noise` (Welch, Holm)."""
 
 from __future__ import annotations
 
@@ -96,6 +94,7 @@ def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
 
 
 VERDICT = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}
+SHORT = {**VERDICT, None: "one seed"}  # in a table cell
 
 
 def compare_phrase(a: Stats, b: Stats, noise: Family, what: str = "validation loss", digits: int = 3) -> str:
@@ -156,8 +155,7 @@ def _delta_cell(s: Setting, bases: dict[str, Setting], noise: Family) -> str:
     a, base = s.stats("eval_loss"), b.stats("eval_loss")
     if a is None or base is None:
         return "–"
-    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base, noise)]
-    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
+    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({SHORT[resolved(a, base, noise)]})"
 
 
 def _data(s: Setting) -> tuple[str, str]:

@@ -1,5 +1,4 @@
-"""The parallelism study's own findings, table and plot (a plan whose [report] sets `parallel`):
-the rows `python -m jaxlm.bench parallel --json` writes, one per mesh layout of one train step."""
+"""The parallelism study's findings, table and plots from `python -m jaxlm.bench parallel --json`'s rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The peft and quantization studies' own findings and tables (plans whose [report] sets `peft` or
-`quantization` to true): what each fine-tuning run trained and held in memory (the `params` row the
-trainer writes to metrics.jsonl at step 0), and the `python -m jaxlm.quantize` rows."""
+"""The peft and quantization studies' findings and tables: the trainer's step-0 `params` rows and
+`python -m jaxlm.quantize`'s rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The tokenizer study's own tables ([report] tokenizer = true): BPE training and its extrapolation,
-compression, encoding throughput and the token dtype, from each command run's tokenizer.json
-(written by `python -m deliverables.tokenizer_study`)."""
+"""The tokenizer study's tables (docs/experiments.md, *The tokenizer plan*) from its runs' tokenizer.json."""
 
 from __future__ import annotations
 
