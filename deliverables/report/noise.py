@@ -83,15 +83,10 @@ class Family:
         A comparison made again under the same `key` (a table cell and its sentence) counts once."""
         if test.p is None:
             return None
-        if key is not None and key in self._seen:
-            i = self._seen[key]
-        else:
-            i = len(self.tests)
+        i = self._seen.setdefault(object() if key is None else key, len(self.tests))  # no key: always a new test
+        if i == len(self.tests):
             self.tests.append(test)
-            if key is not None:
-                self._seen[key] = i
-        p = test.p if self.adjusted is None else self.adjusted[i]
-        return p < ALPHA
+        return (test.p if self.adjusted is None else self.adjusted[i]) < ALPHA
 
     @property
     def size(self) -> int:
