@@ -1,43 +1,20 @@
-"""Per-run comparisons (plans without seeds): each run against its baseline run, sweep sentences, the runs table."""
+"""Plans without seeds (one seed per setting): their sentences, the trend along x, the runs table; the change
+phrases the bench sentences share."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
 from deliverables.common import table
-from deliverables.report.format import (
-    COMPARED,
-    NAMES,
-    QUANTITIES,
-    axis_label,
-    fmt,
-    fmt_pct,
-    pct_change,
-    value,
-    x_value,
-    xfmt,
-)
-from deliverables.report.seeds import matched
+from deliverables.report.format import QUANTITIES, fmt, fmt_pct, pct_change, value, x_value, xfmt
+from deliverables.report.noise import Family
+from deliverables.report.seeds import baseline_of, group_settings, matched, seed_sentences
 from experiments.plan import format_value
-
-
-def _mixed(v) -> tuple:
-    """Sort key for axis values that mix numbers and strings."""
-    return (isinstance(v, str), v)
 
 
 def _axes(run: dict) -> dict:
     return run.get("axes", {})
-
-
-def baseline_pairs(runs: list[dict], axis: str, base_label: Any) -> dict[Any, list[tuple[dict, dict]]]:
-    """label on `axis` -> [(run, its baseline run)], matching on every other axis."""
-    pairs: dict[Any, list] = {}
-    for r, b in matched(runs, _axes, axis, base_label):
-        pairs.setdefault(r["axes"][axis], []).append((r, b))
-    return pairs
 
 
 def change_phrase(name: str, changes: list[float]) -> str | None:
@@ -58,25 +35,9 @@ def describe_changes(subject: str, against: str, phrases: list[str]) -> str | No
 
 
 def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
-    """Sentences comparing each variant with the baseline; only completed (ok) runs take part."""
-    runs = [r for r in runs if r.get("status") == "ok"]
-    out = []
-    for axis, base_label in baseline.items():
-        for label, pairs in baseline_pairs(runs, axis, base_label).items():
-            phrases = [change_phrase(NAMES[q], [p for r, b in pairs if (p := pct_change(value(r, q), value(b, q)))
-                                                is not None]) for q in COMPARED]
-            others: dict[str, set] = {}
-            for r, _ in pairs:
-                for k, v in r["axes"].items():
-                    if k != axis:
-                        others.setdefault(k, set()).add(v)
-            where = "; ".join(f"{k}={', '.join(format_value(v) for v in sorted(vs, key=_mixed))}"
-                              for k, vs in others.items())
-            where = f" at {where}" if where else ""
-            s = describe_changes(axis_label(axis, label), axis_label(axis, base_label) + where, phrases)
-            if s:
-                out.append(s)
-    return out
+    """A plan without seeds is one seed per setting: `seeds.seed_sentences` (n = 1, noise unknown)."""
+    settings = group_settings(runs)
+    return seed_sentences(settings, baseline_of(settings, baseline), Family())
 
 
 def status_sentences(runs: list[dict]) -> list[str]:
@@ -92,29 +53,21 @@ def status_sentences(runs: list[dict]) -> list[str]:
 
 
 def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
-    """Best run by validation loss, and how the final validation loss moves along the x axis."""
-    ok = [r for r in runs if r.get("status") == "ok" and value(r, "eval_loss") is not None
-          and math.isfinite(value(r, "eval_loss"))]
-    if not ok:
+    """How the final validation loss (and accuracy) moves along the x axis, from its lowest x to its highest."""
+    pts = sorted(((xv, r) for r in runs if r.get("status") == "ok" and x and (xv := x_value(r, x)) is not None
+                  and value(r, "eval_loss") is not None and math.isfinite(value(r, "eval_loss"))), key=lambda t: t[0])
+    if len(pts) < 2:
         return []
-    best = min(ok, key=lambda r: value(r, "eval_loss"))
-    out = [f"Lowest validation loss: {value(best, 'eval_loss'):.3f} (perplexity {fmt(value(best, 'eval_ppl'), 'f2')}) "
-           f"from `{best['name']}`."]
-    if x:
-        pts = sorted(((x_value(r, x), r) for r in ok if x_value(r, x) is not None), key=lambda t: t[0])
-        if len(pts) >= 2:
-            (x0, r0), (x1, r1) = pts[0], pts[-1]
-            l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
-            direction = "fell" if l1 < l0 else "rose"
-            losses = [value(r, "eval_loss") for _, r in pts]
-            steps = [b - a for a, b in zip(losses, losses[1:])]
-            shape = ("at every step along the axis" if all((d < 0) == (l1 < l0) for d in steps)
-                     else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
-            out.append(f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {direction} from {l0:.3f} to "
-                       f"{l1:.3f} ({fmt_pct(pct_change(l1, l0))}), {shape}.")
-            a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
-            if a0 is not None and a1 is not None:
-                out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
+    (x0, r0), (x1, r1) = pts[0], pts[-1]
+    l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
+    losses = [value(r, "eval_loss") for _, r in pts]
+    shape = ("at every step along the axis" if all((b < a) == (l1 < l0) for a, b in zip(losses, losses[1:]))
+             else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
+    out = [f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {'fell' if l1 < l0 else 'rose'} from "
+           f"{l0:.3f} to {l1:.3f} ({fmt_pct(pct_change(l1, l0))}), {shape}."]
+    a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
+    if a0 is not None and a1 is not None:
+        out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
     return out
 
 

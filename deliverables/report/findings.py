@@ -1,77 +1,23 @@
-"""The curriculum's published findings and what a plan's runs say about each: a check per finding returns what
-jaxlm measured and a verdict (agree, disagree, or not resolved at this size: within seed-to-seed noise, or not
-measurable here). Every test of one report is judged together: `ctx["noise"]` is its `noise.Family` (Holm)."""
+"""The curriculum's published findings and a check per finding: what jaxlm measured and a verdict (docs/experiments.md,
+*Reports*). Every test of one report is judged together: `ctx["noise"]` is its `noise.Family` (Holm)."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 from deliverables.common import table
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
-from deliverables.report.sections.divergence import edge, edge_sentence, outcome, rates, reference
-from deliverables.report.seeds import Setting, Stats, baseline_of, logged, resolved
+from deliverables.report.sections.divergence import edge, edge_sentence, rates
+from deliverables.report.seeds import SHORT, Setting, Stats, baseline_of, logged, resolved
 from experiments.plan import format_value
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
 SMALL = 0.02  # "about as well" / "changes loss little": mean validation losses within 2 %
-
-
-class Finding(NamedTuple):
-    """The seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU); for fine-tuning and
-    quantisation, the methods' papers."""
-
-    plan: str
-    claim: str  # the finding, in a few words
-    seen: str  # what the seed reports saw
-    check: str  # its check in CHECKS
-
-
-FINDINGS: tuple[Finding, ...] = (
-    Finding("ablations", "removing RMSNorm hurts",
-            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates "
-            "stabilise it but stay worse", "worse:no_norm"),
-    Finding("ablations", "post-norm trains about as well as pre-norm",
-            "about the same loss (slightly lower in one report)", "similar:post_norm"),
-    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training", "worse:nope"),
-    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
-            "worse:silu"),
-    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
-            "best near 1e-3 (their models and batches), worse on both sides", "lr_sweet_spot"),
-    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
-            "10-100x higher diverges, early in training", "lr_diverge"),
-    Finding("batch_size", "at equal steps, larger batches reach lower loss",
-            "lower loss with larger batches at equal steps", "batch_equal_steps"),
-    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", "batch_erratic"),
-    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", "batch_step_time"),
-    Finding("model_size", "at a short budget bigger models are not better yet",
-            "bigger models converge more slowly at a fixed short budget", "bigger_not_better"),
-    Finding("context_length", "context length changes loss little",
-            "little change in loss across context lengths", "context_little"),
-    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch", "memory_batch"),
-    Finding("profiling", "peak memory grows faster than linearly with context",
-            "faster than linear in context (attention matrices)", "memory_context"),
-    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            "mixed_precision"),
-    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            "mixed_precision"),
-    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
-            "by design: the backward recomputes the same forward", "similar:remat"),
-    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
-            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa", "lora_close"),
-    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same",
-            "lora_ranks"),
-    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
-            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA", "qlora_matches"),
-    Finding("quantization", "int8 weight PTQ is about lossless",
-            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)",
-            "ptq8_lossless"),
-    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
-            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", "qat_recovers"),
-)
 
 
 def _by_name(settings: list[Setting], name: str) -> Setting | None:
@@ -90,45 +36,46 @@ def _along(settings: list[Setting], axis: str, of: Callable) -> list[tuple[float
 def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
     """The comparison's text and whether it is beyond noise (None: one seed)."""
     verdict = resolved(a, b, noise)
-    said = {None: "one seed", True: "beyond noise", False: "within noise"}[verdict]
     change = 100 * (a.mean - b.mean) / b.mean
-    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {said})", verdict
+    return f"val loss {a_name} {a.text()} vs {b_name} {b.text()} ({change:+.1f}%, {SHORT[verdict]})", verdict
 
 
-def check_worse(settings: list[Setting], variant: str, ctx: dict) -> tuple[str, str]:
-    """The variant's mean validation loss is above the baseline's beyond noise (agree), below it (disagree), at the
-    plan's baseline settings; at other settings (another rate) it is reported beside, against the baseline there."""
+def _directed(beyond: bool | None, holds: bool) -> str:
+    """Agree when a difference beyond noise goes the finding's way, disagree when it goes the other."""
+    return AGREE if beyond and holds else DISAGREE if beyond else UNRESOLVED
+
+
+def check_worse(settings: list[Setting], ctx: dict, variant: str) -> tuple[str, str]:
+    """The variant's mean validation loss against the baseline's at the plan's baseline settings; at its other
+    settings (another rate) it is reported beside, against the baseline there."""
     base, var = _by_name(settings, "baseline"), _by_name(settings, variant)
-    a, b = _loss(var), _loss(base)
     extra = _elsewhere(settings, variant, ctx["noise"])
     if var and not var.ok:
         return f"{variant}: {var.status}{extra}", AGREE
+    a, b = _loss(var), _loss(base)
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, variant, "baseline", ctx["noise"])
     worse_at = _worse_at_evals(var, base)
-    if worse_at:
-        text += f"; above the baseline at {worse_at} evaluations (seed means)"
-    return text + extra, AGREE if beyond and a.mean > b.mean else DISAGREE if beyond else UNRESOLVED
+    text += f"; above the baseline at {worse_at} evaluations (seed means)" if worse_at else ""
+    return text + extra, _directed(beyond, a.mean > b.mean)
 
 
 def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
     """'; at optim.lr=0.01: val loss ...' for the variant's other settings, each against the baseline there."""
-    bases = baseline_of(settings, {"variant": "baseline"})
-    out = []
+    bases, out = baseline_of(settings, {"variant": "baseline"}), ""
     for s in settings:
         if s.axes.get("variant") != variant or s.name == variant or s.name not in bases:
             continue
-        where = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant")
-        a, b = _loss(s), _loss(bases[s.name])
-        if a is None or b is None:
-            diverged = sum(r.get("status") == "diverged" for r in s.runs)
-            base_div = sum(r.get("status") == "diverged" for r in bases[s.name].runs)
-            out.append(f"at {where}: {variant} {s.status}, baseline {bases[s.name].status}" if diverged or base_div
-                       else f"at {where}: not complete")
+        where, base = ", ".join(f"{k}={format_value(v)}" for k, v in s.axes.items() if k != "variant"), bases[s.name]
+        a, b = _loss(s), _loss(base)
+        if a is not None and b is not None:
+            out += f"; at {where}: " + _versus(a, b, variant, "baseline", noise)[0]
+        elif any(r.get("status") == "diverged" for r in s.runs + base.runs):
+            out += f"; at {where}: {variant} {s.status}, baseline {base.status}"
         else:
-            out.append(f"at {where}: " + _versus(a, b, variant, "baseline", noise)[0])
-    return "".join(f"; {o}" for o in out)
+            out += f"; at {where}: not complete"
+    return out
 
 
 def _worse_at_evals(var: Setting, base: Setting) -> str:
@@ -148,8 +95,8 @@ def _close(a: Stats | None, b: Stats | None, a_name: str, b_name: str, ctx: dict
     return text, AGREE if close else DISAGREE
 
 
-def _similar_pair(settings: list[Setting], a_name: str, b_name: str, ctx: dict) -> tuple[str, str]:
-    return _close(_loss(_by_name(settings, a_name)), _loss(_by_name(settings, b_name)), a_name, b_name, ctx)
+def check_similar(settings: list[Setting], ctx: dict, a: str, b: str) -> tuple[str, str]:
+    return _close(_loss(_by_name(settings, a)), _loss(_by_name(settings, b)), a, b, ctx)
 
 
 def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
@@ -180,34 +127,33 @@ def check_lr_diverge(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts, best, _ = _best_lr(settings)
     if best is None:
         return "no completed rate", UNRESOLVED
-    best_x, untrained = best[0], ctx.get("untrained_loss", math.inf)
-    ref = reference([s.runs for _, s in pts])
-    parts, in_range, stopped = [], 0, 0
-    for x, s in pts:
-        if x < 10 * best_x:
-            continue
-        kinds = [outcome(r, untrained, ref)[0] for r in s.runs]
-        bad = sum(k != "trained" for k in kinds)
-        if x <= 100 * best_x:
-            in_range, stopped = in_range + 1, stopped + (bad == len(kinds))
-        parts.append(f"lr {format_value(x)} ({x / best_x:.0f}x the best): {kinds.count('failed')} of {len(kinds)} "
-                     f"seeds failed to learn, {kinds.count('diverged')} diverged")
-    if not parts:
+    best_x, e = best[0], edge([(x, s.runs) for x, s in pts], ctx.get("untrained_loss", math.inf))
+    high = {x: kinds for x, kinds in e["kinds"].items() if x >= 10 * best_x}
+    if not high:
         return "no rate 10x or more above the best", UNRESOLVED
-    e = edge([(x, s.runs) for x, s in pts], untrained)
-    verdict = UNRESOLVED if not in_range else AGREE if stopped == in_range else DISAGREE
+    stopped = ["trained" not in kinds for x, kinds in high.items() if x <= 100 * best_x]
+    parts = [f"lr {format_value(x)} ({x / best_x:.0f}x the best): {kinds.count('failed')} of {len(kinds)} seeds "
+             f"failed to learn, {kinds.count('diverged')} diverged" for x, kinds in high.items()]
+    verdict = UNRESOLVED if not stopped else AGREE if all(stopped) else DISAGREE
     return edge_sentence(e) + " " + "; ".join(parts), verdict
+
+
+def _moves(pts: list[tuple[float, Stats]], down: bool, noise: Family) -> str:
+    """Agree when every step along `pts` goes down (else up) beyond noise, not resolved when it only goes that way."""
+    steps = [(a, b) for (_, a), (_, b) in zip(pts, pts[1:])]
+    beyond = [resolved(b, a, noise) for a, b in steps]
+    if not all((a.mean - b.mean if down else b.mean - a.mean) > 0 for a, b in steps):
+        return DISAGREE
+    return AGREE if all(beyond) else UNRESOLVED
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     pts = _along(settings, "data.batch_size", _loss)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
+    verdict = _moves(pts, True, ctx["noise"])
     text = ", ".join(f"batch {format_value(int(x))}: {st.text()}" for x, st in pts)
-    if all([resolved(b, a, ctx["noise"]) and b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:])]):
-        return text, AGREE
-    falling = all(b.mean < a.mean for (_, a), (_, b) in zip(pts, pts[1:]))
-    return text + ("" if falling else " (not monotone)"), UNRESOLVED if falling else DISAGREE
+    return text + (" (not monotone)" if verdict == DISAGREE else ""), verdict
 
 
 def roughness(s: Setting) -> float | None:
@@ -236,10 +182,7 @@ def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
-    beyond = [resolved(b, a, ctx["noise"]) for (_, a), (_, b) in zip(pts, pts[1:])]
-    if not all(b.mean > a.mean for (_, a), (_, b) in zip(pts, pts[1:])):
-        return text, DISAGREE
-    return text, AGREE if all(beyond) else UNRESOLVED
+    return text, _moves(pts, False, ctx["noise"])
 
 
 def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -267,14 +210,12 @@ def _little(text: str, stats: list[Stats]) -> tuple[str, str]:
     return text + f"; range {100 * (hi - lo) / lo:.1f}% of the loss", AGREE if (hi - lo) <= SMALL * lo else DISAGREE
 
 
-def check_mixed_precision(rows: list[dict]) -> tuple[str, str]:
+def check_mixed_precision(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
-    gpu = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
+    gpu = [r for r in ctx.get("bench_rows", []) if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
            and r.get("memory_source") == "memory_stats"]
-    if not gpu:
-        return ("left to the GPU campaign: on CPU, XLA computes bfloat16 through float32, so neither its memory nor "
-                "its speed is the GPU's"), UNRESOLVED
-    return "see the mixed-precision sentences above", UNRESOLVED
+    return ("see the mixed-precision sentences above" if gpu else "left to the GPU campaign: on CPU, XLA computes "
+            "bfloat16 through float32, so neither its memory nor its speed is the GPU's"), UNRESOLVED
 
 
 def check_lora_ranks(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -290,12 +231,16 @@ def _quantized(ctx: dict, trained: str, bits: int | None) -> Stats | None:
                      if q["trained"] == trained and q["bits"] == bits])
 
 
+def check_ptq8(settings: list[Setting], ctx: dict) -> tuple[str, str]:
+    return _close(_quantized(ctx, "float32", 8), _quantized(ctx, "float32", None), "int8 PTQ", "float32", ctx)
+
+
 def check_qat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     a, b = _quantized(ctx, "qat w4a8", 4), _quantized(ctx, "float32", 4)
     if a is None or b is None:
         return "not run", UNRESOLVED
     text, beyond = _versus(a, b, "QAT w4a8 at int4", "int4 PTQ of float32", ctx["noise"])
-    return text, AGREE if beyond and a.mean < b.mean else DISAGREE if beyond else UNRESOLVED
+    return text, _directed(beyond, a.mean < b.mean)
 
 
 def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
@@ -310,29 +255,62 @@ def check_remat(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     return text, AGREE if same else DISAGREE
 
 
-CHECKS: dict[str, Callable[[list[Setting], dict], tuple[str, str]]] = {
-    "similar:remat": check_remat,
-    "lora_close": lambda s, c: _similar_pair(s, "lora_r8", "full", c),
-    "lora_ranks": check_lora_ranks,
-    "qlora_matches": lambda s, c: _similar_pair(s, "qlora_r16", "lora_r16", c),
-    "ptq8_lossless": lambda s, c: _close(_quantized(c, "float32", 8), _quantized(c, "float32", None), "int8 PTQ",
-                                         "float32", c),
-    "qat_recovers": check_qat,
-    "worse:no_norm": lambda s, c: check_worse(s, "no_norm", c),
-    "worse:nope": lambda s, c: check_worse(s, "nope", c),
-    "worse:silu": lambda s, c: check_worse(s, "silu", c),
-    "similar:post_norm": lambda s, c: _similar_pair(s, "post_norm", "baseline", c),
-    "lr_sweet_spot": check_lr,
-    "lr_diverge": check_lr_diverge,
-    "batch_equal_steps": check_batch_steps,
-    "batch_erratic": check_batch_erratic,
-    "batch_step_time": check_batch_time,
-    "bigger_not_better": check_bigger,
-    "context_little": check_context,
-    "memory_batch": lambda s, c: fit_memory_batch(c.get("bench_rows", [])),
-    "memory_context": lambda s, c: fit_memory_context(c.get("bench_rows", [])),
-    "mixed_precision": lambda s, c: check_mixed_precision(c.get("bench_rows", [])),
-}
+class Finding(NamedTuple):
+    """The seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU); for fine-tuning and
+    quantisation, the methods' papers."""
+
+    plan: str
+    claim: str  # the finding, in a few words
+    seen: str  # what the seed reports saw
+    check: Callable[[list[Setting], dict], tuple[str, str]]  # (settings, ctx) -> (measured, verdict)
+
+
+FINDINGS: tuple[Finding, ...] = (
+    Finding("ablations", "removing RMSNorm hurts",
+            "erratic at lr 1e-3 and clearly worse: final loss about 2.4 vs 2.0 after 5k steps; lower rates "
+            "stabilise it but stay worse", partial(check_worse, variant="no_norm")),
+    Finding("ablations", "post-norm trains about as well as pre-norm",
+            "about the same loss (slightly lower in one report)", partial(check_similar, a="post_norm", b="baseline")),
+    Finding("ablations", "NoPE is worse than RoPE", "clearly worse throughout training",
+            partial(check_worse, variant="nope")),
+    Finding("ablations", "SwiGLU beats the ungated SiLU feed-forward", "SwiGLU lower throughout training",
+            partial(check_worse, variant="silu")),
+    Finding("lr_sweep", "a learning-rate sweet spot: worse on both sides of the best rate",
+            "best near 1e-3 (their models and batches), worse on both sides", check_lr),
+    Finding("lr_sweep", "rates 10-100x above the best diverge, visibly early",
+            "10-100x higher diverges, early in training", check_lr_diverge),
+    Finding("batch_size", "at equal steps, larger batches reach lower loss",
+            "lower loss with larger batches at equal steps", check_batch_steps),
+    Finding("batch_size", "batch 1 and 8 are erratic", "noisy, erratic curves at batch 1 and 8", check_batch_erratic),
+    Finding("batch_size", "time per step grows with batch", "longer steps at larger batches", check_batch_time),
+    Finding("model_size", "at a short budget bigger models are not better yet",
+            "bigger models converge more slowly at a fixed short budget", check_bigger),
+    Finding("context_length", "context length changes loss little",
+            "little change in loss across context lengths", check_context),
+    Finding("profiling", "peak memory grows about linearly with batch", "about linear in batch",
+            lambda s, c: fit_memory_batch(c.get("bench_rows", []))),
+    Finding("profiling", "peak memory grows faster than linearly with context",
+            "faster than linear in context (attention matrices)",
+            lambda s, c: fit_memory_context(c.get("bench_rows", []))),
+    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            check_mixed_precision),
+    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+            check_mixed_precision),
+    Finding("optimizations", "rematerialisation changes memory and time, not the loss",
+            "by design: the backward recomputes the same forward", check_remat),
+    Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
+            "LoRA paper (Hu et al. 2021): on par with full fine-tuning of GPT-3 and RoBERTa",
+            partial(check_similar, a="lora_r8", b="full")),
+    Finding("peft", "the LoRA rank matters little", "LoRA paper: ranks 1 to 64 perform about the same",
+            check_lora_ranks),
+    Finding("peft", "a 4-bit NF4 base (QLoRA) matches LoRA on a float base",
+            "QLoRA paper (Dettmers et al. 2023): NF4 matches 16-bit LoRA",
+            partial(check_similar, a="qlora_r16", b="lora_r16")),
+    Finding("quantization", "int8 weight PTQ is about lossless",
+            "per-channel int8 weights: near-lossless in the int8 literature (LLM.int8, GPTQ baselines)", check_ptq8),
+    Finding("quantization", "QAT recovers what 4-bit PTQ loses",
+            "QAT literature (Jacob et al. 2018, LLM-QAT 2023): QAT beats PTQ at low bit widths", check_qat),
+)
 
 
 def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
@@ -341,7 +319,7 @@ def findings_rows(plan: str, settings: list[Setting], ctx: dict) -> list[dict]:
     rows = []
     for name, claim, seen, check in FINDINGS:
         if name == plan:
-            measured, verdict = CHECKS[check](settings, ctx)
+            measured, verdict = check(settings, ctx)
             rows.append({"claim": claim, "seen": seen, "measured": measured, "verdict": verdict})
     return rows
 

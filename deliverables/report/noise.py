@@ -1,6 +1,5 @@
-"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests (scipy), and Holm's correction: a report
-compares many settings at once, so a difference is *beyond noise* only when its test still rejects at 5 % after
-Holm's step-down correction over every comparison of the same report (`Family`)."""
+"""Seed and timing noise: 95 % t-intervals, Welch's and paired t-tests (scipy), Holm's correction over every
+comparison of one report (`Family`)."""
 
 from __future__ import annotations
 
@@ -72,10 +71,8 @@ def holm(pvalues: list[float]) -> list[float]:
 
 @dataclass
 class Family:
-    """The comparisons of one table (or list of sentences), judged together.
-
-    Built in two passes by `judged`: the first records every test in call order, the second
-    answers each from its Holm-adjusted p-value over the whole family."""
+    """The comparisons of one report, judged together: `judged` records every test in call order, then answers
+    each from its Holm-adjusted p-value over the whole family."""
 
     adjusted: list[float] | None = None
     tests: list[Test] = field(default_factory=list)
@@ -86,15 +83,10 @@ class Family:
         A comparison made again under the same `key` (a table cell and its sentence) counts once."""
         if test.p is None:
             return None
-        if key is not None and key in self._seen:
-            i = self._seen[key]
-        else:
-            i = len(self.tests)
+        i = self._seen.setdefault(object() if key is None else key, len(self.tests))  # no key: always a new test
+        if i == len(self.tests):
             self.tests.append(test)
-            if key is not None:
-                self._seen[key] = i
-        p = test.p if self.adjusted is None else self.adjusted[i]
-        return p < ALPHA
+        return (test.p if self.adjusted is None else self.adjusted[i]) < ALPHA
 
     @property
     def size(self) -> int:

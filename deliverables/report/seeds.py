@@ -1,6 +1,4 @@
-"""Settings over seeds: a plan with `seeds` runs each setting several times; the report gives each
-setting's mean with its 95 % t-interval and calls a difference "beyond noise" when Welch's t-test,
-Holm-corrected over the comparisons of its table (`deliverables.report.noise`), rejects at 5 %."""
+"""Settings over seeds: each setting's mean ± its 95 % t-interval, differences judged by `noise` (Welch, Holm)."""
 
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ from deliverables.report.format import QUANTITIES, fmt, value
 from deliverables.report.noise import Family, half_width, welch
 from experiments.plan import SEED_AXIS, format_value
 from experiments.results import read_metrics, series
+from jaxlm.core.files import read_json
 
 SEED_SUFFIX = re.compile(r"-s\d+$")
 
@@ -38,12 +37,9 @@ class Setting:
         counts = collections.Counter(r.get("status", "?") for r in self.runs)
         return ", ".join(f"{n} {s}" for s, n in counts.items()) if len(counts) > 1 else next(iter(counts), "?")
 
-    def values(self, q: str) -> list[float]:
-        """`q` of every completed seed (finite values only)."""
-        return [v for r in self.ok if (v := value(r, q)) is not None and math.isfinite(v)]
-
     def stats(self, q: str) -> Stats | None:
-        return Stats.of(self.values(q), (self.name, q))
+        """`q` over the completed seeds (finite values only)."""
+        return Stats.of([v for r in self.ok if (v := value(r, q)) is not None and math.isfinite(v)], (self.name, q))
 
 
 @dataclass(frozen=True)
@@ -76,15 +72,12 @@ class Stats:
 
 
 def group_settings(runs: list[dict]) -> list[Setting]:
-    """Runs grouped by their axes without the seed, in first-seen order."""
-    out: dict[tuple, Setting] = {}
+    """Runs grouped by name without the seed suffix (-sN), in first-seen order: a run without seeds is its own."""
+    out: dict[str, Setting] = {}
     for r in runs:
-        axes = {k: v for k, v in (r.get("axes") or {}).items() if k != SEED_AXIS}
-        key = tuple(sorted((k, format_value(v)) for k, v in axes.items()))
-        if key not in out:
-            name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in (r.get("axes") or {}) else r["name"]
-            out[key] = Setting(name, axes)
-        out[key].runs.append(r)
+        axes = r.get("axes") or {}
+        name = SEED_SUFFIX.sub("", r["name"]) if SEED_AXIS in axes else r["name"]
+        out.setdefault(name, Setting(name, {k: v for k, v in axes.items() if k != SEED_AXIS})).runs.append(r)
     return list(out.values())
 
 
@@ -99,6 +92,7 @@ def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
 
 
 VERDICT = {True: "beyond noise", False: "within noise", None: "one seed: noise unknown"}
+SHORT = {**VERDICT, None: "one seed"}  # in a table cell
 
 
 def compare_phrase(a: Stats, b: Stats, noise: Family, what: str = "validation loss", digits: int = 3) -> str:
@@ -159,8 +153,7 @@ def _delta_cell(s: Setting, bases: dict[str, Setting], noise: Family) -> str:
     a, base = s.stats("eval_loss"), b.stats("eval_loss")
     if a is None or base is None:
         return "–"
-    verdict = {True: "beyond noise", False: "within noise", None: "one seed"}[resolved(a, base, noise)]
-    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({verdict})"
+    return f"{100 * (a.mean - base.mean) / base.mean:+.1f}% ({SHORT[resolved(a, base, noise)]})"
 
 
 def _data(s: Setting) -> tuple[str, str]:
@@ -173,10 +166,9 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
     """Each setting against its baseline, the best setting and whether it is beyond noise of the next best."""
     out = []
     for s in settings:
-        b = bases.get(s.name)
-        a, base = s.stats("eval_loss"), b.stats("eval_loss") if b else None
-        if b is None:
+        if (b := bases.get(s.name)) is None:
             continue
+        a, base = s.stats("eval_loss"), b.stats("eval_loss")
         if a is None or base is None:
             out.append(f"`{s.name}` against `{b.name}`: {s.status}, no completed seed to compare.")
             continue
@@ -198,6 +190,11 @@ def seed_sentences(settings: list[Setting], bases: dict[str, Setting], noise: Fa
             line += f"; the next, `{s2.name}`: {compare_phrase(nxt, best, noise)}"
         out.append(line + ".")
     return out
+
+
+def run_json(runs: list[dict], name: str) -> list[tuple[dict, Any]]:
+    """(run, its parsed `name` file) of each run that wrote one (a study's own rows: bench, quantize, tokenizer)."""
+    return [(r, data) for r in runs if (data := read_json(Path(r.get("_dir", "")) / name, default=None)) is not None]
 
 
 def logged(run: dict, q: str) -> tuple[list[int], list[float], list[float]]:
@@ -230,10 +227,7 @@ def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> lis
         mine = Stats.of([v for r in a.ok if (v := train_loss_at_tokens(r, budget)) is not None])
         theirs = Stats.of([v for r in b.ok if (v := train_loss_at_tokens(r, budget)) is not None])
         label, other = (f"{x}={format_value(int(v) if v.is_integer() else v)}" for v in (xa, xb))
-        if mine is None or theirs is None:
-            out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} logged no "
-                       "training loss that early.")
-            continue
-        out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} "
-                   f"{compare_phrase(theirs, mine, noise, 'training loss')}.")
+        said = ("logged no training loss that early" if mine is None or theirs is None
+                else compare_phrase(theirs, mine, noise, "training loss"))
+        out.append(f"At equal tokens ({fmt(budget, 'count')}, the whole run of {label}): {other} {said}.")
     return out

@@ -7,7 +7,6 @@ import importlib.metadata
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -190,11 +189,9 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
     for name, r in results.items():
         row = next(line for line in runs_table.splitlines() if line.startswith(f"| `{name}`"))
         assert f"{r['metrics']['eval_loss']:.3f}" in row and f"{r['metrics']['eval_ppl']:.2f}" in row
-    base, other = results["w32"]["metrics"]["eval_ppl"], results["w48"]["metrics"]["eval_ppl"]
-    change = 100 * (other - base) / base
-    phrase = f"validation perplexity by {abs(change):.0f}%"
-    phrase = "left validation perplexity unchanged" if abs(change) < 0.5 else phrase
-    assert re.search(rf"model\.d_model=48 against model\.d_model=32: .*{phrase}", text), text
+    base, other = results["w32"]["metrics"]["eval_loss"], results["w48"]["metrics"]["eval_loss"]
+    change = 100 * (other - base) / base  # a plan without seeds: one seed per setting
+    assert f"`w48` against `w32`: validation loss {other:.3f} against {base:.3f} ({change:+.1f}%, one seed" in text
     assert (tmp_path / "report" / "curves_by_step.png").stat().st_size > 1000
     assert (tmp_path / "report" / "model_d_model_vs_metrics.png").exists()
 

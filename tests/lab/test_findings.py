@@ -309,9 +309,12 @@ def test_parallel_table_shares_and_bubble(tmp_path):
 
 def test_peft_quantization_and_remat_findings_by_hand():
     """The fine-tuning, quantisation and remat rows of the findings table, on hand-made seed losses."""
-    from deliverables.report.findings import AGREE, CHECKS, DISAGREE, UNRESOLVED
+    from deliverables.report.findings import AGREE, DISAGREE, FINDINGS, UNRESOLVED
     from deliverables.report.noise import Family
     from deliverables.report.seeds import Setting
+
+    def check(claim: str):
+        return next(f.check for f in FINDINGS if f.claim.startswith(claim))
 
     def setting(name, losses, **axes):
         return Setting(name, axes, [{"name": f"{name}-s{i}", "status": "ok", "metrics": {"eval_loss": v}}
@@ -320,21 +323,21 @@ def test_peft_quantization_and_remat_findings_by_hand():
     peft = [setting("full", [2.00, 2.01, 1.99]), setting("lora_r8", [2.10, 2.11, 2.09]),
             setting("lora_r16", [2.05, 2.06, 2.04]), setting("qlora_r16", [2.05, 2.07, 2.04])]
     # LoRA r8: +5 % of full's 2.00, t = 0.1 / 0.00816 = 12.2 on 4 df -> beyond SMALL (2 %) and noise: disagree
-    assert CHECKS["lora_close"](peft, {"noise": Family()})[1] == DISAGREE
-    assert CHECKS["lora_ranks"](peft, {"noise": Family()}) == (
+    assert check("LoRA comes close")(peft, {"noise": Family()})[1] == DISAGREE
+    assert check("the LoRA rank")(peft, {"noise": Family()}) == (
         "r8: 2.100 ± 0.025, r16: 2.050 ± 0.025; range 2.4% of the loss", DISAGREE)
-    assert CHECKS["qlora_matches"](peft, {"noise": Family()})[1] == AGREE  # 2.0533 vs 2.05: within noise
+    assert check("a 4-bit NF4 base")(peft, {"noise": Family()})[1] == AGREE  # 2.0533 vs 2.05: within noise
     rows = [{"trained": t, "bits": b, "val_loss": v} for t, b, vs in (
         ("float32", None, [1.90, 1.91, 1.92]), ("float32", 8, [1.90, 1.91, 1.92]), ("float32", 4, [1.95, 1.96, 1.97]),
         ("qat w4a8", 4, [1.92, 1.93, 1.94])) for v in vs]
-    assert CHECKS["ptq8_lossless"]([], {"quantize_rows": rows, "noise": Family()})[1] == AGREE
-    text, verdict = CHECKS["qat_recovers"]([], {"quantize_rows": rows, "noise": Family()})
+    assert check("int8 weight PTQ")([], {"quantize_rows": rows, "noise": Family()})[1] == AGREE
+    text, verdict = check("QAT recovers")([], {"quantize_rows": rows, "noise": Family()})
     assert verdict == AGREE and "1.930 ± 0.025 vs int4 PTQ of float32 1.960 ± 0.025" in text  # t = 3.67 > 2.776
     no_qat = {"quantize_rows": rows[:9], "noise": Family()}  # no QAT model: not run
-    assert CHECKS["qat_recovers"]([], no_qat)[1] == UNRESOLVED
+    assert check("QAT recovers")([], no_qat)[1] == UNRESOLVED
     remat = [setting("float32_b32", [2.0, 2.1], technique="float32", b=32),
              setting("remat_b32", [2.0, 2.1], technique="remat", b=32)]
-    assert CHECKS["similar:remat"](remat, {"noise": Family()})[1] == AGREE
+    assert check("rematerialisation")(remat, {"noise": Family()})[1] == AGREE
 
 
 def test_a_comparison_gets_one_verdict_in_the_findings_table_and_under_measured(tmp_path, monkeypatch):

@@ -1,6 +1,5 @@
-"""The one-plan report sections: a plan whose `[report]` sets NAME = true gets section NAME (peft, quantization,
-tokenizer, parallel, divergence), each a (findings sentences, Markdown lines) pair; `backend` runs for every CPU plan.
-"""
+"""The one-plan report sections: a plan whose `[report]` sets NAME = true gets section NAME, each a (findings
+sentences, Markdown lines) pair; `backend` runs for every CPU plan."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What a CPU backend can show of a plan's rows, from evidence recorded in the runs, and each CPU-measured step
-compiled for an 80 GB H100 by XLA's GPU compiler (labelled as its plan), the estimate beside it. XLA:CPU is faithful
-for float32 results, not for bfloat16's or remat's memory or speed: its bfloat16 matmuls produce float32, and
-whether remat's recomputation survives compilation is read from the compiled step (jaxlm.bench records it)."""
+"""What a CPU backend can show of a plan's rows (faithful for float32, not for bfloat16's or remat's memory or
+speed), from the compiled steps jaxlm.bench records, and each CPU-measured step compiled for an 80 GB H100."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Divergence in a learning-rate sweep: one definition, each run's outcome under it, and where the edge lies.
-
-Every run is judged against the sweep's best setting (the lowest mean final validation loss), not against the
-untrained model: a run that ends well below ln V but a nat above the best has stopped learning, and calling it
-trained would put the edge of stability wherever the loss finally turns non-finite.
-"""
+"""Divergence in a learning-rate sweep: one definition, each run's outcome under it, and where the edge lies. Runs
+are judged against the best setting, not ln V: a run a nat above the best has stopped learning, though finite."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The parallelism study's own findings, table and plot (a plan whose [report] sets `parallel`):
-the rows `python -m jaxlm.bench parallel --json` writes, one per mesh layout of one train step."""
+"""The parallelism study's findings, table and plots from `python -m jaxlm.bench parallel --json`'s rows."""
 
 from __future__ import annotations
 
@@ -7,16 +6,13 @@ from pathlib import Path
 
 from deliverables.common import table
 from deliverables.report.output import COLOURS, pyplot, save_figure
-from jaxlm.core.files import read_json
+from deliverables.report.seeds import run_json
 
 
 def parallel_rows(runs: list[dict]) -> list[dict]:
     """Every `bench parallel` row of the plan, tagged with its run's name."""
-    rows = []
-    for r in runs:
-        data = read_json(Path(r.get("_dir", "")) / "bench.json", default=None) or {}
-        rows += [{"run": r["name"], **row} for row in data.get("rows", []) if "layout" in row]
-    return rows
+    return [{"run": r["name"], **row} for r, data in run_json(runs, "bench.json")
+            for row in (data or {}).get("rows", []) if "layout" in row]
 
 
 def _replicated(rows: list[dict]) -> dict | None:

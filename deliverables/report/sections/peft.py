@@ -1,16 +1,14 @@
-"""The peft and quantization studies' own findings and tables (plans whose [report] sets `peft` or
-`quantization` to true): what each fine-tuning run trained and held in memory (the `params` row the
-trainer writes to metrics.jsonl at step 0), and the `python -m jaxlm.quantize` rows."""
+"""The peft and quantization studies' findings and tables: the trainer's step-0 `params` rows and
+`python -m jaxlm.quantize`'s rows."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from deliverables.common import table
 from deliverables.report.format import fmt
 from deliverables.report.noise import Family, paired
-from deliverables.report.seeds import SEED_SUFFIX, VERDICT, Stats, compare_phrase, group_settings
+from deliverables.report.seeds import SEED_SUFFIX, VERDICT, Stats, compare_phrase, group_settings, run_json
 from experiments.results import read_metrics
 
 MIB = 2**20
@@ -82,12 +80,7 @@ def peft(runs: list[dict], noise: Family) -> tuple[list[str], list[str]]:
 
 def quantize_rows(runs: list[dict]) -> list[dict]:
     """Every `python -m jaxlm.quantize` row of the plan (one quantize.json per seed's command run)."""
-    rows = []
-    for r in runs:
-        path = Path(r.get("_dir", "")) / "quantize.json"
-        if path.is_file():
-            rows += json.loads(path.read_text())
-    return rows
+    return [row for _, rows in run_json(runs, "quantize.json") for row in rows]
 
 
 def paired_phrase(a: dict[str, float], b: dict[str, float], noise: Family) -> str:

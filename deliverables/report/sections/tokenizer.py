@@ -1,17 +1,13 @@
-"""The tokenizer study's own tables ([report] tokenizer = true): BPE training and its extrapolation,
-compression, encoding throughput and the token dtype, from each command run's tokenizer.json
-(written by `python -m deliverables.tokenizer_study`)."""
+"""The tokenizer study's tables (docs/experiments.md, *The tokenizer plan*) from its runs' tokenizer.json."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from statistics import linear_regression
 
 from deliverables.common import table
 from deliverables.report.format import fmt
-from deliverables.report.seeds import Stats
-from jaxlm.core.files import read_json
+from deliverables.report.seeds import Stats, run_json
 
 PILE_BYTES = 825e9
 # Corpora the CS336 assignment trains its tokenizers on: (bytes of the train split, vocabulary).
@@ -20,12 +16,8 @@ TARGETS = {"TinyStories V2 train": (2.2e9, 10000), "OpenWebText sample train": (
 
 def study_rows(runs: list[dict], kind: str) -> list[tuple[dict, dict]]:
     """(run, its tokenizer.json) of the plan's completed runs of `kind`."""
-    out = []
-    for r in runs:
-        data = read_json(Path(r.get("_dir", "")) / "tokenizer.json", default=None)
-        if r.get("status") == "ok" and isinstance(data, dict) and data.get("kind") == kind:
-            out.append((r, data))
-    return out
+    return [(r, data) for r, data in run_json(runs, "tokenizer.json")
+            if r.get("status") == "ok" and isinstance(data, dict) and data.get("kind") == kind]
 
 
 def extrapolation(train: list[tuple[dict, dict]]) -> list[str]:
