@@ -28,9 +28,8 @@ def answers(device: Device, root: Path = RESULTS, bench: Path | None = None, pag
     lines += accounting.parameters_section(names) + accounting.flops_section(names) + accounting.adamw_section()
     lines += accounting.time_section(device) + accounting.memory_section(names, root)
     lines += studies.learning_rate_section(root) + studies.generate_section(page, os.path.relpath(page, DOCS))
-    lines += (["## CSE599-O part 2 (CS336 assignment 2): profiling and mixed precision", "",
-               "### benchmarking_script", ""] + measured.benchmarking_section(root, bench) + gpu.nsys_section(root)
-              + gpu.mixed_precision_section(root) + gpu.memory_profiling_section(root))
+    lines += measured.benchmarking_section(root, bench) + gpu.nsys_section(root) + gpu.mixed_precision_section(root)
+    lines += gpu.memory_profiling_section(root)
     return LINK.sub(lambda m: "](" + os.path.relpath(DOCS / m.group(1), out_dir), "\n".join(lines))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from deliverables.answers import predicted
+from deliverables.answers import predicted, prose
 from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
 from deliverables.answers.predicted import ms
@@ -129,13 +129,9 @@ def vocabulary_lines(context: int = 1024) -> list[str]:
     """The presets' vocabulary against the curriculum's (GPT-2's): the output head's share of the forward FLOPs."""
     ours = model("small", context)
     share = {v: forward_flops(replace(ours, vocab_size=v), context) for v in (ours.vocab_size, GPT2_VOCAB)}
-    return [f"**Vocabulary.** The presets use a {ours.vocab_size:,}-token vocabulary (the project's BPE) where "
-            f"CSE599-O's models use GPT-2's {GPT2_VOCAB:,}. The output head is "
-            + f"{100 * share[ours.vocab_size].lm_head / share[ours.vocab_size].total:.1f} % of `small`'s forward "
-            f"FLOPs at T = {context} with {ours.vocab_size:,} and "
-            f"{100 * share[GPT2_VOCAB].lm_head / share[GPT2_VOCAB].total:.1f} % with {GPT2_VOCAB:,}"
-            + " (jaxlm.analysis.flops): these rows under-weight the output head against the curriculum's models; "
-            "`--set model.vocab_size=50257` runs the course's vocabulary.", ""]
+    return prose("vocabulary", ours=ours.vocab_size, gpt2=GPT2_VOCAB, context=context,
+                 ours_share=100 * share[ours.vocab_size].lm_head / share[ours.vocab_size].total,
+                 gpt2_share=100 * share[GPT2_VOCAB].lm_head / share[GPT2_VOCAB].total)
 
 
 def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
@@ -208,21 +204,13 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
     warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
     sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
-    out = ["(a) is `python -m jaxlm.bench model` (docs/benchmarks.md): it builds the model from a preset or config, "
-           "makes a random batch, compiles the step ahead of time (`jit(...).lower(...).compile()`, timed apart as "
-           "compile_s), runs `--warmup` untimed steps, then times `--steps` steps, each ended with "
-           "`jax.block_until_ready` (JAX dispatches asynchronously, as CUDA does). Times are mean ± standard "
-           "deviation over 10 timed steps.", ""]
-    out += ["#### (b) The size table", ""]
+    out = prose("benchmarking")
     if sizes:
         out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
         out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
                       timing_rows(sizes, "preset"), "lr"), ""]
     else:
-        out += ["The size table (presets small to 2.7B, context 512, batch 4) is sized for a GPU: on the 2-core "
-                "CPU host only `small` was timed (below, measured). On a GPU: `python -m experiments.run benchmarking "
-                "--size gpu` (5 warm-up and 10 timed steps, float32), then `python -m deliverables.answers` reads its "
-                "records. Meanwhile, the H100's times predicted from its compiled program:", ""]
+        out += prose("sizes_on_cpu")
     out += predicted.size_section(root, campaign_sizes(root))
     if (root / PLAN / CPU_SMALL).is_file():
         out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host: forward, backward, "
@@ -238,14 +226,6 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
     warm = sorted(warm, key=lambda r: axis(r, "warmup"))
     head = ["warm-up steps", "forward (ms)", "first (ms)", "forward + backward (ms)", "first (ms)", "backward (ms)",
             "compile (s)"]
-    out += ["#### (c) Warm-up", "",
-            f"**CPU timings** ({setting}) on {machine(warm[0])}: a shared machine, so compare spreads and first "
-            "steps, not the third digit of a mean. *first*: the first timed step.", ""]
-    return out + [table(head, timing_rows(warm, "warmup", first=True), "lr"), ""] + warmup_lines(warm) + [
-        "The first calls of a compiled step do one-time work: XLA:CPU allocates and first touches the step's "
-        "temporary buffers (page faults), its thread pool and caches start cold, and the donated parameters are "
-        "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "
-        "Compilation is not among it here because it is timed apart (compile column); timed through a plain "
-        "`jax.jit` call it would fall into the first step and dominate a mean over 10. On a GPU the first calls also "
-        "create the CUDA context and the cuBLAS/cuDNN handles and choose their algorithms.", ""] \
-        + measured_section(bench)
+    return out + prose("warmup", setting=setting, machine=machine(warm[0]),
+                       table=table(head, timing_rows(warm, "warmup", first=True), "lr"),
+                       observations="\n".join(warmup_lines(warm))) + measured_section(bench)

@@ -6,6 +6,7 @@ import re
 import statistics
 from pathlib import Path
 
+from deliverables.answers import prose
 from deliverables.common import plan_runs, table
 from deliverables.report.sections.divergence import DEFINITION, by_rate, edge, edge_sentence, untrained_loss
 
@@ -33,9 +34,8 @@ def learning_rate_section(root: Path) -> list[str]:
     setup = (f"{s.get('model.num_layers', '?')} layers x {s.get('model.d_model', '?')}, context "
              f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, "
              f"{s.get('train.steps', '?')} steps")
-    out += [f"(a) From the `{LR_PLAN}` plan's records ({setup}; validation loss as mean ± standard deviation over "
-            f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)). {DEFINITION}", ""]
-    out += [table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"), ""]
+    out += prose("learning_rate", plan=LR_PLAN, setup=setup, definition=DEFINITION,
+                 table=table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"))
     out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
     if e["trained"] and e["broken"]:
         folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
@@ -51,26 +51,16 @@ def learning_rate_section(root: Path) -> list[str]:
 def generate_section(page: Path, link: str) -> list[str]:
     """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
     RUN`), and what decides how fluent it is."""
-    out = ["### generate", ""]
     text = page.read_text() if page.is_file() else ""
     sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
     if not sample:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report "
-                      f"RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
+        return ["### generate", "", f"**Missing**: no run page with a sample at `{page}`; `python -m "
+                f"deliverables.report RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest "
+                "checkpoint).", ""]
     row = lambda key: (re.search(rf"^\| {key} \| (.*?) \|$", text, re.M) or [None, None])[1]
     params = (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (row("data") or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in sample.group(2).splitlines())
-    return out + [
-        f"From the [{text.splitlines()[0].lstrip('# ')}]({link}): model {row('model')}; data {row('data')}; "
-        f"{row('steps')} steps, validation loss {row('final validation loss')}. {sample.group(1).strip()}", "",
-        quoted, "", sample.group(3).strip(), "",
-        "**Fluency.** The text has the corpus's local form (its words, punctuation, quoting and line layout) but not "
-        "its sense: phrases run into each other and no sentence carries a meaning across more than a few words. "
-        "Two factors decide how good a sample is. (1) **Decoding**: the temperature sharpens (below 1) or flattens "
-        "(above 1) the next-token distribution, and top-p keeps only the smallest set of tokens holding p of the "
-        "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
-        "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
-        f"validation loss; this one has {params} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
-        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
-        "stories.", ""]
+    return prose("generate", title=text.splitlines()[0].lstrip("# "), link=link, model=row("model"), data=row("data"),
+                 steps=row("steps"), loss=row("final validation loss"), decoding=sample.group(1).strip(),
+                 quoted=quoted, repetition=sample.group(3).strip(), params=params, tokens=tokens)
