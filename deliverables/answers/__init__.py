@@ -12,6 +12,8 @@ TEMPLATE = Path(__file__).with_name("answers.template.md")
 
 
 def prose(name: str, **fields) -> list[str]:
-    """Block `name` of the template filled by str.format, as the page's lines (a blank line ends most blocks)."""
+    """Block `name` of the template filled by str.format, as the page's lines (a blank line ends most blocks); an
+    empty field leaves no blank lines behind (a paragraph that only some records have)."""
     parts = re.split(r"^<!-- (\w+) -->\n", TEMPLATE.read_text(), flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2]))[name].format(**fields).split("\n")[:-1]
+    text = dict(zip(parts[1::2], parts[2::2]))[name].format(**fields)
+    return re.sub(r"\n{3,}", "\n\n", text).split("\n")[:-1]

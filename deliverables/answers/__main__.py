@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                  Path(args.run_page), out_dir=out_dir)
     if args.out:
         atomic_write(args.out, md)
-        print(args.out)
-    else:
-        print(md)
+    print(args.out or md)
     return 0
 
 

@@ -1,6 +1,4 @@
-"""transformer_accounting and adamwAccounting: parameters, FLOPs, memory and training days from `jaxlm.analysis`,
-so the answers share one convention with the benchmarks' MFU and memory; adamwAccounting's own formula and AdamW's
-FLOPs term by term are written out as the question asks."""
+"""transformer_accounting and adamwAccounting, from `jaxlm.analysis` and the compiled store (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The part-2 questions that need a GPU: memory_profiling (from `large`'s profile compiled for an H100,
-`python -m deliverables.memory_profile`), nsys_profile and mixed precision (from the GPU campaign's
-ROOT/gpu/results.json, `python -m deliverables.gpu`, else its command and the predicted H100 figures meanwhile).
-"""
+"""memory_profiling, nsys_profile and mixed precision: GPU records, compiled profiles, numpy (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -33,56 +30,47 @@ def timeline_lines(rows: dict[str, dict]) -> list[str]:
                        f"({100 * at / r['instructions']:.0f}% of the way, in the {where}), "
                        f"{(r['peak_live_bytes'] - r['argument_bytes']) / 2**30:.2f} GiB above the arguments; compiled "
                        f"total {r['total_bytes'] / 2**30:.2f} GiB.")
-    return out + [""] if out else []
+    return out
 
 
-def reading(rows: dict[str, dict], params: int) -> list[str]:
-    """How to read the train step's timeline: its arguments, activations and gradients."""
-    r = rows.get(profile.label("train_step", "float32", profile.CONTEXTS[-1]))
-    if not r:
-        return []
-    return prose("memory_reading", arguments=r["argument_bytes"] / 2**30, grads=4 * params / 2**30)
-
-
-def peak_lines(rows: dict[str, dict], cfg) -> list[str]:
-    """(b) each profiled step's compiled total by context, bfloat16 against float32; (c) the largest buffers at the
-    longest context; one residual-stream activation's size beside them."""
-    gib = lambda r: f"{r['total_bytes'] / 2**30:.2f} GiB" if r else "–"
-    steps = [(m, d) for m in profile.MODES for d in profile.DTYPES]
-    body = [[str(t), *(gib(rows.get(profile.label(m, d, t))) for m, d in steps)] for t in profile.CONTEXTS]
-    out = ["(b) Peak memory, the compiled total per GPU (arguments + outputs + temporaries - donated):", "",
-           table(["context", *(f"{m.replace('_', ' ')} {d}" for m, d in steps)], body, "lr"), ""]
-    pairs = [(rows.get(profile.label(m, "bfloat16", t)), rows.get(profile.label(m, "float32", t)))
-             for m in profile.MODES for t in profile.CONTEXTS]
-    if ratios := [b["total_bytes"] / f["total_bytes"] for b, f in pairs if b and f]:
-        out += [f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
-                "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
-                "are added, so only the activations shrink; where the state dominates, the saving is small.", ""]
-    out += [f"(c) The largest buffers at context {profile.CONTEXTS[-1]}, from the compiled buffer assignment (the "
-            "step's own values, not its parameters; equal ones counted together, usually one per layer), with the "
-            "op and the source line in their metadata:", ""]
+def largest_buffers(rows: dict[str, dict]) -> list[str]:
+    """The five largest buffers of each float32 step at the longest context."""
+    out = []
     for mode in profile.MODES:
         if (lbl := profile.label(mode, "float32", profile.CONTEXTS[-1])) in rows:
             body = [[f"{g['bytes'] / 2**20:,.1f}", f"`{g['shape']}`", str(g["count"]), f"`{g['op']}`",
                      f"`{g['source']}`"] for g in rows[lbl]["largest"][:5]]
             head = ["MiB each", "shape", "how many", "op (jax's name)", "source"]
             out += [f"{lbl}:", "", table(head, body, "lr"), ""]
-    resid = {t: profile.BATCH * t * cfg.d_model * 4 for t in profile.CONTEXTS}
-    return out + [f"One residual-stream activation (batch {profile.BATCH}, d_model {cfg.d_model}, float32) is "
-                  "B x T x d x 4 bytes: " + ", ".join(f"{v / 2 ** 20:g} MiB at T = {t}" for t, v in resid.items())
-                  + ". CS336 asks the same of its 2.7B model: its compiled peaks are on the "
-                  "[compiled memory page](results/compiled/h100-80gb-memory.md).", ""]
+    return out
 
 
 def memory_profiling_section(root: Path) -> list[str]:
+    """(a) the timeline of `large`'s steps compiled for an H100, and how to read it; (b) their compiled totals,
+    bfloat16 against float32; (c) the largest buffers, one residual-stream activation's size beside them."""
     rows = profile.stored(root / "compiled")
     if not rows:
         return ["### memory_profiling", "", f"**Not compiled yet**: `{PROFILE_COMMAND}` (the `gpu-compile` extra) "
                 "compiles `large` at contexts 128, 256 and 512 and reads its buffer assignment.", ""]
-    cfg = model(profile.PRESET)
-    out = prose("memory_profiling", preset=profile.PRESET, cfg=cfg, batch=profile.BATCH, command=PROFILE_COMMAND,
-                label=next(iter(rows.values()))["label"])
-    return out + timeline_lines(rows) + reading(rows, flops.param_counts(cfg)["total"]) + peak_lines(rows, cfg)
+    cfg, row = model(profile.PRESET), lambda mode, dtype, t: rows.get(profile.label(mode, dtype, t))
+    train = row("train_step", "float32", profile.CONTEXTS[-1])
+    reading = prose("memory_reading", arguments=train["argument_bytes"] / 2**30,
+                    grads=4 * flops.param_counts(cfg)["total"] / 2**30) if train else []
+    steps = [(m, d) for m in profile.MODES for d in profile.DTYPES]
+    gib = lambda r: f"{r['total_bytes'] / 2**30:.2f} GiB" if r else "–"
+    totals = table(["context", *(f"{m.replace('_', ' ')} {d}" for m, d in steps)],
+                   [[str(t), *(gib(row(m, d, t)) for m, d in steps)] for t in profile.CONTEXTS], "lr")
+    pairs = [(row(m, "bfloat16", t), row(m, "float32", t)) for m in profile.MODES for t in profile.CONTEXTS]
+    ratio = ""
+    if ratios := [b["total_bytes"] / f["total_bytes"] for b, f in pairs if b and f]:
+        ratio = (f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
+                 "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
+                 "are added, so only the activations shrink; where the state dominates, the saving is small.")
+    resid = ", ".join(f"{profile.BATCH * t * cfg.d_model * 4 / 2**20:g} MiB at T = {t}" for t in profile.CONTEXTS)
+    return prose("memory_profiling", preset=profile.PRESET, cfg=cfg, batch=profile.BATCH, command=PROFILE_COMMAND,
+                 label=next(iter(rows.values()))["label"], timeline="\n".join(timeline_lines(rows)),
+                 reading="\n".join(reading), totals=totals, ratio=ratio, longest=profile.CONTEXTS[-1],
+                 largest="\n".join(largest_buffers(rows)), resid=resid)
 
 
 def campaign(root: Path) -> dict:

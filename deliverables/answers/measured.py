@@ -1,5 +1,4 @@
-"""benchmarking_script: forward and backward times and the effect of warm-up, from the `benchmarking` plan's
-records (`jaxlm.bench model` runs) and any other `jaxlm.bench model --json` result given with `--bench`."""
+"""benchmarking_script from the `benchmarking` plan's records and any `--bench` result (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
 from deliverables.answers.predicted import ms
 from deliverables.common import plan_runs, table
+from experiments.results import RESULT, load_bench
 from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
@@ -20,18 +20,15 @@ GPT2_VOCAB = 50_257  # the curriculum's models' vocabulary (GPT-2's tokenizer)
 
 
 def load_bench_file(path: Path) -> tuple[list[dict], dict]:
-    """Rows and meta of a bench JSON, a run directory holding bench.json, or a bench run's result.json."""
+    """Rows and meta of a `jaxlm.bench model --json` file, or of the bench.json or result.json in a run directory."""
     path = Path(path)
     if path.is_dir():
-        path = next((p for p in (path / "bench.json", path / "result.json") if p.is_file()), path / "bench.json")
+        path = next((p for p in (path / "bench.json", path / RESULT) if p.is_file()), path / "bench.json")
     if not path.is_file():
         raise DataError(f"--bench {path}: no such file; give a `jaxlm.bench model --json` file or its run directory")
-    data = read_json(path, default=None)
-    if isinstance(data, dict) and "bench_rows" in data:
-        return list(data["bench_rows"] or []), {}
-    if isinstance(data, dict) and isinstance(data.get("rows"), list):
-        return data["rows"], data.get("meta") or {}
-    raise DataError(f"--bench {path}: not a bench result (no 'rows' or 'bench_rows' list in it)")
+    if path.name == RESULT:  # the runner's record of a bench run
+        return list((read_json(path, default=None) or {}).get("bench_rows") or []), {}
+    return load_bench(path)
 
 
 # `small` at the size table's setting, measured on the CPU host (fits its memory; the larger sizes do not fit
@@ -217,9 +214,8 @@ def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
                                 "their variability, feed-forward against attention")
     out += vocabulary_lines()
     if not warm:
-        return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
-                      f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "
-                      f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
+        missing = prose("missing", plan=PLAN, what="records", root=root)
+        return out + ["#### (c) Warm-up", "", *missing] + measured_section(bench)
     spec = warm[0].get("spec") or {}
     setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()
                         if k in ("config", "preset", "context", "batch"))

@@ -1,7 +1,4 @@
-"""The part-2 speed questions (benchmarking_script (b), nsys_profile, the mixed-precision timings) answered with
-predicted H100 figures until a GPU measures them: the steps compiled for an H100 and priced kernel by kernel
-(`python -m deliverables.compiled_time`, ROOT/compiled/h100-80gb.json), every figure labelled a prediction.
-"""
+"""The part-2 speed answers predicted for an H100 until a GPU measures them, each labelled so (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -36,10 +33,6 @@ def sizes(root: Path) -> dict[tuple[str, str], dict]:
     return {tuple(label.split(", ")): r for label, r in stored("sizes", TARGET, root / "compiled").items()}
 
 
-def pending(what: str) -> list[str]:
-    return prose("pending", what=what, command=COMMAND)
-
-
 def label(rows: dict) -> str:
     return next(iter(rows.values()))["predicted_label"]
 
@@ -58,7 +51,7 @@ def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str
     the model, feed-forward against attention, time against FLOPs."""
     rows = sizes(root)
     if not rows:
-        return pending("the size table")
+        return prose("pending", what="the size table", command=COMMAND)
     head = ["model", "forward (ms)", "train step (ms)", "its forward", "its backward", "its optimizer",
             "tokens/s", "MFU"] + (["measured forward (ms)", "measured fwd + bwd (ms)"] if measured else [])
     body, parts = [], []
@@ -138,7 +131,7 @@ def nsys_lines(root: Path) -> list[str]:
         preset, mode, context = name.split(", ")
         rows[(preset, int(context.split()[-1]), mode)] = r
     if not rows:
-        return pending("the kernel tables")
+        return prose("pending", what="the kernel tables", command=COMMAND)
     longest = max(t for _, t, _ in rows)
     others = {p: [o for o in rows[(p, longest, "forward")]["predicted_ops"] if not o["flops"]][:3]
               for p in NSYS_PRESETS if (p, longest, "forward") in rows}

@@ -19,7 +19,7 @@ def learning_rate_section(root: Path) -> list[str]:
     points = by_rate(runs, LR_AXIS)
     out = ["### learning_rate", ""]
     if not points:
-        return out + [f"**Missing**: no `{LR_PLAN}` records under `{root}`; `python -m experiments.run {LR_PLAN}`.", ""]
+        return out + prose("missing", plan=LR_PLAN, what="records", root=root)
     e = edge(points, untrained_loss(runs))
     rows = []
     for lr, runs in points:

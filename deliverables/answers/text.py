@@ -1,5 +1,5 @@
-"""unicode1 and unicode2 answered from Python run here (reprs, encoded lengths, decode errors), and
-train_bpe_tinystories and tokenizer_experiments from the `tokenizer` plan's report (its records' numbers)."""
+"""unicode1 and unicode2 from Python run here; train_bpe_tinystories and tokenizer_experiments from the
+`tokenizer` plan's report."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def tokenizer_sections(root: Path) -> list[str]:
     """train_bpe_tinystories and tokenizer_experiments from the `tokenizer` plan's report (its records' numbers)."""
     parts = report_subsections(root / PLAN / "report.md")
     if not parts:
-        missing = [f"**Missing**: no `{PLAN}` plan report under `{root}`; `python -m experiments.run {PLAN}` then "
-                   f"`python -m deliverables.report runs/{PLAN} --out {root}/{PLAN} --records`.", ""]
+        missing = prose("missing", plan=PLAN, what="plan report", root=root)
         return ["### train_bpe_tinystories", "", *missing, "### tokenizer_experiments", "", *missing]
     take = lambda title: parts.get(title, "(missing from the report)\n")
     return prose("tokenizer", plan=PLAN, link=f"[results/{PLAN}/report.md](results/{PLAN}/report.md)",
