@@ -84,8 +84,8 @@ def flops_section(names: list[str]) -> list[str]:
     f1, f16 = (flops.forward_flops(model("gpt2-xl", t), t) for t in CONTEXTS)
     xl = model("gpt2-xl")
     matmuls = table(["matmul", "shape", f"FLOPs ({xl.num_layers} layers)"], matmul_rows(xl, 1024), "lr")
-    return prose("flops", tables="\n".join(tables), matmuls=matmuls, total=count(f1.total),
-                 total_si=si(f1.total, "FLOP"), largest="\n".join(largest), small=shares("gpt2-small"),
+    return prose("flops", tables=tables, matmuls=matmuls, total=count(f1.total),
+                 total_si=si(f1.total, "FLOP"), largest=largest, small=shares("gpt2-small"),
                  xl=shares("gpt2-xl"), xl_long=shares("gpt2-xl", 16384), growth=f16.total / f1.total,
                  long_si=si(f16.total, "FLOP"))
 
@@ -157,7 +157,7 @@ def memory_section(names: list[str], root: Path) -> list[str]:
         tables += [f"##### {label}", "", table(head, rows, "lr"), ""]
     fixed, per_seq = memory_terms(model("gpt2-xl"), 1024, SETTINGS["float32, xla attention"])
     return compiled_largest_section(root) + prose(
-        "cross_check", memory=COURSE_MEMORY / 1e9, tables="\n".join(tables), per_seq=per_seq / 1e9,
+        "cross_check", memory=COURSE_MEMORY / 1e9, tables=tables, per_seq=per_seq / 1e9,
         state=sum(fixed.values()) / 1e9, parts=", ".join(f"{k} {v / 1e9:.4g} GB" for k, v in fixed.items()))
 
 
@@ -172,13 +172,7 @@ def compiled_largest_section(root: Path) -> list[str]:
     allocator's usable share; the compiled figures at that batch and the analytic model beside it."""
     got = cached_at_largest("largest-batch", "h100-80gb", root / "compiled")
     at8 = cached("largest-batch", "h100-80gb", root / "compiled")
-    usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE
-    head = prose("largest_batch", share=memory.DEFAULT_USABLE, memory=DEVICES["h100-80gb"].memory_bytes / 2**30,
-                 usable=usable / 2**30)
-    if not got:
-        return head + ["**Not compiled yet**: `python -m deliverables.compiled_memory --target h100-80gb --only "
-                       "largest-batch` (the `gpu-compile` extra) stores it.", ""]
-    rows, remat = [], []
+    rows, cloned_at = [], []
     for label, (n, at) in got.items():
         base = (at8.get(label) or {}).get("matmuls")
         cloned = at.get("rematerialised") if at else None
@@ -186,16 +180,20 @@ def compiled_largest_section(root: Path) -> list[str]:
                      f"{at['matmuls']} ({base} at batch 8)" if at and base else "–",
                      "–" if cloned is None else str(cloned), str(analytic_largest(compute_of(label)))])
         if cloned:
-            remat.append(f"{label} at batch {n} ({cloned} instructions)")
-    out = head + [table(["setting", "largest batch (compiled)", "its total GiB", "its matmuls",
-                         "its instructions XLA rematerialised", "cross-check: jaxlm.memory estimate"], rows, "lr"), ""]
-    if remat:
-        out += ["Near the memory limit the compiler makes room itself: XLA's rematerialisation pass clones "
-                "instructions to recompute their values instead of keeping them (jaxlm asked for no remat in "
-                "these rows) in " + "; ".join(remat) + ". The analytic estimate keeps every activation, so it "
-                "stops earlier, and the step at the compiled batch pays the recomputation in time. The matmul count "
-                "alone does not show it: XLA also splits matmuls differently at other shapes.", ""]
-    return out
+            cloned_at.append(f"{label} at batch {n} ({cloned} instructions)")
+    head = ["setting", "largest batch (compiled)", "its total GiB", "its matmuls",
+            "its instructions XLA rematerialised", "cross-check: jaxlm.memory estimate"]
+    found = table(head, rows, "lr") if got else ("**Not compiled yet**: `python -m deliverables.compiled_memory "
+                                                 "--target h100-80gb --only largest-batch` (the `gpu-compile` extra) "
+                                                 "stores it.")
+    remat = ("Near the memory limit the compiler makes room itself: XLA's rematerialisation pass clones instructions "
+             "to recompute their values instead of keeping them (jaxlm asked for no remat in these rows) in "
+             + "; ".join(cloned_at) + ". The analytic estimate keeps every activation, so it stops earlier, and the "
+             "step at the compiled batch pays the recomputation in time. The matmul count alone does not show it: "
+             "XLA also splits matmuls differently at other shapes.") if cloned_at else ""
+    usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE
+    return prose("largest_batch", share=memory.DEFAULT_USABLE, memory=DEVICES["h100-80gb"].memory_bytes / 2**30,
+                 usable=usable / 2**30, table=found, remat=remat)
 
 
 def compute_of(label: str) -> ComputeConfig:

@@ -68,9 +68,9 @@ def memory_profiling_section(root: Path) -> list[str]:
                  "are added, so only the activations shrink; where the state dominates, the saving is small.")
     resid = ", ".join(f"{profile.BATCH * t * cfg.d_model * 4 / 2**20:g} MiB at T = {t}" for t in profile.CONTEXTS)
     return prose("memory_profiling", preset=profile.PRESET, cfg=cfg, batch=profile.BATCH, command=PROFILE_COMMAND,
-                 label=next(iter(rows.values()))["label"], timeline="\n".join(timeline_lines(rows)),
-                 reading="\n".join(reading), totals=totals, ratio=ratio, longest=profile.CONTEXTS[-1],
-                 largest="\n".join(largest_buffers(rows)), resid=resid)
+                 label=next(iter(rows.values()))["label"], timeline=timeline_lines(rows),
+                 reading=reading, totals=totals, ratio=ratio, longest=profile.CONTEXTS[-1],
+                 largest=largest_buffers(rows), resid=resid)
 
 
 def campaign(root: Path) -> dict:

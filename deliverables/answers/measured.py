@@ -43,15 +43,14 @@ def measured_section(bench: Path | None, title: str = "A benchmark result given 
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
     where = f" on {machine({'host': meta['host']})}" if isinstance(meta.get("host"), dict) else ""
-    out = [f"#### {title}", "", f"From `{bench}` ({len(ok)} measured rows{where}). Mean and standard deviation over "
-           "the timed steps, after warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
     head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
-    out += [table(head, body, "lr"), ""] if body else ["No measured rows.", ""]
-    out += variability_lines(ok) + backward_lines(ok)
-    return out + breakdown_lines(meta.get("breakdown") or [], {r.get("mode"): r for r in ok}.get("forward"))
+    forward = {r.get("mode"): r for r in ok}.get("forward")
+    return prose("bench_result", title=title, bench=bench, count=len(ok), where=where,
+                 table=table(head, body, "lr") if body else "No measured rows.", variability=variability_lines(ok),
+                 backward=backward_lines(ok), breakdown=breakdown_lines(meta.get("breakdown") or [], forward))
 
 
 def variability_lines(rows: list[dict]) -> list[str]:
@@ -69,7 +68,7 @@ def variability_lines(rows: list[dict]) -> list[str]:
                    "CPU as long as other work held it, so the spread and the means measure the load as much as the "
                    "model. The warm-up rows of (c) (their host and load stated there) show the same timing loop's "
                    "spread at another load.")
-    return out + [""] if out else []
+    return out
 
 
 def backward_lines(rows: list[dict]) -> list[str]:
@@ -94,7 +93,7 @@ def backward_lines(rows: list[dict]) -> list[str]:
                            f"only {r['step_cpu_ms'] / r['step_ms']:.2f} while other work held the rest. The CPU-time "
                            "ratio is above 2x as the backward also computes the elementwise derivatives (softmax, "
                            "SiLU, norms) that the FLOP count leaves out.")
-    return out + [""] if out else []
+    return out
 
 
 def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list[str]:
@@ -119,16 +118,7 @@ def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list
                        f"{parts:.2f} s against {forward['step_ms'] / 1e3:.2f} s for the whole forward: each part "
                        "pays its own call overhead once per layer, misses the fusion across parts, and met the "
                        "load at another moment, so only the shares within the breakdown are compared.")
-    return out + [""] if out else []
-
-
-def vocabulary_lines(context: int = 1024) -> list[str]:
-    """The presets' vocabulary against the curriculum's (GPT-2's): the output head's share of the forward FLOPs."""
-    ours = model("small", context)
-    share = {v: forward_flops(replace(ours, vocab_size=v), context) for v in (ours.vocab_size, GPT2_VOCAB)}
-    return prose("vocabulary", ours=ours.vocab_size, gpt2=GPT2_VOCAB, context=context,
-                 ours_share=100 * share[ours.vocab_size].lm_head / share[ours.vocab_size].total,
-                 gpt2_share=100 * share[GPT2_VOCAB].lm_head / share[GPT2_VOCAB].total)
+    return out
 
 
 def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
@@ -194,34 +184,41 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         if fb and h and fb.get("step_ms_first"):
             out.append(f"- after {axis(r, 'warmup')} warm-up step(s) the first timed forward + backward took "
                        f"{ms(fb['step_ms_first'])} ms ({fb['step_ms_first'] / h['step_ms_median']:.1f}x that median).")
-    return out + [""]
+    return out
 
 
-def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
-    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
-    warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
-    sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
-    out = prose("benchmarking")
-    if sizes:
-        out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
-        out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
-                      timing_rows(sizes, "preset"), "lr"), ""]
-    else:
-        out += prose("sizes_on_cpu")
-    out += predicted.size_section(root, campaign_sizes(root))
-    if (root / PLAN / CPU_SMALL).is_file():
-        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host: forward, backward, "
-                                "their variability, feed-forward against attention")
-    out += vocabulary_lines()
+def warmup_section(root: Path, warm: list[dict]) -> list[str]:
+    """(c): the first timed steps and the spread of the `benchmarking` plan's warm-up runs."""
     if not warm:
-        missing = prose("missing", plan=PLAN, what="records", root=root)
-        return out + ["#### (c) Warm-up", "", *missing] + measured_section(bench)
+        return ["#### (c) Warm-up", "", *prose("missing", plan=PLAN, what="records", root=root)]
     spec = warm[0].get("spec") or {}
     setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()
                         if k in ("config", "preset", "context", "batch"))
     warm = sorted(warm, key=lambda r: axis(r, "warmup"))
     head = ["warm-up steps", "forward (ms)", "first (ms)", "forward + backward (ms)", "first (ms)", "backward (ms)",
             "compile (s)"]
-    return out + prose("warmup", setting=setting, machine=machine(warm[0]),
-                       table=table(head, timing_rows(warm, "warmup", first=True), "lr"),
-                       observations="\n".join(warmup_lines(warm))) + measured_section(bench)
+    return prose("warmup", setting=setting, machine=machine(warm[0]), observations=warmup_lines(warm),
+                 table=table(head, timing_rows(warm, "warmup", first=True), "lr"))
+
+
+def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
+    """(a) the bench's method; (b) the size table, measured or predicted, `small` measured on the CPU host and the
+    presets' vocabulary against the curriculum's; (c) warm-up; then any `--bench` result."""
+    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
+    sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
+    found = prose("sizes_on_cpu")
+    if sizes:
+        found = [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", "",
+                 table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
+                       timing_rows(sizes, "preset"), "lr")]
+    cpu = root / PLAN / CPU_SMALL
+    cpu = measured_section(cpu, "`small` measured on the CPU host: forward, backward, their variability, "
+                           "feed-forward against attention") if cpu.is_file() else []
+    ours = model("small", 1024)
+    head = {v: forward_flops(replace(ours, vocab_size=v), 1024) for v in (ours.vocab_size, GPT2_VOCAB)}
+    out = prose("benchmarking", sizes=found, predicted=predicted.size_section(root, campaign_sizes(root)),
+                cpu_small=cpu, ours=ours.vocab_size, gpt2=GPT2_VOCAB, context=1024,
+                ours_share=100 * head[ours.vocab_size].lm_head / head[ours.vocab_size].total,
+                gpt2_share=100 * head[GPT2_VOCAB].lm_head / head[GPT2_VOCAB].total)
+    warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
+    return out + warmup_section(root, warm) + measured_section(bench)

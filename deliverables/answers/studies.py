@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from deliverables.answers import prose
@@ -17,9 +18,8 @@ WORDS = {"trained": "trained", "failed": "failed to learn", "diverged": "diverge
 def learning_rate_section(root: Path) -> list[str]:
     runs = plan_runs(root, LR_PLAN)
     points = by_rate(runs, LR_AXIS)
-    out = ["### learning_rate", ""]
     if not points:
-        return out + prose("missing", plan=LR_PLAN, what="records", root=root)
+        return ["### learning_rate", "", *prose("missing", plan=LR_PLAN, what="records", root=root)]
     e = edge(points, untrained_loss(runs))
     rows = []
     for lr, runs in points:
@@ -29,23 +29,18 @@ def learning_rate_section(root: Path) -> list[str]:
         kinds = e["kinds"][lr]
         rows.append([f"{lr:g}", str(len(runs)), f"{statistics.mean(losses):.3f} ± {std:.3f}" if losses else "–",
                      ", ".join(f"{kinds.count(k)} {WORDS[k]}" for k in WORDS if k in kinds)])
-    spec = points[0][1][0].get("spec") or {}
-    s = spec.get("set") or {}
-    setup = (f"{s.get('model.num_layers', '?')} layers x {s.get('model.d_model', '?')}, context "
-             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, "
-             f"{s.get('train.steps', '?')} steps")
-    out += prose("learning_rate", plan=LR_PLAN, setup=setup, definition=DEFINITION,
-                 table=table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"))
-    out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
+    folk = ""
     if e["trained"] and e["broken"]:
-        folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
-        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
-                    f"(the best rate is just below the edge of stability) {folk} here: the rates just under the edge "
-                    "still train nearly as well as the best while the next step up no longer learns. Where the loss "
-                    f"becomes non-finite is a different, much higher edge. **The grid's limits**: {len(points)} "
-                    f"rates, so the edge is bracketed only within a factor {e['broken'] / e['trained']:g}; a finer "
-                    f"grid between {e['trained']:g} and {e['broken']:g} places it.")
-    return out + [""]
+        folk = (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
+                "(the best rate is just below the edge of stability) "
+                + ("holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold")
+                + " here: the rates just under the edge still train nearly as well as the best while the next step up "
+                "no longer learns. Where the loss becomes non-finite is a different, much higher edge. **The grid's "
+                f"limits**: {len(points)} rates, so the edge is bracketed only within a factor "
+                f"{e['broken'] / e['trained']:g}; a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
+    setup = defaultdict(lambda: "?", (points[0][1][0].get("spec") or {}).get("set") or {})
+    return prose("learning_rate", plan=LR_PLAN, s=setup, definition=DEFINITION, e=e, edge=edge_sentence(e), folk=folk,
+                 table=table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"))
 
 
 def generate_section(page: Path, link: str) -> list[str]:
