@@ -186,11 +186,7 @@ def compiled_largest_section(root: Path) -> list[str]:
     found = table(head, rows, "lr") if got else ("**Not compiled yet**: `python -m deliverables.compiled_memory "
                                                  "--target h100-80gb --only largest-batch` (the `gpu-compile` extra) "
                                                  "stores it.")
-    remat = ("Near the memory limit the compiler makes room itself: XLA's rematerialisation pass clones instructions "
-             "to recompute their values instead of keeping them (jaxlm asked for no remat in these rows) in "
-             + "; ".join(cloned_at) + ". The analytic estimate keeps every activation, so it stops earlier, and the "
-             "step at the compiled batch pays the recomputation in time. The matmul count alone does not show it: "
-             "XLA also splits matmuls differently at other shapes.") if cloned_at else ""
+    remat = prose("remat", cloned="; ".join(cloned_at)) if cloned_at else []
     usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE
     return prose("largest_batch", share=memory.DEFAULT_USABLE, memory=DEVICES["h100-80gb"].memory_bytes / 2**30,
                  usable=usable / 2**30, table=found, remat=remat)

@@ -61,11 +61,8 @@ def memory_profiling_section(root: Path) -> list[str]:
     totals = table(["context", *(f"{m.replace('_', ' ')} {d}" for m, d in steps)],
                    [[str(t), *(gib(row(m, d, t)) for m, d in steps)] for t in profile.CONTEXTS], "lr")
     pairs = [(row(m, "bfloat16", t), row(m, "float32", t)) for m in profile.MODES for t in profile.CONTEXTS]
-    ratio = ""
-    if ratios := [b["total_bytes"] / f["total_bytes"] for b, f in pairs if b and f]:
-        ratio = (f"Mixed precision (bfloat16 compute) plans {min(ratios):.2f}x to {max(ratios):.2f}x the float32 "
-                 "memory: the parameters, gradients and AdamW moments stay float32 and bfloat16 copies of the weights "
-                 "are added, so only the activations shrink; where the state dominates, the saving is small.")
+    ratios = [b["total_bytes"] / f["total_bytes"] for b, f in pairs if b and f]
+    ratio = prose("bf16_ratio", low=min(ratios), high=max(ratios)) if ratios else []
     resid = ", ".join(f"{profile.BATCH * t * cfg.d_model * 4 / 2**20:g} MiB at T = {t}" for t in profile.CONTEXTS)
     return prose("memory_profiling", preset=profile.PRESET, cfg=cfg, batch=profile.BATCH, command=PROFILE_COMMAND,
                  label=next(iter(rows.values()))["label"], timeline=timeline_lines(rows),

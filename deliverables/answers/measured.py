@@ -64,10 +64,7 @@ def variability_lines(rows: list[dict]) -> list[str]:
         out.append(f"- {r.get('mode', '?').replace('_', ' + ')}: standard deviation {ms(r['step_ms_std'])} ms, "
                    f"{100 * r['step_ms_std'] / r['step_ms']:.0f}% of the mean{others}.")
     if any(r.get("busy") for r in rows):
-        out.append("- The host was oversubscribed (the load above is more than its cores): each step waited for the "
-                   "CPU as long as other work held it, so the spread and the means measure the load as much as the "
-                   "model. The warm-up rows of (c) (their host and load stated there) show the same timing loop's "
-                   "spread at another load.")
+        out += prose("oversubscribed")
     return out
 
 
@@ -85,14 +82,9 @@ def backward_lines(rows: list[dict]) -> list[str]:
                        f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward by wall "
                        "time; the FLOP count says 2x).")
             if isinstance(r.get("step_cpu_ms"), (int, float)) and isinstance(f.get("step_cpu_ms"), (int, float)):
-                cpu_b = r["step_cpu_ms"] - f["step_cpu_ms"]
-                out.append(f"  By this process's CPU time ({ms(f['step_cpu_ms'])} ms a forward, "
-                           f"{ms(r['step_cpu_ms'])} ms a forward + backward) the backward is "
-                           f"{cpu_b / f['step_cpu_ms']:.2f}x the forward. The wall-time ratio is the load's: the "
-                           f"forward kept {f['step_cpu_ms'] / f['step_ms']:.2f} CPUs busy, the forward + backward "
-                           f"only {r['step_cpu_ms'] / r['step_ms']:.2f} while other work held the rest. The CPU-time "
-                           "ratio is above 2x as the backward also computes the elementwise derivatives (softmax, "
-                           "SiLU, norms) that the FLOP count leaves out.")
+                out += prose("cpu_time", forward=ms(f["step_cpu_ms"]), both=ms(r["step_cpu_ms"]),
+                             ratio=(r["step_cpu_ms"] - f["step_cpu_ms"]) / f["step_cpu_ms"],
+                             forward_cpus=f["step_cpu_ms"] / f["step_ms"], both_cpus=r["step_cpu_ms"] / r["step_ms"])
     return out
 
 
@@ -112,12 +104,7 @@ def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list
                    f"{bd.get('dtype')}: time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
         parts = sum(v.get("forward_s") or 0 for v in c.values())
         if forward and parts:
-            out.append(f"  How the parts are timed (`jaxlm.bench model --breakdown`): attention, the feed-forward "
-                       "and the head are each jitted alone and timed alone, one layer's worth multiplied by the "
-                       f"number of layers, at other moments than the whole step. Their forward times sum to "
-                       f"{parts:.2f} s against {forward['step_ms'] / 1e3:.2f} s for the whole forward: each part "
-                       "pays its own call overhead once per layer, misses the fusion across parts, and met the "
-                       "load at another moment, so only the shares within the breakdown are compared.")
+            out += prose("breakdown_timing", parts=parts, whole=forward["step_ms"] / 1e3)
     return out
 
 

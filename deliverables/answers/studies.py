@@ -29,15 +29,11 @@ def learning_rate_section(root: Path) -> list[str]:
         kinds = e["kinds"][lr]
         rows.append([f"{lr:g}", str(len(runs)), f"{statistics.mean(losses):.3f} ± {std:.3f}" if losses else "–",
                      ", ".join(f"{kinds.count(k)} {WORDS[k]}" for k in WORDS if k in kinds)])
-    folk = ""
+    folk = []
     if e["trained"] and e["broken"]:
-        folk = (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
-                "(the best rate is just below the edge of stability) "
-                + ("holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold")
-                + " here: the rates just under the edge still train nearly as well as the best while the next step up "
-                "no longer learns. Where the loss becomes non-finite is a different, much higher edge. **The grid's "
-                f"limits**: {len(points)} rates, so the edge is bracketed only within a factor "
-                f"{e['broken'] / e['trained']:g}; a finer grid between {e['trained']:g} and {e['broken']:g} places it.")
+        folk = prose("folk", best=e["broken"] / e["best"], rates=len(points), bracket=e["broken"] / e["trained"],
+                     verdict="holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold",
+                     trained=e["trained"], broken=e["broken"])
     setup = defaultdict(lambda: "?", (points[0][1][0].get("spec") or {}).get("set") or {})
     return prose("learning_rate", plan=LR_PLAN, s=setup, definition=DEFINITION, e=e, edge=edge_sentence(e), folk=folk,
                  table=table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"))
