@@ -29,9 +29,6 @@ def model(name: str, context: int = 1024) -> ModelConfig:
     return ModelConfig.from_name(name, context_length=context)
 
 
-# --------------------------------------------------------------------------- parameters and FLOPs
-
-
 def parameters_section(names: list[str]) -> list[str]:
     rows = []
     for n in names:
@@ -90,9 +87,6 @@ def flops_section(names: list[str]) -> list[str]:
                  long_si=si(f16.total, "FLOP"))
 
 
-# --------------------------------------------------------------------------- adamwAccounting (a)-(c)
-
-
 def activation_floats(m: ModelConfig, t: int) -> dict[str, int]:
     """Floats one sequence of t tokens keeps for the backward pass, by the components the question lists
     (a W1 -> SiLU -> W2 feed-forward of width d_ff)."""
@@ -113,8 +107,7 @@ def peak_terms(m: ModelConfig, t: int) -> tuple[float, float]:
 
 
 def adamw_section() -> list[str]:
-    """(a) the peak memory of an AdamW train step by component, (b) GPT-2 XL's instance of it, (c) the FLOPs of one
-    AdamW update term by term; the training time, (d), is time_section."""
+    """adamwAccounting (a)-(c); the training time, (d), is time_section."""
     m = model("gpt2-xl")
     a, b = peak_terms(m, m.context_length)
     rows = [[k, count(v), si(FLOAT32 * v, "B")] for k, v in activation_floats(m, m.context_length).items()]
@@ -125,9 +118,6 @@ def adamw_section() -> list[str]:
                  batch=max_batch(b, a, COURSE_MEMORY), terms=table(["update", "operations", "FLOPs"], terms, "lr"),
                  total=total, xl_flops=si(total * flops.param_counts(m)["total"], "FLOP"),
                  adam=total - flops.ADAMW_TERMS[-1][2])
-
-
-# --------------------------------------------------------------------------- memory and time
 
 
 def memory_terms(m: ModelConfig, t: int, compute: ComputeConfig) -> tuple[dict[str, float], float]:
@@ -168,8 +158,7 @@ def analytic_largest(compute: ComputeConfig) -> int:
 
 
 def compiled_largest_section(root: Path) -> list[str]:
-    """The one answer to 'the largest batch of `small` at context 1024 on an H100': the compiled plan at the
-    allocator's usable share; the compiled figures at that batch and the analytic model beside it."""
+    """The largest batch of `small` at context 1024 on an H100, by compiling; jaxlm.memory's estimate beside it."""
     got = cached_at_largest("largest-batch", "h100-80gb", root / "compiled")
     at8 = cached("largest-batch", "h100-80gb", root / "compiled")
     rows, cloned_at = [], []

@@ -46,8 +46,7 @@ def largest_buffers(rows: dict[str, dict]) -> list[str]:
 
 
 def memory_profiling_section(root: Path) -> list[str]:
-    """(a) the timeline of `large`'s steps compiled for an H100, and how to read it; (b) their compiled totals,
-    bfloat16 against float32; (c) the largest buffers, one residual-stream activation's size beside them."""
+    """memory_profiling (a)-(c) from `large`'s steps compiled for an H100 (`python -m deliverables.memory_profile`)."""
     rows = profile.stored(root / "compiled")
     if not rows:
         return ["### memory_profiling", "", f"**Not compiled yet**: `{PROFILE_COMMAND}` (the `gpu-compile` extra) "

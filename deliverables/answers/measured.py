@@ -138,8 +138,7 @@ def axis(run: dict, key: str):
 
 
 def timing_rows(runs: list[dict], key: str, first: bool = False) -> list[list[str]]:
-    """A row per run: its `key` axis, forward and forward+backward (mean ± std, and the first timed step when
-    `first`), backward (the difference of the means), compile seconds."""
+    """A row per run: its `key` axis, then the times of its forward and forward + backward (table heads)."""
     out = []
     for r in runs:
         f, fb = (by_mode(r).get(m) for m in ("forward", "forward_backward"))
@@ -189,8 +188,7 @@ def warmup_section(root: Path, warm: list[dict]) -> list[str]:
 
 
 def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
-    """(a) the bench's method; (b) the size table, measured or predicted, `small` measured on the CPU host and the
-    presets' vocabulary against the curriculum's; (c) warm-up; then any `--bench` result."""
+    """benchmarking_script (a)-(c), then any `--bench` result."""
     runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
     sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
     found = prose("sizes_on_cpu")

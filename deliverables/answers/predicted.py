@@ -46,9 +46,7 @@ def matmul_share(row: dict) -> float:
 
 
 def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str]:
-    """(b) per size: the predicted eval-step forward and the train step split into its passes, with `measured`
-    ((preset, "forward" | "forward_backward") -> ms on a GPU) beside; then where each train step goes by part of
-    the model, feed-forward against attention, time against FLOPs."""
+    """benchmarking_script (b) predicted, with `measured` ((preset, mode) -> GPU ms) beside where there is some."""
     rows = sizes(root)
     if not rows:
         return prose("pending", what="the size table", command=COMMAND)
@@ -91,8 +89,7 @@ def _op(o: dict) -> str:
 
 
 def launch_lines(train: dict[str, dict]) -> str:
-    """Where launches weigh: each launch-bound kernel group, and the op with the most launches with the share of
-    its predicted time that is the fixed cost of launching them (the roofline's cost per launch)."""
+    """Each launch-bound kernel group, and the op with the most launches with the share its launches cost."""
     out = []
     for preset, r in train.items():
         bound = [g for g in r["predicted_groups"] if g.get("bound") == "launch" and g.get("launches")]
@@ -107,8 +104,7 @@ def launch_lines(train: dict[str, dict]) -> str:
 
 
 def nsys_table(rows: dict[tuple[str, int, str], dict]) -> str:
-    """(a), (b), (d), (e) per model and context; (e) sets the softmax and mask's time against the two attention
-    matmuls' beside their FLOP ratio."""
+    """nsys_profile (a), (b), (d), (e) per model and context."""
     body = []
     for (preset, t, mode), f in sorted(rows.items()):
         s = rows.get((preset, t, "train_step"))
@@ -148,8 +144,7 @@ def mixed_precision_lines(root: Path) -> list[str]:
     pairs = [(m, f, b) for m, f, b in pairs if f and b]
     if not pairs:
         return []
-    return [f"Predicted, not measured ({label(rows)}), `small` at context 512, batch 8: "
-            + "; ".join(f"{m.replace('_', ' ')} {ms(f['predicted_step_ms'])} ms in float32 (TF32 matmuls) against "
-                        f"{ms(b['predicted_step_ms'])} ms in bfloat16 "
-                        f"({f['predicted_step_ms'] / b['predicted_step_ms']:.2f}x)" for m, f, b in pairs)
-            + ". bfloat16 halves the bytes of every activation and doubles the tensor cores' rate over TF32.", ""]
+    return prose("mixed_precision_predicted", label=label(rows), pairs="; ".join(
+        f"{m.replace('_', ' ')} {ms(f['predicted_step_ms'])} ms in float32 (TF32 matmuls) against "
+        f"{ms(b['predicted_step_ms'])} ms in bfloat16 ({f['predicted_step_ms'] / b['predicted_step_ms']:.2f}x)"
+        for m, f, b in pairs))

@@ -40,8 +40,7 @@ def learning_rate_section(root: Path) -> list[str]:
 
 
 def generate_section(page: Path, link: str) -> list[str]:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
-    RUN`), and what decides how fluent it is."""
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report`)."""
     text = page.read_text() if page.is_file() else ""
     sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
     if not sample:

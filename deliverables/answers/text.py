@@ -45,8 +45,7 @@ def unicode2() -> list[str]:
 
 
 def report_subsections(page: Path) -> dict[str, str]:
-    """'### TITLE' -> its text from its first line, inside the '## Tokenizer experiments' section of the tokenizer
-    plan's report."""
+    """'### TITLE' -> its text, inside the '## Tokenizer experiments' section of the tokenizer plan's report."""
     found = re.search(rf"^## {SECTION}\n(.*?)(?=^## |\Z)", page.read_text(), re.M | re.S) if page.is_file() else None
     parts = re.split(r"^### (.*)\n", found.group(1), flags=re.M) if found else []
     return {title: body.lstrip("\n").removesuffix("\n") for title, body in zip(parts[1::2], parts[2::2])}
