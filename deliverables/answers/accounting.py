@@ -18,6 +18,7 @@ CONTEXTS = (1024, 16384)
 MFU = 0.5
 FLOAT32 = 4  # bytes
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_CONTEXT = 400_000, 1024, 1024  # the course's GPT-2 XL training run
+LARGEST_COMMAND = "python -m deliverables.compiled_memory --target h100-80gb --only largest-batch"
 SETTINGS = {  # how the AdamW memory question is answered: the course's float32, and the project's fast path,
     # both holding the whole logits (loss_chunk 0) as the course's accounting does, so memory is linear in the batch
     "float32, xla attention": ComputeConfig(loss_chunk=0),
@@ -172,9 +173,7 @@ def compiled_largest_section(root: Path) -> list[str]:
             cloned_at.append(f"{label} at batch {n} ({cloned} instructions)")
     head = ["setting", "largest batch (compiled)", "its total GiB", "its matmuls",
             "its instructions XLA rematerialised", "cross-check: jaxlm.memory estimate"]
-    found = table(head, rows, "lr") if got else ("**Not compiled yet**: `python -m deliverables.compiled_memory "
-                                                 "--target h100-80gb --only largest-batch` (the `gpu-compile` extra) "
-                                                 "stores it.")
+    found = table(head, rows, "lr") if got else prose("not_compiled", command=LARGEST_COMMAND, does="stores it")
     remat = prose("remat", cloned="; ".join(cloned_at)) if cloned_at else []
     usable = DEVICES["h100-80gb"].memory_bytes * memory.DEFAULT_USABLE
     return prose("largest_batch", share=memory.DEFAULT_USABLE, memory=DEVICES["h100-80gb"].memory_bytes / 2**30,

@@ -25,11 +25,9 @@ def timeline_lines(rows: dict[str, dict]) -> list[str]:
         if r := rows.get(profile.label(mode, "float32", t)):
             at = r["peak_position"]
             where = next((name for name, (a, b) in r["phases"].items() if a <= at <= b), "?")
-            out.append(f"- {mode.replace('_', ' ')}, context {t}: {r['instructions']:,} scheduled instructions; "
-                       f"live bytes peak at {r['peak_live_bytes'] / 2**30:.2f} GiB at instruction {at:,} "
-                       f"({100 * at / r['instructions']:.0f}% of the way, in the {where}), "
-                       f"{(r['peak_live_bytes'] - r['argument_bytes']) / 2**30:.2f} GiB above the arguments; compiled "
-                       f"total {r['total_bytes'] / 2**30:.2f} GiB.")
+            out += prose("timeline_row", mode=mode.replace("_", " "), t=t, steps=r["instructions"], at=at,
+                         peak=r["peak_live_bytes"] / 2**30, share=100 * at / r["instructions"], where=where,
+                         above=(r["peak_live_bytes"] - r["argument_bytes"]) / 2**30, total=r["total_bytes"] / 2**30)
     return out
 
 
@@ -49,8 +47,8 @@ def memory_profiling_section(root: Path) -> list[str]:
     """memory_profiling (a)-(c) from `large`'s steps compiled for an H100 (`python -m deliverables.memory_profile`)."""
     rows = profile.stored(root / "compiled")
     if not rows:
-        return ["### memory_profiling", "", f"**Not compiled yet**: `{PROFILE_COMMAND}` (the `gpu-compile` extra) "
-                "compiles `large` at contexts 128, 256 and 512 and reads its buffer assignment.", ""]
+        return ["### memory_profiling", "", *prose("not_compiled", command=PROFILE_COMMAND, does="compiles `large` at "
+                                                   "contexts 128, 256 and 512 and reads its buffer assignment")]
     cfg, row = model(profile.PRESET), lambda mode, dtype, t: rows.get(profile.label(mode, dtype, t))
     train = row("train_step", "float32", profile.CONTEXTS[-1])
     reading = prose("memory_reading", arguments=train["argument_bytes"] / 2**30,
@@ -90,12 +88,10 @@ def nsys_section(root: Path) -> list[str]:
         said = ("Answered below by prediction: no GPU campaign results are" if lines[0].startswith("**Predicted")
                 else "**Pending**: no GPU campaign results")
         return out + prose("nsys_pending", said=said, root=root) + lines
-    out += [f"From the campaign's trace of `{prof.get('model')}` (context {prof.get('context')}, "
-            f"batch {prof.get('batch')}, {prof.get('dtype')}):", ""]
-    out += kernel_lines(prof["forward"], "forward pass") + kernel_lines(prof["train_step"], "train step")
+    kernels = kernel_lines(prof["forward"], "forward pass") + kernel_lines(prof["train_step"], "train step")
     if isinstance(prof.get("attention"), dict):
-        out += kernel_lines(prof["attention"], "attention alone (softmax against the two matmuls)")
-    return out + [""]
+        kernels += kernel_lines(prof["attention"], "attention alone (softmax against the two matmuls)")
+    return out + prose("nsys_measured", p=prof, kernels=kernels)
 
 
 def accumulation() -> list[tuple[str, float]]:

@@ -161,10 +161,9 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         c, h = by_mode(cold).get(mode), by_mode(hot).get(mode)
         if not (c and h and c.get("step_ms_first") and h.get("step_ms_median")):
             continue
-        out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took "
-                   f"{ms(c['step_ms_first'])} ms, {c['step_ms_first'] / h['step_ms_median']:.1f}x the median after "
-                   f"{axis(hot, 'warmup')} warm-up steps ({ms(h['step_ms_median'])} ms); the standard deviation over "
-                   f"the 10 steps was {ms(c['step_ms_std'])} ms against {ms(h['step_ms_std'])} ms.")
+        out += prose("warmup_row", mode=mode.replace("_", " + "), first=ms(c["step_ms_first"]),
+                     ratio=c["step_ms_first"] / h["step_ms_median"], warm=axis(hot, "warmup"),
+                     median=ms(h["step_ms_median"]), cold_std=ms(c["step_ms_std"]), warm_std=ms(h["step_ms_std"]))
     for r in warm[1:-1]:
         fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
         if fb and h and fb.get("step_ms_first"):

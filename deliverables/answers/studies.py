@@ -44,9 +44,7 @@ def generate_section(page: Path, link: str) -> list[str]:
     text = page.read_text() if page.is_file() else ""
     sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
     if not sample:
-        return ["### generate", "", f"**Missing**: no run page with a sample at `{page}`; `python -m "
-                f"deliverables.report RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest "
-                "checkpoint).", ""]
+        return prose("missing_sample", page=page)
     row = lambda key: (re.search(rf"^\| {key} \| (.*?) \|$", text, re.M) or [None, None])[1]
     params = (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (row("data") or "") else ""
