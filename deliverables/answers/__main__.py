@@ -37,14 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(command="deliverables.answers", formatter_class=cli.HelpFormatter,
                            description=__doc__)
     p.add_argument("--device", default="h100-80gb", choices=sorted(DEVICES),
-                   help="the accelerator of the extra training-time rows (jaxlm.analysis.devices; the questions' "
-                        "own devices are always answered)")
+                   help="the accelerator of the extra training-time rows (the questions' own are always answered)")
     p.add_argument("--results", metavar="ROOT", default=str(RESULTS), help="the committed records (a folder per plan)")
     p.add_argument("--run-page", metavar="FILE", default=str(RUN_PAGE),
                    help="a training run's page with its sample (generate)")
     p.add_argument("--bench", metavar="PATH", help="a `jaxlm.bench model --json` file (or its run directory) to add")
-    p.add_argument("--out", metavar="FILE", help="write the Markdown here, its links relative to it (default: print "
-                                              f"it); the committed page is {OUT}")
+    p.add_argument("--out", metavar="FILE", help="write the page here (its links relative to it), not to stdout")
     args = p.parse_args(argv)
     out_dir = Path(args.out).parent if args.out else OUT.parent
     md = answers(DEVICES[args.device], Path(args.results), Path(args.bench) if args.bench else None,
