@@ -49,7 +49,8 @@ def memory_profiling_section(root: Path) -> list[str]:
     if not rows:
         return ["### memory_profiling", "", *prose("not_compiled", command=PROFILE_COMMAND, does="compiles `large` at "
                                                    "contexts 128, 256 and 512 and reads its buffer assignment")]
-    cfg, row = model(profile.PRESET), lambda mode, dtype, t: rows.get(profile.label(mode, dtype, t))
+    cfg = model(profile.PRESET)
+    row = lambda mode, dtype, t: rows.get(profile.label(mode, dtype, t))  # a step's profile, or None
     train = row("train_step", "float32", profile.CONTEXTS[-1])
     reading = prose("memory_reading", arguments=train["argument_bytes"] / 2**30,
                     grads=4 * flops.param_counts(cfg)["total"] / 2**30) if train else []
