@@ -1,16 +1,16 @@
-"""benchmarking_script: forward and backward times and the effect of warm-up, from the `benchmarking` plan's
-records (`jaxlm.bench model` runs) and any other `jaxlm.bench model --json` result given with `--bench`."""
+"""benchmarking_script from the `benchmarking` plan's records and any `--bench` result (docs/report.md)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
-from deliverables.answers import predicted
+from deliverables.answers import predicted, prose
 from deliverables.answers.accounting import model
 from deliverables.answers.gpu import campaign
 from deliverables.answers.predicted import ms
 from deliverables.common import plan_runs, table
+from experiments.results import RESULT, load_bench
 from jaxlm.analysis.flops import forward_flops
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import read_json
@@ -20,18 +20,15 @@ GPT2_VOCAB = 50_257  # the curriculum's models' vocabulary (GPT-2's tokenizer)
 
 
 def load_bench_file(path: Path) -> tuple[list[dict], dict]:
-    """Rows and meta of a bench JSON, a run directory holding bench.json, or a bench run's result.json."""
+    """Rows and meta of a `jaxlm.bench model --json` file, or of the bench.json or result.json in a run directory."""
     path = Path(path)
     if path.is_dir():
-        path = next((p for p in (path / "bench.json", path / "result.json") if p.is_file()), path / "bench.json")
+        path = next((p for p in (path / "bench.json", path / RESULT) if p.is_file()), path / "bench.json")
     if not path.is_file():
         raise DataError(f"--bench {path}: no such file; give a `jaxlm.bench model --json` file or its run directory")
-    data = read_json(path, default=None)
-    if isinstance(data, dict) and "bench_rows" in data:
-        return list(data["bench_rows"] or []), {}
-    if isinstance(data, dict) and isinstance(data.get("rows"), list):
-        return data["rows"], data.get("meta") or {}
-    raise DataError(f"--bench {path}: not a bench result (no 'rows' or 'bench_rows' list in it)")
+    if path.name == RESULT:  # the runner's record of a bench run
+        return list((read_json(path, default=None) or {}).get("bench_rows") or []), {}
+    return load_bench(path)
 
 
 # `small` at the size table's setting, measured on the CPU host (fits its memory; the larger sizes do not fit
@@ -46,15 +43,14 @@ def measured_section(bench: Path | None, title: str = "A benchmark result given 
     rows, meta = load_bench_file(bench)
     ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("step_ms"), (int, float))]
     where = f" on {machine({'host': meta['host']})}" if isinstance(meta.get("host"), dict) else ""
-    out = [f"#### {title}", "", f"From `{bench}` ({len(ok)} measured rows{where}). Mean and standard deviation over "
-           "the timed steps, after warm-up.", ""]
     body = [[str(r.get(k, "–")) for k in ("framework", "mode", "dtype", "context", "batch")]
             + [ms(r["step_ms"]), ms(r["step_ms_std"]) if isinstance(r.get("step_ms_std"), (int, float)) else "–"]
             for r in ok]
     head = ["framework", "mode", "dtype", "context", "batch", "mean (ms)", "std (ms)"]
-    out += [table(head, body, "lr"), ""] if body else ["No measured rows.", ""]
-    out += variability_lines(ok) + backward_lines(ok)
-    return out + breakdown_lines(meta.get("breakdown") or [], {r.get("mode"): r for r in ok}.get("forward"))
+    forward = {r.get("mode"): r for r in ok}.get("forward")
+    return prose("bench_result", title=title, bench=bench, count=len(ok), where=where,
+                 table=table(head, body, "lr") if body else "No measured rows.", variability=variability_lines(ok),
+                 backward=backward_lines(ok), breakdown=breakdown_lines(meta.get("breakdown") or [], forward))
 
 
 def variability_lines(rows: list[dict]) -> list[str]:
@@ -68,11 +64,8 @@ def variability_lines(rows: list[dict]) -> list[str]:
         out.append(f"- {r.get('mode', '?').replace('_', ' + ')}: standard deviation {ms(r['step_ms_std'])} ms, "
                    f"{100 * r['step_ms_std'] / r['step_ms']:.0f}% of the mean{others}.")
     if any(r.get("busy") for r in rows):
-        out.append("- The host was oversubscribed (the load above is more than its cores): each step waited for the "
-                   "CPU as long as other work held it, so the spread and the means measure the load as much as the "
-                   "model. The warm-up rows of (c) (their host and load stated there) show the same timing loop's "
-                   "spread at another load.")
-    return out + [""] if out else []
+        out += prose("oversubscribed")
+    return out
 
 
 def backward_lines(rows: list[dict]) -> list[str]:
@@ -89,15 +82,10 @@ def backward_lines(rows: list[dict]) -> list[str]:
                        f"{ms(f['step_ms'])} ms, backward {ms(b)} ms ({b / f['step_ms']:.2f}x the forward by wall "
                        "time; the FLOP count says 2x).")
             if isinstance(r.get("step_cpu_ms"), (int, float)) and isinstance(f.get("step_cpu_ms"), (int, float)):
-                cpu_b = r["step_cpu_ms"] - f["step_cpu_ms"]
-                out.append(f"  By this process's CPU time ({ms(f['step_cpu_ms'])} ms a forward, "
-                           f"{ms(r['step_cpu_ms'])} ms a forward + backward) the backward is "
-                           f"{cpu_b / f['step_cpu_ms']:.2f}x the forward. The wall-time ratio is the load's: the "
-                           f"forward kept {f['step_cpu_ms'] / f['step_ms']:.2f} CPUs busy, the forward + backward "
-                           f"only {r['step_cpu_ms'] / r['step_ms']:.2f} while other work held the rest. The CPU-time "
-                           "ratio is above 2x as the backward also computes the elementwise derivatives (softmax, "
-                           "SiLU, norms) that the FLOP count leaves out.")
-    return out + [""] if out else []
+                out += prose("cpu_time", forward=ms(f["step_cpu_ms"]), both=ms(r["step_cpu_ms"]),
+                             ratio=(r["step_cpu_ms"] - f["step_cpu_ms"]) / f["step_cpu_ms"],
+                             forward_cpus=f["step_cpu_ms"] / f["step_ms"], both_cpus=r["step_cpu_ms"] / r["step_ms"])
+    return out
 
 
 def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list[str]:
@@ -116,26 +104,8 @@ def breakdown_lines(breakdowns: list[dict], forward: dict | None = None) -> list
                    f"{bd.get('dtype')}: time ratio {t:.2f}, FLOP ratio {fl:.2f}; {why}.")
         parts = sum(v.get("forward_s") or 0 for v in c.values())
         if forward and parts:
-            out.append(f"  How the parts are timed (`jaxlm.bench model --breakdown`): attention, the feed-forward "
-                       "and the head are each jitted alone and timed alone, one layer's worth multiplied by the "
-                       f"number of layers, at other moments than the whole step. Their forward times sum to "
-                       f"{parts:.2f} s against {forward['step_ms'] / 1e3:.2f} s for the whole forward: each part "
-                       "pays its own call overhead once per layer, misses the fusion across parts, and met the "
-                       "load at another moment, so only the shares within the breakdown are compared.")
-    return out + [""] if out else []
-
-
-def vocabulary_lines(context: int = 1024) -> list[str]:
-    """The presets' vocabulary against the curriculum's (GPT-2's): the output head's share of the forward FLOPs."""
-    ours = model("small", context)
-    share = {v: forward_flops(replace(ours, vocab_size=v), context) for v in (ours.vocab_size, GPT2_VOCAB)}
-    return [f"**Vocabulary.** The presets use a {ours.vocab_size:,}-token vocabulary (the project's BPE) where "
-            f"CSE599-O's models use GPT-2's {GPT2_VOCAB:,}. The output head is "
-            + f"{100 * share[ours.vocab_size].lm_head / share[ours.vocab_size].total:.1f} % of `small`'s forward "
-            f"FLOPs at T = {context} with {ours.vocab_size:,} and "
-            f"{100 * share[GPT2_VOCAB].lm_head / share[GPT2_VOCAB].total:.1f} % with {GPT2_VOCAB:,}"
-            + " (jaxlm.analysis.flops): these rows under-weight the output head against the curriculum's models; "
-            "`--set model.vocab_size=50257` runs the course's vocabulary.", ""]
+            out += prose("breakdown_timing", parts=parts, whole=forward["step_ms"] / 1e3)
+    return out
 
 
 def campaign_sizes(root: Path) -> dict[tuple[str, str], float]:
@@ -168,8 +138,7 @@ def axis(run: dict, key: str):
 
 
 def timing_rows(runs: list[dict], key: str, first: bool = False) -> list[list[str]]:
-    """A row per run: its `key` axis, forward and forward+backward (mean ± std, and the first timed step when
-    `first`), backward (the difference of the means), compile seconds."""
+    """A row per run: its `key` axis, then the times of its forward and forward + backward (table heads)."""
     out = []
     for r in runs:
         f, fb = (by_mode(r).get(m) for m in ("forward", "forward_backward"))
@@ -192,60 +161,48 @@ def warmup_lines(warm: list[dict]) -> list[str]:
         c, h = by_mode(cold).get(mode), by_mode(hot).get(mode)
         if not (c and h and c.get("step_ms_first") and h.get("step_ms_median")):
             continue
-        out.append(f"- {mode.replace('_', ' + ')}: without warm-up the first timed step took "
-                   f"{ms(c['step_ms_first'])} ms, {c['step_ms_first'] / h['step_ms_median']:.1f}x the median after "
-                   f"{axis(hot, 'warmup')} warm-up steps ({ms(h['step_ms_median'])} ms); the standard deviation over "
-                   f"the 10 steps was {ms(c['step_ms_std'])} ms against {ms(h['step_ms_std'])} ms.")
+        out += prose("warmup_row", mode=mode.replace("_", " + "), first=ms(c["step_ms_first"]),
+                     ratio=c["step_ms_first"] / h["step_ms_median"], warm=axis(hot, "warmup"),
+                     median=ms(h["step_ms_median"]), cold_std=ms(c["step_ms_std"]), warm_std=ms(h["step_ms_std"]))
     for r in warm[1:-1]:
         fb, h = by_mode(r).get("forward_backward"), by_mode(hot).get("forward_backward")
         if fb and h and fb.get("step_ms_first"):
             out.append(f"- after {axis(r, 'warmup')} warm-up step(s) the first timed forward + backward took "
                        f"{ms(fb['step_ms_first'])} ms ({fb['step_ms_first'] / h['step_ms_median']:.1f}x that median).")
-    return out + [""]
+    return out
 
 
-def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
-    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
-    warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
-    sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
-    out = ["(a) is `python -m jaxlm.bench model` (docs/benchmarks.md): it builds the model from a preset or config, "
-           "makes a random batch, compiles the step ahead of time (`jit(...).lower(...).compile()`, timed apart as "
-           "compile_s), runs `--warmup` untimed steps, then times `--steps` steps, each ended with "
-           "`jax.block_until_ready` (JAX dispatches asynchronously, as CUDA does). Times are mean ± standard "
-           "deviation over 10 timed steps.", ""]
-    out += ["#### (b) The size table", ""]
-    if sizes:
-        out += [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", ""]
-        out += [table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
-                      timing_rows(sizes, "preset"), "lr"), ""]
-    else:
-        out += ["The size table (presets small to 2.7B, context 512, batch 4) is sized for a GPU: on the 2-core "
-                "CPU host only `small` was timed (below, measured). On a GPU: `python -m experiments.run benchmarking "
-                "--size gpu` (5 warm-up and 10 timed steps, float32), then `python -m deliverables.answers` reads its "
-                "records. Meanwhile, the H100's times predicted from its compiled program:", ""]
-    out += predicted.size_section(root, campaign_sizes(root))
-    if (root / PLAN / CPU_SMALL).is_file():
-        out += measured_section(root / PLAN / CPU_SMALL, "`small` measured on the CPU host: forward, backward, "
-                                "their variability, feed-forward against attention")
-    out += vocabulary_lines()
+def warmup_section(root: Path, warm: list[dict]) -> list[str]:
+    """(c): the first timed steps and the spread of the `benchmarking` plan's warm-up runs."""
     if not warm:
-        return out + ["#### (c) Warm-up", "", f"**Missing**: no `{PLAN}` records under `{root}`; "
-                      f"`python -m experiments.run {PLAN}` then `python -m deliverables.report runs/{PLAN} "
-                      f"--out {root}/{PLAN} --records`.", ""] + measured_section(bench)
+        return ["#### (c) Warm-up", "", *prose("missing", plan=PLAN, what="records", root=root)]
     spec = warm[0].get("spec") or {}
     setting = ", ".join(f"{k} {v}" for k, v in (spec.get("args") or {}).items()
                         if k in ("config", "preset", "context", "batch"))
     warm = sorted(warm, key=lambda r: axis(r, "warmup"))
     head = ["warm-up steps", "forward (ms)", "first (ms)", "forward + backward (ms)", "first (ms)", "backward (ms)",
             "compile (s)"]
-    out += ["#### (c) Warm-up", "",
-            f"**CPU timings** ({setting}) on {machine(warm[0])}: a shared machine, so compare spreads and first "
-            "steps, not the third digit of a mean. *first*: the first timed step.", ""]
-    return out + [table(head, timing_rows(warm, "warmup", first=True), "lr"), ""] + warmup_lines(warm) + [
-        "The first calls of a compiled step do one-time work: XLA:CPU allocates and first touches the step's "
-        "temporary buffers (page faults), its thread pool and caches start cold, and the donated parameters are "
-        "placed on the first call. Timed without warm-up, that lands in the mean and, above all, in the spread. "
-        "Compilation is not among it here because it is timed apart (compile column); timed through a plain "
-        "`jax.jit` call it would fall into the first step and dominate a mean over 10. On a GPU the first calls also "
-        "create the CUDA context and the cuBLAS/cuDNN handles and choose their algorithms.", ""] \
-        + measured_section(bench)
+    return prose("warmup", setting=setting, machine=machine(warm[0]), observations=warmup_lines(warm),
+                 table=table(head, timing_rows(warm, "warmup", first=True), "lr"))
+
+
+def benchmarking_section(root: Path, bench: Path | None) -> list[str]:
+    """benchmarking_script (a)-(c), then any `--bench` result."""
+    runs = [r for r in plan_runs(root, PLAN) if r.get("status") == "ok" and r.get("bench_rows")]
+    sizes = [r for r in runs if "preset" in (r.get("axes") or {})]
+    found = prose("sizes_on_cpu")
+    if sizes:
+        found = [f"Measured on {machine(sizes[0])} ({sizes[0].get('device')}):", "",
+                 table(["model", "forward (ms)", "forward + backward (ms)", "backward (ms)", "compile (s)"],
+                       timing_rows(sizes, "preset"), "lr")]
+    cpu = root / PLAN / CPU_SMALL
+    cpu = measured_section(cpu, "`small` measured on the CPU host: forward, backward, their variability, "
+                           "feed-forward against attention") if cpu.is_file() else []
+    ours = model("small", 1024)
+    head = {v: forward_flops(replace(ours, vocab_size=v), 1024) for v in (ours.vocab_size, GPT2_VOCAB)}
+    out = prose("benchmarking", sizes=found, predicted=predicted.size_section(root, campaign_sizes(root)),
+                cpu_small=cpu, ours=ours.vocab_size, gpt2=GPT2_VOCAB, context=1024,
+                ours_share=100 * head[ours.vocab_size].lm_head / head[ours.vocab_size].total,
+                gpt2_share=100 * head[GPT2_VOCAB].lm_head / head[GPT2_VOCAB].total)
+    warm = [r for r in runs if "warmup" in (r.get("axes") or {})]
+    return out + warmup_section(root, warm) + measured_section(bench)

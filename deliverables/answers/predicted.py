@@ -1,12 +1,10 @@
-"""The part-2 speed questions (benchmarking_script (b), nsys_profile, the mixed-precision timings) answered with
-predicted H100 figures until a GPU measures them: the steps compiled for an H100 and priced kernel by kernel
-(`python -m deliverables.compiled_time`, ROOT/compiled/h100-80gb.json), every figure labelled a prediction.
-"""
+"""The part-2 speed answers predicted for an H100 until a GPU measures them, each labelled so (docs/report.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from deliverables.answers import prose
 from deliverables.answers.accounting import model
 from deliverables.common import table
 from deliverables.compiled_time import NSYS_PRESETS, SIZE_BATCH, SIZE_CONTEXT, SIZES, stored
@@ -35,12 +33,6 @@ def sizes(root: Path) -> dict[tuple[str, str], dict]:
     return {tuple(label.split(", ")): r for label, r in stored("sizes", TARGET, root / "compiled").items()}
 
 
-def pending(what: str) -> list[str]:
-    return [f"**Not predicted yet** ({what}): the steps compiled for an H100, with their predicted kernel tables, "
-            f"are not in the compiled store; on any machine with the `gpu-compile` extra:", "",
-            f"```bash\n{COMMAND}\n```", ""]
-
-
 def label(rows: dict) -> str:
     return next(iter(rows.values()))["predicted_label"]
 
@@ -54,12 +46,10 @@ def matmul_share(row: dict) -> float:
 
 
 def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str]:
-    """(b) per size: the predicted eval-step forward and the train step split into its passes, with `measured`
-    ((preset, "forward" | "forward_backward") -> ms on a GPU) beside; then where each train step goes by part of
-    the model, feed-forward against attention, time against FLOPs."""
+    """benchmarking_script (b) predicted, with `measured` ((preset, mode) -> GPU ms) beside where there is some."""
     rows = sizes(root)
     if not rows:
-        return pending("the size table")
+        return prose("pending", what="the size table", command=COMMAND)
     head = ["model", "forward (ms)", "train step (ms)", "its forward", "its backward", "its optimizer",
             "tokens/s", "MFU"] + (["measured forward (ms)", "measured fwd + bwd (ms)"] if measured else [])
     body, parts = [], []
@@ -83,22 +73,10 @@ def size_section(root: Path, measured: dict[tuple[str, str], float]) -> list[str
                         for m in ("forward", "forward_backward")] if measured else []))
     ratios = [r["predicted_phases"].get("backward", 0) / r["predicted_phases"]["forward"]
               for (p, m), r in rows.items() if m == "train_step" and r["predicted_phases"].get("forward")]
-    return [f"**Predicted, not measured**: every time below is {label(rows)} (the roofline over each kernel at the "
-            "H100's achieved rates, docs/benchmarks.md \"Predicted GPU time\"), at context "
-            f"{SIZE_CONTEXT}, batch {SIZE_BATCH}, float32 (TF32 matmuls, JAX's default). *forward*: the eval step "
-            "(forward and loss); the train step's forward, backward and AdamW update are its kernels by pass.", "",
-            table(head, body, "lr"), "",
-            f"The predicted backward pass takes {min(ratios):.1f}x to {max(ratios):.1f}x the forward's time (the FLOP "
-            "count says 2x, two matmuls per forward matmul; the memory-bound elementwise kernels, which the FLOP count "
-            "leaves out, move the ratio either way).", "",
-            "#### Where the predicted train step goes, by part of the model", "",
-            "Shares of each size's predicted train step (kernels placed by the model code they come from); the "
-            "last two columns set the feed-forward's time against attention's (projections, scores, softmax) "
-            "and against their FLOP ratio:", "",
-            table(["model", "feed-forward", "attention", "output head and loss", "norms", "optimizer",
-                   "FFN/attention time", "FFN/attention FLOPs"], parts, "lr"), "",
-            "Attention takes a larger share of the time than of the FLOPs: its softmax and mask run at memory "
-            "bandwidth over B x H x T x T scores, which the FLOP count leaves out.", ""]
+    return prose("sizes_predicted", label=label(rows), context=SIZE_CONTEXT, batch=SIZE_BATCH,
+                 table=table(head, body, "lr"), low=min(ratios), high=max(ratios),
+                 parts=table(["model", "feed-forward", "attention", "output head and loss", "norms", "optimizer",
+                              "FFN/attention time", "FFN/attention FLOPs"], parts, "lr"))
 
 
 def _short(o: dict) -> str:
@@ -111,8 +89,7 @@ def _op(o: dict) -> str:
 
 
 def launch_lines(train: dict[str, dict]) -> str:
-    """Where launches weigh: each launch-bound kernel group, and the op with the most launches with the share of
-    its predicted time that is the fixed cost of launching them (the roofline's cost per launch)."""
+    """Each launch-bound kernel group, and the op with the most launches with the share its launches cost."""
     out = []
     for preset, r in train.items():
         bound = [g for g in r["predicted_groups"] if g.get("bound") == "launch" and g.get("launches")]
@@ -126,9 +103,8 @@ def launch_lines(train: dict[str, dict]) -> str:
     return "; ".join(out)
 
 
-def nsys_table(rows: dict[tuple[str, int, str], dict]) -> list[str]:
-    """(a), (b), (d), (e) per model and context; (e) sets the softmax and mask's time against the two attention
-    matmuls' beside their FLOP ratio."""
+def nsys_table(rows: dict[tuple[str, int, str], dict]) -> str:
+    """nsys_profile (a), (b), (d), (e) per model and context."""
     body = []
     for (preset, t, mode), f in sorted(rows.items()):
         s = rows.get((preset, t, "train_step"))
@@ -140,8 +116,8 @@ def nsys_table(rows: dict[tuple[str, int, str], dict]) -> list[str]:
         body.append([f"{preset}, {t}", ms(f["predicted_step_ms"]), ms(s["predicted_step_ms"]),
                      _short(f["predicted_ops"][0]), _short(s["predicted_ops"][0]), pct(matmul_share(f)),
                      pct(matmul_share(s)), f"{sm / mm if mm else float('nan'):.2f} ({flops:.3f})"])
-    return [table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
-                   "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body, "lr"), ""]
+    return table(["model, context", "(a) forward ms", "train step ms", "(b) top op, forward", "(b) top op, train step",
+                  "(d) matmul share, forward", "(d) train step", "(e) softmax / matmul time (FLOPs)"], body, "lr")
 
 
 def nsys_lines(root: Path) -> list[str]:
@@ -151,33 +127,14 @@ def nsys_lines(root: Path) -> list[str]:
         preset, mode, context = name.split(", ")
         rows[(preset, int(context.split()[-1]), mode)] = r
     if not rows:
-        return pending("the kernel tables")
+        return prose("pending", what="the kernel tables", command=COMMAND)
     longest = max(t for _, t, _ in rows)
     others = {p: [o for o in rows[(p, longest, "forward")]["predicted_ops"] if not o["flops"]][:3]
               for p in NSYS_PRESETS if (p, longest, "forward") in rows}
     train = {p: rows[(p, SIZE_CONTEXT, "train_step")] for p in NSYS_PRESETS if (p, SIZE_CONTEXT, "train_step") in rows}
-    return [f"**Predicted answers, not measurements**: {label(rows)}, at batch {SIZE_BATCH}, float32 (`python -m "
-            f"jaxlm.bench ops --target {TARGET} --preset small --context 512 --batch {SIZE_BATCH} --mode forward` "
-            "prints one such table). What XLA launches on a GPU are its own generated kernels, one per fusion of "
-            "HLO ops (named after the fusion, `loop_multiply_fusion.12`), and library calls (cuBLAS GEMMs, cuDNN "
-            "attention); Nsight would list those kernels by their CUDA names. The tables name each by the jax op "
-            "in its metadata (`ki,oi->ko/dot_general` is a dense layer's matmul, `transpose(jvp(...))` its "
-            "backward) and the model code it comes from, and sum one op's launches over the layers as Nsight's "
-            "kernel summary sums one kernel's.", ""] + nsys_table(rows) + [
-        "- (a) The forward pass (eval step) above is a prediction; Python's timer on this CPU measures XLA:CPU, a "
-        "different machine, so the comparison of the two waits for a GPU.",
-        "- (b), (d) The feed-forward's matmuls lead the forward at every context; in the train step the "
-        "optimizer's many small kernels lead at short contexts and the feed-forward's matmuls at long ones. The "
-        "matmul share grows with the model (d² work per layer against d for the elementwise passes). Along the "
-        "context the forward's share falls at the longest, as the T² attention scores and their softmax grow, "
-        "while the train step's rises: the optimizer's time does not grow with the tokens, the matmuls' does.",
-        f"- (c) Non-matmul ops with the most predicted time in the forward pass at context {longest}: "
-        + "; ".join(f"`{p}`: " + ", ".join(_op(o) for o in os) for p, os in others.items()) + ".",
-        "- (e) The softmax takes time of the order of the two attention matmuls while its FLOPs are a few percent "
-        "of theirs: it reads and writes every score from memory, so its time follows bytes, not FLOPs.",
-        f"- Launch overhead (context {SIZE_CONTEXT}, train step): {launch_lines(train)}. A launch-bound kernel's "
-        "time is the number of launches, not its work: fusing those kernels (one multi-tensor pass for the "
-        "optimizer's per-parameter sums) removes it.", ""]
+    others = "; ".join(f"`{p}`: " + ", ".join(_op(o) for o in os) for p, os in others.items())
+    return prose("nsys_predicted", label=label(rows), batch=SIZE_BATCH, target=TARGET, table=nsys_table(rows),
+                 longest=longest, others=others, context=SIZE_CONTEXT, launches=launch_lines(train))
 
 
 def mixed_precision_lines(root: Path) -> list[str]:
@@ -187,8 +144,7 @@ def mixed_precision_lines(root: Path) -> list[str]:
     pairs = [(m, f, b) for m, f, b in pairs if f and b]
     if not pairs:
         return []
-    return [f"Predicted, not measured ({label(rows)}), `small` at context 512, batch 8: "
-            + "; ".join(f"{m.replace('_', ' ')} {ms(f['predicted_step_ms'])} ms in float32 (TF32 matmuls) against "
-                        f"{ms(b['predicted_step_ms'])} ms in bfloat16 "
-                        f"({f['predicted_step_ms'] / b['predicted_step_ms']:.2f}x)" for m, f, b in pairs)
-            + ". bfloat16 halves the bytes of every activation and doubles the tensor cores' rate over TF32.", ""]
+    return prose("mixed_precision_predicted", label=label(rows), pairs="; ".join(
+        f"{m.replace('_', ' ')} {ms(f['predicted_step_ms'])} ms in float32 (TF32 matmuls) against "
+        f"{ms(b['predicted_step_ms'])} ms in bfloat16 ({f['predicted_step_ms'] / b['predicted_step_ms']:.2f}x)"
+        for m, f, b in pairs))

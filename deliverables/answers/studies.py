@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
+from deliverables.answers import prose
 from deliverables.common import plan_runs, table
 from deliverables.report.sections.divergence import DEFINITION, by_rate, edge, edge_sentence, untrained_loss
 
@@ -16,9 +18,8 @@ WORDS = {"trained": "trained", "failed": "failed to learn", "diverged": "diverge
 def learning_rate_section(root: Path) -> list[str]:
     runs = plan_runs(root, LR_PLAN)
     points = by_rate(runs, LR_AXIS)
-    out = ["### learning_rate", ""]
     if not points:
-        return out + [f"**Missing**: no `{LR_PLAN}` records under `{root}`; `python -m experiments.run {LR_PLAN}`.", ""]
+        return ["### learning_rate", "", *prose("missing", plan=LR_PLAN, what="records", root=root)]
     e = edge(points, untrained_loss(runs))
     rows = []
     for lr, runs in points:
@@ -28,49 +29,26 @@ def learning_rate_section(root: Path) -> list[str]:
         kinds = e["kinds"][lr]
         rows.append([f"{lr:g}", str(len(runs)), f"{statistics.mean(losses):.3f} ± {std:.3f}" if losses else "–",
                      ", ".join(f"{kinds.count(k)} {WORDS[k]}" for k in WORDS if k in kinds)])
-    spec = points[0][1][0].get("spec") or {}
-    s = spec.get("set") or {}
-    setup = (f"{s.get('model.num_layers', '?')} layers x {s.get('model.d_model', '?')}, context "
-             f"{s.get('model.context_length', '?')}, batch {s.get('data.batch_size', '?')}, "
-             f"{s.get('train.steps', '?')} steps")
-    out += [f"(a) From the `{LR_PLAN}` plan's records ({setup}; validation loss as mean ± standard deviation over "
-            f"seeds; curves in [results/{LR_PLAN}/report.md](results/{LR_PLAN}/report.md)). {DEFINITION}", ""]
-    out += [table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"), ""]
-    out += [f"(b) The best rate is {e['best']:g} (validation loss {e['best_loss']:.3f}). " + edge_sentence(e)]
+    folk = []
     if e["trained"] and e["broken"]:
-        folk = "holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold"
-        out[-1] += (f" So the best rate sits within a factor {e['broken'] / e['best']:g} of the edge: the folk wisdom "
-                    f"(the best rate is just below the edge of stability) {folk} here: the rates just under the edge "
-                    "still train nearly as well as the best while the next step up no longer learns. Where the loss "
-                    f"becomes non-finite is a different, much higher edge. **The grid's limits**: {len(points)} "
-                    f"rates, so the edge is bracketed only within a factor {e['broken'] / e['trained']:g}; a finer "
-                    f"grid between {e['trained']:g} and {e['broken']:g} places it.")
-    return out + [""]
+        folk = prose("folk", best=e["broken"] / e["best"], rates=len(points), bracket=e["broken"] / e["trained"],
+                     verdict="holds loosely" if e["broken"] / e["best"] <= 10 else "does not hold",
+                     trained=e["trained"], broken=e["broken"])
+    setup = defaultdict(lambda: "?", (points[0][1][0].get("spec") or {}).get("set") or {})
+    return prose("learning_rate", plan=LR_PLAN, s=setup, definition=DEFINITION, e=e, edge=edge_sentence(e), folk=folk,
+                 table=table(["peak lr", "seeds", "validation loss", "seeds by outcome"], rows, "lr"))
 
 
 def generate_section(page: Path, link: str) -> list[str]:
-    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report
-    RUN`), and what decides how fluent it is."""
-    out = ["### generate", ""]
+    """The sample, its decoding settings and the model's facts from a run's page (`python -m deliverables.report`)."""
     text = page.read_text() if page.is_file() else ""
     sample = re.search(r"## Sample\n(.*?)\n```text\n(.*?)\n```\n+(.*?)(?:\n\n|$)", text, re.S)
     if not sample:
-        return out + [f"**Missing**: no run page with a sample at `{page}`; `python -m deliverables.report "
-                      f"RUN_DIR --out {page.parent}` writes one (256 tokens from the run's newest checkpoint).", ""]
+        return prose("missing_sample", page=page)
     row = lambda key: (re.search(rf"^\| {key} \| (.*?) \|$", text, re.M) or [None, None])[1]
     params = (re.search(r"([\d,]+) parameters", row("model") or "") or [None, "?"])[1]
     tokens = " and reads bytes, not BPE tokens" if "bytes tokenizer" in (row("data") or "") else ""
     quoted = "\n".join("> " + line if line else ">" for line in sample.group(2).splitlines())
-    return out + [
-        f"From the [{text.splitlines()[0].lstrip('# ')}]({link}): model {row('model')}; data {row('data')}; "
-        f"{row('steps')} steps, validation loss {row('final validation loss')}. {sample.group(1).strip()}", "",
-        quoted, "", sample.group(3).strip(), "",
-        "**Fluency.** The text has the corpus's local form (its words, punctuation, quoting and line layout) but not "
-        "its sense: phrases run into each other and no sentence carries a meaning across more than a few words. "
-        "Two factors decide how good a sample is. (1) **Decoding**: the temperature sharpens (below 1) or flattens "
-        "(above 1) the next-token distribution, and top-p keeps only the smallest set of tokens holding p of the "
-        "probability; lower values give safer, more repetitive text, higher values more varied and less coherent "
-        "text. (2) **The model and its data**: the parameter count, the tokens trained on and the tokenizer set the "
-        f"validation loss; this one has {params} parameters{tokens}, and the TinyStories paper (Eldan and Li, "
-        "2023) shows models of a few million parameters trained on that simple corpus writing fluent short "
-        "stories.", ""]
+    return prose("generate", title=text.splitlines()[0].lstrip("# "), link=link, model=row("model"), data=row("data"),
+                 steps=row("steps"), loss=row("final validation loss"), decoding=sample.group(1).strip(),
+                 quoted=quoted, repetition=sample.group(3).strip(), params=params, tokens=tokens)
