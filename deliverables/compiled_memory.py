@@ -1,16 +1,6 @@
-"""The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine (docs/results/compiled/).
-
-    python -m deliverables.compiled_memory --target h100-80gb            # every section, cached compiles reused
-    python -m deliverables.compiled_memory --only rtx5090 techniques-small
-
-Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
-of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
-target by jaxlm.predict.compile: the GPU compiler's plan, not a measurement. Compiled figures
-are kept in docs/results/compiled/TARGET.json (jaxlm.predict.store, shared with
-`python -m deliverables.memory_validation --target`), so the page regenerates without compiling
-what is already there.
+"""The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine: the page
+docs/results/compiled/TARGET-memory.md, from the store TARGET.json (docs/memory.md, "Compiling for a GPU without one").
 """
-
 from __future__ import annotations
 
 import sys
@@ -109,8 +99,10 @@ def sections() -> list[Section]:
 
 def figures(section: Section, target: Target, store: CompileCache, compile: bool = True,
             predicted: bool = False) -> list[dict]:
-    """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
-    predicted time (a stored figure without one is compiled again)."""
+    """The section's rows: compiled now, or (compile=False) only those already in the store; `predicted`: with the
+    predicted time (a stored figure without one is compiled again). A `largest` section's rows add the largest
+    batch that fits ('largest_batch', None where not searched) and its figures ('at_largest', {} where not
+    compiled)."""
     log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
     rows = []
     for label, j in section.rows:
@@ -123,35 +115,28 @@ def figures(section: Section, target: Target, store: CompileCache, compile: bool
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
-            n, r["at_largest"] = largest(store, j, target, compile, log)
-            r["largest_batch"] = "-" if n is None else n
+            n = store.largest(j, target) if compile else store.stored.get(
+                store.key({**j, "search": "largest_batch"}, target), {}).get("largest_batch")
+            at = {**j, "set": [f"data.batch_size={n}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
+            found = n is not None and (compile or store.has(at, target))
+            r["largest_batch"], r["at_largest"] = n, store.row(at, target, log=log) if found else {}
         rows.append(r)
     return rows
 
 
-def largest(store: CompileCache, j: dict, target: Target, search: bool, log=None) -> tuple[int | None, dict]:
-    """(the largest batch of job `j` that fits, its figures): searched by compiling, or (search=False) as stored,
-    (None, {}) where not searched and {} where not compiled at that batch."""
-    n = store.largest(j, target) if search else store.stored.get(
-        store.key({**j, "search": "largest_batch"}, target), {}).get("largest_batch")
-    at = {**j, "set": [f"data.batch_size={n}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
-    return n, store.row(at, target, log=log) if n is not None and (search or store.has(at, target)) else {}
-
-
 def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
-    """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here)."""
-    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
-    rows = next(s for s in all_sections() if s.name == section).rows
-    return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
+    """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here),
+    as `figures` gives them."""
+    store = CompileCache(Path(out_dir) / f"{target_name}.json")
+    s = next(s for s in all_sections() if s.name == section)
+    return {r["setting"]: r for r in figures(s, parse_target(target_name), store, compile=False) if "error" not in r}
 
 
 def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, tuple[int, dict]]:
     """label -> (the largest batch that fits, the compiled figures at that batch or {}) of a `largest` section's
     rows already searched in OUT_DIR/TARGET.json."""
-    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
-    rows = next(s for s in sections() if s.name == section).rows
-    found = {label: largest(store, j, target, search=False) for label, j in rows}
-    return {label: f for label, f in found.items() if f[0] is not None}
+    rows = cached(section, target_name, out_dir).items()
+    return {label: (r["largest_batch"], r["at_largest"]) for label, r in rows if r["largest_batch"] is not None}
 
 
 def markdown_table(head: list[str], rows: list[dict], cells) -> str:
@@ -176,7 +161,7 @@ def section_table(section: Section, rows: list[dict]) -> str:
         if not section.largest:
             return cells
         at = r.get("at_largest") or {}
-        return cells + [str(r["largest_batch"]), f"{at['total_bytes'] / GIB:.2f}" if at else "-",
+        return cells + [r["largest_batch"], f"{at['total_bytes'] / GIB:.2f}" if at else "-",
                         str(at.get("matmuls", "-")), str(at.get("rematerialised", "-"))]
 
     return markdown_table(head, rows, cells)

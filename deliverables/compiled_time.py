@@ -1,16 +1,6 @@
-"""The curriculum's GPU time questions answered from XLA's GPU program, on any machine (docs/results/compiled/).
-
-    python -m deliverables.compiled_time --target h100-80gb        # every section, stored compiles reused
-    python -m deliverables.compiled_time --only techniques-small rtx5090
-
-Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
-jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
-(jaxlm.predict.compile.prediction: every kernel priced by its shape at the device table's rates):
-predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
-(docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
-`python -m deliverables.answers` reads the sizes and their kernel tables from the store.
-"""
-
+"""The curriculum's GPU time questions answered from XLA's GPU program, on any machine: the page
+docs/results/compiled/TARGET-time.md, from the store it shares with deliverables.compiled_memory (docs/benchmarks.md,
+"Predicted GPU time")."""
 from __future__ import annotations
 
 import sys
