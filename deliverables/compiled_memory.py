@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.common import table, technique
+from deliverables.common import render, table, technique
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -37,11 +37,10 @@ def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", l
 
 @dataclass
 class Section:
-    """One table: rows of (label, job); `reference` (a label) adds each row's reduction against it."""
+    """One table of a page, {name} in its template (deliverables/pages/): rows of (label, job); `reference` (a
+    label) adds each row's reduction against it."""
 
     name: str
-    title: str
-    text: str
     rows: list[tuple[str, dict]]
     reference: str | None = None
     largest: bool = False  # also the largest batch that fits, by compiling
@@ -50,50 +49,30 @@ class Section:
 def sections() -> list[Section]:
     """The page's tables, in order."""
     return [
-        Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
-                "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
-                "embeddings, AdamW train step.",
-                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
-                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
-                             "bfloat16 + cuDNN + window 32", "float32 + remat full")],
+        Section("rtx5090", [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
+                            for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
+                                        "bfloat16 + cuDNN + window 32", "float32 + remat full")],
                 reference="float32, batch {b}"),
-        Section("loss-chunk", "The chunked loss at the RTX 5090 study's configuration",
-                "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
-                "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
-                "the reduction is against float32 with the whole logits at the same batch.",
-                [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c)) for b in (32, 64, 128)
-                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
-                 for loss, c in LOSSES],
+        Section("loss-chunk", [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c))
+                               for b in (32, 64, 128)
+                               for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
+                               for loss, c in LOSSES],
                 reference="float32, whole logits, batch {b}"),
-        Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
-                "The presets with a 50,257-token vocabulary, bfloat16, context 1024, AdamW train step.",
-                [(f"{preset}, {loss}", job(preset, 1024, batch, extra=["model.vocab_size=50257",
-                                                                       f"compute.loss_chunk={c}"]))
-                 for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
+        Section("loss-chunk-presets", [(f"{preset}, {loss}", job(preset, 1024, batch, extra=[
+                    "model.vocab_size=50257", f"compute.loss_chunk={c}"]))
+                for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
                 reference="{p}, whole logits"),
-        *(Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
-                  f"The `{preset}` preset (vocabulary 10,000), AdamW train step.",
-                  [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES], reference="float32")
-          for preset, batch in (("small", 8), ("large", 2))),
-        Section("context", "Memory against context length, `small`, batch 8",
-                "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
-                "takes bfloat16 only.",
-                [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
-                 for mode in ("train_step", "forward") for how in SWEPT for t in CONTEXTS]),
-        Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
-        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).",
-                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
-        Section("largest-batch", "The largest batch that fits one H100, per technique, `small`, context 1024",
-                "By compiling: an affine guess from two batch sizes, then a search around it.",
-                [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
-        Section("2.7B", "The 2.7B model's memory profile, batch 4",
-                "The `2.7B` preset (32 layers, d_model 2560, vocabulary 10,000): the forward pass (the eval "
-                "step) and the full AdamW train step, float32 and bfloat16 (mixed precision).",
-                [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
-                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16") for t in (128, 256, 512)]),
+        *(Section(f"techniques-{preset}", [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES],
+                  reference="float32") for preset, batch in (("small", 8), ("large", 2))),
+        Section("context", [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
+                            for mode in ("train_step", "forward") for how in SWEPT for t in CONTEXTS]),
+        Section("batch", [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
+        Section("mixed-precision", [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                                    for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
+        Section("largest-batch", [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
+        Section("2.7B", [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
+                         for mode in ("forward", "train_step") for d in ("float32", "bfloat16")
+                         for t in (128, 256, 512)]),
     ]
 
 
@@ -167,24 +146,21 @@ def section_table(section: Section, rows: list[dict]) -> str:
     return markdown_table(head, rows, cells)
 
 
-def intro(target: Target) -> list[str]:
+def fields(target: Target) -> dict[str, str]:
+    """The template's fields besides the tables."""
     import jax
 
-    return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
-             f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
-             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. Bytes "
-             "are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits one "
-             f"{target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate "
-             f"with `python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate "
-             "compares with such figures: docs/results/compiled/h100-80gb-validation.md."]
+    return {"description": target.description, "label": target.label, "jax": jax.__version__, "name": target.name,
+            "usable": f"{DEFAULT_USABLE}", "memory_gib": f"{target.memory_bytes / GIB:.1f}",
+            "usable_gib": f"{DEFAULT_USABLE * target.memory_bytes / GIB:.1f}"}
 
 
-def write_page(argv: list[str], module: str, doc: str, all_sections, intro, section_table,
+def write_page(argv: list[str], module: str, doc: str, all_sections, fields, section_table,
                predicted: bool = False) -> int:
     """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
-    `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
-    then each section's `section_table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
+    `all_sections()` (the --only ones; the rest from the store) for --target and write the page: its template
+    deliverables/pages/compiled-NAME.md with `fields(target)` and each section's `section_table(section, rows)`, to
+    docs/results/compiled/TARGET-NAME.md."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
     p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
@@ -195,18 +171,16 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, sect
     target = parse_target(args.target)
     require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    parts = intro(target)
-    for s in all_sections():
-        rows = figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted)
-        parts += ["", f"## {s.title}", "", s.text, "", section_table(s, rows)]
+    tables = {s.name: section_table(s, figures(s, target, store, compile=not args.only or s.name in args.only,
+                                               predicted=predicted)) for s in all_sections()}
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
-    out.write_text("\n".join(parts) + "\n")
+    out.write_text(render(f"compiled-{name}.md", {**fields(target), **tables}))
     print(f"wrote {out}")
     return 0
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, section_table)
 
 
 if __name__ == "__main__":

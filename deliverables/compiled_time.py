@@ -38,34 +38,19 @@ def sections() -> list[Section]:
     compiled memory page's batch sweep, priced), the kernel tables of `small` and `large` along the context
     (nsys_profile's questions) at the size table's batch, the chunked loss."""
     return [
-        Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
-                "The AdamW train step of the `small` preset, each technique.",
-                [(how, job("small", 1024, 8, how)) for how in (*(t.format(w=256) for t in TECHNIQUES),
-                                                               *REMAT)]),
-        Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
-                "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
-                "AdamW train step.",
-                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
-                 for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
-        Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
-                "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).",
-                [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
-                 for preset in SIZES for mode in STEPS]),
-        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                "float32 against bfloat16 compute, the eval step and the AdamW train step.",
-                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                 for mode in STEPS for d in ("float32", "bfloat16")]),
-        Section("batch", "Throughput against batch size, `small`, context 256",
-                "The AdamW train step; cuDNN's fused attention takes bfloat16 only.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
-        Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
-                "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).",
-                [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
-                 for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
-        Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
-                "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.",
-                [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
-                 for d in ("float32", "bfloat16") for loss, c in LOSSES]),
+        Section("techniques-small", [(how, job("small", 1024, 8, how))
+                                     for how in (*(t.format(w=256) for t in TECHNIQUES), *REMAT)]),
+        Section("rtx5090", [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
+                            for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
+        Section("sizes", [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
+                          for preset in SIZES for mode in STEPS]),
+        Section("mixed-precision", [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                                    for mode in STEPS for d in ("float32", "bfloat16")]),
+        Section("batch", [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
+        Section("nsys", [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
+                         for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
+        Section("chunk", [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
+                          for d in ("float32", "bfloat16") for loss, c in LOSSES]),
     ]
 
 
@@ -75,17 +60,10 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
     return {label: r for label, r in rows.items() if r.get("predicted_step_ms")}
 
 
-def intro(target: Target) -> list[str]:
-    return [f"# GPU time, predicted from the program compiled for {target.description}", "",
-             f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.predict.roofline` priced each of its kernels by its shape at the device table's "
-             "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
-             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). The "
-             "group columns are each kernel group's share of the predicted step; compiled GiB is the same compile's "
-             f"memory per GPU. Priced by version {PRICING_VERSION} of the model "
-             "(`jaxlm.predict.roofline.PRICING_VERSION`: a stored row priced by another version is priced again, and a "
-             "`--calibration` file must match it). "
-             f"Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
+def fields(target: Target) -> dict[str, str]:
+    """The template's fields besides the tables."""
+    return {"description": target.description, "predicted_label": target.predicted_label, "name": target.name,
+            "pricing": str(PRICING_VERSION)}
 
 
 def section_table(section: Section, rows: list[dict]) -> str:
@@ -104,7 +82,7 @@ def section_table(section: Section, rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, section_table, predicted=True)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,5 @@
-"""Re-measure the README's headline figures in one sitting: `python -m deliverables.headline [--dry-run] [--out DIR]`.
-
-Runs each figure's command in turn, from the repository root, and records the machine (CPU model, cores,
-vector extensions; `jaxlm.core.host.describe`), the load before and after each command, its wall time and
-what it reports (the run's final validation loss, or the JSON the command writes). Writes DIR/headline.json
-and prints a Markdown table of the figures with the CPU named. Run it on an otherwise idle machine: every
-figure but parity is a time, and `cpu_dependent` marks those whose ratio to PyTorch changes from one CPU to
-another (XLA:CPU and PyTorch use AVX2, AVX-512 and AMX differently).
-"""
+"""Re-measure the README's headline figures in one sitting, recording the machine and the load around each command:
+docs/benchmarks.md, "Measured figures"."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A Hugging Face checkpoint of a Llama-family shape with random weights, built with transformers (nothing is
-downloaded), with GPT-2's tokenizer as its tokenizer.json: what docs/hf.md runs without network in place of
-SmolLM2-135M. Needs transformers (the test extra) and GPT-2's vocabulary (`python -m jaxlm.data download cs336`).
-
-    python -m deliverables.hf_random --out runs/hf/smollm2-random [--layers 30] [--seed 0]
-"""
+"""A Hugging Face checkpoint of SmolLM2-135M's shape with random weights and GPT-2's tokenizer, nothing downloaded
+(docs/hf.md, "Without network: a random-weight checkpoint")."""
 
 from __future__ import annotations
 

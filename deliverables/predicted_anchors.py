@@ -1,16 +1,5 @@
-"""Published GPU measurements beside jaxlm's prediction for the same configuration: how far to trust a predicted
-GPU time (docs/benchmarks.md, "Predicted GPU time").
-
-    python -m deliverables.predicted_anchors      # compiles what the store lacks, rewrites the table in the docs
-
-Each anchor is a figure a paper or project measured on a named GPU, for a configuration jaxlm compiles: a fused
-attention kernel (compiled alone) or a whole AdamW train step (training's own step, jaxlm.predict.compile). The
-prediction is converted to the anchor's unit (milliseconds, or the paper's TFLOP/s per GPU with its FLOP formula)
-and the error is predicted over measured time, minus 1 (negative: the model is optimistic). Compiled figures
-are kept in docs/results/compiled/anchors.json (jaxlm.predict.store). jaxlm keeps the whole AdamW state on one
-GPU where the FlashAttention-2 runs shard it over 8 (ZeRO-1), so the train steps are judged against 95 % of the
-memory (the `fraction` the store's compiles use), not JAX's default 75 %.
-"""
+"""Published GPU measurements beside jaxlm's prediction for the same configurations: the table of docs/benchmarks.md,
+"How far to trust it"."""
 
 from __future__ import annotations
 
@@ -30,6 +19,8 @@ from jaxlm.predict.target import parse_target, require_compiler
 STORE = Path("docs/results/compiled/anchors.json")
 DOC = Path("docs/benchmarks.md")
 MARKS = ("<!-- anchors: python -m deliverables.predicted_anchors -->", "<!-- /anchors -->")
+# jaxlm keeps the whole AdamW state on one GPU where the FlashAttention-2 runs shard it over 8 (ZeRO-1): the train
+# steps are judged against 95 % of the memory (the store's compiles' `fraction`), not JAX's default 75 %.
 FRACTION = 0.95
 GPT2 = ["model.vocab_size=50257", 'model.ffn="silu"', "model.tie_embeddings=true"]  # GELU's two matrices: SiLU's
 GPT3 = {"1.3B": ["model.num_layers=24", "model.d_model=2048", "model.num_heads=16", "model.d_ff=8192"],
