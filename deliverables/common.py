@@ -45,7 +45,7 @@ def table(head: list[str], rows: list[list], align: str = "l") -> str:
 
 
 def render(template: str, fields: dict[str, str]) -> str:
-    """A page from its template, deliverables/pages/TEMPLATE: each paragraph's lines joined into one line, then each
+    """A page from its template in deliverables/pages/: each paragraph's lines joined into one line, then each
     {name} replaced by `fields[name]` (a table, a figure)."""
     text = (Path(__file__).parent / "pages" / template).read_text().strip()
     text = "\n\n".join(" ".join(p.splitlines()) for p in text.split("\n\n"))

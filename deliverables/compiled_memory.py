@@ -118,12 +118,8 @@ def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -
     return {label: (r["largest_batch"], r["at_largest"]) for label, r in rows if r["largest_batch"] is not None}
 
 
-def markdown_table(head: list[str], rows: list[dict], cells) -> str:
-    """`head`, then a line of `cells(row)` per row (a row that failed says why)."""
-    return table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
-
-
-def section_table(section: Section, rows: list[dict]) -> str:
+def columns(section: Section, rows: list[dict]):
+    """The section's table head, and the cells of a row that did not fail."""
     by_label = {r["setting"]: r for r in rows}
     head = ["setting", "total GiB", "temp GiB", "arguments GiB", "matmuls", "cuDNN calls",
             *(["vs reference"] if section.reference else []),
@@ -143,7 +139,7 @@ def section_table(section: Section, rows: list[dict]) -> str:
         return cells + [r["largest_batch"], f"{at['total_bytes'] / GIB:.2f}" if at else "-",
                         str(at.get("matmuls", "-")), str(at.get("rematerialised", "-"))]
 
-    return markdown_table(head, rows, cells)
+    return head, cells
 
 
 def fields(target: Target) -> dict[str, str]:
@@ -155,12 +151,11 @@ def fields(target: Target) -> dict[str, str]:
             "usable_gib": f"{DEFAULT_USABLE * target.memory_bytes / GIB:.1f}"}
 
 
-def write_page(argv: list[str], module: str, doc: str, all_sections, fields, section_table,
-               predicted: bool = False) -> int:
+def write_page(argv: list[str], module: str, doc: str, all_sections, fields, columns, predicted: bool = False) -> int:
     """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
-    `all_sections()` (the --only ones; the rest from the store) for --target and write the page: its template
-    deliverables/pages/compiled-NAME.md with `fields(target)` and each section's `section_table(section, rows)`, to
-    docs/results/compiled/TARGET-NAME.md."""
+    `all_sections()` (the --only ones; the rest from the store) for --target and write the page,
+    docs/results/compiled/TARGET-NAME.md: the module's template in deliverables/pages/ with `fields(target)` and
+    each section's table (`columns(section, rows)`; a row that failed says why)."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
     p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
@@ -171,16 +166,19 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, fields, sec
     target = parse_target(args.target)
     require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    tables = {s.name: section_table(s, figures(s, target, store, compile=not args.only or s.name in args.only,
-                                               predicted=predicted)) for s in all_sections()}
+    tables = {}
+    for s in all_sections():
+        rows = figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted)
+        head, cells = columns(s, rows)
+        tables[s.name] = table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
-    out.write_text(render(f"compiled-{name}.md", {**fields(target), **tables}))
+    out.write_text(render(f"{module.rpartition('.')[2]}.md", {**fields(target), **tables}))
     print(f"wrote {out}")
     return 0
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, fields, section_table)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, columns)
 
 
 if __name__ == "__main__":

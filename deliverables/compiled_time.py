@@ -6,18 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from deliverables.compiled_memory import (
-    BATCHES,
-    GIB,
-    LOSSES,
-    OUT_DIR,
-    SWEPT,
-    Section,
-    cached,
-    job,
-    markdown_table,
-    write_page,
-)
+from deliverables.compiled_memory import BATCHES, GIB, LOSSES, OUT_DIR, SWEPT, Section, cached, job, write_page
 from jaxlm import cli
 from jaxlm.predict.roofline import PRICING_VERSION
 from jaxlm.predict.target import Target
@@ -66,7 +55,8 @@ def fields(target: Target) -> dict[str, str]:
             "pricing": str(PRICING_VERSION)}
 
 
-def section_table(section: Section, rows: list[dict]) -> str:
+def columns(section: Section, rows: list[dict]):
+    """The section's table head, and the cells of a row that did not fail."""
     head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
@@ -78,11 +68,11 @@ def section_table(section: Section, rows: list[dict]) -> str:
         return [*first, f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
                 f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * share.get(g, 0):.0f}%" for g in SHARES), gib]
 
-    return markdown_table(head, rows, cells)
+    return head, cells
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, fields, section_table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, columns, predicted=True)
 
 
 if __name__ == "__main__":

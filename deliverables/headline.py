@@ -128,8 +128,7 @@ def table(machine: dict, records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(command="deliverables.headline", formatter_class=cli.HelpFormatter,
-                           description=__doc__)
+    p = cli.ArgumentParser(command="deliverables.headline", description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--out", default="runs/headline", help="where the runs and headline.json go (a fresh one: the "
                    "quickstart figure includes tokenising)")
     p.add_argument("--only", nargs="+", choices=[f.name for f in FIGURES], help="measure these figures only")

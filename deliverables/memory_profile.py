@@ -168,8 +168,7 @@ def profile(j: dict, target: Target) -> dict:
     with tempfile.TemporaryDirectory() as where:
         compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={"xla_dump_hlo_as_text": True,
                                                                                "xla_dump_to": where})
-        assignment = _dumped(Path(where), "buffer-assignment.txt")
-        live_range = _dumped(Path(where), "live-range.txt")
+        assignment, live_range = (_dumped(Path(where), f) for f in ("buffer-assignment.txt", "live-range.txt"))
     module = hlo.parse_module(compiled.as_text())
     m = compiled_memory(compiled)
     live = timeline(assignment, live_range)
@@ -194,7 +193,7 @@ def stored(out: Path = OUT_DIR) -> dict[str, dict]:
 
 
 def page(figures: dict[str, dict], target: Target) -> str:
-    """The Markdown page (deliverables/pages/memory-profile.md): peak memory by context, mode and dtype; live bytes;
+    """The Markdown page (deliverables/pages/memory_profile.md): peak memory by context, mode and dtype; live bytes;
     the largest values of each float32 step."""
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
@@ -208,7 +207,7 @@ def page(figures: dict[str, dict], target: Target) -> str:
         ["instruction", "MiB", "shape", "count", "op", "source"],
         [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`", f"`{g['source']}`"]
          for g in r["largest"]], "lr") for lbl, r in figures.items() if "float32" in lbl]
-    return render("memory-profile.md", {"preset": PRESET, "description": target.description, "label": target.label,
+    return render("memory_profile.md", {"preset": PRESET, "description": target.description, "label": target.label,
                                         "batch": str(BATCH), "name": target.name, "peak": peak, "live": live,
                                         "largest": "\n\n".join(largest)})
 
