@@ -1,6 +1,7 @@
 """The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine: the page
 docs/results/compiled/TARGET-memory.md, from the store TARGET.json (docs/memory.md, "Compiling for a GPU without one").
 """
+
 from __future__ import annotations
 
 import sys

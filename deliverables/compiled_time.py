@@ -1,6 +1,7 @@
 """The curriculum's GPU time questions answered from XLA's GPU program, on any machine: the page
 docs/results/compiled/TARGET-time.md, from the store it shares with deliverables.compiled_memory (docs/benchmarks.md,
 "Predicted GPU time")."""
+
 from __future__ import annotations
 
 import sys
@@ -23,9 +24,7 @@ STEPS = ("forward", "train_step")
 
 
 def sections() -> list[Section]:
-    """The page's tables, in order: the techniques, the sizes, mixed precision, throughput against batch (the
-    compiled memory page's batch sweep, priced), the kernel tables of `small` and `large` along the context
-    (nsys_profile's questions) at the size table's batch, the chunked loss."""
+    """The page's tables, in order (deliverables/pages/compiled_time.md says what each holds)."""
     return [
         Section("techniques-small", [(how, job("small", 1024, 8, how))
                                      for how in (*(t.format(w=256) for t in TECHNIQUES), *REMAT)]),

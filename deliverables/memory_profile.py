@@ -4,6 +4,7 @@ and live bytes over the compiled schedule, read from XLA's dump of its buffer as
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 import tempfile
@@ -83,11 +84,7 @@ def timeline(assignment: str, live_range: str) -> list[int]:
             a, b, size = a2, b2, size2
         diff[a] += size
         diff[b + 1] -= size
-    live, total = [], 0
-    for step in diff[:len(order)]:
-        total += step
-        live.append(total)
-    return live
+    return list(itertools.accumulate(diff[:len(order)]))
 
 
 def phase(ins: hlo.Instr | None) -> str | None:
