@@ -59,9 +59,10 @@ def sections() -> list[Section]:
                                for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
                                for loss, c in LOSSES],
                 reference="float32, whole logits, batch {b}"),
-        Section("loss-chunk-presets", [(f"{preset}, {loss}", job(preset, 1024, batch, extra=[
-                    "model.vocab_size=50257", f"compute.loss_chunk={c}"]))
-                for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
+        Section("loss-chunk-presets",
+                [(f"{preset}, {loss}", job(preset, 1024, batch, extra=["model.vocab_size=50257",
+                                                                       f"compute.loss_chunk={c}"]))
+                 for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
                 reference="{p}, whole logits"),
         *(Section(f"techniques-{preset}", [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES],
                   reference="float32") for preset, batch in (("small", 8), ("large", 2))),

@@ -73,13 +73,11 @@ def with_estimates(rows: list[dict]) -> list[dict]:
     return out
 
 
-def page(head: list[str], rows: list[dict], cells, align: str, where: str) -> str:
-    """A validation table, `cells(row)` a line, and the line under it: how far the estimates ('error' of each row)
-    are from what they are checked against."""
-    errs = [abs(r["error"]) for r in rows]
-    return (f"{table(head, [cells(r) for r in rows], align)}\n\n{len(rows)} rows; mean absolute error "
-            f"{100 * sum(errs) / len(errs):.1f}%, largest {100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of "
-            f"{len(rows)} within 10%. {where}.")
+def page(head: list[str], rows: list[list], align: str, errors: list[float], where: str) -> str:
+    """A validation table and the line under it: how far the estimates are from what they are checked against."""
+    errs = [abs(e) for e in errors]
+    return (f"{table(head, rows, align)}\n\n{len(rows)} rows; mean absolute error {100 * sum(errs) / len(errs):.1f}%, "
+            f"largest {100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%. {where}.")
 
 
 def validate(target_name: str, cache: Path | None, first: int | None = None) -> str:
@@ -94,10 +92,10 @@ def validate(target_name: str, cache: Path | None, first: int | None = None) -> 
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
     return page(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
                  "compiled GiB", "error", "compiled temp GiB", "matmuls", "cuDNN calls"],
-                rows, lambda r: [*(r[f] for f in FIELDS), gib(r["estimate_bytes"]), gib(r["total_bytes"]),
-                                 f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]), r["matmuls"],
-                                 r["cudnn_attention_calls"]],
-                "llllr", f"{rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}")
+                [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"], r["loss_chunk"],
+                  gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]),
+                  r["matmuls"], r["cudnn_attention_calls"]] for r in rows], "llllr", [r["error"] for r in rows],
+                f"{rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}")
 
 
 # --------------------------------------------------------------------------- calibration of the estimator
@@ -186,11 +184,11 @@ def cpu_validate(first: int | None) -> str:
         rows.append(r := cpu_row(*shape))
         print(f"[{i + 1}/{len(CPU_ROWS[:first])}] {shape}: estimate {mib(r['estimate_bytes'])} MiB, "
               f"memory_analysis {mib(r['measured_bytes'])} MiB ({100 * r['error']:+.1f}%)", flush=True)
-    shape = ("d_model", "layers", "heads", "vocab", "context", "batch")
-    return page([*shape, "estimate MiB", "memory_analysis MiB", "error"], rows,
-                lambda r: [*(r[k] for k in shape), mib(r["estimate_bytes"]), mib(r["measured_bytes"]),
-                           f"{100 * r['error']:+.1f}%"],
-                "r", f"Measured with jax {jax.__version__} on {jax.devices()[0].platform}")
+    return page(["d_model", "layers", "heads", "vocab", "context", "batch", "estimate MiB", "memory_analysis MiB",
+                 "error"], [[r["d_model"], r["layers"], r["heads"], r["vocab"], r["context"], r["batch"],
+                             mib(r["estimate_bytes"]), mib(r["measured_bytes"]), f"{100 * r['error']:+.1f}%"]
+                            for r in rows], "r", [r["error"] for r in rows],
+                f"Measured with jax {jax.__version__} on {jax.devices()[0].platform}")
 
 
 def main(argv: list[str]) -> int:
