@@ -51,7 +51,7 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
 def fields(target: Target) -> dict[str, str]:
     """The template's fields besides the tables."""
     return {"description": target.description, "predicted_label": target.predicted_label, "name": target.name,
-            "pricing": str(PRICING_VERSION)}
+            "pricing": str(PRICING_VERSION), "size_context": str(SIZE_CONTEXT), "size_batch": str(SIZE_BATCH)}
 
 
 def columns(section: Section, rows: list[dict]):
