@@ -1,8 +1,9 @@
-"""What several deliverables state: the Markdown table writer, a plan's runs, the study models beside the presets,
-the settings a technique's label names, the course's device memory."""
+"""What several deliverables state: the Markdown table writer, the page templates, a plan's runs, the study models
+beside the presets, the settings a technique's label names, the course's device memory."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from experiments.results import load_results
@@ -41,3 +42,11 @@ def table(head: list[str], rows: list[list], align: str = "l") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "".join("---|" if s == "l" else "---:|" for s in sides)]
     lines += ["| " + " | ".join("-" if c is None else str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def render(template: str, fields: dict[str, str]) -> str:
+    """A page from its template in deliverables/pages/: each paragraph's lines joined into one line, then each
+    {name} replaced by `fields[name]` (a table, a figure)."""
+    text = (Path(__file__).parent / "pages" / template).read_text().strip()
+    text = "\n\n".join(" ".join(p.splitlines()) for p in text.split("\n\n"))
+    return re.sub(r"\{([\w.-]+)\}", lambda m: fields[m.group(1)], text) + "\n"

@@ -1,14 +1,5 @@
-"""The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine (docs/results/compiled/).
-
-    python -m deliverables.compiled_memory --target h100-80gb            # every section, cached compiles reused
-    python -m deliverables.compiled_memory --only rtx5090 techniques-small
-
-Each figure is the compiled total per GPU (arguments + outputs + temporaries - donated)
-of the step `python -m jaxlm.train` runs (or its eval step, "forward"), compiled for the
-target by jaxlm.predict.compile: the GPU compiler's plan, not a measurement. Compiled figures
-are kept in docs/results/compiled/TARGET.json (jaxlm.predict.store, shared with
-`python -m deliverables.memory_validation --target`), so the page regenerates without compiling
-what is already there.
+"""The curriculum's GPU memory questions answered by XLA's GPU compiler, on any machine: the page
+docs/results/compiled/TARGET-memory.md, from the store TARGET.json (docs/memory.md, "Compiling for a GPU without one").
 """
 
 from __future__ import annotations
@@ -17,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deliverables.common import table, technique
+from deliverables.common import render, table, technique
 from deliverables.memory_validation import validation_job
 from jaxlm import cli
 from jaxlm.analysis.memory import DEFAULT_USABLE
@@ -47,11 +38,10 @@ def job(preset=None, context=1024, batch=8, how="bfloat16", mode="train_step", l
 
 @dataclass
 class Section:
-    """One table: rows of (label, job); `reference` (a label) adds each row's reduction against it."""
+    """One table of a page, {name} in its template (deliverables/pages/): rows of (label, job); `reference` (a
+    label) adds each row's reduction against it."""
 
     name: str
-    title: str
-    text: str
     rows: list[tuple[str, dict]]
     reference: str | None = None
     largest: bool = False  # also the largest batch that fits, by compiling
@@ -60,57 +50,40 @@ class Section:
 def sections() -> list[Section]:
     """The page's tables, in order."""
     return [
-        Section("rtx5090", "Memory techniques at the RTX 5090 study's configuration",
-                "4 layers, d_model 256, 8 heads, d_ff 1024, context 256, GPT-2 vocabulary (50,257), tied "
-                "embeddings, AdamW train step.",
-                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
-                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
-                             "bfloat16 + cuDNN + window 32", "float32 + remat full")],
+        Section("rtx5090", [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0)) for b in (32, 64, 128)
+                            for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + cuDNN + window 16",
+                                        "bfloat16 + cuDNN + window 32", "float32 + remat full")],
                 reference="float32, batch {b}"),
-        Section("loss-chunk", "The chunked loss at the RTX 5090 study's configuration",
-                "The configuration above with `compute.loss_chunk` = 1024 (one block of logits at a time, "
-                "docs/techniques/loss-chunking.md), each technique with the whole logits and chunked; "
-                "the reduction is against float32 with the whole logits at the same batch.",
-                [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c)) for b in (32, 64, 128)
-                 for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
-                 for loss, c in LOSSES],
+        Section("loss-chunk", [(f"{how}, {loss}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=c))
+                               for b in (32, 64, 128)
+                               for how in ("float32", "bfloat16", "bfloat16 + cuDNN", "bfloat16 + remat full")
+                               for loss, c in LOSSES],
                 reference="float32, whole logits, batch {b}"),
-        Section("loss-chunk-presets", "The chunked loss at `small` and `large` with GPT-2's vocabulary",
-                "The presets with a 50,257-token vocabulary, bfloat16, context 1024, AdamW train step.",
+        Section("loss-chunk-presets",
                 [(f"{preset}, {loss}", job(preset, 1024, batch, extra=["model.vocab_size=50257",
                                                                        f"compute.loss_chunk={c}"]))
                  for preset, batch in (("small", 8), ("large", 2)) for loss, c in LOSSES],
                 reference="{p}, whole logits"),
-        *(Section(f"techniques-{preset}", f"Each technique and combination, `{preset}`, context 1024, batch {batch}",
-                  f"The `{preset}` preset (vocabulary 10,000), AdamW train step.",
-                  [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES], reference="float32")
-          for preset, batch in (("small", 8), ("large", 2))),
-        Section("context", "Memory against context length, `small`, batch 8",
-                "The train step and the eval step (forward and loss, no gradients); cuDNN's fused attention "
-                "takes bfloat16 only.",
-                [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
-                 for mode in ("train_step", "forward") for how in SWEPT for t in CONTEXTS]),
-        Section("batch", "Memory against batch size, `small`, context 256", "The AdamW train step.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
-        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                "float32 against bfloat16 compute (parameters, gradients and AdamW moments stay float32).",
-                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
-        Section("largest-batch", "The largest batch that fits one H100, per technique, `small`, context 1024",
-                "By compiling: an affine guess from two batch sizes, then a search around it.",
-                [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
-        Section("2.7B", "The 2.7B model's memory profile, batch 4",
-                "The `2.7B` preset (32 layers, d_model 2560, vocabulary 10,000): the forward pass (the eval "
-                "step) and the full AdamW train step, float32 and bfloat16 (mixed precision).",
-                [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
-                 for mode in ("forward", "train_step") for d in ("float32", "bfloat16") for t in (128, 256, 512)]),
+        *(Section(f"techniques-{preset}", [(how, job(preset, 1024, batch, how)) for how in TECHNIQUES],
+                  reference="float32") for preset, batch in (("small", 8), ("large", 2))),
+        Section("context", [(f"{mode}, {how}, context {t}", job("small", t, 8, how, mode=mode))
+                            for mode in ("train_step", "forward") for how in SWEPT for t in CONTEXTS]),
+        Section("batch", [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
+        Section("mixed-precision", [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                                    for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
+        Section("largest-batch", [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
+        Section("2.7B", [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
+                         for mode in ("forward", "train_step") for d in ("float32", "bfloat16")
+                         for t in (128, 256, 512)]),
     ]
 
 
 def figures(section: Section, target: Target, store: CompileCache, compile: bool = True,
             predicted: bool = False) -> list[dict]:
-    """The section's rows: compiled now, or (compile=False) only those already in the cache; `predicted`: with the
-    predicted time (a stored figure without one is compiled again)."""
+    """The section's rows: compiled now, or (compile=False) only those already in the store; `predicted`: with the
+    predicted time (a stored figure without one is compiled again). A `largest` section's rows add the largest
+    batch that fits ('largest_batch', None where not searched) and its figures ('at_largest', {} where not
+    compiled)."""
     log = lambda m: print(f"[{section.name}] {m}", flush=True)  # noqa: E731
     rows = []
     for label, j in section.rows:
@@ -123,43 +96,32 @@ def figures(section: Section, target: Target, store: CompileCache, compile: bool
         except UserError as e:  # a setting the compiler or the config refuses: a row that says so
             r = {"setting": label, "error": str(e).splitlines()[0][:160]}
         if section.largest and "error" not in r:
-            n, r["at_largest"] = largest(store, j, target, compile, log)
-            r["largest_batch"] = "-" if n is None else n
+            n = store.largest(j, target) if compile else store.stored.get(
+                store.key({**j, "search": "largest_batch"}, target), {}).get("largest_batch")
+            at = {**j, "set": [f"data.batch_size={n}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
+            found = n is not None and (compile or store.has(at, target))
+            r["largest_batch"], r["at_largest"] = n, store.row(at, target, log=log) if found else {}
         rows.append(r)
     return rows
 
 
-def largest(store: CompileCache, j: dict, target: Target, search: bool, log=None) -> tuple[int | None, dict]:
-    """(the largest batch of job `j` that fits, its figures): searched by compiling, or (search=False) as stored,
-    (None, {}) where not searched and {} where not compiled at that batch."""
-    n = store.largest(j, target) if search else store.stored.get(
-        store.key({**j, "search": "largest_batch"}, target), {}).get("largest_batch")
-    at = {**j, "set": [f"data.batch_size={n}" if s.startswith("data.batch_size=") else s for s in j["set"]]}
-    return n, store.row(at, target, log=log) if n is not None and (search or store.has(at, target)) else {}
-
-
 def cached(section: str, target_name: str, out_dir: Path = OUT_DIR, all_sections=sections) -> dict[str, dict]:
-    """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here)."""
-    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
-    rows = next(s for s in all_sections() if s.name == section).rows
-    return {label: store.row(j, target) for label, j in rows if store.has(j, target)}
+    """label -> compiled figures of a section's rows (one of `all_sections()`) already stored (none compiled here),
+    as `figures` gives them."""
+    store = CompileCache(Path(out_dir) / f"{target_name}.json")
+    s = next(s for s in all_sections() if s.name == section)
+    return {r["setting"]: r for r in figures(s, parse_target(target_name), store, compile=False) if "error" not in r}
 
 
 def cached_at_largest(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str, tuple[int, dict]]:
     """label -> (the largest batch that fits, the compiled figures at that batch or {}) of a `largest` section's
     rows already searched in OUT_DIR/TARGET.json."""
-    target, store = parse_target(target_name), CompileCache(Path(out_dir) / f"{target_name}.json")
-    rows = next(s for s in sections() if s.name == section).rows
-    found = {label: largest(store, j, target, search=False) for label, j in rows}
-    return {label: f for label, f in found.items() if f[0] is not None}
+    rows = cached(section, target_name, out_dir).items()
+    return {label: (r["largest_batch"], r["at_largest"]) for label, r in rows if r["largest_batch"] is not None}
 
 
-def markdown_table(head: list[str], rows: list[dict], cells) -> str:
-    """`head`, then a line of `cells(row)` per row (a row that failed says why)."""
-    return table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
-
-
-def section_table(section: Section, rows: list[dict]) -> str:
+def columns(section: Section, rows: list[dict]):
+    """The section's table head, and the cells of a row that did not fail."""
     by_label = {r["setting"]: r for r in rows}
     head = ["setting", "total GiB", "temp GiB", "arguments GiB", "matmuls", "cuDNN calls",
             *(["vs reference"] if section.reference else []),
@@ -176,30 +138,26 @@ def section_table(section: Section, rows: list[dict]) -> str:
         if not section.largest:
             return cells
         at = r.get("at_largest") or {}
-        return cells + [str(r["largest_batch"]), f"{at['total_bytes'] / GIB:.2f}" if at else "-",
+        return cells + [r["largest_batch"], f"{at['total_bytes'] / GIB:.2f}" if at else "-",
                         str(at.get("matmuls", "-")), str(at.get("rematerialised", "-"))]
 
-    return markdown_table(head, rows, cells)
+    return head, cells
 
 
-def intro(target: Target) -> list[str]:
+def fields(target: Target) -> dict[str, str]:
+    """The template's fields besides the tables."""
     import jax
 
-    return [f"# GPU memory, compiled for {target.description} on a CPU-only machine", "",
-             f"Every figure below is {target.label}: XLA's GPU compiler (jax {jax.__version__}, the `gpu-compile` "
-             "extra) run on a 2-core CPU machine without a GPU, planning the step `python -m jaxlm.train` runs. Bytes "
-             "are per GPU: total = arguments + outputs + temporaries - donated (aliased) bytes. A step fits one "
-             f"{target.description} when its total is within JAX's allocator share, {DEFAULT_USABLE} x "
-             f"{target.memory_bytes / GIB:.1f} GiB = {DEFAULT_USABLE * target.memory_bytes / GIB:.1f} GiB. Regenerate "
-             f"with `python -m deliverables.compiled_memory --target {target.name}`; how the analytic estimate "
-             "compares with such figures: docs/results/compiled/h100-80gb-validation.md."]
+    return {"description": target.description, "label": target.label, "jax": jax.__version__, "name": target.name,
+            "usable": f"{DEFAULT_USABLE}", "memory_gib": f"{target.memory_bytes / GIB:.1f}",
+            "usable_gib": f"{DEFAULT_USABLE * target.memory_bytes / GIB:.1f}"}
 
 
-def write_page(argv: list[str], module: str, doc: str, all_sections, intro, section_table,
-               predicted: bool = False) -> int:
+def write_page(argv: list[str], module: str, doc: str, all_sections, fields, columns, predicted: bool = False) -> int:
     """The command of this module and of deliverables.compiled_time (`module`, compiled_NAME): compile
-    `all_sections()` (the --only ones; the rest from the store) for --target and write the page: `intro(target)`,
-    then each section's `section_table(section, rows)`, to docs/results/compiled/TARGET-NAME.md."""
+    `all_sections()` (the --only ones; the rest from the store) for --target and write the page,
+    docs/results/compiled/TARGET-NAME.md: the module's template in deliverables/pages/ with `fields(target)` and
+    each section's table (`columns(section, rows)`; a row that failed says why)."""
     names, name = [s.name for s in all_sections()], module.rpartition("_")[2]
     p = cli.ArgumentParser(command=module, description=doc, formatter_class=cli.HelpFormatter)
     p.add_argument("--target", default="h100-80gb", help="the GPU to compile for (jaxlm.analysis.devices.TARGETS)")
@@ -210,18 +168,19 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, intro, sect
     target = parse_target(args.target)
     require_compiler()
     store = CompileCache(args.cache or OUT_DIR / f"{target.name}.json")
-    parts = intro(target)
+    tables = {}
     for s in all_sections():
         rows = figures(s, target, store, compile=not args.only or s.name in args.only, predicted=predicted)
-        parts += ["", f"## {s.title}", "", s.text, "", section_table(s, rows)]
+        head, cells = columns(s, rows)
+        tables[s.name] = table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
-    out.write_text("\n".join(parts) + "\n")
+    out.write_text(render(f"{module.rpartition('.')[2]}.md", {**fields(target), **tables}))
     print(f"wrote {out}")
     return 0
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, columns)
 
 
 if __name__ == "__main__":

@@ -1,33 +1,13 @@
-"""The curriculum's GPU time questions answered from XLA's GPU program, on any machine (docs/results/compiled/).
-
-    python -m deliverables.compiled_time --target h100-80gb        # every section, stored compiles reused
-    python -m deliverables.compiled_time --only techniques-small rtx5090
-
-Each step is compiled for the target as deliverables.compiled_memory compiles it (the step `python -m
-jaxlm.train` runs, or its eval step, "forward"), and its time is predicted from the compiled program
-(jaxlm.predict.compile.prediction: every kernel priced by its shape at the device table's rates):
-predicted, not measured. The figures share the compiled store with deliverables.compiled_memory
-(docs/results/compiled/TARGET.json); a stored figure without a prediction yet is compiled again once.
-`python -m deliverables.answers` reads the sizes and their kernel tables from the store.
-"""
+"""The curriculum's GPU time questions answered from XLA's GPU program, on any machine: the page
+docs/results/compiled/TARGET-time.md, from the store it shares with deliverables.compiled_memory (docs/benchmarks.md,
+"Predicted GPU time")."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from deliverables.compiled_memory import (
-    BATCHES,
-    GIB,
-    LOSSES,
-    OUT_DIR,
-    SWEPT,
-    Section,
-    cached,
-    job,
-    markdown_table,
-    write_page,
-)
+from deliverables.compiled_memory import BATCHES, GIB, LOSSES, OUT_DIR, SWEPT, Section, cached, job, write_page
 from jaxlm import cli
 from jaxlm.predict.roofline import PRICING_VERSION
 from jaxlm.predict.target import Target
@@ -44,38 +24,21 @@ STEPS = ("forward", "train_step")
 
 
 def sections() -> list[Section]:
-    """The page's tables, in order: the techniques, the sizes, mixed precision, throughput against batch (the
-    compiled memory page's batch sweep, priced), the kernel tables of `small` and `large` along the context
-    (nsys_profile's questions) at the size table's batch, the chunked loss."""
+    """The page's tables, in order (deliverables/pages/compiled_time.md says what each holds)."""
     return [
-        Section("techniques-small", "`small` (vocabulary 10,000), context 1024, batch 8",
-                "The AdamW train step of the `small` preset, each technique.",
-                [(how, job("small", 1024, 8, how)) for how in (*(t.format(w=256) for t in TECHNIQUES),
-                                                               *REMAT)]),
-        Section("rtx5090", "4 layers, d_model 256, context 256, GPT-2 vocabulary, batch 32 / 64 / 128",
-                "The RTX 5090 study's configuration (8 heads, d_ff 1024, tied embeddings, the whole logits), "
-                "AdamW train step.",
-                [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
-                 for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
-        Section("sizes", f"The benchmarking script's sizes, context {SIZE_CONTEXT}, batch {SIZE_BATCH}, float32",
-                "The eval step (forward and loss) and the AdamW train step of each preset (vocabulary 10,000).",
-                [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
-                 for preset in SIZES for mode in STEPS]),
-        Section("mixed-precision", "Mixed precision on and off, `small`, context 512, batch 8",
-                "float32 against bfloat16 compute, the eval step and the AdamW train step.",
-                [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
-                 for mode in STEPS for d in ("float32", "bfloat16")]),
-        Section("batch", "Throughput against batch size, `small`, context 256",
-                "The AdamW train step; cuDNN's fused attention takes bfloat16 only.",
-                [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
-        Section("nsys", f"`small` and `large` along the context, batch {SIZE_BATCH}, float32",
-                "The eval step (forward and loss) and the AdamW train step (nsys_profile's settings).",
-                [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
-                 for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
-        Section("chunk", "The chunked loss at the RTX 5090 study's configuration, batch 128",
-                "Its AdamW train step with the whole logits and with `compute.loss_chunk` = 1024.",
-                [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
-                 for d in ("float32", "bfloat16") for loss, c in LOSSES]),
+        Section("techniques-small", [(how, job("small", 1024, 8, how))
+                                     for how in (*(t.format(w=256) for t in TECHNIQUES), *REMAT)]),
+        Section("rtx5090", [(f"{how}, batch {b}", job("rtx5090", 256, b, how, loss_chunk=0))
+                            for b in (32, 64, 128) for how in (t.format(w=32) for t in TECHNIQUES)]),
+        Section("sizes", [(f"{preset}, {mode}", job(preset, SIZE_CONTEXT, SIZE_BATCH, "float32", mode=mode))
+                          for preset in SIZES for mode in STEPS]),
+        Section("mixed-precision", [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
+                                    for mode in STEPS for d in ("float32", "bfloat16")]),
+        Section("batch", [(f"{how}, batch {b}", job("small", 256, b, how)) for how in SWEPT for b in BATCHES]),
+        Section("nsys", [(f"{preset}, {mode}, context {t}", job(preset, t, SIZE_BATCH, "float32", mode=mode))
+                         for preset in NSYS_PRESETS for t in NSYS_CONTEXTS for mode in STEPS]),
+        Section("chunk", [(f"{d}, {loss}, batch 128", job("rtx5090", 256, 128, d, loss_chunk=c))
+                          for d in ("float32", "bfloat16") for loss, c in LOSSES]),
     ]
 
 
@@ -85,20 +48,14 @@ def stored(section: str, target_name: str, out_dir: Path = OUT_DIR) -> dict[str,
     return {label: r for label, r in rows.items() if r.get("predicted_step_ms")}
 
 
-def intro(target: Target) -> list[str]:
-    return [f"# GPU time, predicted from the program compiled for {target.description}", "",
-             f"Every time below is {target.predicted_label}: XLA's GPU compiler planned the step on a CPU-only "
-             "machine and `jaxlm.predict.roofline` priced each of its kernels by its shape at the device table's "
-             "achieved rates (docs/benchmarks.md, \"Predicted GPU time\", has the model and its measured errors). "
-             "*matmuls*: the precision most matmul FLOPs run at (float32 steps run TF32 matmuls, JAX's default). The "
-             "group columns are each kernel group's share of the predicted step; compiled GiB is the same compile's "
-             f"memory per GPU. Priced by version {PRICING_VERSION} of the model "
-             "(`jaxlm.predict.roofline.PRICING_VERSION`: a stored row priced by another version is priced again, and a "
-             "`--calibration` file must match it). "
-             f"Regenerate with `python -m deliverables.compiled_time --target {target.name}`."]
+def fields(target: Target) -> dict[str, str]:
+    """The template's fields besides the tables."""
+    return {"description": target.description, "predicted_label": target.predicted_label, "name": target.name,
+            "pricing": str(PRICING_VERSION), "size_context": str(SIZE_CONTEXT), "size_batch": str(SIZE_BATCH)}
 
 
-def section_table(section: Section, rows: list[dict]) -> str:
+def columns(section: Section, rows: list[dict]):
+    """The section's table head, and the cells of a row that did not fail."""
     head = ["setting", "matmuls", "predicted ms", "predicted tokens/s", "predicted MFU", *SHARES, "compiled GiB"]
 
     def cells(r: dict) -> list[str]:
@@ -110,11 +67,11 @@ def section_table(section: Section, rows: list[dict]) -> str:
         return [*first, f"{r['predicted_step_ms']:.1f}", f"{r['predicted_tokens_per_s']:,.0f}",
                 f"{100 * r['predicted_mfu']:.0f}%", *(f"{100 * share.get(g, 0):.0f}%" for g in SHARES), gib]
 
-    return markdown_table(head, rows, cells)
+    return head, cells
 
 
 def main(argv: list[str]) -> int:
-    return write_page(argv, __spec__.name, __doc__, sections, intro, section_table, predicted=True)
+    return write_page(argv, __spec__.name, __doc__, sections, fields, columns, predicted=True)
 
 
 if __name__ == "__main__":

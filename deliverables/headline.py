@@ -1,12 +1,5 @@
-"""Re-measure the README's headline figures in one sitting: `python -m deliverables.headline [--dry-run] [--out DIR]`.
-
-Runs each figure's command in turn, from the repository root, and records the machine (CPU model, cores,
-vector extensions; `jaxlm.core.host.describe`), the load before and after each command, its wall time and
-what it reports (the run's final validation loss, or the JSON the command writes). Writes DIR/headline.json
-and prints a Markdown table of the figures with the CPU named. Run it on an otherwise idle machine: every
-figure but parity is a time, and `cpu_dependent` marks those whose ratio to PyTorch changes from one CPU to
-another (XLA:CPU and PyTorch use AVX2, AVX-512 and AMX differently).
-"""
+"""Re-measure the README's headline figures in one sitting, recording the machine and the load around each command:
+docs/benchmarks.md, "Measured figures"."""
 
 from __future__ import annotations
 
@@ -135,8 +128,7 @@ def table(machine: dict, records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(command="deliverables.headline", formatter_class=cli.HelpFormatter,
-                           description=__doc__)
+    p = cli.ArgumentParser(command="deliverables.headline", description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--out", default="runs/headline", help="where the runs and headline.json go (a fresh one: the "
                    "quickstart figure includes tokenising)")
     p.add_argument("--only", nargs="+", choices=[f.name for f in FIGURES], help="measure these figures only")

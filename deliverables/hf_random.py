@@ -1,9 +1,5 @@
-"""A Hugging Face checkpoint of a Llama-family shape with random weights, built with transformers (nothing is
-downloaded), with GPT-2's tokenizer as its tokenizer.json: what docs/hf.md runs without network in place of
-SmolLM2-135M. Needs transformers (the test extra) and GPT-2's vocabulary (`python -m jaxlm.data download cs336`).
-
-    python -m deliverables.hf_random --out runs/hf/smollm2-random [--layers 30] [--seed 0]
-"""
+"""A Hugging Face checkpoint of SmolLM2-135M's shape with random weights and GPT-2's tokenizer, nothing downloaded
+(docs/hf.md, "Without network: a random-weight checkpoint")."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=3
                     max_position_embeddings=2048)
 
 
-def build(out: Path, layers: int, seed: int) -> int:
+def build(out: Path, layers: int) -> int:
     """Write the checkpoint to `out`; returns its parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -28,7 +24,7 @@ def build(out: Path, layers: int, seed: int) -> int:
     from jaxlm.hf.tokenizer import to_tokenizer_json
 
     tok = load_tokenizer("gpt2")
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     config = LlamaConfig(**{**SMOLLM2_135M, "num_hidden_layers": layers}, vocab_size=tok.vocab_size,
                          bos_token_id=None, eos_token_id=tok.eot_id)
     model = LlamaForCausalLM(config)
@@ -42,9 +38,8 @@ def main(argv: list[str]) -> int:
     ap = cli.ArgumentParser(command="deliverables.hf_random", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the checkpoint directory to write")
     ap.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"], help="fewer for a smoke test")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    n = build(Path(args.out), args.layers, args.seed)
+    n = build(Path(args.out), args.layers)
     print(f"{args.out}: LlamaForCausalLM of SmolLM2-135M's shape ({args.layers} layers), random weights, "
           f"{n:,} parameters, GPT-2's tokenizer")
     return 0

@@ -1,26 +1,16 @@
-"""CSE599-O part 2's memory_profiling, answered for `large` compiled for a GPU: peak memory, the largest buffers
-with the op and source line that make them, and live bytes over the compiled schedule.
-
-    python -m deliverables.memory_profile --target h100-80gb     # docs/results/compiled/large-memory-profile.*
-
-Each step (the eval step, "forward", and the AdamW train step that `python -m jaxlm.train` runs; float32 and
-bfloat16; contexts 128, 256 and 512; batch 4) is compiled for the target by jaxlm.predict.compile with XLA's
-dump switched on. The totals come from the one compiled-memory reader (jaxlm.analysis.memory.compiled_memory).
-The dump adds what the Python API does not expose: the buffer assignment (every value: its size, its slot in an
-allocation) and the live ranges of the scheduled program (each value from the instruction that defines it to its
-last use). Summing the values live at each instruction gives a memory timeline of the compiled program: the
-compiler's plan in schedule order, not a CUDA trace (no allocator, no time axis, nothing ran). Figures are kept in
-OUT.json; a row already there is not compiled again.
-"""
+"""CSE599-O part 2's memory_profiling for `large` compiled for a GPU (docs/results/compiled/large-memory-profile.*,
+answered in docs/report/answers.md): peak memory, the largest buffers with the op and source line that make them,
+and live bytes over the compiled schedule, read from XLA's dump of its buffer assignment and live ranges."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 import tempfile
 from pathlib import Path
 
-from deliverables.common import table
+from deliverables.common import render, table
 from deliverables.compiled_memory import GIB, OUT_DIR, job
 from jaxlm import cli
 from jaxlm.analysis.memory import compiled_memory
@@ -94,11 +84,7 @@ def timeline(assignment: str, live_range: str) -> list[int]:
             a, b, size = a2, b2, size2
         diff[a] += size
         diff[b + 1] -= size
-    live, total = [], 0
-    for step in diff[:len(order)]:
-        total += step
-        live.append(total)
-    return live
+    return list(itertools.accumulate(diff[:len(order)]))
 
 
 def phase(ins: hlo.Instr | None) -> str | None:
@@ -179,8 +165,7 @@ def profile(j: dict, target: Target) -> dict:
     with tempfile.TemporaryDirectory() as where:
         compiled, seconds, _ = gpu.compile_step(cfg, target, mode, options={"xla_dump_hlo_as_text": True,
                                                                                "xla_dump_to": where})
-        assignment = _dumped(Path(where), "buffer-assignment.txt")
-        live_range = _dumped(Path(where), "live-range.txt")
+        assignment, live_range = (_dumped(Path(where), f) for f in ("buffer-assignment.txt", "live-range.txt"))
     module = hlo.parse_module(compiled.as_text())
     m = compiled_memory(compiled)
     live = timeline(assignment, live_range)
@@ -205,32 +190,23 @@ def stored(out: Path = OUT_DIR) -> dict[str, dict]:
 
 
 def page(figures: dict[str, dict], target: Target) -> str:
-    """The Markdown page: peak memory by context, mode and dtype; the largest values of each float32 step."""
+    """The Markdown page (deliverables/pages/memory_profile.md): peak memory by context, mode and dtype; live bytes;
+    the largest values of each float32 step."""
     def gib(r: dict, key: str = "total_bytes") -> str:
         return f"{r[key] / GIB:.2f}" if r else "-"
 
-    out = [f"# Memory profile of `{PRESET}`, compiled for {target.description}", "",
-           f"Every figure is {target.label}: the `{PRESET}` preset at batch {BATCH}, the eval step (forward and "
-           "loss) and the AdamW train step, compiled by XLA's GPU compiler on a CPU-only machine. Regenerate with "
-           f"`python -m deliverables.memory_profile --target {target.name}`.", "",
-           "## Peak memory (GiB per GPU: arguments + outputs + temporaries - donated)", "",
-           table(["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)],
-                 [[t, *(gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES)] for t in CONTEXTS],
-                 "lr"), "",
-           "## Live bytes over the compiled schedule", "",
-           "The largest sum of the values live at one instruction of the scheduled program (every value from its "
-           "definition to its last use), against the compiled total; the total also holds the padding the "
-           "compiler's heap leaves between buffers. Compiled, not a CUDA trace.", "",
-           table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"],
+    peak = table(["context", *(f"{m.replace('_', ' ')} {d}" for m in MODES for d in DTYPES)],
+                 [[t, *(gib(figures.get(label(m, d, t), {})) for m in MODES for d in DTYPES)] for t in CONTEXTS], "lr")
+    live = table(["step", "instructions", "peak live GiB", "at position", "compiled total GiB"],
                  [[lbl, f"{r['instructions']:,}", gib(r, "peak_live_bytes"), f"{r['peak_position']:,}", gib(r)]
-                  for lbl, r in figures.items()], "lr"), "", f"![timeline]({PRESET}-memory-timeline.png)"]
-    for lbl, r in figures.items():
-        if "float32" in lbl:
-            out += ["", f"## The largest values: {lbl}", "",
-                    table(["instruction", "MiB", "shape", "count", "op", "source"],
-                          [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`",
-                            f"`{g['source']}`"] for g in r["largest"]], "lr")]
-    return "\n".join(out) + "\n"
+                  for lbl, r in figures.items()], "lr")
+    largest = [f"## The largest values: {lbl}\n\n" + table(
+        ["instruction", "MiB", "shape", "count", "op", "source"],
+        [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`", f"`{g['source']}`"]
+         for g in r["largest"]], "lr") for lbl, r in figures.items() if "float32" in lbl]
+    return render("memory_profile.md", {"preset": PRESET, "description": target.description, "label": target.label,
+                                        "batch": str(BATCH), "name": target.name, "peak": peak, "live": live,
+                                        "largest": "\n\n".join(largest)})
 
 
 def draw(figures: dict[str, dict], path: Path, target: Target) -> None:

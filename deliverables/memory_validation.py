@@ -1,17 +1,6 @@
-"""The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps: the
-tables of docs/results/compiled/h100-80gb-validation.md and the fit of the estimator's GPU coefficients.
-
-    python -m deliverables.memory_validation --target h100-80gb --out docs/results/compiled/h100-80gb-validation.md \
-        --cache docs/results/compiled/h100-80gb.json           # vs XLA's GPU compiler, on any machine
-    python -m deliverables.memory_validation --out docs/results/compiled/h100-80gb-validation.md
-        # vs XLA:CPU's memory_analysis() (float32)
-    python -m deliverables.memory_validation --target h100-80gb --cache docs/results/compiled/h100-80gb.json --calibrate
-
-With --target each row's train step is compiled for the target and the estimate compared with the compiled total
-per GPU; the figures are kept in `--cache` (jaxlm.predict.store), so the table regenerates in seconds after a change
-to the estimator. Without --target the rows are float32 steps without remat compiled for XLA:CPU, where
-memory_analysis() is faithful.
-"""
+"""The memory estimator (jaxlm.analysis.memory) against the compilers' plans of the same train steps, and the fit
+of its GPU coefficients: docs/results/compiled/h100-80gb-validation.md says what each table compares and how to
+regenerate it; docs/memory.md, "The model", the calibration."""
 
 from __future__ import annotations
 
@@ -29,11 +18,9 @@ from jaxlm.predict import compile as gpu
 from jaxlm.predict.store import CompileCache, job_config
 from jaxlm.predict.target import Target, parse_target, require_compiler
 
-# (model, dtype, remat, attention, context, batch, loss chunk): the tinystories-17M model, small, medium and large
-# (vocabulary 10,000) across precision, remat policy and attention kernel, at a few shapes (loss chunk unset: 0
-# at these vocabularies); then every remat policy with the whole logits (0) and chunked (1024 tokens) at the RTX
-# 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small, with the XLA attention
-# kernel (the kernel's effect is measured by the rows before) but three.
+# (model, dtype, remat, attention, context, batch, loss chunk): four presets (vocabulary 10,000; loss chunk unset)
+# across precision, remat policy and attention kernel; then every remat policy with the whole logits (0) and chunked
+# (1024 tokens) at the RTX 5090 study's model (vocabulary 50,257: the logits are most of the step) and at small.
 _DTYPES = ("float32", "bfloat16")
 _EACH = [f"{k}{r}" for k in ("float32", "bfloat16", "bfloat16 + cuDNN")
          for r in ("", " + remat full", " + remat dots_saveable")]
@@ -93,7 +80,7 @@ def page(head: list[str], rows: list[list], align: str, errors: list[float], whe
             f"largest {100 * max(errs):.1f}%; {sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%. {where}.")
 
 
-def validate(target_name: str, out: Path | None, cache: Path | None, first: int | None = None) -> str:
+def validate(target_name: str, cache: Path | None, first: int | None = None) -> str:
     """The GPU table: each row compiled for the target (from `cache` where stored, and saved there as they come)."""
     import jax
 
@@ -103,15 +90,12 @@ def validate(target_name: str, out: Path | None, cache: Path | None, first: int 
     rows = with_estimates([{**dict(zip(FIELDS, spec)), **store.row(validation_job(*spec), target, print)}
                            for spec in ROWS[:first]])
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
-    text = page(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
+    return page(["model", "dtype", "remat", "attention", "context", "batch", "loss chunk", "estimate GiB",
                  "compiled GiB", "error", "compiled temp GiB", "matmuls", "cuDNN calls"],
                 [[r["preset"], r["dtype"], r["remat"], r["attention"], r["context"], r["batch"], r["loss_chunk"],
                   gib(r["estimate_bytes"]), gib(r["total_bytes"]), f"{100 * r['error']:+.1f}%", gib(r["temp_bytes"]),
                   r["matmuls"], r["cudnn_attention_calls"]] for r in rows], "llllr", [r["error"] for r in rows],
                 f"{rows[0]['label']}, on a CPU-only machine, jax {jax.__version__}")
-    if out is not None:
-        write_between_markers(out, text, *GPU_MARKS)
-    return text
 
 
 # --------------------------------------------------------------------------- calibration of the estimator
@@ -208,14 +192,12 @@ def cpu_validate(first: int | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = cli.ArgumentParser(command="deliverables.memory_validation", formatter_class=cli.HelpFormatter,
-                           description="Compare the memory estimate with XLA's memory_analysis() of the compiled "
-                                       "float32 train step on this machine's backend, row by row; with --target, "
-                                       "with the GPU compiler's plan of each step.")
-    p.add_argument("--out", type=Path, help="write the table into this Markdown file, between its markers "
-                   "(the tables' page: docs/results/compiled/h100-80gb-validation.md)")
+    p = cli.ArgumentParser(command="deliverables.memory_validation", description=__doc__,
+                           formatter_class=cli.HelpFormatter)
+    p.add_argument("--out", type=Path, help="write the table into this Markdown file, between its markers")
     p.add_argument("--rows", type=cli.bounded(int, 1), help="first N rows only (default: all)")
-    p.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...")
+    p.add_argument("--target", metavar="GPU", help="compile for this GPU (the gpu-compile extra): h100-80gb, ...; "
+                   "without it, for this machine's backend")
     p.add_argument("--cache", type=Path, metavar="JSON", help="with --target: keep the compiled figures here "
                    "and reuse them (per row, target and jax version)")
     p.add_argument("--calibrate", action="store_true", help="with --target: fit the estimator's GPU_BYTES on "
@@ -224,13 +206,11 @@ def main(argv: list[str]) -> int:
     if args.target and args.calibrate:
         fitted = calibrate(parse_target(args.target), args.cache)
         print("GPU_BYTES = {\n" + "".join(f"    {k}: {v},\n" for k, v in fitted.items()) + "}")
-    elif args.target:
-        print(validate(args.target, args.out, args.cache, args.rows))
-    else:
-        text = cpu_validate(args.rows)
-        if args.out:
-            write_between_markers(args.out, text, *CPU_MARKS)
-        print(f"wrote {args.out}" if args.out else text)
+        return 0
+    text = validate(args.target, args.cache, args.rows) if args.target else cpu_validate(args.rows)
+    if args.out:
+        write_between_markers(args.out, text, *(GPU_MARKS if args.target else CPU_MARKS))
+    print(text)
     return 0
 
 

@@ -1,16 +1,5 @@
-"""Published GPU measurements beside jaxlm's prediction for the same configuration: how far to trust a predicted
-GPU time (docs/benchmarks.md, "Predicted GPU time").
-
-    python -m deliverables.predicted_anchors      # compiles what the store lacks, rewrites the table in the docs
-
-Each anchor is a figure a paper or project measured on a named GPU, for a configuration jaxlm compiles: a fused
-attention kernel (compiled alone) or a whole AdamW train step (training's own step, jaxlm.predict.compile). The
-prediction is converted to the anchor's unit (milliseconds, or the paper's TFLOP/s per GPU with its FLOP formula)
-and the error is predicted over measured time, minus 1 (negative: the model is optimistic). Compiled figures
-are kept in docs/results/compiled/anchors.json (jaxlm.predict.store). jaxlm keeps the whole AdamW state on one
-GPU where the FlashAttention-2 runs shard it over 8 (ZeRO-1), so the train steps are judged against 95 % of the
-memory (the `fraction` the store's compiles use), not JAX's default 75 %.
-"""
+"""Published GPU measurements beside jaxlm's prediction for the same configurations: the table of docs/benchmarks.md,
+"How far to trust it"."""
 
 from __future__ import annotations
 
@@ -30,10 +19,13 @@ from jaxlm.predict.target import parse_target, require_compiler
 STORE = Path("docs/results/compiled/anchors.json")
 DOC = Path("docs/benchmarks.md")
 MARKS = ("<!-- anchors: python -m deliverables.predicted_anchors -->", "<!-- /anchors -->")
+# jaxlm keeps the whole AdamW state on one GPU where the FlashAttention-2 runs shard it over 8 (ZeRO-1): the train
+# steps are judged against 95 % of the memory (the store's compiles' `fraction`), not JAX's default 75 %.
 FRACTION = 0.95
 GPT2 = ["model.vocab_size=50257", 'model.ffn="silu"', "model.tie_embeddings=true"]  # GELU's two matrices: SiLU's
-GPT3 = {"1.3B": ["model.num_layers=24", "model.d_model=2048", "model.num_heads=16", "model.d_ff=8192"],
-        "2.7B": ["model.num_layers=32", "model.d_model=2560", "model.num_heads=32", "model.d_ff=10240"]}
+# FlashAttention-2's GPT3 runs: size, its model, measured TFLOP/s per GPU, accumulation steps of 64 sequences
+GPT3 = (("1.3B", ["model.num_layers=24", "model.d_model=2048", "model.num_heads=16", "model.d_ff=8192"], 196.0, 8),
+        ("2.7B", ["model.num_layers=32", "model.d_model=2560", "model.num_heads=32", "model.d_ff=10240"], 205.0, 16))
 FA2 = ("FlashAttention-2 (Dao 2023), Table 1: GPT-style training on 8 x A100 80GB SXM, TFLOP/s per GPU by the "
        "paper's 6 T N + 12 L d T^2 per sequence; micro-batch and accumulation of the paper's repository "
        "(training/configs/experiment/pile/gpt3xl-flash.yaml, gpt3-2.7B-flash.yaml), global batch 512")
@@ -62,14 +54,10 @@ ANCHORS = (
            "author's A100", 78.0, "ms", "a100-40gb",
            (*GPT2, "model.d_model=768", "model.num_layers=12", "model.num_heads=12", "model.d_ff=3072",
             "model.context_length=1024", "data.batch_size=4", 'compute.dtype="float32"')),
-    Anchor("GPT3-1.3B train step, context 2048, bf16, FlashAttention-2 (cuDNN here), micro-batch 8 x 8 accumulated",
-           "A100 80GB SXM", FA2, 196.0, "TFLOP/s", "a100-80gb",
-           (*GPT2, *GPT3["1.3B"], "model.context_length=2048", "data.batch_size=64", "train.grad_accum=8",
-            'compute.dtype="bfloat16"', 'compute.attention="cudnn"')),
-    Anchor("GPT3-2.7B train step, context 2048, bf16, FlashAttention-2 (cuDNN here), micro-batch 4 x 16 accumulated",
-           "A100 80GB SXM", FA2, 205.0, "TFLOP/s", "a100-80gb",
-           (*GPT2, *GPT3["2.7B"], "model.context_length=2048", "data.batch_size=64", "train.grad_accum=16",
-            'compute.dtype="bfloat16"', 'compute.attention="cudnn"')),
+    *(Anchor(f"GPT3-{size} train step, context 2048, bf16, FlashAttention-2 (cuDNN here), micro-batch "
+             f"{64 // accum} x {accum} accumulated", "A100 80GB SXM", FA2, measured, "TFLOP/s", "a100-80gb",
+             (*GPT2, *model, "model.context_length=2048", "data.batch_size=64", f"train.grad_accum={accum}",
+              'compute.dtype="bfloat16"', 'compute.attention="cudnn"')) for size, model, measured, accum in GPT3),
 )
 
 
@@ -118,11 +106,9 @@ def table(values: list[float]) -> str:
     rows = [[a.what, a.gpu, f"{a.measured:g} {a.unit}", f"{v:.3g} {a.unit}", f"{100 * error(a, v):+.0f}%", a.source]
             for a, v in zip(ANCHORS, values)]
     head = ["configuration", "GPU", "measured", "jaxlm predicts", "error (time)", "source"]
-    lines = [common.table(head, rows, "llrrrl")]
     mean = sum(abs(error(a, v)) for a, v in zip(ANCHORS, values)) / len(values)
-    lines += ["", f"Mean absolute error of the time: {100 * mean:.0f}% over {len(values)} anchors. Regenerate with "
-              "`python -m deliverables.predicted_anchors`."]
-    return "\n".join(lines)
+    return (f"{common.table(head, rows, 'llrrrl')}\n\nMean absolute error of the time: {100 * mean:.0f}% over "
+            f"{len(values)} anchors. Regenerate with `python -m deliverables.predicted_anchors`.")
 
 
 def main(argv: list[str]) -> int:
@@ -133,8 +119,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     require_compiler()
     store = CompileCache(STORE, fraction=FRACTION)
-    values = [predicted(a, store) for a in ANCHORS]
-    text = table(values)
+    text = table([predicted(a, store) for a in ANCHORS])
     print(text)
     print(f"wrote {write_between_markers(args.out, text, *MARKS)}")
     return 0

@@ -1,18 +1,6 @@
-"""The CS336 tokenizer experiments, one measurement per call; the `tokenizer` plan runs them and
-`deliverables.report` turns their `RUN_DIR/tokenizer.json` into its tables.
-
-    python -m deliverables.tokenizer_study train RUN_DIR --fraction 0.5 [--vocab-size 10000]
-    python -m deliverables.tokenizer_study compress RUN_DIR
-    python -m deliverables.tokenizer_study throughput RUN_DIR [--repeats 5]
-
-`train`: BPE training on the first FRACTION of the largest text in the data root (tiny Shakespeare and
-WikiText-2's test and valid splits, one document each), in one process: the time of each phase
-(pre-tokenisation by itself, then the whole training; merging is the difference), the distinct
-pre-tokens, the longest token, and cProfile's five most expensive functions in a second, profiled training.
-The runner records the child's peak memory. `compress`: bytes per token of BPEs trained on WikiText-2's test
-split and of GPT-2's vocabulary, on TinyStories and WikiText text, and the token file's size as uint16 and uint32.
-`throughput`: encoding speed (bytes/s, one process) of those tokenizers on WikiText-2's valid split.
-"""
+"""The CS336 tokenizer experiments, one measurement per call (`train`, `compress`, `throughput`): the `tokenizer`
+plan (experiments/plans/tokenizer.toml says what each measures) runs them and `deliverables.report` turns their
+RUN_DIR/tokenizer.json into its tables."""
 
 from __future__ import annotations
 
@@ -38,7 +26,8 @@ BPE_SIZES = (4096, 10000)
 
 
 def train(run_dir: Path, fraction: float, vocab_size: int) -> dict:
-    """BPE training on the first `fraction` of the LARGEST files, joined by <|endoftext|> (each file a document)."""
+    """BPE training on the first `fraction` of the LARGEST files joined by <|endoftext|>, one process: each phase's
+    time (merging: the whole minus pre-tokenisation alone), the longest token, cProfile's top five of a second run."""
     text = EOT.join(corpus_file(s).read_text(encoding="utf-8") for s in LARGEST)
     path = run_dir / "text.txt"
     path.write_text(text[: int(len(text) * fraction)], encoding="utf-8")
@@ -105,7 +94,7 @@ def throughput(run_dir: Path, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.ArgumentParser(command="deliverables.tokenizer_study", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(command="deliverables.tokenizer_study", description=__doc__)
     p.add_argument("what", choices=["train", "compress", "throughput"])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--fraction", type=cli.bounded(float, 0.0, 1.0, open_low=True), default=1.0)
@@ -115,10 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.what == "train":
         out = train(args.run_dir, args.fraction, args.vocab_size)
-    elif args.what == "compress":
-        out = compress(args.run_dir)
     else:
-        out = throughput(args.run_dir, args.repeats)
+        out = compress(args.run_dir) if args.what == "compress" else throughput(args.run_dir, args.repeats)
     write_json(args.run_dir / "tokenizer.json", out)
     return 0
 
