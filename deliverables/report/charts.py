@@ -1,13 +1,5 @@
-"""Charts of benchmark rows and of the optimisation runs, shared by the plan reports and the written report.
-
-Memory and throughput lines come from benchmark rows, one line per study (plan), model (its parameter count),
-compute setting and memory source, so no line joins two studies, two models or two compilers; throughput
-carries 95 % error bars from each row's timed steps and names the device it was measured on. Before/after
-compares the optimisation runs with their baseline, with 95 % error bars, and a bar is coloured as a change
-only when the change is beyond noise (Holm over the figure's comparisons). `bench_figures` draws the lines of
-any benchmark rows (a plan's benchmark section, the GPU campaign, or one `jaxlm.bench model --json` file:
-`python -m deliverables.report FILE.json`).
-"""
+"""Line figures of benchmark rows and the optimisation runs' before/after bars, for the plan reports and the written
+report: a line never joins two studies, models, settings or memory sources; intervals are 95 %."""
 
 from __future__ import annotations
 
@@ -161,15 +153,25 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
 
 
-def _verdicts(bars: dict, names: list[str], qs: list, noise: Family) -> dict[tuple[str, str], bool | None]:
-    base = bars[names[0]]
-    out = {}
-    for n in names[1:]:
-        for q, _, _ in qs:
-            a, b = bars[n].get(q), base.get(q)
-            if a and b:
-                out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
-    return out
+def judged_bars(bars: dict, names: list[str], qs: list) -> tuple[dict[tuple[str, str], bool | None], Family]:
+    """{(technique, quantity): beyond noise?} of each bar against the first (Welch, Holm over them all), the family."""
+    def tests(noise: Family) -> dict:
+        base, out = bars[names[0]], {}
+        for n in names[1:]:
+            for q, _, _ in qs:
+                a, b = bars[n].get(q), base.get(q)
+                if a and b:
+                    out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
+        return out
+
+    return judged(tests)
+
+
+def bar_colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
+    """Green/red: better/worse than the baseline beyond noise; light grey: within noise or untested."""
+    if not beyond or st is None or base is None:
+        return "#ccc"
+    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
 
 
 def before_after(runs: list[dict], out: Path, name: str = "before_after.png") -> list[str]:
@@ -178,11 +180,12 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
     if len(bars) < 2 or not qs:
         return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
     names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
-    verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
+    verdicts, noise = judged_bars(bars, names, qs)
     fig, axs = pyplot().subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
     for ax, (q, title, lower) in zip(axs[0], qs):
         stats = [bars[n].get(q) for n in names]
-        colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
+        colours = ["#888"] + [bar_colour(verdicts.get((n, q)), st, stats[0], lower)
+                              for n, st in zip(names[1:], stats[1:])]
         ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
                yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
@@ -194,12 +197,6 @@ def before_after(runs: list[dict], out: Path, name: str = "before_after.png") ->
     return [f"![before and after]({name})", "",
             f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
             f"95 % intervals. {noise.note()}", "", *lines, ""]
-
-
-def _colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
-    if not beyond or st is None or base is None:
-        return "#ccc"
-    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
 
 
 def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:

@@ -1,11 +1,4 @@
-"""One training run's page: `python -m deliverables.report RUN_DIR` (RUN_DIR holds metrics.jsonl and config.toml).
-
-The curriculum's learning-curve deliverable: training and validation loss by step
-and by wall time, the final numbers, and a sample of at least 256 tokens from the
-run's latest checkpoint through the KV-cache Generator, with the decoding settings
-written next to it. The sample ignores <|endoftext|> so that it always has the
-asked length; what it says about fluency is measured (repetition), not judged.
-"""
+"""One training run's page: learning curves, final numbers, a measured sample (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The written report's numbered figures, drawn from the committed records and the compiled store.
+"""The written report's numbered figures from the committed records and the compiled store (docs/report.md).
 
-    python -m deliverables.written.figures [--results docs/results] [--out docs/report/figures]
-
-Each panel holds one unit family and one source per line: no line joins two studies, two models or two
-compilers, and every GPU panel says *compiled* or *predicted* for the H100 80 GB. Captions are the report's own
-(docs/report/report.md); `FIGURES` names what each one draws, in the report's order.
-"""
+Each panel holds one unit family and one source per line; captions are docs/report/report.md's."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from pathlib import Path
 from deliverables.common import plan_runs
 from deliverables.compiled_memory import BATCHES, CONTEXTS, SWEPT, cached
 from deliverables.compiled_time import stored
-from deliverables.report.charts import before_after_bars, bench_rows
+from deliverables.report.charts import bar_colour, before_after_bars, bench_rows, judged_bars
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
 from experiments.results import read_metrics
@@ -45,6 +40,13 @@ def log2_axis(ax, which: str, ticks) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _line(ax, pts: list[tuple[float, float]], *fmt: str, **kw) -> list[float]:
+    """Plot the points, if any; their y values."""
+    if pts:
+        ax.plot(*zip(*pts), *fmt, **kw)
+    return [y for _, y in pts]
+
+
 def _host(runs: list[dict]) -> str:
     """'Intel Xeon, 2 cores': the CPU the runs' records name."""
     h = next((r.get("host") or {} for r in runs if r.get("host")), {})
@@ -61,14 +63,10 @@ def memory(axes, root: Path) -> None:
     for colour, label in zip(COLOURS, SWEPT):
         for mode, style in (("train_step", "-"), ("forward", ":")):
             pts = [(t, r["total_bytes"] / GIB) for t in CONTEXTS if (r := ctx.get(f"{mode}, {label}, context {t}"))]
-            if pts:
-                a.plot(*zip(*pts), style, marker="o", ms=3, color=colour,
-                       label=f"{label}, {'train step' if mode == 'train_step' else 'eval step'}")
-                values += [v for _, v in pts]
+            values += _line(a, pts, style, marker="o", ms=3, color=colour,
+                            label=f"{label}, {'train step' if mode == 'train_step' else 'eval step'}")
         pts = [(n, r["total_bytes"] / GIB) for n in BATCHES if (r := bat.get(f"{label}, batch {n}"))]
-        if pts:
-            b.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
-            values += [v for _, v in pts]
+        values += _line(b, pts, marker="o", ms=3, color=colour, label=label)
     a.set(xlabel="context T (tokens)", ylabel=f"GiB per GPU ({COMPILED})", title="(a) against context, batch 8")
     b.set(xlabel="batch (sequences)", ylabel=f"GiB per GPU ({COMPILED})", title="(b) train step, context 256")
     log2_axis(a, "x", CONTEXTS)
@@ -85,8 +83,7 @@ def throughput(axes, root: Path) -> None:
     predicted = stored("batch", TARGET, root / "compiled")
     for colour, label in zip(COLOURS, SWEPT):
         pts = [(n, r["predicted_tokens_per_s"] / 1e3) for n in BATCHES if (r := predicted.get(f"{label}, batch {n}"))]
-        if pts:
-            a.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
+        _line(a, pts, marker="o", ms=3, color=colour, label=label)
     a.set(xlabel="batch (sequences)", ylabel=f"thousand tokens/s ({PREDICTED})", ylim=(0, None),
           title="(a) `small`, context 256, train step")
     log2_axis(a, "x", BATCHES)
@@ -134,23 +131,15 @@ def techniques(axes, root: Path) -> None:
 def cpu_before_after(axes, root: Path) -> None:
     """Figure 4: the optimizations plan's before/after on the CPU host: (a) measured step time with 95 % intervals,
     coloured where the change is beyond noise (Welch, Holm over the panel); (b) XLA:CPU's compiled plan, exact."""
-    from deliverables.report.noise import judged, welch
-
     runs = plan_runs(root, "optimizations")
     bars = before_after_bars(runs)
     names = sorted(bars, key=lambda n: n != "float32")
-    base = bars[names[0]]["step_ms"]
-
-    def tests(family):
-        return {n: family.beyond(welch(s.mean, s.std, s.n, base.mean, base.std, base.n))
-                for n in names[1:] if (s := bars[n].get("step_ms"))}
-
-    verdicts, _ = judged(tests)
+    verdicts, _ = judged_bars(bars, names, [("step_ms", "", True)])
     row = next(r for r in bench_rows(runs) if r["run"].startswith("before_after"))
     a, b = axes
     ys = range(len(names))[::-1]
     step = [bars[n]["step_ms"] for n in names]
-    colours = ["#888"] + [("#3a7" if s.mean < base.mean else "#c33") if verdicts.get(n) else "#ccc"
+    colours = ["#888"] + [bar_colour(verdicts.get((n, "step_ms")), s, step[0], True)
                           for n, s in zip(names[1:], step[1:])]
     a.barh(list(ys), [s.mean for s in step], xerr=[s.ci or 0 for s in step], color=colours, capsize=3)
     a.set(xlabel="ms per train step (measured, 95 % interval)", title="(a) step time, measured")
@@ -171,8 +160,7 @@ def curves(ax, root: Path) -> None:
         seed = r["name"].rsplit("-s", 1)[1]
         for kind, what, fmt, kw in (("train", "training", "-", {"lw": 1}), ("eval", "validation", "o", {"ms": 4})):
             pts = [(m["step"], m[f"{kind}/loss"]) for m in recs if m.get("kind") == kind and f"{kind}/loss" in m]
-            if pts:
-                ax.plot(*zip(*pts), fmt, color=colour, label=f"seed {seed}, {what}", **kw)
+            _line(ax, pts, fmt, color=colour, label=f"seed {seed}, {what}", **kw)
     params = (runs[0].get("metrics") or {}).get("params", 0) / 1e6 if runs else 0
     ax.set(xlabel="step", ylabel="loss (nats)", title=f"(a) best WikiText model ({params:.1f}M, batch 32)")
 
