@@ -20,6 +20,11 @@ def report_dir(out: Path) -> Path:
     return out
 
 
+def images(pngs: list[str | None]) -> list[str]:
+    """Markdown lines showing each figure written (None: not written)."""
+    return [line for p in pngs if p for line in (f"![{p}]({p})", "")]
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed), or one line naming the extra to install."""
     require("matplotlib").use("Agg")
