@@ -1,5 +1,5 @@
-"""Line figures of benchmark rows and the optimisation runs' before/after bars, for the plan reports and the written
-report: a line never joins two studies, models, settings or memory sources; intervals are 95 %."""
+"""Line figures of benchmark rows (a line never joins two studies, models, settings or memory sources), and the
+optimisation runs' before/after that the written report's figure 4 draws; intervals are 95 %."""
 
 from __future__ import annotations
 
@@ -165,42 +165,3 @@ def judged_bars(bars: dict, names: list[str], qs: list) -> tuple[dict[tuple[str,
         return out
 
     return judged(tests)
-
-
-def bar_colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
-    """Green/red: better/worse than the baseline beyond noise; light grey: within noise or untested."""
-    if not beyond or st is None or base is None:
-        return "#ccc"
-    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
-
-
-def before_after(runs: list[dict], out: Path, name: str = "before_after.png") -> list[str]:
-    bars = before_after_bars(runs)
-    qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
-    if len(bars) < 2 or not qs:
-        return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
-    names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
-    verdicts, noise = judged_bars(bars, names, qs)
-    fig, axs = pyplot().subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
-    for ax, (q, title, lower) in zip(axs[0], qs):
-        stats = [bars[n].get(q) for n in names]
-        colours = ["#888"] + [bar_colour(verdicts.get((n, q)), st, stats[0], lower)
-                              for n, st in zip(names[1:], stats[1:])]
-        ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
-               yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
-        ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
-    fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
-    save_figure(fig, out / name)
-    lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
-                                    for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
-    return [f"![before and after]({name})", "",
-            f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
-            f"95 % intervals. {noise.note()}", "", *lines, ""]
-
-
-def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:
-    verdict = {True: "beyond noise", False: "within noise", None: "no interval"}[beyond]
-    return f"{title} {100 * (a.mean - b.mean) / b.mean:+.0f}% ({verdict})"
-
-

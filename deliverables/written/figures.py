@@ -11,7 +11,7 @@ from pathlib import Path
 from deliverables.common import plan_runs
 from deliverables.compiled_memory import BATCHES, CONTEXTS, SWEPT, cached
 from deliverables.compiled_time import stored
-from deliverables.report.charts import bar_colour, before_after_bars, bench_rows, judged_bars
+from deliverables.report.charts import before_after_bars, bench_rows, judged_bars
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
 from experiments.results import read_metrics
@@ -139,7 +139,7 @@ def cpu_before_after(axes, root: Path) -> None:
     a, b = axes
     ys = range(len(names))[::-1]
     step = [bars[n]["step_ms"] for n in names]
-    colours = ["#888"] + [bar_colour(verdicts.get((n, "step_ms")), s, step[0], True)
+    colours = ["#888"] + [("#3a7" if s.mean < step[0].mean else "#c33") if verdicts.get((n, "step_ms")) else "#ccc"
                           for n, s in zip(names[1:], step[1:])]
     a.barh(list(ys), [s.mean for s in step], xerr=[s.ci or 0 for s in step], color=colours, capsize=3)
     a.set(xlabel="ms per train step (measured, 95 % interval)", title="(a) step time, measured")
