@@ -114,8 +114,7 @@ def bench_figures(rows: list[dict], out: Path) -> list[str]:
     return written
 
 
-BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True),
-                ("step_ms", "step time (ms)", True))
+BEFORE_AFTER = ("tokens_per_s", "memory_gb", "step_ms")  # the quantities of a before/after bar
 
 
 def _row_stats(row: dict, q: str) -> Stats | None:
@@ -136,7 +135,7 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     bars: dict[str, dict[str, Stats]] = {}
     for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
         label = re.sub(r"^before_after_", "", row["run"])
-        bars[label] = {q: st for q, _, _ in BEFORE_AFTER if (st := _row_stats(row, q))}
+        bars[label] = {q: st for q in BEFORE_AFTER if (st := _row_stats(row, q))}
     if bars:
         return bars
     pooled: dict[str, dict[str, list[float]]] = {}
@@ -153,12 +152,12 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
 
 
-def judged_bars(bars: dict, names: list[str], qs: list) -> tuple[dict[tuple[str, str], bool | None], Family]:
+def judged_bars(bars: dict, names: list[str], qs: list[str]) -> tuple[dict[tuple[str, str], bool | None], Family]:
     """{(technique, quantity): beyond noise?} of each bar against the first (Welch, Holm over them all), the family."""
     def tests(noise: Family) -> dict:
         base, out = bars[names[0]], {}
         for n in names[1:]:
-            for q, _, _ in qs:
+            for q in qs:
                 a, b = bars[n].get(q), base.get(q)
                 if a and b:
                     out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))

@@ -134,7 +134,7 @@ def cpu_before_after(axes, root: Path) -> None:
     runs = plan_runs(root, "optimizations")
     bars = before_after_bars(runs)
     names = sorted(bars, key=lambda n: n != "float32")
-    verdicts, _ = judged_bars(bars, names, [("step_ms", "", True)])
+    verdicts, _ = judged_bars(bars, names, ["step_ms"])
     row = next(r for r in bench_rows(runs) if r["run"].startswith("before_after"))
     a, b = axes
     ys = range(len(names))[::-1]
@@ -224,23 +224,19 @@ def training(axes, root: Path) -> None:
             d.annotate(f"B={batch.get(t)}", (t, v), textcoords="offset points", xytext=(4, 6), fontsize=7)
 
 
-FIGURES = {  # file: (what it draws, (rows, columns of panels, height in inches), the function drawing its panels)
-    "fig1_memory.png": ("`small`'s memory compiled for an H100 against context and batch, GiB", (1, 2, 3.6), memory),
-    "fig2_throughput_vs_batch.png": ("tokens/s against batch: predicted for an H100 (a), measured on the CPU host (b)",
-                                     (1, 2, 3.4), throughput),
-    "fig3_techniques_h100.png": ("each technique's compiled memory and predicted step time on an H100", (2, 2, 5.2),
-                                 techniques),
-    "fig4_before_after_cpu.png": ("the optimizations plan's before/after measured on the CPU host", (1, 2, 3.0),
-                                  cpu_before_after),
-    "fig5_training.png": ("learning curves, the learning-rate sweep, model size and context length", (2, 2, 6.2),
-                          training),
+FIGURES = {  # file, in the report's order: (rows, columns of panels, height in inches, the function drawing them)
+    "fig1_memory.png": (1, 2, 3.6, memory),
+    "fig2_throughput_vs_batch.png": (1, 2, 3.4, throughput),
+    "fig3_techniques_h100.png": (2, 2, 5.2, techniques),
+    "fig4_before_after_cpu.png": (1, 2, 3.0, cpu_before_after),
+    "fig5_training.png": (2, 2, 6.2, training),
 }
 
 
 def draw(root: Path, out: Path) -> list[Path]:
     """Every figure, each panel's fonts and grid set alike."""
     report_dir(out)
-    for name, (_, (rows, cols, height), panels) in FIGURES.items():
+    for name, (rows, cols, height, panels) in FIGURES.items():
         fig, axes = pyplot().subplots(rows, cols, figsize=(9.6, height))
         panels(list(axes.flat), root)
         for ax in axes.flat:
