@@ -14,6 +14,7 @@ from deliverables.compiled_time import stored
 from deliverables.report.charts import before_after_bars, bench_rows, judged_bars
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
+from deliverables.report.seeds import Stats, group_settings
 from experiments.results import read_metrics
 from jaxlm import cli
 
@@ -184,8 +185,6 @@ def lr_panel(ax, root: Path) -> None:
 
 def seed_points(runs: list[dict], x) -> list[tuple[float, float, float]]:
     """(x, mean final validation loss, 95 % half-width over seeds) per setting, sorted by x."""
-    from deliverables.report.seeds import Stats, group_settings
-
     out = []
     for s in group_settings(runs):
         st = Stats.of([v for r in s.runs if isinstance(v := (r.get("metrics") or {}).get("eval_loss"), float)])
