@@ -1,5 +1,4 @@
-"""`python -m deliverables.report`: a plan's report, one training run's page, or the figures of one
-`python -m jaxlm.bench model --json` file. The written report's figures: `python -m deliverables.written.figures`."""
+"""`python -m deliverables.report`: a plan's report, one training run's page, or a bench JSON file's figures."""
 
 import sys
 from pathlib import Path
@@ -16,17 +15,14 @@ from jaxlm.core.errors import DataError, UsageError
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(command="deliverables.report", formatter_class=cli.HelpFormatter,
-                           description="Markdown report (findings, tables, plots) for a plan's runs, "
-                           "the learning curves and a sample of one training run, or the memory and throughput "
-                           "figures of a benchmark's rows (the 'plots' extra)")
-    p.add_argument("plan_dir", nargs="?", help="the plan's run directory (runs/PLAN), its committed records "
-                   "(docs/results/PLAN/records), one training run (metrics.jsonl + config.toml), or a "
-                   "`jaxlm.bench model --json` file")
+                           description="A plan's report, one training run's page, or the figures of a "
+                           "`jaxlm.bench model --json` file (docs/experiments.md, docs/report.md)")
+    p.add_argument("plan_dir", nargs="?", help="runs/PLAN, its committed records (docs/results/PLAN/records), "
+                   "a training run (metrics.jsonl + config.toml) or a bench JSON file")
     p.add_argument("--out", help="output directory (default: PLAN_DIR/report)")
-    p.add_argument("--records", action="store_true", help="also copy the runs' records (result.json, metrics.jsonl, "
-                   "bench.json) to OUT/records")
-    p.add_argument("--compile", action="store_true", help="compile each CPU-measured step for an 80 GB H100 (XLA's GPU "
-                   "compiler, the 'gpu-compile' extra) unless docs/results/compiled/h100-80gb.json has it already")
+    p.add_argument("--records", action="store_true", help="also copy the runs' records to OUT/records")
+    p.add_argument("--compile", action="store_true", help="compile each CPU-measured step for an H100 (the "
+                   "'gpu-compile' extra) unless docs/results/compiled/h100-80gb.json has it")
     run_page.add_args(p)
     args = p.parse_args(argv)
     if args.plan_dir is None:
@@ -37,23 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     # An interrupt (Ctrl-C, SIGTERM) leaves figures without the report.md written last: the line says so.
     left = "not every figure was written" if bench else "report.md was not written (its figures may be partial)"
     with stop.noting(lambda: f"{out}: {left}; run the same command again"):
+        if bench and not source.is_file():
+            raise DataError(f"{source}: no such file; give a `python -m jaxlm.bench model --json` file")
         if bench:
-            return print_bench_figures(source, out)
+            names = bench_figures(load_bench(source)[0], report_dir(out))
+            print("\n".join(str(out / n) for n in names) or f"{source}: no figure: no line of its rows has two points")
+            return 0
         if run_page.is_run_dir(source):
             path = run_page.write_run_report(source, out, args)
         else:
             path = write_report(source, out, args.records, args.compile)
     print(path)
-    return 0
-
-
-def print_bench_figures(path: Path, out: Path) -> int:
-    """The figures of one `jaxlm.bench model --json` file, into OUT."""
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; give a `python -m jaxlm.bench model --json` file")
-    folder = report_dir(out)
-    names = bench_figures(load_bench(path)[0], folder)
-    print("\n".join(str(folder / n) for n in names) or f"{path}: no figure: no line of its rows has two points")
     return 0
 
 

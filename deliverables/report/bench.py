@@ -51,15 +51,6 @@ def sample_std(row: dict) -> float | None:
     return sd * math.sqrt(n / (n - 1)) if isinstance(sd, (int, float)) and n >= 2 else None
 
 
-def step_test(row: dict, base: dict):
-    """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
-    def side(r: dict) -> tuple[float, float, int]:
-        sd = sample_std(r)
-        return (r["step_ms"], sd, r["timed_steps"]) if sd is not None else (r["step_ms"], 0.0, 1)
-
-    return welch(*side(row), *side(base))
-
-
 def bench_table(rows: list[dict]) -> str:
     cols = [(t, k, how) for t, k, how in BENCH_COLUMNS if any(r.get(k) is not None for r in rows)]
     # Columns with one value throughout say nothing per row: state them once above the table instead.
@@ -85,13 +76,6 @@ def max_batch_table(runs: list[dict]) -> str | None:
                  [[f"`{n}`", f["setting"], str(f["context"]), str(f["max_batch"])] for n, f in found])
 
 
-def bench_value(row: dict, q: str):
-    """A bench measurement; step time is the median where the row has one (robust to a busy machine)."""
-    if q == "step_ms" and isinstance(row.get("step_ms_median"), (int, float)):
-        return row["step_ms_median"]
-    return row.get(q)
-
-
 def _setting(row: dict, *skip: str) -> tuple:
     """The fields that identify a row's setting (not its measurements, nor `skip`), sorted."""
     return tuple(sorted((k, str(v)) for k, v in row.items()
@@ -99,7 +83,9 @@ def _setting(row: dict, *skip: str) -> tuple:
 
 
 def _change(row: dict, base: dict, q: str) -> float | None:
-    a, b = bench_value(row, q), bench_value(base, q)
+    """% change of a measurement; step time compares medians where the rows have them (robust to a busy machine)."""
+    a, b = (r.get("step_ms_median") if q == "step_ms" and isinstance(r.get("step_ms_median"), (int, float))
+            else r.get(q) for r in (row, base))
     return pct_change(float(a), float(b)) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
 
 
@@ -133,11 +119,18 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
     return out
 
 
+def _step_test(row: dict, base: dict):
+    """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
+    sides = [(r["step_ms"], sd, r["timed_steps"]) if (sd := sample_std(r)) is not None else (r["step_ms"], 0.0, 1)
+             for r in (row, base)]
+    return welch(*sides[0], *sides[1])
+
+
 def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:
     """' (beyond noise in 2 of 3 row pairs)' from the step-time tests of the pairs (throughput is B·T / step time)."""
     timed = [(r, b) for r, b in pairs
              if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
-    verdicts = [noise.beyond(step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch")))
+    verdicts = [noise.beyond(_step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch")))
                 for r, b in timed]
     tested = [v for v in verdicts if v is not None]
     if not tested:
@@ -219,14 +212,12 @@ def fit_memory_points(rows: list[dict], axis: str, fixed: str, degree: int) -> d
 
 def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
     """memory = a + b * batch per (mode, dtype, context): agree when the line explains >= 99 % of the variance (R²)."""
-    groups = _memory_points(rows, "batch", "context")
-    if not groups:
+    fitted = fit_memory_points(rows, "batch", "context", 1)
+    if not fitted:
         return "no memory-vs-batch rows", "not resolved at this size"
     parts, linear = [], True
-    for (mode, dtype, context, source), pts in groups.items():
-        xs, ys = [x for x, _ in pts], [y for _, y in pts]
-        (a, b), _ = _fit(xs, ys, 1)
-        residuals = [y - (a + b * x) for x, y in pts]
+    for (mode, dtype, context, source), (xs, (a, b), ys) in fitted.items():
+        residuals = [y - (a + b * x) for x, y in zip(xs, ys)]
         mean = sum(ys) / len(ys)
         r2 = 1 - sum(e * e for e in residuals) / sum((y - mean) ** 2 for y in ys)
         worst = max(abs(e) for e in residuals)
@@ -240,13 +231,12 @@ def fit_memory_batch(rows: list[dict]) -> tuple[str, str]:
 def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
     """memory = a + b T + c T^2 per (mode, dtype, batch): agree when c > 0 and the T^2 term is >= 10 % at the
     longest T."""
-    groups = _memory_points(rows, "context", "batch")
-    if not groups:
+    fitted = fit_memory_points(rows, "context", "batch", 2)
+    if not fitted:
         return "no memory-vs-context rows", "not resolved at this size"
     parts, faster = [], True
-    for (mode, dtype, batch, source), pts in groups.items():
-        xs, ys = [x for x, _ in pts], [y for _, y in pts]
-        (a, b, c), worst = _fit(xs, ys, 2)
+    for (mode, dtype, batch, source), (xs, (a, b, c), ys) in fitted.items():
+        worst = _fit(xs, ys, 2)[1]
         _, worst_line = _fit(xs, ys, 1)
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10

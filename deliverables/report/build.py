@@ -13,7 +13,7 @@ from deliverables.report.charts import bench_figures
 from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
-from deliverables.report.output import report_dir
+from deliverables.report.output import images, report_dir
 from deliverables.report.plots import plot_curves, plot_vs_axis
 from deliverables.report.sections import Plan, backend, plan_sections
 from deliverables.report.sections.divergence import untrained_loss
@@ -100,12 +100,6 @@ def _provenance(runs: list[dict]) -> str:
             + (f", {drafts} marked draft)" if drafts else ")"))
 
 
-def context(runs: list[dict], brows: list[dict]) -> dict:
-    """What the findings' checks need beyond the settings: bench rows, ln V, the quantisation rows."""
-    return {"bench_rows": brows, "untrained_loss": untrained_loss([r for r in runs if r.get("config")]),
-            "quantize_rows": quantize_rows(runs)}
-
-
 def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
     """The runs table (`runs_table`: the seeded settings' table, judged in `noise`) and plots."""
     baseline = cfg.get("baseline", {})
@@ -122,15 +116,12 @@ def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: s
             lines += [f"Δ columns: change against the baseline ({against}) with the same other settings.", ""]
     lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are "
               "medians of the logged steps after the first." + _eval_tokens_note(train_runs), ""]
-    curves = (plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time"))))
-              if any(r.get("metrics") for r in train_runs) else [])
-    for p in curves:
-        lines += [f"![{p}]({p})", ""]
+    pngs = (plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time"))))
+            if any(r.get("metrics") for r in train_runs) else [])
     if cfg.get("x"):
-        p = plot_vs_axis(train_runs, cfg["x"], cfg.get("y", ["eval_loss", "eval_acc"]), bool(cfg.get("logx")), out)
-        if p:
-            lines += [f"![{p}]({p})", ""]
-    return lines
+        y = cfg.get("y", ["eval_loss", "eval_acc"])
+        pngs.append(plot_vs_axis(train_runs, cfg["x"], y, bool(cfg.get("logx")), out))
+    return lines + images(pngs)
 
 
 def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
@@ -144,7 +135,7 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
         return lines + [f"(bench plots unavailable ({e}))", ""]
     except Exception as e:  # a plotting failure must not lose the tables
         return lines + [f"(bench plots failed: {type(e).__name__}: {e})", ""]
-    return lines + [line for p in pngs for line in (f"![{p}]({p})", "")]
+    return lines + images(pngs)
 
 
 def sentences_for(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family) -> list[str]:
@@ -191,7 +182,10 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
     brows = bench_rows(runs)
 
     lines = header(meta, runs, plan_dir)
-    settings, ctx = seeds.group_settings(train_runs), context(train_runs, brows)
+    settings = seeds.group_settings(train_runs)
+    # What the findings' checks need beyond the settings: bench rows, ln V, the quantisation rows.
+    ctx = {"bench_rows": brows, "untrained_loss": untrained_loss([r for r in train_runs if r.get("config")]),
+           "quantize_rows": quantize_rows(train_runs)}
     plan = Plan(runs, settings, cfg, ctx, out, Family())
     # One Holm family for the whole report: a comparison in the findings table and under Measured gets one verdict.
     (rows, (measured, section_lines, runs_table)), noise = judged(lambda noise: (
@@ -250,9 +244,7 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
         src = Path(r["_dir"])
         (dest / src.name).mkdir()
         write_json(dest / src.name / RESULT, _portable(r, prefixes))
-        if (src / "metrics.jsonl").is_file():
-            shutil.copyfile(src / "metrics.jsonl", dest / src.name / "metrics.jsonl")
-        for extra in ("quantize.json", "tokenizer.json"):  # the rows of a study's own command runs
+        for extra in ("metrics.jsonl", "quantize.json", "tokenizer.json"):  # (the last two: a command run's rows)
             if (src / extra).is_file():
                 shutil.copyfile(src / extra, dest / src.name / extra)
         bench = read_json(src / "bench.json", default=None)

@@ -1,13 +1,5 @@
-"""Charts of benchmark rows and of the optimisation runs, shared by the plan reports and the written report.
-
-Memory and throughput lines come from benchmark rows, one line per study (plan), model (its parameter count),
-compute setting and memory source, so no line joins two studies, two models or two compilers; throughput
-carries 95 % error bars from each row's timed steps and names the device it was measured on. Before/after
-compares the optimisation runs with their baseline, with 95 % error bars, and a bar is coloured as a change
-only when the change is beyond noise (Holm over the figure's comparisons). `bench_figures` draws the lines of
-any benchmark rows (a plan's benchmark section, the GPU campaign, or one `jaxlm.bench model --json` file:
-`python -m deliverables.report FILE.json`).
-"""
+"""Line figures of benchmark rows (a line never joins two studies, models, settings or memory sources), and the
+optimisation runs' before/after that the written report's figure 4 draws; intervals are 95 %."""
 
 from __future__ import annotations
 
@@ -122,8 +114,7 @@ def bench_figures(rows: list[dict], out: Path) -> list[str]:
     return written
 
 
-BEFORE_AFTER = (("tokens_per_s", "tokens/s", False), ("memory_gb", "peak memory (GB)", True),
-                ("step_ms", "step time (ms)", True))
+BEFORE_AFTER = ("tokens_per_s", "memory_gb", "step_ms")  # the quantities of a before/after bar
 
 
 def _row_stats(row: dict, q: str) -> Stats | None:
@@ -144,7 +135,7 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     bars: dict[str, dict[str, Stats]] = {}
     for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
         label = re.sub(r"^before_after_", "", row["run"])
-        bars[label] = {q: st for q, _, _ in BEFORE_AFTER if (st := _row_stats(row, q))}
+        bars[label] = {q: st for q in BEFORE_AFTER if (st := _row_stats(row, q))}
     if bars:
         return bars
     pooled: dict[str, dict[str, list[float]]] = {}
@@ -161,49 +152,15 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
 
 
-def _verdicts(bars: dict, names: list[str], qs: list, noise: Family) -> dict[tuple[str, str], bool | None]:
-    base = bars[names[0]]
-    out = {}
-    for n in names[1:]:
-        for q, _, _ in qs:
-            a, b = bars[n].get(q), base.get(q)
-            if a and b:
-                out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
-    return out
+def judged_bars(bars: dict, names: list[str], qs: list[str]) -> tuple[dict[tuple[str, str], bool | None], Family]:
+    """{(technique, quantity): beyond noise?} of each bar against the first (Welch, Holm over them all), the family."""
+    def tests(noise: Family) -> dict:
+        base, out = bars[names[0]], {}
+        for n in names[1:]:
+            for q in qs:
+                a, b = bars[n].get(q), base.get(q)
+                if a and b:
+                    out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
+        return out
 
-
-def before_after(runs: list[dict], out: Path, name: str = "before_after.png") -> list[str]:
-    bars = before_after_bars(runs)
-    qs = [(q, t, lower) for q, t, lower in BEFORE_AFTER if sum(q in b for b in bars.values()) >= 2]
-    if len(bars) < 2 or not qs:
-        return ["**Missing: before/after**: the `optimizations` plan has fewer than two completed settings here.", ""]
-    names = sorted(bars, key=lambda n: n != "float32")  # the baseline first
-    verdicts, noise = judged(lambda fam: _verdicts(bars, names, qs, fam))
-    fig, axs = pyplot().subplots(1, len(qs), figsize=(4.2 * len(qs), 3.8), squeeze=False)
-    for ax, (q, title, lower) in zip(axs[0], qs):
-        stats = [bars[n].get(q) for n in names]
-        colours = ["#888"] + [_colour(verdicts.get((n, q)), st, stats[0], lower) for n, st in zip(names[1:], stats[1:])]
-        ax.bar(range(len(names)), [st.mean if st else math.nan for st in stats], color=colours,
-               yerr=[(st.ci or 0.0) if st else 0.0 for st in stats], capsize=3)
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=9)
-        ax.set_title(f"{title}, {'lower' if lower else 'higher'} is better", fontsize=9)
-    fig.suptitle("95 % error bars; green/red: better/worse beyond noise (Holm), light grey: within noise", fontsize=8)
-    save_figure(fig, out / name)
-    lines = [f"- {n}: " + ", ".join(_change(t, bars[n].get(q), bars[names[0]].get(q), verdicts.get((n, q)))
-                                    for q, t, _ in qs if bars[n].get(q) and bars[names[0]].get(q)) for n in names[1:]]
-    return [f"![before and after]({name})", "",
-            f"Before/after: each technique of the `optimizations` plan against `{names[0]}` (grey), change in % with "
-            f"95 % intervals. {noise.note()}", "", *lines, ""]
-
-
-def _colour(beyond: bool | None, st: Stats | None, base: Stats | None, lower: bool) -> str:
-    if not beyond or st is None or base is None:
-        return "#ccc"
-    return "#3a7" if (st.mean < base.mean) == lower else "#c33"
-
-
-def _change(title: str, a: Stats, b: Stats, beyond: bool | None) -> str:
-    verdict = {True: "beyond noise", False: "within noise", None: "no interval"}[beyond]
-    return f"{title} {100 * (a.mean - b.mean) / b.mean:+.0f}% ({verdict})"
-
-
+    return judged(tests)

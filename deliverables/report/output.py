@@ -20,6 +20,11 @@ def report_dir(out: Path) -> Path:
     return out
 
 
+def images(pngs: list[str | None]) -> list[str]:
+    """Markdown lines showing each figure written (None: not written)."""
+    return [line for p in pngs if p for line in (f"![{p}]({p})", "")]
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed), or one line naming the extra to install."""
     require("matplotlib").use("Agg")
@@ -29,19 +34,15 @@ def pyplot():
 
 
 def save_figure(fig, path: Path, dpi: int = 110, **kw) -> None:
-    """Lay out, write, close and shrink a figure: every report figure ends the same way."""
+    """Lay out, write and close a figure, then re-encode it with an adaptive palette of 96 colours: every report
+    figure ends the same way, and line plots keep their look at a third of the bytes."""
+    from PIL import Image
+
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, **kw)
     pyplot().close(fig)
-    shrink_png(path)
-
-
-def shrink_png(path: Path, colours: int = 96) -> None:
-    """Re-encode a plot with an adaptive palette: line plots keep their look at a third of the bytes."""
-    from PIL import Image
-
     with Image.open(path) as im:
         if im.mode == "P":
             return
-        small = im.convert("RGB").quantize(colours, method=Image.Quantize.MEDIANCUT)
+        small = im.convert("RGB").quantize(96, method=Image.Quantize.MEDIANCUT)
     small.save(path, optimize=True)

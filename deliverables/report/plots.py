@@ -73,8 +73,7 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
             if by == "tokens" and ends and min(ends) > 0 and max(ends) / min(ends) > 8:  # budgets 8x apart: log scale
                 for ax in row:
                     ax.set_xscale("log")
-            handles = dict(zip(*reversed(row[0].get_legend_handles_labels())))
-            handles.update(zip(*reversed(row[1].get_legend_handles_labels())))
+            handles = {label: h for ax in row for h, label in zip(*ax.get_legend_handles_labels())}
             if handles:
                 row[1].legend(list(handles.values()), list(handles), loc="upper right", fontsize=7)
         if not any(ax.get_lines() for row in axs for ax in row):

@@ -1,11 +1,6 @@
-"""The written report's numbered figures, drawn from the committed records and the compiled store.
+"""The written report's numbered figures from the committed records and the compiled store (docs/report.md).
 
-    python -m deliverables.written.figures [--results docs/results] [--out docs/report/figures]
-
-Each panel holds one unit family and one source per line: no line joins two studies, two models or two
-compilers, and every GPU panel says *compiled* or *predicted* for the H100 80 GB. Captions are the report's own
-(docs/report/report.md); `FIGURES` names what each one draws, in the report's order.
-"""
+Each panel holds one unit family and one source per line; captions are docs/report/report.md's."""
 
 from __future__ import annotations
 
@@ -16,9 +11,10 @@ from pathlib import Path
 from deliverables.common import plan_runs
 from deliverables.compiled_memory import BATCHES, CONTEXTS, SWEPT, cached
 from deliverables.compiled_time import stored
-from deliverables.report.charts import before_after_bars, bench_rows
+from deliverables.report.charts import before_after_bars, bench_rows, judged_bars
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
+from deliverables.report.seeds import Stats, group_settings
 from experiments.results import read_metrics
 from jaxlm import cli
 
@@ -45,6 +41,13 @@ def log2_axis(ax, which: str, ticks) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _line(ax, pts: list[tuple[float, float]], *fmt: str, **kw) -> list[float]:
+    """Plot the points, if any; their y values."""
+    if pts:
+        ax.plot(*zip(*pts), *fmt, **kw)
+    return [y for _, y in pts]
+
+
 def _host(runs: list[dict]) -> str:
     """'Intel Xeon, 2 cores': the CPU the runs' records name."""
     h = next((r.get("host") or {} for r in runs if r.get("host")), {})
@@ -61,14 +64,10 @@ def memory(axes, root: Path) -> None:
     for colour, label in zip(COLOURS, SWEPT):
         for mode, style in (("train_step", "-"), ("forward", ":")):
             pts = [(t, r["total_bytes"] / GIB) for t in CONTEXTS if (r := ctx.get(f"{mode}, {label}, context {t}"))]
-            if pts:
-                a.plot(*zip(*pts), style, marker="o", ms=3, color=colour,
-                       label=f"{label}, {'train step' if mode == 'train_step' else 'eval step'}")
-                values += [v for _, v in pts]
+            values += _line(a, pts, style, marker="o", ms=3, color=colour,
+                            label=f"{label}, {'train step' if mode == 'train_step' else 'eval step'}")
         pts = [(n, r["total_bytes"] / GIB) for n in BATCHES if (r := bat.get(f"{label}, batch {n}"))]
-        if pts:
-            b.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
-            values += [v for _, v in pts]
+        values += _line(b, pts, marker="o", ms=3, color=colour, label=label)
     a.set(xlabel="context T (tokens)", ylabel=f"GiB per GPU ({COMPILED})", title="(a) against context, batch 8")
     b.set(xlabel="batch (sequences)", ylabel=f"GiB per GPU ({COMPILED})", title="(b) train step, context 256")
     log2_axis(a, "x", CONTEXTS)
@@ -85,8 +84,7 @@ def throughput(axes, root: Path) -> None:
     predicted = stored("batch", TARGET, root / "compiled")
     for colour, label in zip(COLOURS, SWEPT):
         pts = [(n, r["predicted_tokens_per_s"] / 1e3) for n in BATCHES if (r := predicted.get(f"{label}, batch {n}"))]
-        if pts:
-            a.plot(*zip(*pts), marker="o", ms=3, color=colour, label=label)
+        _line(a, pts, marker="o", ms=3, color=colour, label=label)
     a.set(xlabel="batch (sequences)", ylabel=f"thousand tokens/s ({PREDICTED})", ylim=(0, None),
           title="(a) `small`, context 256, train step")
     log2_axis(a, "x", BATCHES)
@@ -134,23 +132,15 @@ def techniques(axes, root: Path) -> None:
 def cpu_before_after(axes, root: Path) -> None:
     """Figure 4: the optimizations plan's before/after on the CPU host: (a) measured step time with 95 % intervals,
     coloured where the change is beyond noise (Welch, Holm over the panel); (b) XLA:CPU's compiled plan, exact."""
-    from deliverables.report.noise import judged, welch
-
     runs = plan_runs(root, "optimizations")
     bars = before_after_bars(runs)
     names = sorted(bars, key=lambda n: n != "float32")
-    base = bars[names[0]]["step_ms"]
-
-    def tests(family):
-        return {n: family.beyond(welch(s.mean, s.std, s.n, base.mean, base.std, base.n))
-                for n in names[1:] if (s := bars[n].get("step_ms"))}
-
-    verdicts, _ = judged(tests)
+    verdicts, _ = judged_bars(bars, names, ["step_ms"])
     row = next(r for r in bench_rows(runs) if r["run"].startswith("before_after"))
     a, b = axes
     ys = range(len(names))[::-1]
     step = [bars[n]["step_ms"] for n in names]
-    colours = ["#888"] + [("#3a7" if s.mean < base.mean else "#c33") if verdicts.get(n) else "#ccc"
+    colours = ["#888"] + [("#3a7" if s.mean < step[0].mean else "#c33") if verdicts.get((n, "step_ms")) else "#ccc"
                           for n, s in zip(names[1:], step[1:])]
     a.barh(list(ys), [s.mean for s in step], xerr=[s.ci or 0 for s in step], color=colours, capsize=3)
     a.set(xlabel="ms per train step (measured, 95 % interval)", title="(a) step time, measured")
@@ -171,8 +161,7 @@ def curves(ax, root: Path) -> None:
         seed = r["name"].rsplit("-s", 1)[1]
         for kind, what, fmt, kw in (("train", "training", "-", {"lw": 1}), ("eval", "validation", "o", {"ms": 4})):
             pts = [(m["step"], m[f"{kind}/loss"]) for m in recs if m.get("kind") == kind and f"{kind}/loss" in m]
-            if pts:
-                ax.plot(*zip(*pts), fmt, color=colour, label=f"seed {seed}, {what}", **kw)
+            _line(ax, pts, fmt, color=colour, label=f"seed {seed}, {what}", **kw)
     params = (runs[0].get("metrics") or {}).get("params", 0) / 1e6 if runs else 0
     ax.set(xlabel="step", ylabel="loss (nats)", title=f"(a) best WikiText model ({params:.1f}M, batch 32)")
 
@@ -196,8 +185,6 @@ def lr_panel(ax, root: Path) -> None:
 
 def seed_points(runs: list[dict], x) -> list[tuple[float, float, float]]:
     """(x, mean final validation loss, 95 % half-width over seeds) per setting, sorted by x."""
-    from deliverables.report.seeds import Stats, group_settings
-
     out = []
     for s in group_settings(runs):
         st = Stats.of([v for r in s.runs if isinstance(v := (r.get("metrics") or {}).get("eval_loss"), float)])
@@ -236,23 +223,19 @@ def training(axes, root: Path) -> None:
             d.annotate(f"B={batch.get(t)}", (t, v), textcoords="offset points", xytext=(4, 6), fontsize=7)
 
 
-FIGURES = {  # file: (what it draws, (rows, columns of panels, height in inches), the function drawing its panels)
-    "fig1_memory.png": ("`small`'s memory compiled for an H100 against context and batch, GiB", (1, 2, 3.6), memory),
-    "fig2_throughput_vs_batch.png": ("tokens/s against batch: predicted for an H100 (a), measured on the CPU host (b)",
-                                     (1, 2, 3.4), throughput),
-    "fig3_techniques_h100.png": ("each technique's compiled memory and predicted step time on an H100", (2, 2, 5.2),
-                                 techniques),
-    "fig4_before_after_cpu.png": ("the optimizations plan's before/after measured on the CPU host", (1, 2, 3.0),
-                                  cpu_before_after),
-    "fig5_training.png": ("learning curves, the learning-rate sweep, model size and context length", (2, 2, 6.2),
-                          training),
+FIGURES = {  # file, in the report's order: (rows, columns of panels, height in inches, the function drawing them)
+    "fig1_memory.png": (1, 2, 3.6, memory),
+    "fig2_throughput_vs_batch.png": (1, 2, 3.4, throughput),
+    "fig3_techniques_h100.png": (2, 2, 5.2, techniques),
+    "fig4_before_after_cpu.png": (1, 2, 3.0, cpu_before_after),
+    "fig5_training.png": (2, 2, 6.2, training),
 }
 
 
 def draw(root: Path, out: Path) -> list[Path]:
     """Every figure, each panel's fonts and grid set alike."""
     report_dir(out)
-    for name, (_, (rows, cols, height), panels) in FIGURES.items():
+    for name, (rows, cols, height, panels) in FIGURES.items():
         fig, axes = pyplot().subplots(rows, cols, figsize=(9.6, height))
         panels(list(axes.flat), root)
         for ax in axes.flat:

@@ -103,8 +103,8 @@ def _bench_run(name, steps, rows):
                             "attention": "xla", "remat": "none", "device": "cpu", **r} for r in rows]}
 
 
-def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
-    from deliverables.report.charts import before_after, bench_rows, lines_by
+def test_chart_lines_keep_studies_models_and_settings_apart():
+    from deliverables.report.charts import BEFORE_AFTER, before_after_bars, bench_rows, judged_bars, lines_by
 
     # Two models (100k and 400k parameters) at batch 1 and 2, context 64; 5 timed steps, step-time std 2 ms (n-divided)
     small = [{"params": 100_000, "context": 64, "batch": b, "step_ms": 10.0 * b, "step_ms_std": 2.0,
@@ -138,12 +138,11 @@ def test_chart_lines_keep_studies_models_and_settings_apart(tmp_path):
                                                    "memory_gb": 0.5}])
     close = _bench_run("before_after_bfloat16", 5, [{**float32["bench_rows"][0], "step_ms": 100.5,
                                                      "tokens_per_s": 10189.0}])
-    lines = before_after([float32, remat, close], tmp_path)
-    assert ("- remat: tokens/s -23% (beyond noise), peak memory (GB) -50% (no interval), step time (ms) +30% "
-            "(beyond noise)") in lines
-    assert ("- bfloat16: tokens/s -0% (within noise), peak memory (GB) +0% (no interval), step time (ms) +0% "
-            "(within noise)") in lines
-    assert (tmp_path / "before_after.png").is_file()
+    bars = before_after_bars([float32, remat, close])
+    verdicts, _ = judged_bars(bars, ["float32", "remat", "bfloat16"], list(BEFORE_AFTER))
+    assert verdicts == {("remat", "tokens_per_s"): True, ("remat", "memory_gb"): None, ("remat", "step_ms"): True,
+                        ("bfloat16", "tokens_per_s"): False, ("bfloat16", "memory_gb"): None,
+                        ("bfloat16", "step_ms"): False}
 
 
 def test_tokenizer_study_fits_and_tables_by_hand(tmp_path):
