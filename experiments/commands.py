@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from experiments.spec import RunSpec
+from experiments.plan import RunSpec
 from jaxlm.core.config import Config, load_config
 from jaxlm.core.typedconfig import toml_value
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from experiments.spec import RunSpec
+from experiments.plan import RunSpec
 from jaxlm.core.errors import UsageError
 
 
