@@ -14,8 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from experiments.commands import bench_overrides, train_config
-from experiments.device import Device, unmet_requirement
+from experiments.commands import Device, bench_overrides, train_config, unmet_requirement
 from experiments.plan import Plan, RunSpec, load_plan, plan_names
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import step_flops

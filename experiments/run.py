@@ -18,8 +18,8 @@ from collections import Counter
 from contextlib import suppress
 from pathlib import Path
 
-from experiments.commands import BUILDERS, train_config
-from experiments.device import Device, check_committed, detect_device, git_info, software_versions, unmet_requirement
+from experiments import commands
+from experiments.commands import BUILDERS, Device, train_config, unmet_requirement
 from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
 from experiments.plan import Plan, PlanError, RunSpec, load_plan, plan_names
 from experiments.results import DONE_STATUSES, RESULT, has_nonfinite_loss, load_bench, read_metrics, summarise_train
@@ -166,7 +166,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
               "platform": device.platform, "device_count": device.count, "started_at": _now(),
               "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
                        "load_avg_1m_start": os.getloadavg()[0]},
-              "versions": software_versions()}
+              "versions": commands.software_versions()}
     if spec.kind == "train":
         result["config"] = to_dict(train_config(spec, run_dir))
     if reason := unmet_requirement(spec, device):
@@ -247,10 +247,10 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
     missing = validate(plan, plan_dir, dry_run)
-    git = {**git_info(), "draft": draft}
+    git = {**commands.git_info(), "draft": draft}
     if not (dry_run or draft):
-        check_committed(git)
-    device = device or detect_device()
+        commands.check_committed(git)
+    device = device or commands.detect_device()
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
           f"device {device.kind}", flush=True)
     if dry_run:
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(list_plans())
         return 0
     try:  # SIGTERM (a scheduler's stop) is an interrupt, as Ctrl-C is (jaxlm.core.stop)
-        device = detect_device()
+        device = commands.detect_device()
         plan = load_plan(args.plan, args.size, device.platform)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt as e:
