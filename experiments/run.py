@@ -50,12 +50,10 @@ def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
             data = train_config(spec, plan_dir / spec.name).data
             if not (Path(data.dir) / META).is_file():  # not tokenised yet: its sources must exist
                 resolve_sources([*data.source, *data.val_source])
-        except CorpusMissing as e:
-            if not dry_run:
+        except UserError as e:
+            if not (dry_run and isinstance(e, CorpusMissing)):
                 raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
             missing += [] if e.name in missing else [e.name]
-        except UserError as e:
-            raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
     return missing
 
 
@@ -85,9 +83,8 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None
 
 
 def stop_child(proc: subprocess.Popen, grace: float | None = None) -> int:
-    """SIGTERM to the child's process group (its own session: a terminal's Ctrl-C reaches only the runner), so a
-    training run saves a checkpoint and stops; SIGKILL after `grace` seconds or at a second signal to the runner.
-    Returns its exit code."""
+    """SIGTERM to the child's process group (its own session: Ctrl-C reaches only the runner), SIGKILL after `grace`
+    seconds or at a second signal to the runner; returns its exit code."""
     def signal_group(sig: int) -> None:
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
@@ -113,8 +110,7 @@ def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
-    """Make the run directory; True when resuming an interrupted run of the same spec. A directory holding another
-    spec, or a failed attempt, is wiped; an interrupted one is kept, so a training run resumes from its checkpoint."""
+    """Make the run directory, wiped unless it holds an interrupted run of the same spec; True when resuming."""
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
     ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
