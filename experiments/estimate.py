@@ -110,29 +110,23 @@ def plan_estimate(runs: Iterable[RunSpec], platform: str) -> str:
 
 def data_setting(plan: Plan) -> str | None:
     """'train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096' of the first training run."""
-    spec = next((r for r in plan.runs if r.kind == "train"), None)
-    if spec is None:
-        return None
-    d = train_config(spec).data
-    val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
-    return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+    for d in (train_config(r).data for r in plan.runs if r.kind == "train"):
+        val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
+        return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+    return None
 
 
 def list_plans() -> str:
     """Every shipped plan with its description and, per size, its runs and estimated time."""
     lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
+    fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
     for name in plan_names():
-        plan = load_plan(name)
-        per_size, data = [], []
-        for size in plan.sizes:
-            sized = load_plan(name, size)
-            estimate = plan_estimate(sized.runs, size if size in THROUGHPUT else "cpu")
-            per_size.append(f"{size}: {len(sized.runs)} runs, {estimate}")
-            data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
-        fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
+        sized = [load_plan(name, size) for size in load_plan(name).sizes]
+        per_size = [f"{p.size}: {len(p.runs)} runs, {plan_estimate(p.runs, p.size if p.size in THROUGHPUT else 'cpu')}"
+                    for p in sized]
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  fill(" ".join(plan.description.split()), subsequent_indent=" " * 4)]
-        if data:
+                  fill(" ".join(sized[0].description.split()), subsequent_indent=" " * 4)]
+        if data := [f"{p.size}: {d}" for p in sized if (d := data_setting(p))]:
             lines.append(fill("data: " + "; ".join(data), subsequent_indent=" " * 6))
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)
