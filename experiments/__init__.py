@@ -1,9 +1,5 @@
-"""The lab: study plans and their runner.
-
-It may import jaxlm, parity and torchref; deliverables/ builds on it and nothing else imports it (docs/code.md).
-The plan format is `spec` (a run's fields) and `plan` (the file); `commands`, `device`, `estimate` and `run`
-(with `child`, its child process) execute it; `results` reads what runs leave.
-"""
+"""The lab: study plans and their runner (docs/experiments.md; its modules: docs/code.md). It may import jaxlm,
+parity and torchref; deliverables/ builds on it and nothing else imports it."""
 
 from jaxlm.core import platform
 

@@ -1,10 +1,6 @@
-"""How long a plan will take, before running it: model FLOPs (jaxlm.analysis.flops.step_flops) at a stated throughput.
-
-A train run costs start-up plus its steps and evaluations, a bench run start-up plus, per row, a compile and its warm-up
-and timed steps. The CPU constants are fitted to this project's recorded CPU plan runs (docs/results, a 2-core x86
-CPU) within about 30 %; the GPU's are stated, not measured. Runs whose length depends on the outcome
-(`--find-max-batch`), compile-only `--target` runs and `command` runs are not estimated.
-"""
+"""How long a plan will take, before running it: model FLOPs (jaxlm.analysis.flops.step_flops) at a throughput per
+platform (docs/experiments.md). Outcome-dependent (`--find-max-batch`), compile-only and `command` runs are not
+estimated."""
 
 from __future__ import annotations
 
@@ -14,14 +10,12 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Iterable
 
 import numpy as np
 
-from experiments.commands import bench_overrides, train_config
-from experiments.device import Device, unmet_requirement
-from experiments.plan import Plan, load_plan, plan_names
-from experiments.spec import RunSpec
+from experiments.commands import Device, bench_overrides, train_config, unmet_requirement
+from experiments.plan import Plan, RunSpec, load_plan, plan_names
 from jaxlm.analysis.devices import DEVICES
 from jaxlm.analysis.flops import step_flops
 from jaxlm.core.config import Config, DataConfig, load_config
@@ -92,9 +86,10 @@ def estimate_seconds(spec: RunSpec, platform: str) -> float | None:
     return None
 
 
-def plan_seconds(plan: Plan, platform: str, skipped: Callable[[RunSpec], bool]) -> tuple[float, int]:
-    """The estimated seconds of the plan's runs that are not `skipped`, and how many have no estimate."""
-    known = [estimate_seconds(r, platform) for r in plan.runs if not skipped(r)]
+def plan_seconds(runs: Iterable[RunSpec], platform: str) -> tuple[float, int]:
+    """The estimated seconds of the runs that can happen on `platform`, and how many have no estimate."""
+    device = Device(platform, platform, 1)
+    known = [estimate_seconds(r, platform) for r in runs if unmet_requirement(r, device) is None]
     return sum(s for s in known if s is not None), sum(s is None for s in known)
 
 
@@ -107,38 +102,31 @@ def format_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def plan_estimate(plan: Plan, platform: str) -> str:
-    """`~4 min`, `~4 min + 2 runs not estimated`: the plan's runs that can happen on `platform`."""
-    device = Device(platform, platform, 1)
-    seconds, unknown = plan_seconds(plan, platform, lambda s: unmet_requirement(s, device) is not None)
+def plan_estimate(runs: Iterable[RunSpec], platform: str) -> str:
+    """`~4 min`, `~4 min + 2 runs not estimated`: the runs that can happen on `platform`."""
+    seconds, unknown = plan_seconds(runs, platform)
     return f"~{format_seconds(seconds)}" + (f" + {unknown} run{'s' * (unknown > 1)} not estimated" if unknown else "")
 
 
 def data_setting(plan: Plan) -> str | None:
     """'train wikitext-2/test.txt, validate wikitext-2/valid.txt, tokenizer bpe:4096' of the first training run."""
-    spec = next((r for r in plan.runs if r.kind == "train"), None)
-    if spec is None:
-        return None
-    d = train_config(spec).data
-    val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
-    return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+    for d in (train_config(r).data for r in plan.runs if r.kind == "train"):
+        val = f"validate {', '.join(d.val_source)}" if d.val_source else f"validate on its last {d.val_fraction:g}"
+        return f"train {', '.join(d.source)}, {val}, tokenizer {d.tokenizer}"
+    return None
 
 
 def list_plans() -> str:
     """Every shipped plan with its description and, per size, its runs and estimated time."""
     lines = ["plans (python -m experiments.run PLAN [--size SIZE] [--dry-run]):"]
+    fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
     for name in plan_names():
-        plan = load_plan(name)
-        per_size, data = [], []
-        for size in plan.sizes:
-            sized = load_plan(name, size)
-            estimate = plan_estimate(sized, size if size in THROUGHPUT else "cpu")
-            per_size.append(f"{size}: {len(sized.runs)} runs, {estimate}")
-            data += [f"{size}: {d}"] if (d := data_setting(sized)) else []
-        fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
+        sized = [load_plan(name, size) for size in load_plan(name).sizes]
+        per_size = [f"{p.size}: {len(p.runs)} runs, {plan_estimate(p.runs, p.size if p.size in THROUGHPUT else 'cpu')}"
+                    for p in sized]
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
-                  fill(" ".join(plan.description.split()), subsequent_indent=" " * 4)]
-        if data:
+                  fill(" ".join(sized[0].description.split()), subsequent_indent=" " * 4)]
+        if data := [f"{p.size}: {d}" for p in sized if (d := data_setting(p))]:
             lines.append(fill("data: " + "; ".join(data), subsequent_indent=" " * 6))
     lines += ["", "Times are estimates: " + "; ".join(f"{k}: {t.source}" for k, t in THROUGHPUT.items()) + "."]
     return "\n".join(lines)

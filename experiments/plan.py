@@ -1,30 +1,63 @@
-"""Experiment plans: a TOML file of [plan], [defaults], [sizes.SIZE], [[runs]] and [report] tables (the format:
-docs/experiments.md), expanded into concrete `RunSpec`s.
-
-Precedence, lowest first: `[defaults]`, `[sizes.SIZE]`, the run entry, the entry's own `sizes.SIZE` table, then the
-grid point; tables merge key by key (`set` and `args` included), lists and scalars replace. Grid axes: a dotted key
-(`optim.lr`) is a `--set` override, a plain key (`batch`) a bench/command argument, and an axis whose values are
-tables (`{ label = "bf16", set = {...} }`) applies a bundle of fields per point.
-"""
+"""Experiment plans (the format: docs/experiments.md): a run's fields (`RunSpec`) and a TOML plan file expanded into
+them for one size."""
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
 import functools
+import hashlib
 import itertools
+import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiments.spec import SPEC_KEYS, PlanError, RunSpec, check_keys, normalise, to_spec
 from jaxlm.core.errors import ConfigError
 from jaxlm.core.typedconfig import flatten_tree, merge_trees, read_toml
 
+
+class PlanError(ConfigError):
+    """A plan file is malformed; the message names the file and the key."""
+
+
+KINDS = ("train", "bench", "command")
+REQUIREMENT_NAMES = ("gpu",)  # a run that `requires` one is skipped, its reason recorded, on a device without it
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One concrete run: what to execute and how the report should label it."""
+
+    name: str
+    kind: str  # train | bench | command
+    config: str | None = None  # train: base config TOML
+    set: dict[str, Any] = field(default_factory=dict)  # train / bench: dotted `--set section.key=value` overrides
+    args: dict[str, Any] = field(default_factory=dict)  # bench / command: CLI arguments {flag: value}
+    argv: list[str] = field(default_factory=list)  # command: {run_dir} and {python} substituted, {seed} per seed
+    requires: str | None = None  # one of REQUIREMENT_NAMES
+    reason: str | None = None  # why the requirement exists, shown when skipped
+    tokens: int | None = None  # train: token budget, turned into train.steps
+    timeout: float | None = None  # seconds before the run is stopped and recorded as failed
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    axes: dict[str, Any] = field(default_factory=dict)  # {axis: value} labels for the report (grid runs get them)
+    note: str | None = None  # free text carried into result.json
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def hash(self) -> str:
+        """Identifies what the run computes: a changed spec means old results are stale."""
+        keep = {k: v for k, v in self.to_dict().items() if k not in ("note", "timeout", "reason")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+SPEC_KEYS = {f.name for f in dataclasses.fields(RunSpec)} - {"name"}  # a run entry's keys that describe the run
 TOP_KEYS = {"plan", "defaults", "sizes", "runs", "report"}
-PLAN_KEYS = {"name", "description", "default_size", "include", "seeds"}
+PLAN_KEYS = {"name", "description", "include", "seeds"}
 SEED_AXIS = "seed"  # the axis that labels a run's seed (its train.seed); the report averages over it
 # `seeded = false` keeps a train run out of the plan's seeds (e.g. the pre-training every seeded fine-tune starts from)
 ENTRY_KEYS = SPEC_KEYS | {"name", "grid", "sizes", "only_sizes", "seeded"}
@@ -65,8 +98,54 @@ def plan_names() -> list[str]:
     return sorted(q.stem for q in PLANS_DIR.glob("*.toml") if not q.name.startswith("_"))
 
 
+def check_keys(table: Any, allowed: set[str], where: str) -> dict:
+    """`table` itself, once it is a table whose keys are all `allowed`; else a PlanError naming `where`."""
+    if not isinstance(table, dict):
+        raise PlanError(f"{where}: expected a table, got {table!r}")
+    if unknown := [k for k in table if k not in allowed]:
+        raise PlanError(f"{where}: unknown key '{unknown[0]}'; valid keys: {', '.join(sorted(allowed))}")
+    return table
+
+
 def _fields(table: Any, where: str, allowed: set[str] = SPEC_KEYS) -> dict:
-    return normalise(check_keys(table, allowed, where), where)
+    """The table's run fields, keys checked against `allowed`, types checked and `set` flattened."""
+    out = dict(check_keys(table, allowed, where))
+    if "set" in out:
+        if not isinstance(out["set"], dict):
+            raise PlanError(f"{where}.set: expected a table of overrides, got {out['set']!r}")
+        out["set"] = flatten_tree(out["set"])
+    for key in ("args", "env", "axes"):
+        if key in out and not isinstance(out[key], dict):
+            raise PlanError(f"{where}.{key}: expected a table, got {out[key]!r}")
+    for key, choices in (("kind", KINDS), ("requires", REQUIREMENT_NAMES)):
+        if key in out and out[key] not in choices:
+            raise PlanError(f"{where}.{key}: {out[key]!r} is not one of {', '.join(choices)}")
+    if "argv" in out and not (isinstance(out["argv"], list) and all(isinstance(a, str) for a in out["argv"])):
+        raise PlanError(f"{where}.argv: expected a list of strings")
+    for key in ("tokens", "timeout"):
+        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or out[key] <= 0):
+            raise PlanError(f"{where}.{key}: expected a positive number, got {out[key]!r}")
+    return out
+
+
+def to_spec(name: str, fields: dict, where: str) -> RunSpec:
+    """The run of merged `fields`, once the fields its kind needs are there."""
+    kind = fields.get("kind")
+    if kind is None:
+        raise PlanError(f"{where}: no 'kind' (set it in [defaults] or the run)")
+    if kind == "train" and not fields.get("config"):
+        raise PlanError(f"{where}: a train run needs 'config' (a base config TOML)")
+    if kind == "train" and fields.get("args"):
+        raise PlanError(f"{where}.args: a train run takes dotted 'set' overrides, not args {sorted(fields['args'])}")
+    if kind == "command" and not fields.get("argv"):
+        raise PlanError(f"{where}: a command run needs 'argv'")
+    if fields.get("tokens") and kind != "train":
+        raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
+    given = {k: fields[k] for k in SPEC_KEYS if k in fields}
+    if "tokens" in given:
+        given["tokens"] = int(given["tokens"])
+    given["env"] = {k: str(v) for k, v in given.get("env", {}).items()}
+    return RunSpec(name=name, **given)
 
 
 def _grid_points(grid: Any, where: str) -> list[list[tuple[str, Any, dict]]]:
@@ -137,8 +216,9 @@ def _read_with_includes(path: Path) -> dict:
 
 
 def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], where: str) -> list[RunSpec]:
-    """One [[runs]] entry at one size: no run (not in `only_sizes`), one run, or one per grid point."""
-    check_keys(entry, ENTRY_KEYS, where)
+    """One [[runs]] entry at one size: no run (not in `only_sizes`), one run, or one per grid point. Its fields
+    merge over `base`, then its `sizes.SIZE` table's, then the grid point's (tables key by key, others replace)."""
+    fields = {k: v for k, v in _fields(entry, where, ENTRY_KEYS).items() if k in SPEC_KEYS}
     if "name" not in entry or not isinstance(entry["name"], str):
         raise PlanError(f"{where}: every run needs a 'name' (a template like 'lr{{optim.lr}}' for a grid)")
     only = entry.get("only_sizes")
@@ -149,7 +229,6 @@ def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], whe
     if not isinstance(entry.get("seeded", True), bool):
         raise PlanError(f"{where}.seeded: expected true or false, got {entry['seeded']!r}")
     own_sizes = check_keys(entry.get("sizes", {}), set(sizes), f"{where}.sizes")
-    fields = normalise({k: v for k, v in entry.items() if k in SPEC_KEYS}, where)
     grid = entry.get("grid")
     if size in own_sizes:
         own = _fields(own_sizes[size], f"{where}.sizes.{size}", SPEC_KEYS | {"grid"})
@@ -167,9 +246,9 @@ def _expand_entry(entry: Any, base: dict, size: str, sizes: tuple[str, ...], whe
     return runs
 
 
-def load_plan(plan: str | Path, size: str | None = None) -> Plan:
-    """Parse a plan file (or a plan name in experiments/plans/) and expand it for one size (default: the plan's
-    `default_size`, else its first size)."""
+def load_plan(plan: str | Path, size: str | None = None, platform: str = "cpu") -> Plan:
+    """Parse a plan file (or a plan name in experiments/plans/) and expand it for one size (default: `gpu` on a GPU
+    `platform` when the plan has it, else its first size)."""
     path = Path(plan) if Path(plan).is_file() else PLANS_DIR / f"{plan}.toml"
     if not path.is_file():
         raise PlanError(f"plan not found: {plan} (not a file; known plans: {', '.join(plan_names())})")
@@ -180,7 +259,7 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
     if not isinstance(sizes_table, dict):
         raise PlanError(f"{path}: [sizes]: expected tables such as [sizes.cpu]")
     sizes = tuple(sizes_table) or ("default",)
-    size = size or meta.get("default_size") or sizes[0]
+    size = size or ("gpu" if platform == "gpu" and "gpu" in sizes else sizes[0])
     if size not in sizes:
         raise PlanError(f"{path}: size '{size}' is not defined; sizes: {', '.join(sizes)}")
     base = merge_trees(defaults, _fields(sizes_table.get(size, {}), f"{path}: [sizes.{size}]"))
@@ -198,7 +277,7 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
         runs += expanded
         if entry.get("seeded") is False:
             unseeded |= {r.name for r in expanded}
-    runs = with_seeds(runs, _seeds(meta.get("seeds"), f"{path}: [plan].seeds"), unseeded, path)
+    runs = with_seeds(runs, meta.get("seeds"), unseeded, path)
     if dups := [n for n, c in Counter(r.name for r in runs).items() if c > 1]:
         raise PlanError(f"{path}: run names are not unique: {', '.join(dups)} "
                         "(put every grid axis in the name template)")
@@ -206,17 +285,13 @@ def load_plan(plan: str | Path, size: str | None = None) -> Plan:
                 description=meta.get("description", ""), runs=tuple(runs), report=report)
 
 
-def _seeds(seeds: Any, where: str) -> list[int] | None:
-    if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
-                              or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
-        raise PlanError(f"{where}: expected a non-empty list of distinct integers >= 0, got {seeds!r}")
-    return seeds
-
-
-def with_seeds(runs: list[RunSpec], seeds: list[int] | None, unseeded: set[str], path: Path) -> list[RunSpec]:
+def with_seeds(runs: list[RunSpec], seeds: Any, unseeded: set[str], path: Path) -> list[RunSpec]:
     """Each train run once per seed: named NAME-sSEED, with `train.seed` set and a `seed` axis. Seed-major, so a plan
     cut short still compares every setting. A command whose argv names `{seed}` runs once per seed too, after that
     seed's training runs; other runs (benchmarks, commands, `unseeded` train runs) run once, in the first pass."""
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+                              or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
+        raise PlanError(f"{path}: [plan].seeds: expected a non-empty list of distinct integers >= 0, got {seeds!r}")
     per_seed = lambda r: any("{seed}" in a for a in r.argv)
     if not seeds:
         if named := next((r for r in runs if per_seed(r)), None):

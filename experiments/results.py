@@ -1,8 +1,5 @@
-"""Reading what runs leave behind: metrics.jsonl, bench JSON, result.json.
-
-The runner condenses a finished run into result.json; the report reads result.json and the learning curves. A
-quantity is read from the metric the trainer logs (`METRICS`: `jaxlm.training.loop`'s names).
-"""
+"""Reading what runs leave behind: metrics.jsonl (by `METRICS`: jaxlm.training.loop's names), bench JSON,
+result.json."""
 
 from __future__ import annotations
 

@@ -1,31 +1,28 @@
 """Run an experiment plan: `python -m experiments.run PLAN [--only NAME ...] [--dry-run] [--size cpu|gpu]`.
 
-Each run executes in `runs/PLAN/NAME/`; its `result.json`, written last, marks it complete, so a plan resumes where it
-stopped. How runs are recorded, retried and interrupted: docs/experiments.md.
-"""
+How runs are recorded, resumed and interrupted: docs/experiments.md."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import tomllib
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 
-from experiments import child
-from experiments.commands import BUILDERS, train_config
-from experiments.device import Device, check_committed, detect_device, git_info, software_versions, unmet_requirement
+from experiments import commands
+from experiments.commands import BUILDERS, Device, train_config, unmet_requirement
 from experiments.estimate import THROUGHPUT, estimate_seconds, format_seconds, list_plans, plan_estimate
-from experiments.plan import Plan, PlanError, load_plan, plan_names
+from experiments.plan import Plan, PlanError, RunSpec, load_plan, plan_names
 from experiments.results import DONE_STATUSES, RESULT, has_nonfinite_loss, load_bench, read_metrics, summarise_train
-from experiments.spec import RunSpec
 from jaxlm import cli
 from jaxlm.analysis.flops import param_counts
 from jaxlm.core import host, stop
@@ -53,12 +50,10 @@ def validate(plan: Plan, plan_dir: Path, dry_run: bool = False) -> list[str]:
             data = train_config(spec, plan_dir / spec.name).data
             if not (Path(data.dir) / META).is_file():  # not tokenised yet: its sources must exist
                 resolve_sources([*data.source, *data.val_source])
-        except CorpusMissing as e:
-            if not dry_run:
+        except UserError as e:
+            if not (dry_run and isinstance(e, CorpusMissing)):
                 raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
             missing += [] if e.name in missing else [e.name]
-        except UserError as e:
-            raise PlanError(f"{plan.path}: run '{spec.name}': {e}") from None
     return missing
 
 
@@ -72,6 +67,39 @@ def _tail(path: Path, start: int) -> str:
         return ""
 
 
+def wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int | None]:
+    """Wait for the child like Popen.wait, also returning its peak resident memory (bytes, from wait4)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss * 1024  # Linux reports KiB
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def stop_child(proc: subprocess.Popen, grace: float | None = None) -> int:
+    """SIGTERM to the child's process group (its own session: Ctrl-C reaches only the runner), SIGKILL after `grace`
+    seconds or at a second signal to the runner; returns its exit code."""
+    def signal_group(sig: int) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+    signal_group(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=grace)
+    except KeyboardInterrupt:
+        print("second signal: killing the run without waiting for its checkpoint", file=sys.stderr, flush=True)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(signal.SIGKILL)
+    return proc.wait()
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -82,8 +110,7 @@ def is_complete(run_dir: Path, spec: RunSpec) -> dict | None:
 
 
 def prepare_dir(run_dir: Path, spec: RunSpec) -> bool:
-    """Make the run directory; True when resuming an interrupted run of the same spec. A directory holding another
-    spec, or a failed attempt, is wiped; an interrupted one is kept, so a training run resumes from its checkpoint."""
+    """Make the run directory, wiped unless it holds an interrupted run of the same spec; True when resuming."""
     old = read_json(run_dir / "spec.json", default=None)
     stale = not isinstance(old, dict) or old.get("spec_hash") != spec.hash
     ended = read_json(run_dir / RESULT, default={"status": "unreadable"}) if (run_dir / RESULT).exists() else None
@@ -135,7 +162,7 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
               "platform": device.platform, "device_count": device.count, "started_at": _now(),
               "host": {**{k: v for k, v in host.describe().items() if k != "load_avg_1m"},
                        "load_avg_1m_start": os.getloadavg()[0]},
-              "versions": software_versions()}
+              "versions": commands.software_versions()}
     if spec.kind == "train":
         result["config"] = to_dict(train_config(spec, run_dir))
     if reason := unmet_requirement(spec, device):
@@ -152,18 +179,17 @@ def execute(spec: RunSpec, run_dir: Path, device: Device, git: dict, plan: Plan)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         max_rss, timed_out = None, False
         try:
-            rc, max_rss = child.wait(proc, spec.timeout)
+            rc, max_rss = wait(proc, spec.timeout)
         except subprocess.TimeoutExpired:
-            child.kill(proc)
-            rc, timed_out = proc.returncode, True
+            rc, timed_out = stop_child(proc, grace=20), True
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM to the runner: the run stops the same way, then is recorded
-            rc = child.stop(proc)
+            rc = stop_child(proc)
             write_json(run_dir / RESULT, {**result, "status": "interrupted", "reason": f"{stop.signal_name(e)} to the "
                                           f"runner; the run stopped with exit code {rc}", "returncode": rc,
                                           "finished_at": _now(), "wall_time_s": time.perf_counter() - t0})
             raise
         except BaseException:  # the runner failing: take the child down with it
-            child.kill(proc)
+            stop_child(proc, grace=20)
             raise
     result.update(collect(spec, run_dir))
     result.update({"returncode": rc, "finished_at": _now(), "wall_time_s": time.perf_counter() - t0,
@@ -217,44 +243,33 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
     missing = validate(plan, plan_dir, dry_run)
-    git = {**git_info(), "draft": draft}
+    git = {**commands.git_info(), "draft": draft}
     if not (dry_run or draft):
-        check_committed(git)
-    device = device or detect_device()
+        commands.check_committed(git)
+    device = device or commands.detect_device()
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
           f"device {device.kind}", flush=True)
     if dry_run:
-        counts = _run_all(plan, plan_dir, runs, device, dry_run, git)
-        for name in missing:
-            print(f"needs corpus {name!r}, not in the data root ({data_root()}): run `python -m jaxlm.data download "
-                  f"{name}` (or point JAXLM_DATA at a folder that holds it) before running the plan", flush=True)
-        return counts
+        return _run_all(plan, plan_dir, runs, device, git, missing)
     with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
-        return _run_all(plan, plan_dir, runs, device, dry_run, git)
+        return _run_all(plan, plan_dir, runs, device, git)
 
 
-def _preview(spec: RunSpec, run_dir: Path, device: Device) -> str:
-    """A dry run's line about one run: its estimated time and command, or why it would be skipped."""
-    if reason := unmet_requirement(spec, device):
-        return f"): would skip: {reason}"
-    seconds = estimate_seconds(spec, device.platform)
-    estimate = f"~{format_seconds(seconds)}" if seconds is not None else "time unknown"
-    return f", {estimate}): {shlex.join(BUILDERS[spec.kind](spec, run_dir))}"
-
-
-def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dry_run: bool,
-             git: dict) -> dict[str, int]:
-    """Each run in turn (or its command, with dry_run); returns a count per status."""
+def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, git: dict,
+             missing: list[str] | None = None) -> dict[str, int]:
+    """Each run in turn; a dry run (`missing` corpora given) prints each command and estimate instead."""
     counts: Counter[str] = Counter()
+    pending = []
     for i, spec in enumerate(runs, 1):
         run_dir = plan_dir / spec.name
         prefix = f"[{i}/{len(runs)}] {spec.name} ({spec.kind}"
         if done := is_complete(run_dir, spec):
             counts["complete"] += 1
             print(f"{prefix}): already {done['status']}, skipped", flush=True)
-        elif dry_run:
+        elif missing is not None:
             counts["pending"] += 1
+            pending.append(spec)
             print(prefix + _preview(spec, run_dir, device), flush=True)
         else:
             print(f"{prefix}) ...", flush=True)
@@ -266,20 +281,30 @@ def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, dr
             if result["status"] == "failed" and result.get("error_tail"):
                 print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
     print("done: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
-    if dry_run:
-        pending = [s for s in runs if not is_complete(plan_dir / s.name, s)]
+    if missing is not None:
         source = THROUGHPUT.get(device.platform, THROUGHPUT["cpu"]).source
-        print(f"estimated time: {plan_estimate(dataclasses.replace(plan, runs=tuple(pending)), device.platform)} "
+        print(f"estimated time: {plan_estimate(pending, device.platform)} "
               f"on {device.platform} ({source}; see experiments/estimate.py)", flush=True)
+        for name in missing:
+            print(f"needs corpus {name!r}, not in the data root ({data_root()}): run `python -m jaxlm.data download "
+                  f"{name}` (or point JAXLM_DATA at a folder that holds it) before running the plan", flush=True)
     return dict(counts)
+
+
+def _preview(spec: RunSpec, run_dir: Path, device: Device) -> str:
+    """A dry run's line about one run: its estimated time and command, or why it would be skipped."""
+    if reason := unmet_requirement(spec, device):
+        return f"): would skip: {reason}"
+    seconds = estimate_seconds(spec, device.platform)
+    estimate = f"~{format_seconds(seconds)}" if seconds is not None else "time unknown"
+    return f", {estimate}): {shlex.join(BUILDERS[spec.kind](spec, run_dir))}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.ArgumentParser(command="experiments.run", description=__doc__.split("\n\n")[0],
                            formatter_class=cli.HelpFormatter, epilog=f"plans: {', '.join(plan_names())}")
-    p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans)")
-    p.add_argument("--list", action="store_true",
-                   help="list the plans, their data and estimated times (as with no PLAN)")
+    p.add_argument("plan", nargs="?", help="plan file, or a plan name in experiments/plans/ (none: list the plans, "
+                   "their data and estimated times)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these runs (names or globs)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the runs, their commands and estimated times; run nothing")
@@ -289,16 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", action="store_true", help="run from a tree with uncommitted changes; every record says "
                    "git.draft = true (without it the runner refuses such a tree)")
     args = p.parse_args(argv)
-
+    if args.plan is None:
+        print(list_plans())
+        return 0
     try:  # SIGTERM (a scheduler's stop) is an interrupt, as Ctrl-C is (jaxlm.core.stop)
-        if args.plan is None or args.list:
-            print(list_plans())
-            return 0
-        device = detect_device()
-        size = args.size
-        if size is None and device.platform == "gpu" and "gpu" in load_plan(args.plan).sizes:
-            size = "gpu"
-        plan = load_plan(args.plan, size)
+        device = commands.detect_device()
+        plan = load_plan(args.plan, args.size, device.platform)
         counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {stop.signal_name(e)}; the run in progress was stopped and recorded as interrupted, "

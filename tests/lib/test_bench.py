@@ -354,7 +354,7 @@ def test_matmul_calls_compute_the_forms_of_a_train_step(form):
 
 def test_experiments_bench_runs_call_the_model_command(tmp_path):
     from experiments.commands import build_bench
-    from experiments.spec import RunSpec
+    from experiments.plan import RunSpec
 
     spec = RunSpec(name="b", kind="bench", set={"model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
                                                 "model.vocab_size": 67, "optim.lr": 1.0},
