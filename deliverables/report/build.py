@@ -10,7 +10,7 @@ from pathlib import Path
 from deliverables.report import seeds
 from deliverables.report.bench import bench_rows, bench_scaling_sentences, bench_sentences, bench_table, max_batch_table
 from deliverables.report.charts import bench_figures
-from deliverables.report.compare import comparison_sentences, status_sentences, sweep_sentences, train_table
+from deliverables.report.compare import status_sentences, train_table
 from deliverables.report.findings import findings_rows, findings_table
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import images, report_dir
@@ -18,7 +18,6 @@ from deliverables.report.plots import plot_curves, plot_vs_axis
 from deliverables.report.sections import Plan, backend, plan_sections
 from deliverables.report.sections.divergence import untrained_loss
 from deliverables.report.sections.peft import quantize_rows
-from experiments.plan import format_value
 from experiments.results import RESULT, load_results
 from jaxlm.core.errors import DataError
 from jaxlm.core.files import atomic_write, read_json, write_json
@@ -100,20 +99,12 @@ def _provenance(runs: list[dict]) -> str:
             + (f", {drafts} marked draft)" if drafts else ")"))
 
 
-def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str | None, noise: Family) -> list[str]:
-    """The runs table (`runs_table`: the seeded settings' table, judged in `noise`) and plots."""
-    baseline = cfg.get("baseline", {})
-    lines = ["## Runs", ""]
-    if runs_table is not None:
-        lines += [runs_table, ""]
-        lines += [f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} comparison"
-                  f"{'s' * (noise.size != 1)}: the whole report).", ""] if noise.size else []
-        lines += ["<details><summary>Every run</summary>", "", train_table(train_runs, {}), "", "</details>", ""]
-    else:
-        lines += [train_table(train_runs, baseline), ""]
-        if baseline:
-            against = ", ".join(f"{k} = {format_value(v)}" for k, v in baseline.items())
-            lines += [f"Δ columns: change against the baseline ({against}) with the same other settings.", ""]
+def training_section(train_runs: list[dict], cfg: dict, out: Path, runs_table: str, noise: Family) -> list[str]:
+    """The settings' table (`runs_table`, judged in `noise`), every run's table and the plots."""
+    lines = ["## Runs", "", runs_table, ""]
+    lines += [f"Intervals and *beyond noise* as under *Measured* (one Holm family of {noise.size} comparison"
+              f"{'s' * (noise.size != 1)}: the whole report).", ""] if noise.size else []
+    lines += ["<details><summary>Every run</summary>", "", train_table(train_runs), "", "</details>", ""]
     lines += ["Total time is the whole process (start-up, compilation, evaluation); step time and tokens/s are "
               "medians of the logged steps after the first." + _eval_tokens_note(train_runs), ""]
     pngs = (plot_curves(train_runs, out, tuple(cfg.get("curves", ("step", "time"))))
@@ -138,14 +129,11 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     return lines + images(pngs)
 
 
-def sentences_for(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family) -> list[str]:
+def sentences_for(plan: Plan, brows: list[dict], noise: Family) -> list[str]:
     cfg, out = plan.cfg, status_sentences(plan.runs)
-    if seeds.is_seeded(train_runs):
-        out += seeds.seed_sentences(plan.settings, seeds.baseline_of(plan.settings, cfg.get("baseline", {})), noise)
-        if cfg.get("equal_tokens") and cfg.get("x"):
-            out += seeds.equal_token_sentences(plan.settings, cfg["x"], noise)
-    else:
-        out += comparison_sentences(train_runs, cfg.get("baseline", {})) + sweep_sentences(train_runs, cfg.get("x"))
+    out += seeds.seed_sentences(plan.settings, seeds.baseline_of(plan.settings, cfg.get("baseline", {})), noise)
+    if cfg.get("equal_tokens") and cfg.get("x"):
+        out += seeds.equal_token_sentences(plan.settings, cfg["x"], noise)
     out += bench_sentences(brows, cfg.get("bench_baseline", {}), noise) + bench_scaling_sentences(brows)
     for r in plan.runs:
         for f in r.get("bench_max_batch") or []:
@@ -156,14 +144,11 @@ def sentences_for(plan: Plan, train_runs: list[dict], brows: list[dict], noise: 
     return out
 
 
-def measured_parts(plan: Plan, train_runs: list[dict], brows: list[dict], noise: Family):
-    """(sentences, the one-plan sections' lines, the seeded runs table or None), judged in one Holm family."""
+def measured_parts(plan: Plan, brows: list[dict], noise: Family):
+    """(sentences, the one-plan sections' lines, the settings' table), judged in one Holm family."""
     section_findings, section_lines = plan_sections(replace(plan, noise=noise))
-    table = None
-    if seeds.is_seeded(train_runs):
-        bases = seeds.baseline_of(plan.settings, plan.cfg.get("baseline", {}))
-        table = seeds.settings_table(plan.settings, bases, noise)
-    sentences = backend.annotate(sentences_for(plan, train_runs, brows, noise), backend.is_cpu(plan.runs))
+    table = seeds.settings_table(plan.settings, seeds.baseline_of(plan.settings, plan.cfg.get("baseline", {})), noise)
+    sentences = backend.annotate(sentences_for(plan, brows, noise), backend.is_cpu(plan.runs))
     return sentences + section_findings, section_lines, table
 
 
@@ -189,7 +174,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
     plan = Plan(runs, settings, cfg, ctx, out, Family())
     # One Holm family for the whole report: a comparison in the findings table and under Measured gets one verdict.
     (rows, (measured, section_lines, runs_table)), noise = judged(lambda noise: (
-        findings_rows(name, settings, {**ctx, "noise": noise}), measured_parts(plan, train_runs, brows, noise)))
+        findings_rows(name, settings, {**ctx, "noise": noise}), measured_parts(plan, brows, noise)))
     if rows:
         lines += ["## Findings vs the curriculum", "", findings_table(rows), "",
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of "

@@ -1,20 +1,12 @@
-"""Plans without seeds (one seed per setting): their sentences, the trend along x, the runs table; the change
-phrases the bench sentences share."""
+"""The runs' status sentences and every-run table; the change phrases the bench sentences share."""
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from deliverables.common import table
-from deliverables.report.format import QUANTITIES, fmt, fmt_pct, pct_change, value, x_value, xfmt
-from deliverables.report.noise import Family
-from deliverables.report.seeds import baseline_of, group_settings, matched, seed_sentences
+from deliverables.report.format import QUANTITIES, fmt, value
 from experiments.plan import format_value
-
-
-def _axes(run: dict) -> dict:
-    return run.get("axes", {})
 
 
 def change_phrase(name: str, changes: list[float]) -> str | None:
@@ -34,12 +26,6 @@ def describe_changes(subject: str, against: str, phrases: list[str]) -> str | No
     return f"{subject} against {against}: " + "; ".join(phrases) + "." if phrases else None
 
 
-def comparison_sentences(runs: list[dict], baseline: dict) -> list[str]:
-    """A plan without seeds is one seed per setting: `seeds.seed_sentences` (n = 1, noise unknown)."""
-    settings = group_settings(runs)
-    return seed_sentences(settings, baseline_of(settings, baseline), Family())
-
-
 def status_sentences(runs: list[dict]) -> list[str]:
     counts: dict[str, list[str]] = {}
     for r in runs:
@@ -52,38 +38,10 @@ def status_sentences(runs: list[dict]) -> list[str]:
     return out + [f"{', '.join(names)} {status}: {reason}." for (status, reason), names in same.items()]
 
 
-def sweep_sentences(runs: list[dict], x: str | None) -> list[str]:
-    """How the final validation loss (and accuracy) moves along the x axis, from its lowest x to its highest."""
-    pts = sorted(((xv, r) for r in runs if r.get("status") == "ok" and x and (xv := x_value(r, x)) is not None
-                  and value(r, "eval_loss") is not None and math.isfinite(value(r, "eval_loss"))), key=lambda t: t[0])
-    if len(pts) < 2:
-        return []
-    (x0, r0), (x1, r1) = pts[0], pts[-1]
-    l0, l1 = value(r0, "eval_loss"), value(r1, "eval_loss")
-    losses = [value(r, "eval_loss") for _, r in pts]
-    shape = ("at every step along the axis" if all((b < a) == (l1 < l0) for a, b in zip(losses, losses[1:]))
-             else f"not monotonically: lowest at {x}={xfmt(pts[losses.index(min(losses))][0])}")
-    out = [f"From {x}={xfmt(x0)} to {x}={xfmt(x1)} the validation loss {'fell' if l1 < l0 else 'rose'} from "
-           f"{l0:.3f} to {l1:.3f} ({fmt_pct(pct_change(l1, l0))}), {shape}."]
-    a0, a1 = value(r0, "eval_acc"), value(r1, "eval_acc")
-    if a0 is not None and a1 is not None:
-        out.append(f"Validation accuracy went from {fmt(a0, 'pct')} to {fmt(a1, 'pct')} over the same range.")
-    return out
-
-
-def train_table(runs: list[dict], baseline: dict) -> str:
+def train_table(runs: list[dict]) -> str:
+    """Every run: its axes, status and final metrics."""
     axes = list(dict.fromkeys(k for r in runs for k in r.get("axes", {})))
     cols = [q for q in QUANTITIES if any(value(r, q) is not None for r in runs)]
-    ok = [r for r in runs if r.get("status") == "ok"]
-    base_of = {r["name"]: b for axis, label in baseline.items() for r, b in matched(ok, _axes, axis, label)}
-    deltas = [q for q in ("eval_ppl", "wall_time_s", "peak_memory", "max_rss_bytes") if q in cols] if base_of else []
-    headers = ["run", *axes, "status", *(QUANTITIES[q][0] for q in cols), *(f"Δ {QUANTITIES[q][0]}" for q in deltas)]
-    rows = []
-    for r in runs:
-        row = [f"`{r['name']}`", *(format_value(r.get("axes", {}).get(a, "")) for a in axes), r.get("status", "?")]
-        row += [fmt(value(r, q), QUANTITIES[q][1]) for q in cols]
-        b = base_of.get(r["name"])
-        is_base = r["name"] in {x["name"] for x in base_of.values()}
-        row += [fmt_pct(pct_change(value(r, q), value(b, q))) if b else "base" if is_base else "" for q in deltas]
-        rows.append(row)
-    return table(headers, rows)
+    rows = [[f"`{r['name']}`", *(format_value(r.get("axes", {}).get(a, "")) for a in axes), r.get("status", "?"),
+             *(fmt(value(r, q), QUANTITIES[q][1]) for q in cols)] for r in runs]
+    return table(["run", *axes, "status", *(QUANTITIES[q][0] for q in cols)], rows)

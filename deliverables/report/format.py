@@ -67,10 +67,6 @@ def pct_change(new: float | None, old: float | None) -> float | None:
     return 100.0 * (new - old) / old
 
 
-def fmt_pct(p: float | None) -> str:
-    return "–" if p is None else f"{p:+.0f}%"
-
-
 def value(run: dict, q: str) -> float | None:
     v = run.get(q) if q in RUN_LEVEL else run.get("metrics", {}).get(q)
     if run.get("status") == "skipped":
@@ -81,10 +77,6 @@ def value(run: dict, q: str) -> float | None:
 def axis_label(axis: str, label: Any) -> str:
     """A bundle label reads on its own ('bfloat16'); a bare number needs its axis ('optim.lr=0.01')."""
     return format_value(label) if isinstance(label, str) else f"{axis}={format_value(label)}"
-
-
-def xfmt(v: float) -> str:
-    return fmt(v, "count") if abs(v) >= 1e4 else format_value(int(v) if float(v).is_integer() else v)
 
 
 def x_value(run: dict, x: str) -> float | None:

@@ -81,10 +81,6 @@ def group_settings(runs: list[dict]) -> list[Setting]:
     return list(out.values())
 
 
-def is_seeded(runs: list[dict]) -> bool:
-    return any(SEED_AXIS in (r.get("axes") or {}) for r in runs)
-
-
 def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
     """True when a and b differ beyond noise (Welch's test, Holm-corrected over `noise`), False when
     within noise, None with a single seed."""

@@ -189,6 +189,8 @@ def test_two_run_training_plan_end_to_end_and_report(tmp_path, monkeypatch):
     for name, r in results.items():
         row = next(line for line in runs_table.splitlines() if line.startswith(f"| `{name}`"))
         assert f"{r['metrics']['eval_loss']:.3f}" in row and f"{r['metrics']['eval_ppl']:.2f}" in row
+        assert "| 1 | ok |" in row  # one seed, said as such: no interval
+    assert "±" not in runs_table and "<summary>Every run</summary>" in runs_table
     base, other = results["w32"]["metrics"]["eval_loss"], results["w48"]["metrics"]["eval_loss"]
     change = 100 * (other - base) / base  # a plan without seeds: one seed per setting
     assert f"`w48` against `w32`: validation loss {other:.3f} against {base:.3f} ({change:+.1f}%, one seed" in text
