@@ -44,9 +44,17 @@ def table(head: list[str], rows: list[list], align: str = "l") -> str:
     return "\n".join(lines)
 
 
-def render(template: str, fields: dict[str, str]) -> str:
-    """A page from its template in deliverables/pages/: each paragraph's lines joined into one line, then each
-    {name} replaced by `fields[name]` (a table, a figure)."""
-    text = (Path(__file__).parent / "pages" / template).read_text().strip()
-    text = "\n\n".join(" ".join(p.splitlines()) for p in text.split("\n\n"))
-    return re.sub(r"\{([\w.-]+)\}", lambda m: fields[m.group(1)], text) + "\n"
+ALONE = r"\||#|```|\{[\w-]+\}$"  # a line of its own: a table row, a heading, a code fence, a field alone ("{table}")
+WRAPPED = re.compile(rf"^(?!{ALONE})(.+)\n(?!{ALONE}|- |$)", re.M)  # a break in a paragraph, not before a list item
+
+
+def render(template: str, block: str = "", /, **fields) -> str:
+    """Template TEMPLATE in deliverables/pages/ (its `<!-- BLOCK -->` block, else the whole file), its wrapped
+    lines joined, filled by str.format (a field's name has no dot: `{2_7B}`). A field may be lines (joined); one
+    left empty leaves no run of blank lines behind."""
+    text = (Path(__file__).parent / "pages" / template).read_text()
+    if block:
+        parts = re.split(r"^<!-- (\w+) -->\n", text, flags=re.M)
+        text = dict(zip(parts[1::2], parts[2::2]))[block]
+    fields = {k: "\n".join(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return re.sub(r"\n{3,}", "\n\n", WRAPPED.sub(r"\1 ", text).format(**fields))

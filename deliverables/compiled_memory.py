@@ -72,7 +72,7 @@ def sections() -> list[Section]:
         Section("mixed-precision", [(f"{mode}, {d}", job("small", 512, 8, d, mode=mode))
                                     for mode in ("forward", "train_step") for d in ("float32", "bfloat16")]),
         Section("largest-batch", [(how, job("small", 1024, 8, how)) for how in TECHNIQUES[:6]], largest=True),
-        Section("2.7B", [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
+        Section("2_7B", [(f"{mode}, {d}, context {t}", job("2.7B", t, 4, d, mode=mode))
                          for mode in ("forward", "train_step") for d in ("float32", "bfloat16")
                          for t in (128, 256, 512)]),
     ]
@@ -174,7 +174,7 @@ def write_page(argv: list[str], module: str, doc: str, all_sections, fields, col
         head, cells = columns(s, rows)
         tables[s.name] = table(head, [[r["setting"], r["error"]] if "error" in r else cells(r) for r in rows], "lr")
     out = args.out or OUT_DIR / f"{target.name}-{name}.md"
-    out.write_text(render(f"{module.rpartition('.')[2]}.md", {**fields(target), **tables}))
+    out.write_text(render(f"{module.rpartition('.')[2]}.md", **{**fields(target), **tables}))
     print(f"wrote {out}")
     return 0
 

@@ -204,9 +204,8 @@ def page(figures: dict[str, dict], target: Target) -> str:
         ["instruction", "MiB", "shape", "count", "op", "source"],
         [[g["example"], f"{g['bytes'] / MIB:,.1f}", f"`{g['shape']}`", g["count"], f"`{g['op']}`", f"`{g['source']}`"]
          for g in r["largest"]], "lr") for lbl, r in figures.items() if "float32" in lbl]
-    return render("memory_profile.md", {"preset": PRESET, "description": target.description, "label": target.label,
-                                        "batch": str(BATCH), "name": target.name, "peak": peak, "live": live,
-                                        "largest": "\n\n".join(largest)})
+    return render("memory_profile.md", preset=PRESET, description=target.description, label=target.label, batch=BATCH,
+                  name=target.name, peak=peak, live=live, largest="\n\n".join(largest))
 
 
 def draw(figures: dict[str, dict], path: Path, target: Target) -> None:
