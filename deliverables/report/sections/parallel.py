@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from deliverables.common import table
-from deliverables.report.output import COLOURS, pyplot, save_figure
+from deliverables.report.output import COLOURS, images, pyplot, save_figure
 from deliverables.report.seeds import run_json
 
 
@@ -66,10 +66,7 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
              "train step; temp: XLA's temporaries (compiled memory analysis). Collectives are counted in the "
              "compiled HLO (an op inside the scanned layer loop counts once). Measured bubble: 1 - t(reference) / "
              "t(pipeline), the reference being the same devices and batch with the pipeline axis folded into data.", ""]
-    for png in (plot_memory(by_run, out), plot_bubble(rows, out)):
-        if png:
-            lines += [f"![{png}]({png})", ""]
-    return findings, lines
+    return findings, lines + images([plot_memory(by_run, out), plot_bubble(rows, out)])
 
 
 def _bubble(r: dict) -> str:
