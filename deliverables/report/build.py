@@ -192,7 +192,7 @@ def write_report(plan_dir: Path, out: Path, records: bool = False, compile: bool
               f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records",
               "```", ""]
     if records:
-        export_records(plan_dir, runs, out / "records")
+        export_records(plan_dir, meta, runs, out / "records")
     return atomic_write(out / "report.md", "\n".join(lines))
 
 
@@ -209,7 +209,7 @@ def _portable(obj, prefixes: list[tuple[str, str]]):
     return obj
 
 
-def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
+def export_records(plan_dir: Path, meta: dict, runs: list[dict], dest: Path) -> None:
     """Copy plan.json and each run's result.json, metrics.jsonl and bench.json to DEST/RUN/, machine paths removed."""
     if dest.resolve() == plan_dir.resolve():
         return
@@ -217,7 +217,6 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    meta = read_json(plan_dir / "plan.json", default=None)
     if meta:
         write_json(dest / "plan.json", _portable(meta, prefixes))
     for r in runs:

@@ -9,12 +9,6 @@ from deliverables.report.output import COLOURS, images, pyplot, save_figure
 from deliverables.report.seeds import run_json
 
 
-def parallel_rows(runs: list[dict]) -> list[dict]:
-    """Every `bench parallel` row of the plan, tagged with its run's name."""
-    return [{"run": r["name"], **row} for r, data in run_json(runs, "bench.json")
-            for row in (data or {}).get("rows", []) if "layout" in row]
-
-
 def _replicated(rows: list[dict]) -> dict | None:
     """The row whose train state is whole on every device: one device, or data parallelism only."""
     return next((r for r in rows if r["layout"] == "1 device"
@@ -32,7 +26,8 @@ def _collectives(row: dict) -> str:
 
 def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
     """(findings, lines): per-device memory against the replicated layout, collectives, throughput, bubble."""
-    rows = parallel_rows(runs)
+    rows = [{"run": r["name"], **row} for r, data in run_json(runs, "bench.json")  # every `bench parallel` row
+            for row in (data or {}).get("rows", []) if "layout" in row]
     if not rows:
         return [], []
     findings, body = [], []
