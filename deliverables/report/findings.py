@@ -81,7 +81,7 @@ def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
 def _worse_at_evals(var: Setting, base: Setting) -> str:
     xa, ma, _, _ = mean_curve(var.ok, "eval_loss", "step")
     xb, mb, _, _ = mean_curve(base.ok, "eval_loss", "step")
-    common = {x: m for x, m in zip(xb, mb)}
+    common = dict(zip(xb, mb))
     pairs = [(m, common[x]) for x, m in zip(xa, ma) if x in common]
     return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
 
@@ -212,8 +212,8 @@ def _little(text: str, stats: list[Stats]) -> tuple[str, str]:
 
 def check_mixed_precision(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
-    gpu = [r for r in ctx.get("bench_rows", []) if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
-           and r.get("memory_source") == "memory_stats"]
+    gpu = any(r.get("dtype") == "bfloat16" and r.get("status") == "ok" and r.get("memory_source") == "memory_stats"
+              for r in ctx.get("bench_rows", []))
     return ("see the mixed-precision sentences above" if gpu else "left to the GPU campaign: on CPU, XLA computes "
             "bfloat16 through float32, so neither its memory nor its speed is the GPU's"), UNRESOLVED
 
@@ -292,10 +292,8 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("profiling", "peak memory grows faster than linearly with context",
             "faster than linear in context (attention matrices)",
             lambda s, c: fit_memory_context(c.get("bench_rows", []))),
-    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            check_mixed_precision),
-    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            check_mixed_precision),
+    *(Finding(plan, "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+              check_mixed_precision) for plan in ("profiling", "optimizations")),
     Finding("optimizations", "rematerialisation changes memory and time, not the loss",
             "by design: the backward recomputes the same forward", check_remat),
     Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",
