@@ -129,9 +129,13 @@ def bench_section(runs: list[dict], brows: list[dict], out: Path) -> list[str]:
     return lines + images(pngs)
 
 
-def sentences_for(plan: Plan, brows: list[dict], noise: Family) -> list[str]:
+def measured_parts(plan: Plan, brows: list[dict], noise: Family):
+    """(sentences, the one-plan sections' lines, the settings' table), judged in one Holm family."""
+    section_findings, section_lines = plan_sections(replace(plan, noise=noise))
     cfg, out = plan.cfg, status_sentences(plan.runs)
-    out += seeds.seed_sentences(plan.settings, seeds.baseline_of(plan.settings, cfg.get("baseline", {})), noise)
+    bases = seeds.baseline_of(plan.settings, cfg.get("baseline", {}))
+    table = seeds.settings_table(plan.settings, bases, noise)
+    out += seeds.seed_sentences(plan.settings, bases, noise)
     if cfg.get("equal_tokens") and cfg.get("x"):
         out += seeds.equal_token_sentences(plan.settings, cfg["x"], noise)
     out += bench_sentences(brows, cfg.get("bench_baseline", {}), noise) + bench_scaling_sentences(brows)
@@ -141,22 +145,13 @@ def sentences_for(plan: Plan, brows: list[dict], noise: Family) -> list[str]:
             within = f"within an estimated {limit:g} GB" if limit else "before running out of device memory"
             out.append(f"Largest batch {within} ({r['name']}, {f['setting']}, context {f['context']}): "
                        f"{f['max_batch']}.")
-    return out
+    return backend.annotate(out, backend.is_cpu(plan.runs)) + section_findings, section_lines, table
 
 
-def measured_parts(plan: Plan, brows: list[dict], noise: Family):
-    """(sentences, the one-plan sections' lines, the settings' table), judged in one Holm family."""
-    section_findings, section_lines = plan_sections(replace(plan, noise=noise))
-    table = seeds.settings_table(plan.settings, seeds.baseline_of(plan.settings, plan.cfg.get("baseline", {})), noise)
-    sentences = backend.annotate(sentences_for(plan, brows, noise), backend.is_cpu(plan.runs))
-    return sentences + section_findings, section_lines, table
-
-
-def write_report(plan_dir: Path, out: Path | None = None, records: bool = False, compile: bool = False) -> Path:
+def write_report(plan_dir: Path, out: Path, records: bool = False, compile: bool = False) -> Path:
     """The report in OUT/report.md (with its plots and findings.json), the runs' records in OUT/records with
     `records`; `compile` compiles for an H100 the CPU-measured steps whose figures are not in the cache yet."""
-    plan_dir = Path(plan_dir)
-    out = Path(out) if out else plan_dir / "report"
+    plan_dir, out = Path(plan_dir), Path(out)
     runs = load_results(plan_dir)
     if not runs:
         raise DataError(f"{plan_dir}: no result.json under it; run the plan first (python -m experiments.run PLAN)")
@@ -180,13 +175,13 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
                   "Seed reports: student reports on this curriculum (TinyStories / WikiText-103, GPU, thousands of "
                   "steps), or the paper the row names where they do not cover the topic. *Not resolved at this size*: "
                   "the difference is within seed-to-seed noise here, or this run cannot measure it. "
-                  + INTERVAL_NOTE + " " + noise.note(scope="this report"), ""]
+                  + INTERVAL_NOTE + " " + noise.note(), ""]
         judged_by = {"interval": "95 % t", "correction": "Holm", "comparisons": noise.size}
         write_json(out / "findings.json", {"plan": name, "size": meta.get("size"), "findings": rows,
                                            "stand_ins": stand_ins(runs), "noise": judged_by})
     lines += ["## Measured", ""] + [f"- {s}" for s in measured]
     if noise.size:
-        lines += ["", INTERVAL_NOTE + " " + noise.note(scope="this report")]
+        lines += ["", INTERVAL_NOTE + " " + noise.note()]
     lines += [""] + section_lines + backend.section(runs, brows, compile)
     if train_runs:
         lines += training_section(train_runs, cfg, out, runs_table, noise)
@@ -197,7 +192,7 @@ def write_report(plan_dir: Path, out: Path | None = None, records: bool = False,
               f"python -m deliverables.report docs/results/{name}/records --out DIR   # from the committed records",
               "```", ""]
     if records:
-        export_records(plan_dir, runs, out / "records")
+        export_records(plan_dir, meta, runs, out / "records")
     return atomic_write(out / "report.md", "\n".join(lines))
 
 
@@ -214,7 +209,7 @@ def _portable(obj, prefixes: list[tuple[str, str]]):
     return obj
 
 
-def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
+def export_records(plan_dir: Path, meta: dict, runs: list[dict], dest: Path) -> None:
     """Copy plan.json and each run's result.json, metrics.jsonl and bench.json to DEST/RUN/, machine paths removed."""
     if dest.resolve() == plan_dir.resolve():
         return
@@ -222,7 +217,6 @@ def export_records(plan_dir: Path, runs: list[dict], dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    meta = read_json(plan_dir / "plan.json", default=None)
     if meta:
         write_json(dest / "plan.json", _portable(meta, prefixes))
     for r in runs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from deliverables.common import table
 from deliverables.report.format import QUANTITIES, fmt, value
@@ -27,10 +28,8 @@ def describe_changes(subject: str, against: str, phrases: list[str]) -> str | No
 
 
 def status_sentences(runs: list[dict]) -> list[str]:
-    counts: dict[str, list[str]] = {}
-    for r in runs:
-        counts.setdefault(r.get("status", "?"), []).append(r["name"])
-    out = [f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"{len(v)} {k}" for k, v in counts.items()) + "."]
+    counts = Counter(r.get("status", "?") for r in runs)
+    out = [f"{len(runs)} run{'s' * (len(runs) != 1)}: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "."]
     same: dict[tuple[str, str], list[str]] = {}  # (status, reason) -> runs: one line for a skipped technique's seeds
     for r in runs:
         if r.get("status") in ("diverged", "failed", "skipped"):

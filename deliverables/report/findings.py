@@ -12,8 +12,8 @@ from deliverables.common import table
 from deliverables.report.bench import fit_memory_batch, fit_memory_context
 from deliverables.report.noise import Family
 from deliverables.report.plots import mean_curve
-from deliverables.report.sections.divergence import edge, edge_sentence, rates
-from deliverables.report.seeds import SHORT, Setting, Stats, baseline_of, logged, resolved
+from deliverables.report.sections.divergence import edge, edge_sentence
+from deliverables.report.seeds import SHORT, Setting, Stats, along, baseline_of, logged, resolved
 from experiments.plan import format_value
 
 AGREE, DISAGREE, UNRESOLVED = "agree", "disagree", "not resolved at this size"
@@ -28,9 +28,9 @@ def _loss(s: Setting | None) -> Stats | None:
     return s.stats("eval_loss") if s else None
 
 
-def _along(settings: list[Setting], axis: str, of: Callable) -> list[tuple[float, Any]]:
+def _values_along(settings: list[Setting], axis: str, of: Callable) -> list[tuple[float, Any]]:
     """(value on `axis`, `of(setting)`) of the settings along `axis` that `of` gives a value for."""
-    return [(x, v) for x, s in rates(settings, axis) if (v := of(s)) is not None]
+    return [(x, v) for x, s in along(settings, axis) if (v := of(s)) is not None]
 
 
 def _versus(a: Stats, b: Stats, a_name: str, b_name: str, noise: Family) -> tuple[str, bool | None]:
@@ -81,7 +81,7 @@ def _elsewhere(settings: list[Setting], variant: str, noise: Family) -> str:
 def _worse_at_evals(var: Setting, base: Setting) -> str:
     xa, ma, _, _ = mean_curve(var.ok, "eval_loss", "step")
     xb, mb, _, _ = mean_curve(base.ok, "eval_loss", "step")
-    common = {x: m for x, m in zip(xb, mb)}
+    common = dict(zip(xb, mb))
     pairs = [(m, common[x]) for x, m in zip(xa, ma) if x in common]
     return f"{sum(a > b for a, b in pairs)} of {len(pairs)}" if pairs else ""
 
@@ -100,7 +100,7 @@ def check_similar(settings: list[Setting], ctx: dict, a: str, b: str) -> tuple[s
 
 
 def _best_lr(settings: list[Setting]) -> tuple[list[tuple[float, Setting]], tuple[float, Setting, Stats] | None, list]:
-    pts = rates(settings, "optim.lr")
+    pts = along(settings, "optim.lr")
     ok = [(x, s, st) for x, s in pts if (st := _loss(s)) is not None and len(s.ok) == len(s.runs)]
     return pts, (min(ok, key=lambda t: t[2].mean) if ok else None), ok
 
@@ -148,7 +148,7 @@ def _moves(pts: list[tuple[float, Stats]], down: bool, noise: Family) -> str:
 
 
 def check_batch_steps(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = _along(settings, "data.batch_size", _loss)
+    pts = _values_along(settings, "data.batch_size", _loss)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     verdict = _moves(pts, True, ctx["noise"])
@@ -169,7 +169,7 @@ def roughness(s: Setting) -> float | None:
 
 
 def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = _along(settings, "data.batch_size", roughness)
+    pts = _values_along(settings, "data.batch_size", roughness)
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = ("training-loss jitter (std of successive logged differences, 2nd half): "
@@ -178,7 +178,7 @@ def check_batch_erratic(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_batch_time(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = _along(settings, "data.batch_size", lambda s: s.stats("step_time"))
+    pts = _values_along(settings, "data.batch_size", lambda s: s.stats("step_time"))
     if len(pts) < 2:
         return "fewer than two batch sizes", UNRESOLVED
     text = "step time " + ", ".join(f"batch {int(x)}: {st.text(4)} s" for x, st in pts)
@@ -198,7 +198,7 @@ def check_bigger(settings: list[Setting], ctx: dict) -> tuple[str, str]:
 
 
 def check_context(settings: list[Setting], ctx: dict) -> tuple[str, str]:
-    pts = _along(settings, "model.context_length", _loss)
+    pts = _values_along(settings, "model.context_length", _loss)
     if len(pts) < 2:
         return "fewer than two context lengths", UNRESOLVED
     return _little(", ".join(f"context {int(x)}: {st.text()}" for x, st in pts), [st for _, st in pts])
@@ -212,8 +212,8 @@ def _little(text: str, stats: list[Stats]) -> tuple[str, str]:
 
 def check_mixed_precision(settings: list[Setting], ctx: dict) -> tuple[str, str]:
     """Only a GPU answers it: XLA's CPU backend computes bfloat16 through float32 (no memory or speed effect to see)."""
-    gpu = [r for r in ctx.get("bench_rows", []) if r.get("dtype") == "bfloat16" and r.get("status") == "ok"
-           and r.get("memory_source") == "memory_stats"]
+    gpu = any(r.get("dtype") == "bfloat16" and r.get("status") == "ok" and r.get("memory_source") == "memory_stats"
+              for r in ctx.get("bench_rows", []))
     return ("see the mixed-precision sentences above" if gpu else "left to the GPU campaign: on CPU, XLA computes "
             "bfloat16 through float32, so neither its memory nor its speed is the GPU's"), UNRESOLVED
 
@@ -292,10 +292,8 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("profiling", "peak memory grows faster than linearly with context",
             "faster than linear in context (attention matrices)",
             lambda s, c: fit_memory_context(c.get("bench_rows", []))),
-    Finding("profiling", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            check_mixed_precision),
-    Finding("optimizations", "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
-            check_mixed_precision),
+    *(Finding(plan, "mixed precision cuts memory by 1/4-1/3 and raises throughput 2-4x", "on a GPU",
+              check_mixed_precision) for plan in ("profiling", "optimizations")),
     Finding("optimizations", "rematerialisation changes memory and time, not the loss",
             "by design: the backward recomputes the same forward", check_remat),
     Finding("peft", "LoRA comes close to full fine-tuning with a few % of the parameters",

@@ -5,35 +5,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from experiments.plan import format_value
-
-# Quantity -> (column title, formatter, lower is better?)
-QUANTITIES: dict[str, tuple[str, str, bool]] = {
-    "params": ("params", "count", True),
-    "steps": ("steps", "int", True),
-    "tokens": ("tokens", "count", True),
-    "train_loss": ("train loss", "f3", True),
-    "eval_loss": ("val loss", "f3", True),
-    "eval_ppl": ("val ppl", "f2", True),
-    "eval_acc": ("val acc", "pct", False),
-    "tokens_per_s": ("tokens/s", "count", False),
-    "step_time": ("step time", "sec", True),
-    "wall_time_s": ("total time", "sec", True),
-    "peak_memory": ("peak device memory", "bytes", True),
-    "max_rss_bytes": ("peak host RSS", "bytes", True),
+# Quantity -> (column title, formatter)
+QUANTITIES: dict[str, tuple[str, str]] = {
+    "params": ("params", "count"),
+    "steps": ("steps", "int"),
+    "tokens": ("tokens", "count"),
+    "train_loss": ("train loss", "f3"),
+    "eval_loss": ("val loss", "f3"),
+    "eval_ppl": ("val ppl", "f2"),
+    "eval_acc": ("val acc", "pct"),
+    "tokens_per_s": ("tokens/s", "count"),
+    "step_time": ("step time", "sec"),
+    "wall_time_s": ("total time", "sec"),
+    "peak_memory": ("peak device memory", "bytes"),
+    "max_rss_bytes": ("peak host RSS", "bytes"),
 }
 RUN_LEVEL = ("wall_time_s", "max_rss_bytes")  # measured by the runner, not read from metrics.jsonl
-# The metrics compared against the baseline, in the order sentences are written.
-COMPARED = ("peak_memory", "max_rss_bytes", "step_time", "tokens_per_s", "wall_time_s", "eval_ppl")
-NAMES = {
-    "peak_memory": "peak device memory",
-    "max_rss_bytes": "peak host memory (RSS)",
-    "step_time": "step time",
-    "tokens_per_s": "throughput",
-    "wall_time_s": "total time",
-    "eval_ppl": "validation perplexity",
-}
-
 
 SCALES = {"count": (("G", 1e9), ("M", 1e6), ("k", 1e3)), "bytes": ((" GiB", 2**30), (" MiB", 2**20), (" KiB", 2**10))}
 
@@ -72,11 +59,6 @@ def value(run: dict, q: str) -> float | None:
     if run.get("status") == "skipped":
         return None
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def axis_label(axis: str, label: Any) -> str:
-    """A bundle label reads on its own ('bfloat16'); a bare number needs its axis ('optim.lr=0.01')."""
-    return format_value(label) if isinstance(label, str) else f"{axis}={format_value(label)}"
 
 
 def x_value(run: dict, x: str) -> float | None:

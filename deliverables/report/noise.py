@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, NamedTuple, TypeVar
 
 from scipy import stats as _scipy_stats
@@ -62,11 +63,8 @@ def holm(pvalues: list[float]) -> list[float]:
     m - k + 1, made non-decreasing along that order and capped at 1."""
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
-    out, running = [0.0] * m, 0.0
-    for k, i in enumerate(order):
-        running = max(running, min(1.0, (m - k) * pvalues[i]))
-        out[i] = running
-    return out
+    adjusted = accumulate((min(1.0, (m - k) * pvalues[i]) for k, i in enumerate(order)), max)
+    return [p for _, p in sorted(zip(order, adjusted))]
 
 
 @dataclass
@@ -92,10 +90,10 @@ class Family:
     def size(self) -> int:
         return len(self.tests)
 
-    def note(self, what: str = "comparison", scope: str = "this table") -> str:
-        """How this family's verdicts were reached, for the text under its table."""
+    def note(self) -> str:
+        """How this family's verdicts were reached, for the text under a report's tables."""
         return (f"*Beyond noise*: the two-sided t-test rejects at {ALPHA:.0%} after Holm's correction over the "
-                f"{self.size} {what}{'s' * (self.size != 1)} with a test in {scope}; otherwise *within noise*.")
+                f"{self.size} comparison{'s' * (self.size != 1)} with a test in this report; otherwise *within noise*.")
 
 
 def judged(build: Callable[[Family], T]) -> tuple[T, Family]:

@@ -90,9 +90,7 @@ def run_summary(run_dir: Path, records: list[dict]) -> list[str]:
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
 
 
-def write_run_report(run_dir: Path, out: Path | None, args: argparse.Namespace) -> Path:
-    run_dir = Path(run_dir)
-    out = Path(out) if out else run_dir / "report"
+def write_run_report(run_dir: Path, out: Path, args: argparse.Namespace) -> Path:
     records = read_metrics(run_dir / "metrics.jsonl")
     if not records:
         raise DataError(f"{run_dir / 'metrics.jsonl'}: holds no records; train the run first")

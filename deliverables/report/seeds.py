@@ -81,6 +81,12 @@ def group_settings(runs: list[dict]) -> list[Setting]:
     return list(out.values())
 
 
+def along(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
+    """(value, setting) of the settings with a number on `axis`, by that number."""
+    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
+                  key=lambda t: t[0])
+
+
 def resolved(a: Stats, b: Stats, noise: Family) -> bool | None:
     """True when a and b differ beyond noise (Welch's test, Holm-corrected over `noise`), False when
     within noise, None with a single seed."""
@@ -215,8 +221,7 @@ def train_loss_at_tokens(run: dict, tokens: float) -> float | None:
 
 def equal_token_sentences(settings: list[Setting], x: str, noise: Family) -> list[str]:
     """Neighbours along `x` compared at the smaller run's whole token budget, by the logged training loss."""
-    pts = sorted(((float(s.axes[x]), s) for s in settings if isinstance(s.axes.get(x), (int, float)) and s.ok),
-                 key=lambda t: t[0])
+    pts = [(v, s) for v, s in along(settings, x) if s.ok]
     out = []
     for (xa, a), (xb, b) in zip(pts, pts[1:]):
         budget = statistics.fmean(r["metrics"]["tokens"] for r in a.ok if r.get("metrics", {}).get("tokens"))

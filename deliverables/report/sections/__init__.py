@@ -20,7 +20,7 @@ class Plan:
     runs: list[dict]
     settings: list[Setting]
     cfg: dict  # the plan's [report] table
-    ctx: dict  # build.context: bench rows, the untrained model's loss
+    ctx: dict  # write_report's: bench rows, the untrained model's loss, the quantisation rows
     out: Path
     noise: Family  # the Holm family the sections' comparisons join
 

@@ -4,11 +4,12 @@ speed), from the compiled steps jaxlm.bench records, and each CPU-measured step 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 from deliverables.common import table
 from deliverables.report.format import fmt
-from jaxlm.core.errors import UserError
+from jaxlm.core.errors import MissingExtra, UserError
 from jaxlm.core.typedconfig import to_dict, toml_value
 
 SECTION = "What this backend can show"
@@ -121,8 +122,6 @@ def _steps(runs: list[dict], brows: list[dict]) -> list[dict]:
 
 def _compiled(job: dict, store, target, compile: bool) -> dict | None:
     """The job's compiled figures: from the cache, or compiled now (`compile`); None when neither can be had."""
-    from jaxlm.core.errors import MissingExtra
-
     if job["mode"] not in ("train_step", "forward"):
         return {"error": "(train_step and forward only)"}
     if not (compile or store.has(job, target)):
@@ -148,8 +147,6 @@ def gpu_table(runs: list[dict], brows: list[dict], compile: bool = False, cache=
     """The CPU-measured steps compiled for an 80 GB H100 (the GPU compiler's plan), with jaxlm.memory's estimate
     beside them; steps with the same model, compute settings and batch share a row. Compiled figures are kept in
     `cache` (default: deliverables.compiled_memory's, docs/results/compiled/)."""
-    import json
-
     from deliverables.compiled_memory import OUT_DIR
     from jaxlm.analysis import memory
     from jaxlm.analysis.devices import DEVICES

@@ -8,7 +8,7 @@ import re
 import statistics
 
 from deliverables.common import table
-from deliverables.report.seeds import Setting
+from deliverables.report.seeds import Setting, along
 from experiments.plan import format_value
 
 LEARNED_WITHIN = 0.5  # nats above the best setting's mean loss: a perplexity at most e^0.5 = 1.65x the best's
@@ -71,11 +71,6 @@ def untrained_loss(runs: list[dict]) -> float:
     return math.log(vocab) if vocab else math.inf
 
 
-def rates(settings: list[Setting], axis: str) -> list[tuple[float, Setting]]:
-    return sorted(((float(s.axes[axis]), s) for s in settings if isinstance(s.axes.get(axis), (int, float))),
-                  key=lambda t: t[0])
-
-
 def edge(points: list[tuple[float, list[dict]]], untrained: float) -> dict:
     """Where the sweep goes from every seed training to no seed training: {best, trained, broken, nonfinite,
     best_loss, threshold_range}; `trained`/`broken` are None when the grid does not bracket the edge.
@@ -124,7 +119,7 @@ def edge_sentence(e: dict) -> str:
 
 def divergence_section(settings: list[Setting], axis: str, untrained: float) -> list[str]:
     """The '## Divergence' section: the definition, a row per rate with each seed's outcome, and the edge."""
-    pts = rates(settings, axis)
+    pts = along(settings, axis)
     if not pts or not math.isfinite(untrained):
         return []
     points = [(x, s.runs) for x, s in pts]

@@ -5,14 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from deliverables.common import table
-from deliverables.report.output import COLOURS, pyplot, save_figure
+from deliverables.report.output import COLOURS, images, pyplot, save_figure
 from deliverables.report.seeds import run_json
-
-
-def parallel_rows(runs: list[dict]) -> list[dict]:
-    """Every `bench parallel` row of the plan, tagged with its run's name."""
-    return [{"run": r["name"], **row} for r, data in run_json(runs, "bench.json")
-            for row in (data or {}).get("rows", []) if "layout" in row]
 
 
 def _replicated(rows: list[dict]) -> dict | None:
@@ -32,7 +26,8 @@ def _collectives(row: dict) -> str:
 
 def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
     """(findings, lines): per-device memory against the replicated layout, collectives, throughput, bubble."""
-    rows = parallel_rows(runs)
+    rows = [{"run": r["name"], **row} for r, data in run_json(runs, "bench.json")  # every `bench parallel` row
+            for row in (data or {}).get("rows", []) if "layout" in row]
     if not rows:
         return [], []
     findings, body = [], []
@@ -66,10 +61,7 @@ def parallel(runs: list[dict], out: Path) -> tuple[list[str], list[str]]:
              "train step; temp: XLA's temporaries (compiled memory analysis). Collectives are counted in the "
              "compiled HLO (an op inside the scanned layer loop counts once). Measured bubble: 1 - t(reference) / "
              "t(pipeline), the reference being the same devices and batch with the pipeline axis folded into data.", ""]
-    for png in (plot_memory(by_run, out), plot_bubble(rows, out)):
-        if png:
-            lines += [f"![{png}]({png})", ""]
-    return findings, lines
+    return findings, lines + images([plot_memory(by_run, out), plot_bubble(rows, out)])
 
 
 def _bubble(r: dict) -> str:

@@ -16,10 +16,7 @@ MIB = 2**20
 
 def params_row(run: dict) -> dict | None:
     """The trainer's step-0 record of trainable / frozen parameters and their bytes."""
-    path = Path(run.get("_dir", "")) / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    for r in read_metrics(path):
+    for r in read_metrics(Path(run.get("_dir", "")) / "metrics.jsonl"):
         if r.get("kind") == "params":
             return {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith("params/")}
     return None
