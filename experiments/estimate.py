@@ -122,8 +122,7 @@ def list_plans() -> str:
     fill = functools.partial(textwrap.fill, width=100, initial_indent=" " * 4)
     for name in plan_names():
         sized = [load_plan(name, size) for size in load_plan(name).sizes]
-        per_size = [f"{p.size}: {len(p.runs)} runs, {plan_estimate(p.runs, p.size if p.size in THROUGHPUT else 'cpu')}"
-                    for p in sized]
+        per_size = [f"{p.size}: {len(p.runs)} runs, {plan_estimate(p.runs, p.size)}" for p in sized]
         lines += ["", f"  {name}  ({'; '.join(per_size)})",
                   fill(" ".join(sized[0].description.split()), subsequent_indent=" " * 4)]
         if data := [f"{p.size}: {d}" for p in sized if (d := data_setting(p))]:

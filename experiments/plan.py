@@ -141,10 +141,9 @@ def to_spec(name: str, fields: dict, where: str) -> RunSpec:
         raise PlanError(f"{where}: a command run needs 'argv'")
     if fields.get("tokens") and kind != "train":
         raise PlanError(f"{where}.tokens: a token budget only applies to train runs")
-    given = {k: fields[k] for k in SPEC_KEYS if k in fields}
+    given = {**fields, "env": {k: str(v) for k, v in fields.get("env", {}).items()}}
     if "tokens" in given:
         given["tokens"] = int(given["tokens"])
-    given["env"] = {k: str(v) for k, v in given.get("env", {}).items()}
     return RunSpec(name=name, **given)
 
 

@@ -59,17 +59,11 @@ def read_metrics(path: Path) -> list[dict]:
 def series(records: list[dict], quantity: str) -> tuple[list[float], list[float], list[float]]:
     """(steps, values, seconds since the first record) of every record carrying `quantity` (a `METRICS` key, or a
     metric name)."""
+    key = METRICS.get(quantity, quantity)
+    rows = [r for r in records if _number(r.get(key)) and isinstance(r.get("step"), (int, float))]
     t0 = next((r["time"] for r in records if isinstance(r.get("time"), (int, float))), None)
-    steps, values, times = [], [], []
-    for r in records:
-        v = r.get(METRICS.get(quantity, quantity))
-        if not _number(v) or not isinstance(r.get("step"), (int, float)):
-            continue
-        steps.append(float(r["step"]))
-        values.append(float(v))
-        t = r.get("time")
-        times.append(float(t) - t0 if isinstance(t, (int, float)) and t0 is not None else float("nan"))
-    return steps, values, times
+    times = [float(r["time"]) - t0 if isinstance(r.get("time"), (int, float)) else float("nan") for r in rows]
+    return [float(r["step"]) for r in rows], [float(r[key]) for r in rows], times
 
 
 def has_nonfinite_loss(records: list[dict]) -> bool:
@@ -81,8 +75,7 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
     """Final numbers of a training run: last losses, last evaluation, median throughput, max memory."""
     out: dict[str, Any] = {}
     values = lambda q: series(records, q)[1]
-    steps = [r["step"] for r in records if isinstance(r.get("step"), (int, float))]
-    if steps:
+    if steps := [r["step"] for r in records if isinstance(r.get("step"), (int, float))]:
         out["steps"] = int(max(steps))
     for q in ("train_loss", "eval_loss", "eval_ppl", "eval_acc", "eval_tokens"):
         if found := values(q):

@@ -237,8 +237,8 @@ def write_plan_meta(plan: Plan, plan_dir: Path, device: Device) -> None:
                                         "runs": [{"name": r.name, "kind": r.kind, "axes": r.axes} for r in plan.runs]})
 
 
-def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run: bool = False,
-             device: Device | None = None, draft: bool = False) -> dict[str, int]:
+def run_plan(plan: Plan, plan_dir: Path, device: Device, only: list[str] | None = None, dry_run: bool = False,
+             draft: bool = False) -> dict[str, int]:
     """Execute (or with dry_run, list) the selected runs; returns a count per status. Refuses a tree with
     uncommitted changes unless `draft` (recorded in every result)."""
     runs = plan.select(only)
@@ -246,7 +246,6 @@ def run_plan(plan: Plan, plan_dir: Path, only: list[str] | None = None, dry_run:
     git = {**commands.git_info(), "draft": draft}
     if not (dry_run or draft):
         commands.check_committed(git)
-    device = device or commands.detect_device()
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
           f"device {device.kind}", flush=True)
     if dry_run:
@@ -320,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # SIGTERM (a scheduler's stop) is an interrupt, as Ctrl-C is (jaxlm.core.stop)
         device = commands.detect_device()
         plan = load_plan(args.plan, args.size, device.platform)
-        counts = run_plan(plan, Path(args.runs_dir) / plan.name, args.only, args.dry_run, device, args.draft)
+        counts = run_plan(plan, Path(args.runs_dir) / plan.name, device, args.only, args.dry_run, args.draft)
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {stop.signal_name(e)}; the run in progress was stopped and recorded as interrupted, "
               "finished runs are kept; run the same command again to resume", file=sys.stderr)
