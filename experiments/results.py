@@ -105,14 +105,11 @@ def summarise_train(records: list[dict]) -> dict[str, Any]:
 
 
 def load_bench(path: Path) -> tuple[list[dict], dict]:
-    """(rows, meta) of a `jaxlm.bench model --json` file: {"meta": {...}, "rows": [...]} or a bare list of rows."""
+    """(rows, meta) of a `jaxlm.bench model --json` file, {"meta": {...}, "rows": [...]}; ([], {}) for anything else."""
     data = read_json(path, default=None)
-    meta = {}
-    if isinstance(data, dict):
-        meta = data.get("meta") or {}
-        data = data.get("rows")
-    rows = [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
-    return rows, meta
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return [], {}
+    return [r for r in data["rows"] if isinstance(r, dict)], data.get("meta") or {}
 
 
 def load_results(plan_dir: Path) -> list[dict]:

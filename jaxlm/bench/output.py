@@ -104,11 +104,6 @@ def write_rows(rows: list[dict], path: str | Path, meta: dict | None = None) -> 
     return atomic_write(path, json.dumps({"meta": meta or {}, "rows": clean}, indent=1))
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    data = json.loads(Path(path).read_text())
-    return data["rows"] if isinstance(data, dict) else data
-
-
 def write_csv(rows: list[dict], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
