@@ -55,19 +55,6 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
     return out
 
 
-def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    fig, ax = pyplot().subplots(figsize=(7, 4.2))
-    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
-        xs, ys, es = zip(*pts)
-        ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.title.set_fontsize(9)
-    ax.set_xscale("log", base=2)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save_figure(fig, path, 80)
-
-
 def natural(label: str) -> list:
     """Sort key that orders 'context=64' before 'context=128'."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", label)]
@@ -107,10 +94,19 @@ def bench_figures(rows: list[dict], out: Path) -> list[str]:
     written = []
     for name, (x, fixed, y, xlabel, ylabel) in BENCH_FIGURES.items():
         lines = lines_by(rows, x, fixed, y)
-        if lines:
-            line_plot(lines, xlabel, ylabel, f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting",
-                      out / name)
-            written.append(name)
+        if not lines:
+            continue
+        fig, ax = pyplot().subplots(figsize=(7, 4.2))
+        for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting")
+        ax.title.set_fontsize(9)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        save_figure(fig, out / name, 80)
+        written.append(name)
     return written
 
 

@@ -35,11 +35,9 @@ def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[flo
 
 def _curve_runs(setting: Setting) -> tuple[list[dict], str]:
     """The runs a setting's curve averages (completed seeds, else the diverged ones) and its legend label."""
-    ok = setting.ok
-    bad = [r for r in setting.runs if r.get("status") == "diverged"]
+    ok, bad = setting.ok, [r for r in setting.runs if r.get("status") == "diverged"]
     if ok:
-        note = f" ({len(bad)}/{len(setting.runs)} diverged)" if bad else ""
-        return ok, setting.name + note
+        return ok, setting.name + (f" ({len(bad)}/{len(setting.runs)} diverged)" if bad else "")
     return bad, f"{setting.name} (diverged)" if bad else setting.name
 
 
@@ -90,14 +88,10 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
 def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
     """The completed runs' losses after their first 10 % of logs: the y range, so the initial drop from ln V and
     a diverged curve leave the plot instead of flattening the part where settings differ."""
-    out: dict[str, list[float]] = {}
+    out = {}
     for q in ("train_loss", "eval_loss"):
-        vals = []
-        for s in settings:
-            for r in s.ok:
-                v = [x for x in logged(r, q)[1] if math.isfinite(x)]
-                vals += v[len(v) // 10 :] if len(v) >= 10 else v
-        out[q] = vals
+        finite = [[x for x in logged(r, q)[1] if math.isfinite(x)] for s in settings for r in s.ok]
+        out[q] = [x for v in finite for x in v[len(v) // 10 :]]
     return out
 
 
