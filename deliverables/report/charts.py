@@ -11,9 +11,9 @@ from pathlib import Path
 from deliverables.report.bench import bench_rows as tagged_bench_rows
 from deliverables.report.bench import sample_std
 from deliverables.report.format import fmt
-from deliverables.report.noise import Family, judged, welch
+from deliverables.report.noise import Family, judged
 from deliverables.report.output import pyplot, save_figure
-from deliverables.report.seeds import Stats
+from deliverables.report.seeds import Stats, resolved
 
 SETTING = ("framework", "mode", "dtype", "attention", "remat")
 
@@ -120,8 +120,8 @@ def _row_stats(row: dict, q: str) -> Stats | None:
     if not isinstance(v, (int, float)):
         return None
     if q == "memory_gb" or sd is None:
-        return Stats(1, v, 0.0, v, v)
-    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v)
+        return Stats(1, v, 0.0, v, v, (row["run"], q))
+    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v, (row["run"], q))
 
 
 def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
@@ -145,18 +145,11 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
                      ("step_ms", (m.get("step_time") or 0) * 1e3 or None)):
             if v is not None:
                 pooled.setdefault(label, {}).setdefault(q, []).append(v)
-    return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
+    return {k: {q: Stats.of(v, (k, q)) for q, v in qs.items()} for k, qs in pooled.items()}
 
 
 def judged_bars(bars: dict, names: list[str], qs: list[str]) -> tuple[dict[tuple[str, str], bool | None], Family]:
     """{(technique, quantity): beyond noise?} of each bar against the first (Welch, Holm over them all), the family."""
-    def tests(noise: Family) -> dict:
-        base, out = bars[names[0]], {}
-        for n in names[1:]:
-            for q in qs:
-                a, b = bars[n].get(q), base.get(q)
-                if a and b:
-                    out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
-        return out
-
-    return judged(tests)
+    base = bars[names[0]]
+    pairs = [(n, q) for n in names[1:] for q in qs if bars[n].get(q) and base.get(q)]
+    return judged(lambda noise: {(n, q): resolved(bars[n][q], base[q], noise) for n, q in pairs})

@@ -19,11 +19,8 @@ X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)
 def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
     """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only;
     x is the step, the tokens seen (millions) or the mean wall time."""
-    per_run = []
-    for r in runs:
-        steps, vals, times = logged(r, q)
-        per_run.append({s: (v, t, s * tokens_per_step(r) / 1e6) for s, v, t in zip(steps, vals, times)
-                        if math.isfinite(v)})
+    per_run = [{s: (v, t, s * tokens_per_step(r) / 1e6) for s, v, t in zip(*logged(r, q)) if math.isfinite(v)}
+               for r in runs]
     out = []
     for s in sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []:
         x = s if by == "step" else sum(d[s][1 if by == "time" else 2] for d in per_run) / len(per_run)
@@ -131,8 +128,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         for k, (label, pts) in enumerate(groups.items()):
             pts = sorted((a, st) for a, s in pts if (st := s.stats(q)) is not None)
             if pts:
-                xs = [a for a, _ in pts]
-                ax.errorbar(xs, [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
+                ax.errorbar([a for a, _ in pts], [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
                             color=COLOURS[k % len(COLOURS)], marker=MARKERS[k % len(MARKERS)], capsize=3, label=label)
         if logx:
             ax.set_xscale("log")
