@@ -8,6 +8,7 @@ from deliverables.common import table
 from deliverables.report.compare import change_phrase, describe_changes
 from deliverables.report.format import fmt, pct_change
 from deliverables.report.noise import Family, half_width, welch
+from deliverables.report.seeds import Stats
 from experiments.estimate import BENCH_DEFAULTS
 
 # Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
@@ -113,11 +114,21 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
     return out
 
 
+def row_stats(row: dict, q: str) -> Stats | None:
+    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
+    so its spread is the step time's, scaled)."""
+    v, sd = row.get(q), sample_std(row)
+    if not isinstance(v, (int, float)):
+        return None
+    if q == "memory_gb" or sd is None:
+        return Stats(1, v, 0.0, v, v, (row["run"], q))
+    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v, (row["run"], q))
+
+
 def _step_test(row: dict, base: dict):
     """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
-    sides = [(r["step_ms"], sd, r["timed_steps"]) if (sd := sample_std(r)) is not None else (r["step_ms"], 0.0, 1)
-             for r in (row, base)]
-    return welch(*sides[0], *sides[1])
+    a, b = (row_stats(r, "step_ms") for r in (row, base))
+    return welch(a.mean, a.std, a.n, b.mean, b.std, b.n)
 
 
 def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:

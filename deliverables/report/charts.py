@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from deliverables.report.bench import bench_rows as tagged_bench_rows
-from deliverables.report.bench import sample_std
+from deliverables.report.bench import row_stats
 from deliverables.report.format import fmt
 from deliverables.report.noise import Family, judged
 from deliverables.report.output import pyplot, save_figure
@@ -113,17 +113,6 @@ def bench_figures(rows: list[dict], out: Path) -> list[str]:
 BEFORE_AFTER = ("tokens_per_s", "memory_gb", "step_ms")  # the quantities of a before/after bar
 
 
-def _row_stats(row: dict, q: str) -> Stats | None:
-    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
-    so its spread is the step time's, scaled)."""
-    v, sd = row.get(q), sample_std(row)
-    if not isinstance(v, (int, float)):
-        return None
-    if q == "memory_gb" or sd is None:
-        return Stats(1, v, 0.0, v, v, (row["run"], q))
-    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v, (row["run"], q))
-
-
 def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     """technique -> {quantity: Stats}: the `optimizations` plan's before_after_* bench rows (over their timed steps),
     else its training runs (over seeds, batch sizes pooled per technique)."""
@@ -131,7 +120,7 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     bars: dict[str, dict[str, Stats]] = {}
     for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
         label = re.sub(r"^before_after_", "", row["run"])
-        bars[label] = {q: st for q in BEFORE_AFTER if (st := _row_stats(row, q))}
+        bars[label] = {q: st for q in BEFORE_AFTER if (st := row_stats(row, q))}
     if bars:
         return bars
     pooled: dict[str, dict[str, list[float]]] = {}
