@@ -15,7 +15,7 @@ from deliverables.report.noise import Family, judged
 from deliverables.report.output import pyplot, save_figure
 from deliverables.report.seeds import Stats, resolved
 
-SETTING = ("framework", "mode", "dtype", "attention", "remat")
+SETTING = ("mode", "dtype", "attention", "remat")  # the fields named in a line's label
 
 
 def bench_rows(runs: list[dict]) -> list[dict]:
@@ -24,7 +24,7 @@ def bench_rows(runs: list[dict]) -> list[dict]:
 
 def line_label(row: dict, fixed: str, where: str) -> str:
     """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
-    setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
+    setting = " ".join([str(row[k]) for k in SETTING if row.get(k) not in (None, "xla", "none")]
                        + ([row["compute_set"]] if row.get("compute_set") else []))
     model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
     study = f"{row['plan']}: " if row.get("plan") else ""
