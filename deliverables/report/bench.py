@@ -8,6 +8,7 @@ from deliverables.common import table
 from deliverables.report.compare import change_phrase, describe_changes
 from deliverables.report.format import fmt, pct_change
 from deliverables.report.noise import Family, half_width, welch
+from deliverables.report.seeds import Stats
 from experiments.estimate import BENCH_DEFAULTS
 
 # Bench row fields shown in the table (jaxlm.bench.measure.COLUMNS), with formats.
@@ -56,13 +57,7 @@ def bench_table(rows: list[dict]) -> str:
     # Columns with one value throughout say nothing per row: state them once above the table instead.
     varying = [(t, k, how) for t, k, how in cols
                if len({str(r.get(k)) for r in rows}) > 1 or k in ("step_ms", "memory_gb", "tokens_per_s", "status")]
-    body = []
-    for r in rows:
-        cells = [f"`{r['run']}`"]
-        for _, k, how in varying:
-            v = r.get(k)
-            cells.append(fmt(v, how) if isinstance(v, (int, float)) and not isinstance(v, bool) else fmt(v))
-        body.append(cells)
+    body = [[f"`{r['run']}`", *(fmt(r.get(k), how) for _, k, how in varying)] for r in rows]
     fixed = [f"{t} {fmt(rows[0].get(k))}" for t, k, _ in cols if (t, k, _) not in varying]
     head = f"All rows: {', '.join(fixed)}.\n\n" if fixed else ""
     return head + table(["run", *(t for t, _, _ in varying)], body)
@@ -119,17 +114,26 @@ def bench_sentences(rows: list[dict], baseline: dict, noise: Family) -> list[str
     return out
 
 
+def row_stats(row: dict, q: str) -> Stats | None:
+    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
+    so its spread is the step time's, scaled)."""
+    v, sd = row.get(q), sample_std(row)
+    if not isinstance(v, (int, float)):
+        return None
+    if q == "memory_gb" or sd is None:
+        return Stats(1, v, 0.0, v, v, (row["run"], q))
+    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v, (row["run"], q))
+
+
 def _step_test(row: dict, base: dict):
     """Welch's test of two rows' mean step times (each over its timed steps; one step: no p-value)."""
-    sides = [(r["step_ms"], sd, r["timed_steps"]) if (sd := sample_std(r)) is not None else (r["step_ms"], 0.0, 1)
-             for r in (row, base)]
-    return welch(*sides[0], *sides[1])
+    a, b = (row_stats(r, "step_ms") for r in (row, base))
+    return welch(a.mean, a.std, a.n, b.mean, b.std, b.n)
 
 
 def _timing_noise(pairs: list[tuple[dict, dict]], noise: Family) -> str:
     """' (beyond noise in 2 of 3 row pairs)' from the step-time tests of the pairs (throughput is B·T / step time)."""
-    timed = [(r, b) for r, b in pairs
-             if isinstance(r.get("step_ms"), (int, float)) and isinstance(b.get("step_ms"), (int, float))]
+    timed = [(r, b) for r, b in pairs if all(isinstance(x.get("step_ms"), (int, float)) for x in (r, b))]
     verdicts = [noise.beyond(_step_test(r, b), key=("step", r["run"], b["run"], r.get("context"), r.get("batch")))
                 for r, b in timed]
     tested = [v for v in verdicts if v is not None]
@@ -170,19 +174,6 @@ def bench_scaling_sentences(rows: list[dict]) -> list[str]:
     return out
 
 
-def _memory_points(rows: list[dict], axis: str, fixed: str) -> dict[tuple, list[tuple[float, float]]]:
-    """(mode, dtype, other axis, memory source) -> [(axis value, memory in bytes)] of ok rows with a memory figure.
-    The source is in the key so one fit never pools two compilers' figures; two runs of one step (a context sweep's
-    batch 4 inside a batch sweep) are one point, averaged."""
-    groups: dict[tuple, dict[float, list[float]]] = {}
-    for r in rows:
-        if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
-                and r.get("remat") in (None, "none")):
-            key = (r.get("mode"), r.get("dtype"), r.get(fixed), memory_source(r))
-            groups.setdefault(key, {}).setdefault(float(r[axis]), []).append(r["memory_gb"] * 1e9)
-    return {k: sorted((x, sum(ys) / len(ys)) for x, ys in v.items()) for k, v in groups.items() if len(v) >= 3}
-
-
 def memory_source(row: dict) -> str:
     """Where a row's memory figure comes from, in words: 'compiled for h100-80gb', 'XLA:CPU compiled estimate'."""
     src = row.get("memory_source")
@@ -202,11 +193,21 @@ def _fit(xs: list[float], ys: list[float], degree: int) -> tuple[list[float], fl
 
 
 def fit_memory_points(rows: list[dict], axis: str, fixed: str, degree: int) -> dict[tuple, tuple[list, list, list]]:
-    """(mode, dtype, fixed value, memory source) -> (xs, polynomial coefficients constant first, ys in bytes)."""
+    """(mode, dtype, fixed value, memory source) -> (xs, polynomial coefficients constant first, ys in bytes) of the
+    ok rows with a memory figure, three xs or more. The source is in the key so one fit never pools two compilers'
+    figures; two runs of one step (a context sweep's batch 4 inside a batch sweep) are one point, averaged."""
+    groups: dict[tuple, dict[float, list[float]]] = {}
+    for r in rows:
+        if (r.get("status") == "ok" and isinstance(r.get("memory_gb"), (int, float))
+                and r.get("remat") in (None, "none")):
+            key = (r.get("mode"), r.get("dtype"), r.get(fixed), memory_source(r))
+            groups.setdefault(key, {}).setdefault(float(r[axis]), []).append(r["memory_gb"] * 1e9)
     out = {}
-    for key, pts in _memory_points(rows, axis, fixed).items():
-        xs, ys = [x for x, _ in pts], [y for _, y in pts]
-        out[key] = (xs, _fit(xs, ys, degree)[0], ys)
+    for key, by_x in groups.items():
+        if len(by_x) >= 3:
+            xs = sorted(by_x)
+            ys = [sum(by_x[x]) / len(by_x[x]) for x in xs]
+            out[key] = (xs, _fit(xs, ys, degree)[0], ys)
     return out
 
 
@@ -236,8 +237,7 @@ def fit_memory_context(rows: list[dict]) -> tuple[str, str]:
         return "no memory-vs-context rows", "not resolved at this size"
     parts, faster = [], True
     for (mode, dtype, batch, source), (xs, (a, b, c), ys) in fitted.items():
-        worst = _fit(xs, ys, 2)[1]
-        _, worst_line = _fit(xs, ys, 1)
+        worst, worst_line = (_fit(xs, ys, d)[1] for d in (2, 1))
         share = c * xs[-1] ** 2 / ys[-1]
         faster &= c > 0 and share >= 0.10
         parts.append(f"{mode} {dtype}, batch {batch} ({source}): {fmt(a, 'bytes')} + {fmt(b, 'bytes')}·T + "

@@ -9,13 +9,13 @@ import statistics
 from pathlib import Path
 
 from deliverables.report.bench import bench_rows as tagged_bench_rows
-from deliverables.report.bench import sample_std
+from deliverables.report.bench import row_stats
 from deliverables.report.format import fmt
-from deliverables.report.noise import Family, judged, welch
+from deliverables.report.noise import Family, judged
 from deliverables.report.output import pyplot, save_figure
-from deliverables.report.seeds import Stats
+from deliverables.report.seeds import Stats, resolved
 
-SETTING = ("framework", "mode", "dtype", "attention", "remat")
+SETTING = ("mode", "dtype", "attention", "remat")  # the fields named in a line's label
 
 
 def bench_rows(runs: list[dict]) -> list[dict]:
@@ -24,7 +24,7 @@ def bench_rows(runs: list[dict]) -> list[dict]:
 
 def line_label(row: dict, fixed: str, where: str) -> str:
     """'246k params, train_step float32, B=16 (cpu)': the model, the setting, the fixed axis, the device."""
-    setting = " ".join([str(row[k]) for k in SETTING[1:] if row.get(k) not in (None, "xla", "none")]
+    setting = " ".join([str(row[k]) for k in SETTING if row.get(k) not in (None, "xla", "none")]
                        + ([row["compute_set"]] if row.get("compute_set") else []))
     model = f"{fmt(row['params'], 'count')} params, " if row.get("params") else ""
     study = f"{row['plan']}: " if row.get("plan") else ""
@@ -53,19 +53,6 @@ def lines_by(rows: list[dict], x: str, fixed: str, y) -> dict[str, list[tuple[fl
                 out[f"{label}, run {run}" if apart else label] = sorted(
                     (a, mean(v for v, _ in ps), mean(e for _, e in ps)) for a, ps in pts.items())
     return out
-
-
-def line_plot(lines: dict, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    fig, ax = pyplot().subplots(figsize=(7, 4.2))
-    for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
-        xs, ys, es = zip(*pts)
-        ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.title.set_fontsize(9)
-    ax.set_xscale("log", base=2)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    save_figure(fig, path, 80)
 
 
 def natural(label: str) -> list:
@@ -107,25 +94,23 @@ def bench_figures(rows: list[dict], out: Path) -> list[str]:
     written = []
     for name, (x, fixed, y, xlabel, ylabel) in BENCH_FIGURES.items():
         lines = lines_by(rows, x, fixed, y)
-        if lines:
-            line_plot(lines, xlabel, ylabel, f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting",
-                      out / name)
-            written.append(name)
+        if not lines:
+            continue
+        fig, ax = pyplot().subplots(figsize=(7, 4.2))
+        for label, pts in sorted(lines.items(), key=lambda kv: natural(kv[0])):
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, marker="o", capsize=3, label=label)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel} vs {xlabel.split(' (')[0]}, a line per model and setting")
+        ax.title.set_fontsize(9)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        save_figure(fig, out / name, 80)
+        written.append(name)
     return written
 
 
 BEFORE_AFTER = ("tokens_per_s", "memory_gb", "step_ms")  # the quantities of a before/after bar
-
-
-def _row_stats(row: dict, q: str) -> Stats | None:
-    """A bench row's quantity as Stats over its timed steps (memory: one exact value; tokens/s = B·T / step time,
-    so its spread is the step time's, scaled)."""
-    v, sd = row.get(q), sample_std(row)
-    if not isinstance(v, (int, float)):
-        return None
-    if q == "memory_gb" or sd is None:
-        return Stats(1, v, 0.0, v, v)
-    return Stats(row["timed_steps"], v, sd if q == "step_ms" else v * sd / row["step_ms"], v, v)
 
 
 def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
@@ -135,7 +120,7 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
     bars: dict[str, dict[str, Stats]] = {}
     for row in bench_rows([r for r in plan if r["name"].startswith("before_after")]):
         label = re.sub(r"^before_after_", "", row["run"])
-        bars[label] = {q: st for q in BEFORE_AFTER if (st := _row_stats(row, q))}
+        bars[label] = {q: st for q in BEFORE_AFTER if (st := row_stats(row, q))}
     if bars:
         return bars
     pooled: dict[str, dict[str, list[float]]] = {}
@@ -149,18 +134,11 @@ def before_after_bars(runs: list[dict]) -> dict[str, dict[str, Stats]]:
                      ("step_ms", (m.get("step_time") or 0) * 1e3 or None)):
             if v is not None:
                 pooled.setdefault(label, {}).setdefault(q, []).append(v)
-    return {k: {q: Stats.of(v) for q, v in qs.items()} for k, qs in pooled.items()}
+    return {k: {q: Stats.of(v, (k, q)) for q, v in qs.items()} for k, qs in pooled.items()}
 
 
 def judged_bars(bars: dict, names: list[str], qs: list[str]) -> tuple[dict[tuple[str, str], bool | None], Family]:
     """{(technique, quantity): beyond noise?} of each bar against the first (Welch, Holm over them all), the family."""
-    def tests(noise: Family) -> dict:
-        base, out = bars[names[0]], {}
-        for n in names[1:]:
-            for q in qs:
-                a, b = bars[n].get(q), base.get(q)
-                if a and b:
-                    out[n, q] = noise.beyond(welch(a.mean, a.std, a.n, b.mean, b.std, b.n))
-        return out
-
-    return judged(tests)
+    base = bars[names[0]]
+    pairs = [(n, q) for n in names[1:] for q in qs if bars[n].get(q) and base.get(q)]
+    return judged(lambda noise: {(n, q): resolved(bars[n][q], base[q], noise) for n, q in pairs})

@@ -19,11 +19,8 @@ X_LABELS = {"step": "optimizer step", "tokens": "training tokens seen (millions)
 def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[float], list[float], list[float]]:
     """(x, seed mean, its 95 % interval's low and high ends) of `q` at the steps every run logged, finite values only;
     x is the step, the tokens seen (millions) or the mean wall time."""
-    per_run = []
-    for r in runs:
-        steps, vals, times = logged(r, q)
-        per_run.append({s: (v, t, s * tokens_per_step(r) / 1e6) for s, v, t in zip(steps, vals, times)
-                        if math.isfinite(v)})
+    per_run = [{s: (v, t, s * tokens_per_step(r) / 1e6) for s, v, t in zip(*logged(r, q)) if math.isfinite(v)}
+               for r in runs]
     out = []
     for s in sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []:
         x = s if by == "step" else sum(d[s][1 if by == "time" else 2] for d in per_run) / len(per_run)
@@ -35,11 +32,9 @@ def mean_curve(runs: list[dict], q: str, by: str) -> tuple[list[float], list[flo
 
 def _curve_runs(setting: Setting) -> tuple[list[dict], str]:
     """The runs a setting's curve averages (completed seeds, else the diverged ones) and its legend label."""
-    ok = setting.ok
-    bad = [r for r in setting.runs if r.get("status") == "diverged"]
+    ok, bad = setting.ok, [r for r in setting.runs if r.get("status") == "diverged"]
     if ok:
-        note = f" ({len(bad)}/{len(setting.runs)} diverged)" if bad else ""
-        return ok, setting.name + note
+        return ok, setting.name + (f" ({len(bad)}/{len(setting.runs)} diverged)" if bad else "")
     return bad, f"{setting.name} (diverged)" if bad else setting.name
 
 
@@ -90,14 +85,10 @@ def plot_curves(runs: list[dict], out: Path, bys: tuple[str, ...] = ("step", "ti
 def setting_tops(settings: list[Setting]) -> dict[str, list[float]]:
     """The completed runs' losses after their first 10 % of logs: the y range, so the initial drop from ln V and
     a diverged curve leave the plot instead of flattening the part where settings differ."""
-    out: dict[str, list[float]] = {}
+    out = {}
     for q in ("train_loss", "eval_loss"):
-        vals = []
-        for s in settings:
-            for r in s.ok:
-                v = [x for x in logged(r, q)[1] if math.isfinite(x)]
-                vals += v[len(v) // 10 :] if len(v) >= 10 else v
-        out[q] = vals
+        finite = [[x for x in logged(r, q)[1] if math.isfinite(x)] for s in settings for r in s.ok]
+        out[q] = [x for v in finite for x in v[len(v) // 10 :]]
     return out
 
 
@@ -137,8 +128,7 @@ def plot_vs_axis(runs: list[dict], x: str, ys: list[str], logx: bool, out: Path)
         for k, (label, pts) in enumerate(groups.items()):
             pts = sorted((a, st) for a, s in pts if (st := s.stats(q)) is not None)
             if pts:
-                xs = [a for a, _ in pts]
-                ax.errorbar(xs, [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
+                ax.errorbar([a for a, _ in pts], [st.mean for _, st in pts], yerr=[st.ci or 0.0 for _, st in pts],
                             color=COLOURS[k % len(COLOURS)], marker=MARKERS[k % len(MARKERS)], capsize=3, label=label)
         if logx:
             ax.set_xscale("log")

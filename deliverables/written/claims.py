@@ -12,7 +12,7 @@ from typing import NamedTuple
 from deliverables.answers import accounting
 from deliverables.answers import predicted as answers
 from deliverables.answers.measured import loads
-from deliverables.common import COURSE_MEMORY, plan_runs
+from deliverables.common import COURSE_MEMORY, plan_runs, table
 from deliverables.compiled_memory import cached, cached_at_largest
 from deliverables.compiled_time import stored
 from deliverables.report.bench import fit_memory_points
@@ -134,12 +134,9 @@ def recipe(root: Path) -> dict[str, Claim]:
     predicted rate (tinystories-17M, context 256, batch 32)."""
     path = root / "compiled" / "tinystories-17M-h100.json"
     rows = (read_json(path, default=None) or {}).get("rows") or []
-    out = {}
-    for r in rows:
-        if r.get("predicted_tokens_per_s"):
-            for key, tokens in (("recipe", HANDOUTS["cs336_tokens"][0]), ("cse_recipe", HANDOUTS["cse_tokens"][0])):
-                out[f"{key}_{r['dtype']}_min"] = Claim(tokens / r["predicted_tokens_per_s"] / 60, f"{path} (predicted)")
-    return out
+    return {f"{key}_{r['dtype']}_min": Claim(tokens / r["predicted_tokens_per_s"] / 60, f"{path} (predicted)")
+            for r in rows if r.get("predicted_tokens_per_s")
+            for key, tokens in (("recipe", HANDOUTS["cs336_tokens"][0]), ("cse_recipe", HANDOUTS["cse_tokens"][0]))}
 
 
 # The studies' records: each plan's findings.json and generated report (docs/studies/*.md restate a few of their
@@ -328,9 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                            formatter_class=cli.HelpFormatter)
     p.add_argument("--results", type=Path, default=RESULTS, help="the committed records, a folder per plan")
     args = p.parse_args(argv)
-    print("| key | value | source |\n|---|---:|---|")
-    for key, c in sorted(claims(args.results).items()):
-        print(f"| `{key}` | {c.value:.6g} | {c.source} |")
+    rows = [[f"`{key}`", f"{c.value:.6g}", c.source] for key, c in sorted(claims(args.results).items())]
+    print(table(["key", "value", "source"], rows, "lrl"))
     return 0
 
 

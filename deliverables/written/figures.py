@@ -14,7 +14,7 @@ from deliverables.compiled_time import stored
 from deliverables.report.charts import before_after_bars, bench_rows, judged_bars
 from deliverables.report.output import COLOURS, pyplot, report_dir, save_figure
 from deliverables.report.sections.divergence import LEARNED_WITHIN, by_rate, edge, untrained_loss
-from deliverables.report.seeds import Stats, group_settings
+from deliverables.report.seeds import group_settings
 from experiments.results import read_metrics
 from jaxlm import cli
 
@@ -184,13 +184,8 @@ def lr_panel(ax, root: Path) -> None:
 
 
 def seed_points(runs: list[dict], x) -> list[tuple[float, float, float]]:
-    """(x, mean final validation loss, 95 % half-width over seeds) per setting, sorted by x."""
-    out = []
-    for s in group_settings(runs):
-        st = Stats.of([v for r in s.runs if isinstance(v := (r.get("metrics") or {}).get("eval_loss"), float)])
-        if st:
-            out.append((x(s.runs[0]), st.mean, st.ci or 0.0))
-    return sorted(out)
+    """(x, mean final validation loss, 95 % half-width over the completed seeds) per setting, sorted by x."""
+    return sorted((x(s.runs[0]), st.mean, st.ci or 0.0) for s in group_settings(runs) if (st := s.stats("eval_loss")))
 
 
 def training(axes, root: Path) -> None:
