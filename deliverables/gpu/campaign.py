@@ -119,7 +119,7 @@ def _earlier(out: Path, smoke: bool) -> dict:
 
 
 def run(args, out: Path, deadline: float | None = None, scratch: Path | None = None,
-        after_step: Callable[[], None] | None = None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
+        after_step: Callable[[], object] = lambda: None, startup: float = STARTUP_S, meta: dict | None = None) -> dict:
     """The plan's steps into `out` until `deadline` (time.monotonic(); default: --budget from now, less `startup`),
     each started only if it fits the time then left; `after_step()` after each. The failed steps (name -> error)."""
     import jax
@@ -161,8 +161,7 @@ def run(args, out: Path, deadline: float | None = None, scratch: Path | None = N
         write_report(out, results, rows, meta, notes)
         outcome = f"FAILED: {failed[step.name]}" if step.name in failed else "done"
         print(f"[{step.name}] {outcome} in {results[step.name]['seconds']:.0f} s", flush=True)
-        if after_step is not None:
-            after_step()
+        after_step()
     print(f"wrote {out / 'report.md'}")
     return failed
 

@@ -28,9 +28,9 @@ CORPUS = Path("tinyshakespeare/input.txt")  # the shakespeare step's, under the 
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
 PYTHON = (3, 12)  # the offline machine's Python (3.12.3)
-# The offline machine's interpreter, for evaluating the wheels' environment markers.
 TARGET_PIP = ("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
               *(a for p in PLATFORMS for a in ("--platform", p)))  # pip's options for that interpreter and platform
+# The offline machine's interpreter, for evaluating the wheels' environment markers.
 TARGET_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
               "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
@@ -106,9 +106,7 @@ def coverage_problems(wheels: list[Wheel], image: dict[str, str | None], deps: l
         if w.name in image:
             problems.append(f"{w.requirement}: the image has {w.name} already; carry it only for another version")
     available = {**image, **carried}
-    for dep in deps:
-        if normalise(dep) is not None:
-            problems.append(_unmet(dep, available, "pyproject.toml"))
+    problems += [_unmet(dep, available, "pyproject.toml") for dep in deps if normalise(dep) is not None]
     for w in wheels:
         problems += [_unmet(r, available, w.requirement) for r in w.requires]
     return [p for p in problems if p]

@@ -30,8 +30,7 @@ class Event(NamedTuple):
 
 def target():
     """(device row, label): this GPU's row of the device table, or the H100's on a machine without one."""
-    kind = jax.devices()[0].device_kind if jax.devices()[0].platform == "gpu" else ""
-    found = find(kind) if kind else None
+    found = find(jax.devices()[0].device_kind) if jax.devices()[0].platform == "gpu" else None
     device = found or DEVICES[NO_GPU_TARGET]
     r = device_rates(device)
     rates = (f"{r.matmul_flops['bf16'] / 1e12:.0f} TFLOP/s bf16 matmuls in full waves, "

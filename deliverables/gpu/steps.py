@@ -98,9 +98,9 @@ def row_seconds(cfg: ModelConfig, mode: str, dtype: str, batch: int, context: in
 
 # --------------------------------------------------------------------------- 1. attention kernels
 
-ATTN_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
-ATTN_WINDOW, ATTN_TOKENS, ATTN_HEADS, ATTN_HEAD_DIM = 256, 16384, 12, 64
-ATTENTION_SECONDS = len(ATTN_CONTEXTS) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
+# (contexts, window, tokens per call, heads, head dim): at full size and under --smoke
+ATTN_SIZES = {False: ((128, 256, 512, 1024, 2048, 4096, 8192), 256, 16384, 12, 64), True: ((32,), 16, 128, 2, 16)}
+ATTENTION_SECONDS = len(ATTN_SIZES[False][0]) * 2 * 5.0  # 10 small compiles and ~60 short calls per case
 
 
 def _timed(fn, args, warmup: int, steps: int) -> tuple[float, float]:
@@ -162,9 +162,7 @@ def _attention_case(ctx: Context, T: int, window: int | None, shape: tuple) -> l
 
 
 def run_attention(ctx: Context) -> dict:
-    ctxs = (32,) if ctx.smoke else ATTN_CONTEXTS
-    window, tokens = (16, 128) if ctx.smoke else (ATTN_WINDOW, ATTN_TOKENS)
-    heads, hd = (2, 16) if ctx.smoke else (ATTN_HEADS, ATTN_HEAD_DIM)
+    ctxs, window, tokens, heads, hd = ATTN_SIZES[ctx.smoke]
     cases = [(T, w, (max(tokens // T, 1), T, heads, hd)) for T in ctxs for w in (None, window)]
     res = _rows(ctx, cases, lambda *case: _attention_case(ctx, *case))
     return res if "cut" in res else {**res, "tokens_per_call": tokens, "heads": heads, "head_dim": hd}
