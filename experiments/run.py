@@ -249,15 +249,15 @@ def run_plan(plan: Plan, plan_dir: Path, device: Device, only: list[str] | None 
     print(f"plan {plan.name} ({plan.path}), size {plan.size}, {len(runs)} of {len(plan.runs)} runs -> {plan_dir}, "
           f"device {device.kind}", flush=True)
     if dry_run:
-        return _run_all(plan, plan_dir, runs, device, git, missing)
+        return _run_all(plan, plan_dir, runs, device, git, dry_run=True, missing=missing)
     with DirLock(plan_dir, f"plan {plan.name}: {plan_dir}"):  # one runner per plan directory
         write_plan_meta(plan, plan_dir, device)
         return _run_all(plan, plan_dir, runs, device, git)
 
 
 def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, git: dict,
-             missing: list[str] | None = None) -> dict[str, int]:
-    """Each run in turn; a dry run (`missing` corpora given) prints each command and estimate instead."""
+             dry_run: bool = False, missing: list[str] | None = None) -> dict[str, int]:
+    """Each run in turn; a dry run prints each command and estimate instead, then the `missing` corpora."""
     counts: Counter[str] = Counter()
     pending = []
     for i, spec in enumerate(runs, 1):
@@ -266,7 +266,7 @@ def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, gi
         if done := is_complete(run_dir, spec):
             counts["complete"] += 1
             print(f"{prefix}): already {done['status']}, skipped", flush=True)
-        elif missing is not None:
+        elif dry_run:
             counts["pending"] += 1
             pending.append(spec)
             print(prefix + _preview(spec, run_dir, device), flush=True)
@@ -280,11 +280,11 @@ def _run_all(plan: Plan, plan_dir: Path, runs: list[RunSpec], device: Device, gi
             if result["status"] == "failed" and result.get("error_tail"):
                 print("    " + "\n    ".join(result["error_tail"].splitlines()[-8:]), flush=True)
     print("done: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
-    if missing is not None:
+    if dry_run:
         source = THROUGHPUT.get(device.platform, THROUGHPUT["cpu"]).source
         print(f"estimated time: {plan_estimate(pending, device.platform)} "
               f"on {device.platform} ({source}; see experiments/estimate.py)", flush=True)
-        for name in missing:
+        for name in missing or []:
             print(f"needs corpus {name!r}, not in the data root ({data_root()}): run `python -m jaxlm.data download "
                   f"{name}` (or point JAXLM_DATA at a folder that holds it) before running the plan", flush=True)
     return dict(counts)
